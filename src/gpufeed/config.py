@@ -1,0 +1,96 @@
+"""Typed settings for a gpufeed node and its clients.
+
+One dataclass per section. Every field names its unit and the environment
+variable that overrides it; :func:`NodeConfig.from_env` applies them. The CLI
+builds one of these and hands it to the library; nothing else reads the
+environment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+__all__ = ["NodeConfig", "DEFAULT_ACCESS_KEY", "DEFAULT_SECRET_KEY", "default_data_dir"]
+
+#: Credentials a fresh node accepts when none are configured (printed on start).
+DEFAULT_ACCESS_KEY = "gpufeed"
+DEFAULT_SECRET_KEY = "gpufeed-secret-key"
+
+
+def default_data_dir() -> Path:
+    """``$GPUFEED_DATA_DIR`` or ``~/.local/share/gpufeed`` (the embedded default)."""
+    env = os.environ.get("GPUFEED_DATA_DIR")
+    if env:
+        return Path(env)
+    return Path.home() / ".local" / "share" / "gpufeed"
+
+
+def _env(name: str, cast, default):
+    raw = os.environ.get(name)
+    return default if raw is None or raw == "" else cast(raw)
+
+
+@dataclass
+class NodeConfig:
+    """Settings of one storage node (``gpufeed serve``).
+
+    Attributes:
+        data_dir: folder holding the catalog and object data. Env ``GPUFEED_DATA_DIR``.
+        host: address every endpoint binds to. Env ``GPUFEED_HOST``.
+        s3_port: TCP port of the S3 HTTP endpoint; 0 picks a free one. Env ``GPUFEED_S3_PORT``.
+        port: TCP port of the fast data path; 0 picks a free one. Env ``GPUFEED_PORT``.
+        socket_path: Unix socket of the same-host shared-memory path; ``None`` means
+            ``<data_dir>/gpufeed.sock``; empty string disables it. Env ``GPUFEED_SOCKET``.
+        access_key: the S3 access key id accepted. Env ``GPUFEED_ACCESS_KEY``.
+        secret_key: the S3 secret access key. Env ``GPUFEED_SECRET_KEY``.
+        region: the SigV4 region the node answers for. Env ``GPUFEED_REGION``.
+        fsync: fsync data and metadata before acknowledging a write (durability).
+            Env ``GPUFEED_FSYNC`` (``0``/``1``).
+        io_threads: worker threads of the fast-path server. Env ``GPUFEED_IO_THREADS``.
+        max_object_bytes: largest single object accepted, bytes (5 TiB like S3).
+    """
+
+    data_dir: Path = field(default_factory=default_data_dir)
+    host: str = "127.0.0.1"
+    s3_port: int = 9000
+    port: int = 9400
+    socket_path: str | None = None
+    access_key: str = DEFAULT_ACCESS_KEY
+    secret_key: str = DEFAULT_SECRET_KEY
+    region: str = "us-east-1"
+    fsync: bool = True
+    io_threads: int = 8
+    max_object_bytes: int = 5 << 40  # 5 TiB
+
+    @classmethod
+    def from_env(cls, **overrides) -> "NodeConfig":
+        """Defaults, then ``GPUFEED_*`` environment variables, then ``overrides``
+        (keyword arguments whose value is ``None`` are ignored)."""
+        cfg = cls(
+            data_dir=default_data_dir(),
+            host=_env("GPUFEED_HOST", str, cls.host),
+            s3_port=_env("GPUFEED_S3_PORT", int, cls.s3_port),
+            port=_env("GPUFEED_PORT", int, cls.port),
+            socket_path=_env("GPUFEED_SOCKET", str, None),
+            access_key=_env("GPUFEED_ACCESS_KEY", str, cls.access_key),
+            secret_key=_env("GPUFEED_SECRET_KEY", str, cls.secret_key),
+            region=_env("GPUFEED_REGION", str, cls.region),
+            fsync=_env("GPUFEED_FSYNC", lambda s: s not in ("0", "false", "no"), True),
+            io_threads=_env("GPUFEED_IO_THREADS", int, cls.io_threads),
+        )
+        names = {f.name for f in fields(cls)}
+        for k, v in overrides.items():
+            if k not in names:
+                raise TypeError(f"unknown NodeConfig field {k!r}")
+            if v is not None:
+                setattr(cfg, k, Path(v) if k == "data_dir" else v)
+        return cfg
+
+    @property
+    def resolved_socket_path(self) -> str | None:
+        """The shared-memory socket path, or ``None`` when disabled."""
+        if self.socket_path == "":
+            return None
+        return self.socket_path or str(Path(self.data_dir) / "gpufeed.sock")

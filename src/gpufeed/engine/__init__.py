@@ -1,0 +1,16 @@
+"""The storage node with no network: catalog, blobs, buckets, objects, multipart."""
+
+from .engine import MAX_KEY_BYTES, MIN_PART_BYTES, Engine, PendingWrite
+from .types import BucketInfo, ListResult, ObjectInfo, PartInfo, UploadInfo
+
+__all__ = [
+    "Engine",
+    "PendingWrite",
+    "BucketInfo",
+    "ObjectInfo",
+    "ListResult",
+    "UploadInfo",
+    "PartInfo",
+    "MAX_KEY_BYTES",
+    "MIN_PART_BYTES",
+]

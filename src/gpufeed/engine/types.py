@@ -1,0 +1,87 @@
+"""Plain records the engine returns. Frozen dataclasses, no behaviour."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["BucketInfo", "ObjectInfo", "ListResult", "UploadInfo", "PartInfo"]
+
+
+@dataclass(frozen=True, slots=True)
+class BucketInfo:
+    """A bucket. ``created`` is Unix time in seconds."""
+
+    name: str
+    created: float
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """Metadata of one object version as stored in the catalog.
+
+    Attributes:
+        bucket: bucket name.
+        key: object key (``str``, up to 1,024 UTF-8 bytes).
+        size: length in bytes.
+        etag: ETag without quotes: hex MD5 for single-part S3 puts,
+            ``<hex md5 of part md5s>-N`` for multipart, ``x<hex xxh3-128>`` for
+            fast-path puts that skip MD5.
+        last_modified: Unix time, seconds (float).
+        content_type: the ``Content-Type`` given at upload.
+        metadata: user metadata (``x-amz-meta-*`` without the prefix, lower-case names).
+        checksums: ``{"crc32c": b64, "sha256": b64, ...}`` as sent by the client.
+        blob_id: identifier of the immutable data file (changes on every overwrite).
+        path: absolute path of the immutable data file holding exactly ``size`` bytes.
+    """
+
+    bucket: str
+    key: str
+    size: int
+    etag: str
+    last_modified: float
+    content_type: str = "application/octet-stream"
+    metadata: dict[str, str] = field(default_factory=dict)
+    checksums: dict[str, str] = field(default_factory=dict)
+    blob_id: str = ""
+    path: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ListResult:
+    """One page of a listing (S3 ListObjectsV2 semantics).
+
+    Attributes:
+        objects: objects in UTF-8 byte order of key.
+        common_prefixes: rolled-up prefixes when a delimiter was given, sorted.
+        is_truncated: more results exist.
+        next_token: opaque continuation token for the next page (``None`` when done).
+        next_marker: last key or prefix returned (ListObjects v1 ``NextMarker``).
+    """
+
+    objects: list[ObjectInfo]
+    common_prefixes: list[str]
+    is_truncated: bool
+    next_token: str | None = None
+    next_marker: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UploadInfo:
+    """An in-progress multipart upload. ``initiated`` is Unix seconds."""
+
+    bucket: str
+    key: str
+    upload_id: str
+    initiated: float
+    content_type: str = "application/octet-stream"
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PartInfo:
+    """One uploaded part: ``part_number`` 1..10000, ``etag`` hex MD5 (no quotes), ``size`` bytes."""
+
+    part_number: int
+    etag: str
+    size: int
+    last_modified: float

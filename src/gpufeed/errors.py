@@ -1,0 +1,257 @@
+"""The whole gpufeed exception tree, and the table that maps each error to S3.
+
+Every layer raises these; low-level errors (``OSError``, ``sqlite3.Error``,
+socket errors) are translated at one boundary with ``raise Specific(msg) from exc``.
+The S3 front turns an error into ``<Error><Code>...</Code>`` XML with
+:data:`S3_ERRORS`; the fast-path wire protocol sends the same code string and
+the client re-raises the same class with :func:`error_from_code`.
+
+Tree::
+
+    GpufeedError
+    ├── NotFoundError (FileNotFoundError)
+    │   ├── NoSuchBucket
+    │   ├── NoSuchKey
+    │   └── NoSuchUpload
+    ├── AccessError (PermissionError)
+    │   ├── AccessDenied
+    │   ├── InvalidAccessKeyId
+    │   ├── SignatureDoesNotMatch
+    │   └── RequestExpired
+    ├── ConflictError
+    │   ├── BucketAlreadyOwnedByYou
+    │   ├── BucketNotEmpty
+    │   └── PreconditionFailed
+    ├── InvalidRequestError (ValueError)
+    │   ├── InvalidBucketName
+    │   ├── KeyTooLong
+    │   ├── InvalidArgument
+    │   ├── InvalidRange
+    │   ├── BadDigest
+    │   ├── EntityTooSmall
+    │   ├── EntityTooLarge
+    │   ├── InvalidPart
+    │   ├── InvalidPartOrder
+    │   ├── MalformedXML
+    │   └── IncompleteBody
+    ├── NotModified            (304 for conditional GET; not really an error)
+    ├── NotImplementedByGpufeed
+    ├── ProtocolError          (fast path: malformed or truncated frame)
+    ├── TransportError (ConnectionError)  (fast path: connection lost / refused)
+    └── InternalError
+
+Source for codes and statuses: "Error responses", Amazon S3 API Reference,
+https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GpufeedError",
+    "NotFoundError",
+    "NoSuchBucket",
+    "NoSuchKey",
+    "NoSuchUpload",
+    "AccessError",
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "RequestExpired",
+    "ConflictError",
+    "BucketAlreadyOwnedByYou",
+    "BucketNotEmpty",
+    "PreconditionFailed",
+    "InvalidRequestError",
+    "InvalidBucketName",
+    "KeyTooLong",
+    "InvalidArgument",
+    "InvalidRange",
+    "BadDigest",
+    "EntityTooSmall",
+    "EntityTooLarge",
+    "InvalidPart",
+    "InvalidPartOrder",
+    "MalformedXML",
+    "IncompleteBody",
+    "NotModified",
+    "NotImplementedByGpufeed",
+    "ProtocolError",
+    "TransportError",
+    "InternalError",
+    "S3_ERRORS",
+    "error_from_code",
+]
+
+
+class GpufeedError(Exception):
+    """Base of every error gpufeed raises on purpose.
+
+    Attributes:
+        code: the S3 error code string (``"NoSuchKey"``), also used on the wire.
+        status: the HTTP status the S3 front answers with.
+    """
+
+    code: str = "InternalError"
+    status: int = 500
+
+    def __init__(self, message: str = "", **details: object) -> None:
+        super().__init__(message or self.code)
+        self.message = message or self.code
+        self.details = details
+
+
+class NotFoundError(GpufeedError, FileNotFoundError):
+    code, status = "NotFound", 404
+
+
+class NoSuchBucket(NotFoundError):
+    code, status = "NoSuchBucket", 404
+
+
+class NoSuchKey(NotFoundError):
+    code, status = "NoSuchKey", 404
+
+
+class NoSuchUpload(NotFoundError):
+    code, status = "NoSuchUpload", 404
+
+
+class AccessError(GpufeedError, PermissionError):
+    code, status = "AccessDenied", 403
+
+
+class AccessDenied(AccessError):
+    code, status = "AccessDenied", 403
+
+
+class InvalidAccessKeyId(AccessError):
+    code, status = "InvalidAccessKeyId", 403
+
+
+class SignatureDoesNotMatch(AccessError):
+    code, status = "SignatureDoesNotMatch", 403
+
+
+class RequestExpired(AccessError):
+    # S3 answers an expired presigned URL with AccessDenied "Request has expired".
+    code, status = "AccessDenied", 403
+
+
+class ConflictError(GpufeedError):
+    code, status = "Conflict", 409
+
+
+class BucketAlreadyOwnedByYou(ConflictError):
+    code, status = "BucketAlreadyOwnedByYou", 409
+
+
+class BucketNotEmpty(ConflictError):
+    code, status = "BucketNotEmpty", 409
+
+
+class PreconditionFailed(ConflictError):
+    code, status = "PreconditionFailed", 412
+
+
+class InvalidRequestError(GpufeedError, ValueError):
+    code, status = "InvalidRequest", 400
+
+
+class InvalidBucketName(InvalidRequestError):
+    code, status = "InvalidBucketName", 400
+
+
+class KeyTooLong(InvalidRequestError):
+    code, status = "KeyTooLongError", 400
+
+
+class InvalidArgument(InvalidRequestError):
+    code, status = "InvalidArgument", 400
+
+
+class InvalidRange(InvalidRequestError):
+    code, status = "InvalidRange", 416
+
+
+class BadDigest(InvalidRequestError):
+    code, status = "BadDigest", 400
+
+
+class EntityTooSmall(InvalidRequestError):
+    code, status = "EntityTooSmall", 400
+
+
+class EntityTooLarge(InvalidRequestError):
+    code, status = "EntityTooLarge", 400
+
+
+class InvalidPart(InvalidRequestError):
+    code, status = "InvalidPart", 400
+
+
+class InvalidPartOrder(InvalidRequestError):
+    code, status = "InvalidPartOrder", 400
+
+
+class MalformedXML(InvalidRequestError):
+    code, status = "MalformedXML", 400
+
+
+class IncompleteBody(InvalidRequestError):
+    code, status = "IncompleteBody", 400
+
+
+class NotModified(GpufeedError):
+    code, status = "NotModified", 304
+
+
+class NotImplementedByGpufeed(GpufeedError):
+    code, status = "NotImplemented", 501
+
+
+class ProtocolError(GpufeedError):
+    """A fast-path frame was malformed, truncated or of an unknown version."""
+
+    code, status = "ProtocolError", 400
+
+
+class TransportError(GpufeedError, ConnectionError):
+    """The fast-path connection failed (refused, reset, closed mid-frame)."""
+
+    code, status = "TransportError", 503
+
+
+class InternalError(GpufeedError):
+    code, status = "InternalError", 500
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+#: Map of S3 error code -> (exception class, HTTP status). Where two classes
+#: share a code (RequestExpired answers as AccessDenied) the more general wins.
+S3_ERRORS: dict[str, tuple[type[GpufeedError], int]] = {}
+for _cls in [GpufeedError, *_all_subclasses(GpufeedError)]:
+    S3_ERRORS.setdefault(_cls.code, (_cls, _cls.status))
+
+
+def error_from_code(code: str, message: str = "") -> GpufeedError:
+    """Rebuild the typed exception for an error code received on the wire.
+
+    Args:
+        code: an S3 error code such as ``"NoSuchKey"``.
+        message: the human-readable message that came with it.
+
+    Returns:
+        An instance of the matching class, :class:`GpufeedError` for unknown codes.
+    """
+    cls = S3_ERRORS.get(code, (GpufeedError, 500))[0]
+    err = cls(message or code)
+    if cls is GpufeedError:
+        err.code = code
+    return err
