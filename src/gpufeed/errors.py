@@ -17,7 +17,8 @@ Tree::
     │   ├── AccessDenied
     │   ├── InvalidAccessKeyId
     │   ├── SignatureDoesNotMatch
-    │   └── RequestExpired
+    │   ├── RequestExpired
+    │   └── RequestTimeTooSkewed
     ├── ConflictError
     │   ├── BucketAlreadyOwnedByYou
     │   ├── BucketNotEmpty
@@ -33,7 +34,13 @@ Tree::
     │   ├── InvalidPart
     │   ├── InvalidPartOrder
     │   ├── MalformedXML
-    │   └── IncompleteBody
+    │   ├── IncompleteBody
+    │   ├── InvalidDigest
+    │   ├── XAmzContentSHA256Mismatch
+    │   ├── AuthorizationHeaderMalformed
+    │   ├── AuthorizationQueryParametersError
+    │   ├── MissingContentLength  (411)
+    │   └── MethodNotAllowed      (405)
     ├── NotModified            (304 for conditional GET; not really an error)
     ├── NotImplementedByGpufeed
     ├── ProtocolError          (fast path: malformed or truncated frame)
@@ -73,6 +80,13 @@ __all__ = [
     "InvalidPartOrder",
     "MalformedXML",
     "IncompleteBody",
+    "InvalidDigest",
+    "XAmzContentSHA256Mismatch",
+    "AuthorizationHeaderMalformed",
+    "AuthorizationQueryParametersError",
+    "MissingContentLength",
+    "MethodNotAllowed",
+    "RequestTimeTooSkewed",
     "NotModified",
     "NotImplementedByGpufeed",
     "ProtocolError",
@@ -199,6 +213,40 @@ class MalformedXML(InvalidRequestError):
 
 class IncompleteBody(InvalidRequestError):
     code, status = "IncompleteBody", 400
+
+
+class InvalidDigest(InvalidRequestError):
+    """``Content-MD5`` (or an ``x-amz-checksum-*`` header) is not valid base64 of the right length."""
+
+    code, status = "InvalidDigest", 400
+
+
+class XAmzContentSHA256Mismatch(InvalidRequestError):
+    """The body's SHA-256 differs from the ``x-amz-content-sha256`` the client signed."""
+
+    code, status = "XAmzContentSHA256Mismatch", 400
+
+
+class AuthorizationHeaderMalformed(InvalidRequestError):
+    code, status = "AuthorizationHeaderMalformed", 400
+
+
+class AuthorizationQueryParametersError(InvalidRequestError):
+    code, status = "AuthorizationQueryParametersError", 400
+
+
+class MissingContentLength(InvalidRequestError):
+    code, status = "MissingContentLength", 411
+
+
+class MethodNotAllowed(InvalidRequestError):
+    code, status = "MethodNotAllowed", 405
+
+
+class RequestTimeTooSkewed(AccessError):
+    """The signed ``X-Amz-Date`` is more than 15 minutes from the server's clock."""
+
+    code, status = "RequestTimeTooSkewed", 403
 
 
 class NotModified(GpufeedError):

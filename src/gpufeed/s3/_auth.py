@@ -1,0 +1,294 @@
+"""AWS Signature Version 4 verification for the S3 front.
+
+The maths (canonical request, string to sign, signing key) is botocore's own
+:class:`botocore.auth.SigV4Auth`, fed with what the client signed: its method,
+path, query, the headers it lists in ``SignedHeaders`` and its ``X-Amz-Date``.
+Only the parsing of the ``Authorization`` header / presigned query and the
+constant-time comparison live here.
+
+Sources: "Authenticating Requests (AWS Signature Version 4)", Amazon S3 API
+Reference, https://docs.aws.amazon.com/AmazonS3/latest/API/sig-v4-authenticating-requests.html
+and its pages on header auth, query auth (presigned URLs) and chunked uploads.
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import hmac
+import re
+import time
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from ..errors import (
+    AccessDenied,
+    AuthorizationHeaderMalformed,
+    AuthorizationQueryParametersError,
+    InvalidAccessKeyId,
+    InvalidRequestError,
+    RequestExpired,
+    RequestTimeTooSkewed,
+    SignatureDoesNotMatch,
+)
+
+__all__ = ["AuthResult", "verify_request", "chunk_signature", "EMPTY_SHA256"]
+
+ALGORITHM = "AWS4-HMAC-SHA256"
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+#: Largest clock difference accepted for header-signed requests, seconds (S3: 15 min).
+MAX_SKEW_S = 15 * 60
+#: Longest presigned URL validity, seconds (S3: 7 days).
+MAX_EXPIRES_S = 7 * 24 * 3600
+
+_AUTH_RE = re.compile(
+    r"^AWS4-HMAC-SHA256\s+Credential=(?P<cred>[^,\s]+)\s*,\s*"
+    r"SignedHeaders=(?P<signed>[^,\s]+)\s*,\s*Signature=(?P<sig>[0-9a-fA-F]+)\s*$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthResult:
+    """What a verified request proved.
+
+    Attributes:
+        access_key: the access key id it was signed with.
+        payload_hash: the ``x-amz-content-sha256`` value signed (``UNSIGNED-PAYLOAD`` for
+            presigned URLs).
+        signature: the request's hex signature (seed of aws-chunked chunk signatures).
+        timestamp: the signed ``X-Amz-Date`` (``YYYYMMDDTHHMMSSZ``).
+        scope: the credential scope ``date/region/service/aws4_request``.
+        signing_key: the derived SigV4 key (for chunk signatures).
+    """
+
+    access_key: str
+    payload_hash: str
+    signature: str
+    timestamp: str
+    scope: str
+    signing_key: bytes
+
+
+class _ClientSigned(SigV4Auth):
+    """SigV4Auth that signs exactly the headers the client listed, path as given."""
+
+    def __init__(self, credentials, service, region, signed_headers: list[str]) -> None:
+        super().__init__(credentials, service, region)
+        self._signed = signed_headers
+
+    def headers_to_sign(self, request):
+        header_map = super().headers_to_sign(request)
+        for name in list(header_map.keys()):
+            if name not in self._signed:
+                del header_map[name]
+        return header_map
+
+    def _normalize_url_path(self, path):
+        # S3 signs the path as sent: no dot-segment removal, no double encoding.
+        return path
+
+
+def _parse_amz_date(value: str) -> float:
+    try:
+        return calendar.timegm(time.strptime(value, "%Y%m%dT%H%M%SZ"))
+    except (ValueError, TypeError) as exc:
+        raise AccessDenied("X-Amz-Date must be in the ISO8601 basic format YYYYMMDDTHHMMSSZ") from exc
+
+
+def _signing_key(secret: str, date: str, region: str, service: str) -> bytes:
+    def h(key: bytes, msg: str) -> bytes:
+        return hmac.new(key, msg.encode(), hashlib.sha256).digest()
+
+    return h(h(h(h(f"AWS4{secret}".encode(), date), region), service), "aws4_request")
+
+
+def _query_pairs(raw_query: str) -> list[tuple[str, str]]:
+    pairs = []
+    if raw_query:
+        for part in raw_query.split("&"):
+            if not part:
+                continue
+            k, _, v = part.partition("=")
+            pairs.append((unquote(k), unquote(v)))
+    return pairs
+
+
+def _path_candidates(raw_path: str) -> list[str]:
+    """The canonical URI as the client most likely computed it.
+
+    botocore (and most SDKs) put the already-encoded path on the wire, so the
+    raw path is tried first; a client that sent unencoded characters signed the
+    RFC 3986 encoding of the decoded path.
+    """
+    out = [raw_path or "/"]
+    alt = quote(unquote(raw_path), safe="/~") or "/"
+    if alt not in out:
+        out.append(alt)
+    return out
+
+
+def verify_request(
+    *,
+    method: str,
+    raw_path: str,
+    raw_query: str,
+    headers,
+    credentials: dict[str, str],
+    now_s: float | None = None,
+) -> AuthResult:
+    """Check a request's SigV4 signature (header or presigned query).
+
+    Args:
+        method: HTTP method.
+        raw_path: the request path exactly as on the wire (still percent-encoded).
+        raw_query: the query string as on the wire, without ``?``.
+        headers: case-insensitive multi-dict of request headers.
+        credentials: ``{access_key: secret_key}`` accepted.
+        now_s: current Unix time, seconds (for tests).
+
+    Returns:
+        An :class:`AuthResult`.
+
+    Raises:
+        AccessDenied: no signature at all (anonymous request).
+        InvalidAccessKeyId: unknown access key.
+        SignatureDoesNotMatch: the signature differs from the one computed.
+        RequestExpired: presigned URL past ``X-Amz-Date + X-Amz-Expires``.
+        RequestTimeTooSkewed: header-signed request more than 15 min off.
+        AuthorizationHeaderMalformed, AuthorizationQueryParametersError: unparsable.
+    """
+    now_s = time.time() if now_s is None else now_s
+    pairs = _query_pairs(raw_query)
+    query = dict(pairs)
+    auth = headers.get("Authorization")
+    presigned = "X-Amz-Signature" in query or "X-Amz-Algorithm" in query
+
+    if auth is not None:
+        if auth.startswith("AWS "):
+            raise InvalidRequestError(
+                "The authorization mechanism you have provided is not supported. "
+                "Please use AWS4-HMAC-SHA256."
+            )
+        m = _AUTH_RE.match(auth.strip())
+        if m is None:
+            raise AuthorizationHeaderMalformed("The authorization header is malformed.")
+        credential, signed, signature = m.group("cred"), m.group("signed"), m.group("sig")
+        timestamp = headers.get("X-Amz-Date") or ""
+        if not timestamp:
+            raise AccessDenied("AWS authentication requires a valid Date or x-amz-date header")
+        payload_hash = headers.get("X-Amz-Content-SHA256")
+        if payload_hash is None:
+            raise InvalidRequestError(
+                "Missing required header for this request: x-amz-content-sha256"
+            )
+        error_cls = AuthorizationHeaderMalformed
+    elif presigned:
+        if query.get("X-Amz-Algorithm") != ALGORITHM:
+            raise AuthorizationQueryParametersError(
+                "X-Amz-Algorithm only supports \"AWS4-HMAC-SHA256\""
+            )
+        try:
+            credential = query["X-Amz-Credential"]
+            signed = query["X-Amz-SignedHeaders"]
+            signature = query["X-Amz-Signature"]
+            timestamp = query["X-Amz-Date"]
+            expires_s = int(query["X-Amz-Expires"])
+        except (KeyError, ValueError) as exc:
+            raise AuthorizationQueryParametersError(
+                "Query-string authentication version 4 requires the X-Amz-Algorithm, "
+                "X-Amz-Credential, X-Amz-Signature, X-Amz-Date, X-Amz-SignedHeaders, "
+                "and X-Amz-Expires parameters."
+            ) from exc
+        if not 0 <= expires_s <= MAX_EXPIRES_S:
+            raise AuthorizationQueryParametersError(
+                "X-Amz-Expires must be between 0 and 604800 seconds"
+            )
+        payload_hash = "UNSIGNED-PAYLOAD"
+        error_cls = AuthorizationQueryParametersError
+    else:
+        raise AccessDenied("Anonymous access is not allowed")
+
+    parts = credential.split("/")
+    if len(parts) != 5 or parts[4] != "aws4_request":
+        raise error_cls(f"Error parsing the X-Amz-Credential parameter: {credential!r}")
+    access_key, date, region, service, _ = parts
+    secret = credentials.get(access_key)
+    if secret is None:
+        raise InvalidAccessKeyId(
+            "The AWS Access Key Id you provided does not exist in our records.",
+            access_key=access_key,
+        )
+    signed_at = _parse_amz_date(timestamp)
+    if timestamp[:8] != date:
+        raise error_cls("The credential scope date does not match X-Amz-Date")
+    if presigned and auth is None:
+        if now_s > signed_at + expires_s:
+            raise RequestExpired("Request has expired", expires=expires_s)
+        if signed_at > now_s + MAX_SKEW_S:
+            raise AccessDenied("Request is not valid yet")
+    elif abs(now_s - signed_at) > MAX_SKEW_S:
+        raise RequestTimeTooSkewed(
+            "The difference between the request time and the current time is too large."
+        )
+
+    signed_names = signed.lower().split(";")
+    if "host" not in signed_names:
+        raise error_cls("The host header must be signed")
+    sign_headers = {}
+    for name in signed_names:
+        values = headers.getall(name, [])
+        if values:
+            sign_headers[name] = ",".join(" ".join(v.split()) for v in values)
+    if auth is not None:
+        # Used for the payload line even when the client did not sign the header itself.
+        sign_headers.setdefault("x-amz-content-sha256", payload_hash)
+    params = [(k, v) for k, v in pairs if k != "X-Amz-Signature"]
+
+    signer = _ClientSigned(Credentials(access_key, secret), service, region, signed_names)
+    expected = ""
+    for path in _path_candidates(raw_path):
+        req = AWSRequest(
+            method=method,
+            url=f"http://{sign_headers.get('host', '')}{path}",
+            headers=sign_headers,
+            params=params,
+        )
+        req.context["timestamp"] = timestamp
+        canonical = signer.canonical_request(req)
+        if "x-amz-content-sha256" not in sign_headers:
+            # Presigned: the payload line is always UNSIGNED-PAYLOAD for S3.
+            canonical = canonical.rsplit("\n", 1)[0] + "\nUNSIGNED-PAYLOAD"
+        string_to_sign = signer.string_to_sign(req, canonical)
+        expected = signer.signature(string_to_sign, req)
+        if hmac.compare_digest(expected, signature.lower()):
+            return AuthResult(
+                access_key=access_key,
+                payload_hash=payload_hash,
+                signature=expected,
+                timestamp=timestamp,
+                scope=f"{date}/{region}/{service}/aws4_request",
+                signing_key=_signing_key(secret, date, region, service),
+            )
+    raise SignatureDoesNotMatch(
+        "The request signature we calculated does not match the signature you provided. "
+        "Check your key and signing method."
+    )
+
+
+def chunk_signature(auth: AuthResult, previous: str, chunk_sha256_hex: str, kind: str = "PAYLOAD") -> str:
+    """Signature of one aws-chunked chunk (or of the trailer, ``kind="TRAILER"``).
+
+    Source: "Signature Calculations for the Authorization Header: Transferring
+    Payload in Multiple Chunks (Chunked Upload)", Amazon S3 API Reference.
+    """
+    if kind == "PAYLOAD":
+        sts = "\n".join(
+            [f"{ALGORITHM}-PAYLOAD", auth.timestamp, auth.scope, previous, EMPTY_SHA256, chunk_sha256_hex]
+        )
+    else:
+        sts = "\n".join([f"{ALGORITHM}-TRAILER", auth.timestamp, auth.scope, previous, chunk_sha256_hex])
+    return hmac.new(auth.signing_key, sts.encode(), hashlib.sha256).hexdigest()
