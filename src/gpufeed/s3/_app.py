@@ -64,6 +64,7 @@ _MAX_XML = 4 << 20  # 4 MiB
 #: Socket read buffer of the HTTP server, bytes.
 _READ_BUFSIZE = 1 << 20  # 1 MiB
 _FRONT_KEY = web.AppKey("gpufeed_s3_front", object)
+_REQUEST_ID = web.RequestKey("gpufeed_s3_request_id", str)
 
 # Sub-resources S3 has and gpufeed does not implement (answered 501).
 _UNSUPPORTED_BUCKET = {
@@ -365,7 +366,7 @@ class S3Front:
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """aiohttp handler: every request of the endpoint comes here."""
         request_id = uuid.uuid4().hex[:16].upper()
-        request["s3_request_id"] = request_id
+        request[_REQUEST_ID] = request_id
         raw_path, raw_query = _split_target(request.raw_path)
         resource = unquote(raw_path)
         try:
@@ -1042,7 +1043,7 @@ class S3Front:
 
 
 async def _add_common_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
-    rid = request.get("s3_request_id") or uuid.uuid4().hex[:16].upper()
+    rid = request.get(_REQUEST_ID) or uuid.uuid4().hex[:16].upper()
     response.headers["x-amz-request-id"] = rid
     response.headers["x-amz-id-2"] = base64.b64encode(rid.encode()).decode()
     response.headers["Server"] = "gpufeed"

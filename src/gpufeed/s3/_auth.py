@@ -250,12 +250,19 @@ def verify_request(
 
     signer = _ClientSigned(Credentials(access_key, secret), service, region, signed_names)
     expected = ""
-    for path in _path_candidates(raw_path):
+    # Query as RFC 3986 re-encoded from the decoded pairs (the spec), then as sent
+    # (clients that sign their own, not fully encoded, query string).
+    raw_signed_query = "&".join(
+        p for p in raw_query.split("&") if p and not p.startswith("X-Amz-Signature=")
+    )
+    variants = [(path, params, "") for path in _path_candidates(raw_path)]
+    variants.append((raw_path or "/", None, raw_signed_query))
+    for path, query_params, url_query in variants:
         req = AWSRequest(
             method=method,
-            url=f"http://{sign_headers.get('host', '')}{path}",
+            url=f"http://{sign_headers.get('host', '')}{path}" + (f"?{url_query}" if url_query else ""),
             headers=sign_headers,
-            params=params,
+            params=query_params,
         )
         req.context["timestamp"] = timestamp
         canonical = signer.canonical_request(req)
