@@ -536,31 +536,46 @@ class S3Front:
         return min(value, cap)
 
     async def _stream_to(self, body: RequestBody, pending) -> None:
-        """Copy the decoded body into a PendingWrite in 4 MiB batches on the pool,
-        reading the next batch from the socket while the previous one is written."""
-        digests = body.digests
+        """Copy the decoded body into a PendingWrite in 4 MiB batches on the pool.
 
-        def write(batch: list[bytes]) -> None:
-            for piece in batch:
-                pending.write(piece)
-                if digests.active:
-                    digests.update(piece)
+        The next batch is read from the socket while the previous one is written;
+        within a batch the client-declared digests (SHA-256, CRC32, ...) run on a
+        second worker while the engine writes and MD5-hashes (all release the GIL).
+        """
+        digests = body.digests
+        loop = asyncio.get_running_loop()
+
+        async def write(batch: list[bytes]) -> None:
+            buf = batch[0] if len(batch) == 1 else b"".join(batch)
+            if digests.active:
+                await asyncio.gather(
+                    loop.run_in_executor(self.executor, pending.write, buf),
+                    loop.run_in_executor(self.executor, digests.update, buf),
+                )
+            else:
+                await loop.run_in_executor(self.executor, pending.write, buf)
 
         inflight = None
         batch: list[bytes] = []
         size = 0
-        async for piece in body.chunks():
-            batch.append(piece)
-            size += len(piece)
-            if size >= _WRITE_BATCH:
-                if inflight is not None:
-                    await inflight
-                inflight = asyncio.ensure_future(self.call(write, batch))
-                batch, size = [], 0
+        try:
+            async for piece in body.chunks():
+                batch.append(piece)
+                size += len(piece)
+                if size >= _WRITE_BATCH:
+                    if inflight is not None:
+                        await inflight
+                    inflight = asyncio.ensure_future(write(batch))
+                    batch, size = [], 0
+        except BaseException:
+            if inflight is not None and not inflight.done():
+                # Never leave a worker writing into a PendingWrite the caller aborts next.
+                await asyncio.wait([inflight])
+            raise
         if inflight is not None:
             await inflight
         if batch:
-            await self.call(write, batch)
+            await write(batch)
 
     async def _receive(self, ctx: _Ctx, pending, commit):
         """Stream the body into ``pending`` and ``commit(checksums)`` on the pool;
