@@ -9,6 +9,7 @@ subprocess ``node`` fixture of ``tests/conftest.py`` where that matters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,12 +52,9 @@ class InProcessS3:
         )
 
 
-@pytest.fixture(scope="session")
-def s3_node(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("s3front") / "data"
-    engine = Engine(data_dir, fsync=False)
-    cfg = NodeConfig(data_dir=data_dir, host="127.0.0.1", s3_port=0, io_threads=8,
-                     access_key="test-access", secret_key="test-secret-key/+=", region="us-east-1")
+@contextlib.contextmanager
+def serve_in_thread(engine: Engine, cfg: NodeConfig):
+    """Run :func:`start_s3` on an event loop in a background thread; yields the port."""
     loop = asyncio.new_event_loop()
     started = threading.Event()
     result: dict = {}
@@ -77,15 +75,31 @@ def s3_node(tmp_path_factory):
     assert started.wait(30), "S3 front did not start"
     if "error" in result:
         raise result["error"]
-    yield InProcessS3(
-        s3_url=f"http://127.0.0.1:{result['port']}", port=result["port"],
-        access_key=cfg.access_key, secret_key=cfg.secret_key, region=cfg.region,
-        data_dir=data_dir, engine=engine,
-    )
-    asyncio.run_coroutine_threadsafe(result["runner"].cleanup(), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(30)
-    loop.close()
+    try:
+        yield result["port"]
+    finally:
+        asyncio.run_coroutine_threadsafe(result["runner"].cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+
+
+def make_test_config(data_dir: Path) -> NodeConfig:
+    """NodeConfig of an in-process test endpoint (port 0, no fsync)."""
+    return NodeConfig(data_dir=data_dir, host="127.0.0.1", s3_port=0, io_threads=8, fsync=False,
+                      access_key="test-access", secret_key="test-secret-key/+=", region="us-east-1")
+
+
+@pytest.fixture(scope="session")
+def s3_node(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("s3front") / "data"
+    cfg = make_test_config(data_dir)
+    engine = Engine(data_dir, fsync=False)
+    with serve_in_thread(engine, cfg) as port:
+        yield InProcessS3(
+            s3_url=f"http://127.0.0.1:{port}", port=port, access_key=cfg.access_key,
+            secret_key=cfg.secret_key, region=cfg.region, data_dir=data_dir, engine=engine,
+        )
     engine.close()
 
 
@@ -179,6 +193,30 @@ class RawClient:
 def raw(s3_node) -> RawClient:
     """Raw signed-request client of the in-process endpoint."""
     return RawClient(s3_node)
+
+
+@pytest.fixture(scope="session")
+def serve():
+    """``serve(engine, cfg)``: context manager running an extra endpoint; yields its port."""
+    return serve_in_thread
+
+
+@pytest.fixture(scope="session")
+def raw_for():
+    """``raw_for(s3_url, access_key, secret_key)``: a RawClient of any endpoint."""
+
+    def make(s3_url: str, access_key: str, secret_key: str) -> RawClient:
+        return RawClient(InProcessS3(s3_url=s3_url, port=urlsplit(s3_url).port, access_key=access_key,
+                                     secret_key=secret_key, region="us-east-1", data_dir=Path(),
+                                     engine=None))
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def node_config():
+    """``node_config(data_dir)``: the NodeConfig in-process endpoints use."""
+    return make_test_config
 
 
 def error_code(body: bytes) -> str | None:

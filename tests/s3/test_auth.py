@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import email.utils
 import hashlib
 import hmac
 import re
@@ -126,8 +127,34 @@ def test_malformed_authorization(raw, bkt, code_of):
         "X-Amz-Date": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), "X-Amz-Content-SHA256": EMPTY})
     assert r.status == 400 and code_of(r.body) == "AuthorizationHeaderMalformed"
     r = raw.request("GET", f"/{bkt}", sign=False, headers={
-        "Host": f"127.0.0.1:{raw.port}", "Authorization": "AWS key:c2lnbmF0dXJl"})
-    assert r.status == 400 and code_of(r.body) == "InvalidRequest"
+        "Host": f"127.0.0.1:{raw.port}", "Authorization": f"AWS {raw.endpoint.access_key}:c2lnbmF0dXJl"})
+    assert r.status == 403 and code_of(r.body) == "AccessDenied"  # signature v2 without a Date
+    r = raw.request("GET", f"/{bkt}", sign=False, headers={
+        "Host": f"127.0.0.1:{raw.port}", "Date": email.utils.formatdate(usegmt=True),
+        "Authorization": f"AWS {raw.endpoint.access_key}:c2lnbmF0dXJl"})
+    assert r.status == 403 and code_of(r.body) == "SignatureDoesNotMatch"
+
+
+def test_signature_v2_presigned_and_header(s3_node, bkt, code_of):
+    # boto3's generate_presigned_url still defaults to signature version 2 for S3.
+    c = boto3.client("s3", endpoint_url=s3_node.s3_url, region_name="us-east-1",
+                     aws_access_key_id=s3_node.access_key, aws_secret_access_key=s3_node.secret_key)
+    c.put_object(Bucket=bkt, Key="v2 key+", Body=b"v2 body")
+    url = c.generate_presigned_url("get_object", Params={"Bucket": bkt, "Key": "v2 key+"}, ExpiresIn=60)
+    assert "AWSAccessKeyId=" in url
+    assert _urlopen(url) == (200, b"v2 body")
+    status, body = _urlopen(url.replace("Expires=", "Expires=1"))
+    assert status == 403 and code_of(body) == "SignatureDoesNotMatch"
+    c.close()
+    c = _client(s3_node)
+    c.close()
+    v2 = boto3.client("s3", endpoint_url=s3_node.s3_url, region_name="us-east-1",
+                      aws_access_key_id=s3_node.access_key, aws_secret_access_key=s3_node.secret_key,
+                      config=Config(signature_version="s3"))
+    v2.put_object(Bucket=bkt, Key="v2 header", Body=b"signed with v2", Metadata={"a": "b"})
+    assert v2.get_object(Bucket=bkt, Key="v2 header")["Body"].read() == b"signed with v2"
+    assert [o["Key"] for o in v2.list_objects_v2(Bucket=bkt, Prefix="v2 ")["Contents"]] == ["v2 header", "v2 key+"]
+    v2.close()
 
 
 def test_payload_sha256_mismatch(raw, bkt, code_of, s3_node):

@@ -285,3 +285,35 @@ def test_gzip_body_stored_as_sent(raw, bkt, s3_node):
     r = raw.request("PUT", f"/{bkt}/gz", body=body, headers={"Content-Encoding": "gzip"})
     assert r.status == 200
     assert s3_node.engine.get_object(bkt, "gz") == body
+
+
+# unexpected failures --------------------------------------------------------------------------------
+def test_unexpected_exception_is_500_xml(serve, node_config, raw_for, tmp_path, code_of):
+    """An engine that fails in a way nobody planned (closed under the server) yields
+    500 InternalError XML, never a traceback, and the endpoint keeps answering."""
+    from gpufeed.engine import Engine
+
+    cfg = node_config(tmp_path / "data")
+    engine = Engine(cfg.data_dir, fsync=False)
+    with serve(engine, cfg) as port:
+        client = raw_for(f"http://127.0.0.1:{port}", cfg.access_key, cfg.secret_key)
+        assert client.request("PUT", "/closing").status == 200
+        engine.close()
+        for _ in range(2):
+            r = client.request("GET", "/closing?list-type=2")
+            assert r.status == 500 and code_of(r.body) == "InternalError"
+            assert b"Traceback" not in r.body and r.headers["x-amz-request-id"]
+
+
+def test_non_gpufeed_exception_is_500_xml(serve, node_config, raw_for, tmp_path, code_of, caplog):
+    """The catch-all: a bare Python exception (here AttributeError from an object that is
+    not an engine at all) becomes InternalError XML plus one logged traceback."""
+    cfg = node_config(tmp_path / "data")
+    with serve(object(), cfg) as port:
+        client = raw_for(f"http://127.0.0.1:{port}", cfg.access_key, cfg.secret_key)
+        r = client.request("GET", "/")
+        assert r.status == 500 and code_of(r.body) == "InternalError"
+        assert b"AttributeError" not in r.body
+        h = client.request("HEAD", "/b-u-c/k")
+        assert h.status == 500 and h.body == b""
+    assert any("failed (request id" in rec.getMessage() for rec in caplog.records)

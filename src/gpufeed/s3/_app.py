@@ -377,6 +377,7 @@ class S3Front:
                 raw_query=raw_query,
                 headers=request.headers,
                 credentials=self.credentials,
+                virtual_bucket=bucket_from_host(request.headers.get("Host")),
             )
             return await self._dispatch(ctx)
         except NotModified:

@@ -14,15 +14,16 @@ and its pages on header auth, query auth (presigned URLs) and chunked uploads.
 from __future__ import annotations
 
 import calendar
+import email.utils
 import hashlib
 import hmac
 import re
 import time
 from dataclasses import dataclass
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlsplit
 
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
+from botocore.auth import HmacV1Auth, SigV4Auth
+from botocore.awsrequest import AWSRequest, HTTPHeaders
 from botocore.credentials import Credentials
 
 from ..errors import (
@@ -92,6 +93,76 @@ class _ClientSigned(SigV4Auth):
         return path
 
 
+class _V2Signer(HmacV1Auth):
+    """botocore's HMAC-SHA1 (signature version 2) signer, dated as the client dated it."""
+
+    def __init__(self, credentials, date: str) -> None:
+        super().__init__(credentials)
+        self._date = date
+
+    def _get_date(self):
+        return self._date
+
+
+def _verify_v2(*, method, raw_path, raw_query, query, headers, credentials, now_s, virtual_bucket):
+    """Signature version 2 (``Authorization: AWS key:sig`` or ``?AWSAccessKeyId&Signature&Expires``),
+    still what boto3's ``generate_presigned_url`` makes unless told ``signature_version="s3v4"``.
+
+    Source: "Signing and authenticating REST requests" (legacy), Amazon S3 User Guide.
+    """
+    auth = headers.get("Authorization")
+    if auth is not None:
+        access_key, _, signature = auth[4:].strip().rpartition(":")
+        if not access_key:
+            raise AuthorizationHeaderMalformed("The authorization header is malformed.")
+        date = "" if "x-amz-date" in headers else headers.get("Date", "")
+        try:
+            signed_at = email.utils.parsedate_to_datetime(headers.get("x-amz-date") or date)
+        except (TypeError, ValueError, IndexError):
+            signed_at = None
+        if signed_at is None:
+            raise AccessDenied("AWS authentication requires a valid Date or x-amz-date header")
+        if abs(now_s - signed_at.timestamp()) > MAX_SKEW_S:
+            raise RequestTimeTooSkewed(
+                "The difference between the request time and the current time is too large."
+            )
+    else:
+        access_key, signature, date = query["AWSAccessKeyId"], query["Signature"], query.get("Expires", "")
+        try:
+            expires_at = int(date)
+        except ValueError as exc:
+            raise AccessDenied("Query-string authentication requires the Expires parameter") from exc
+        if now_s > expires_at:
+            raise RequestExpired("Request has expired", expires=expires_at)
+    secret = credentials.get(access_key)
+    if secret is None:
+        raise InvalidAccessKeyId(
+            "The AWS Access Key Id you provided does not exist in our records.", access_key=access_key
+        )
+    sign_headers = HTTPHeaders()
+    for name, value in headers.items():
+        lname = name.lower()
+        if lname in ("content-md5", "content-type") or lname.startswith("x-amz-"):
+            sign_headers[lname] = value
+    resource = f"/{virtual_bucket}{raw_path}" if virtual_bucket else raw_path
+    split = urlsplit(f"http://host{raw_path}" + (f"?{raw_query}" if raw_query else ""))
+    signer = _V2Signer(Credentials(access_key, secret), date)
+    # botocore signs a bucket as "/bucket/" while sending "/bucket": accept both.
+    candidates = [resource] if resource.count("/") > 1 else [resource, resource.rstrip("/") + "/"]
+    for auth_path in candidates:
+        expected = signer.get_signature(method, split, sign_headers, auth_path=auth_path)
+        if hmac.compare_digest(expected.encode(), signature.encode()):
+            break
+    else:
+        raise SignatureDoesNotMatch(
+            "The request signature we calculated does not match the signature you provided. "
+            "Check your key and signing method."
+        )
+    payload = headers.get("X-Amz-Content-SHA256", "UNSIGNED-PAYLOAD")
+    return AuthResult(access_key=access_key, payload_hash=payload, signature="", timestamp="",
+                      scope="", signing_key=b"")
+
+
 def _parse_amz_date(value: str) -> float:
     try:
         return calendar.timegm(time.strptime(value, "%Y%m%dT%H%M%SZ"))
@@ -139,6 +210,7 @@ def verify_request(
     headers,
     credentials: dict[str, str],
     now_s: float | None = None,
+    virtual_bucket: str | None = None,
 ) -> AuthResult:
     """Check a request's SigV4 signature (header or presigned query).
 
@@ -149,6 +221,8 @@ def verify_request(
         headers: case-insensitive multi-dict of request headers.
         credentials: ``{access_key: secret_key}`` accepted.
         now_s: current Unix time, seconds (for tests).
+        virtual_bucket: the bucket named by the Host header (signature version 2
+            signs ``/bucket/key`` even for virtual-hosted requests).
 
     Returns:
         An :class:`AuthResult`.
@@ -167,12 +241,13 @@ def verify_request(
     auth = headers.get("Authorization")
     presigned = "X-Amz-Signature" in query or "X-Amz-Algorithm" in query
 
+    if (auth is not None and auth.startswith("AWS ")) or (
+        auth is None and "AWSAccessKeyId" in query and "Signature" in query
+    ):
+        return _verify_v2(method=method, raw_path=raw_path, raw_query=raw_query, query=query,
+                          headers=headers, credentials=credentials, now_s=now_s,
+                          virtual_bucket=virtual_bucket)
     if auth is not None:
-        if auth.startswith("AWS "):
-            raise InvalidRequestError(
-                "The authorization mechanism you have provided is not supported. "
-                "Please use AWS4-HMAC-SHA256."
-            )
         m = _AUTH_RE.match(auth.strip())
         if m is None:
             raise AuthorizationHeaderMalformed("The authorization header is malformed.")
