@@ -199,14 +199,14 @@ def _check_conditions(headers, info: ObjectInfo, *, copy_source: bool = False) -
             if copy_source:
                 raise PreconditionFailed("At least one of the pre-conditions you specified did not hold",
                                          condition="x-amz-copy-source-If-None-Match")
-            raise NotModified("Not Modified")
+            raise NotModified("Not Modified", etag=info.etag, last_modified=info.last_modified)
     else:
         since = parse_http_date(headers.get(p + "If-Modified-Since"))
         if since is not None and modified_s <= since:
             if copy_source:
                 raise PreconditionFailed("At least one of the pre-conditions you specified did not hold",
                                          condition="x-amz-copy-source-If-Modified-Since")
-            raise NotModified("Not Modified")
+            raise NotModified("Not Modified", etag=info.etag, last_modified=info.last_modified)
 
 
 def parse_range(value: str | None, size: int):
@@ -380,8 +380,11 @@ class S3Front:
                 virtual_bucket=bucket_from_host(request.headers.get("Host")),
             )
             return await self._dispatch(ctx)
-        except NotModified:
-            return web.Response(status=304)
+        except NotModified as exc:
+            return web.Response(status=304, headers={
+                "ETag": _quote_etag(str(exc.details.get("etag", ""))),
+                "Last-Modified": http_date(float(exc.details.get("last_modified", 0))),
+            })
         except GpufeedError as exc:
             return self._error(request, exc, resource, request_id)
         except asyncio.CancelledError:
