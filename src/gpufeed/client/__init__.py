@@ -1,0 +1,5 @@
+"""The SDK users import: fast-path client (``gpufeed+tcp://``, ``gpufeed+shm://``)."""
+
+from ._client import AsyncClient, Client, ListEntry, ObjectMeta, ReadRequest, parse_url
+
+__all__ = ["Client", "AsyncClient", "ReadRequest", "ListEntry", "ObjectMeta", "parse_url"]

@@ -1,0 +1,222 @@
+"""The ``gpufeed`` command line: parse, call the library, print.
+
+Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``bench io``, ``demo``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from . import __version__
+
+__all__ = ["main"]
+
+
+def _parse_size(text: str) -> int:
+    """``"1GiB"``, ``"256MiB"``, ``"4k"``, ``"1000000"`` -> bytes."""
+    s = text.strip().lower().replace(" ", "")
+    units = {
+        "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+        "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+        "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "b": 1,
+    }
+    for unit in sorted(units, key=len, reverse=True):
+        if s.endswith(unit):
+            return int(float(s[: -len(unit)]) * units[unit])
+    return int(s)
+
+
+class SizeType(click.ParamType):
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return _parse_size(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a size like 256MiB or 1GiB", param, ctx)
+
+
+@click.group()
+@click.version_option(__version__, prog_name="gpufeed")
+def main() -> None:
+    """gpufeed: storage that keeps GPUs fed."""
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Data folder (default $GPUFEED_DATA_DIR or ~/.local/share/gpufeed).")
+@click.option("--host", default=None, help="Address to bind (default 127.0.0.1).")
+@click.option("--s3-port", type=int, default=None, help="S3 HTTP port (default 9000; 0 = free port).")
+@click.option("--port", type=int, default=None, help="Fast-path TCP port (default 9400; 0 = free port).")
+@click.option("--socket", "socket_path", default=None,
+              help="Shared-memory Unix socket path (default <data-dir>/gpufeed.sock; '' disables).")
+@click.option("--access-key", default=None, help="S3 access key id (env GPUFEED_ACCESS_KEY).")
+@click.option("--secret-key", default=None, help="S3 secret key (env GPUFEED_SECRET_KEY).")
+@click.option("--no-fsync", is_flag=True, help="Acknowledge writes before they are durable (faster, unsafe).")
+def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no_fsync) -> None:
+    """Run a storage node: S3 endpoint plus the fast data path.
+
+    Prints the endpoints as one JSON line on stdout, then serves until
+    SIGINT/SIGTERM.
+    """
+    import logging
+
+    from .config import NodeConfig
+    from .node import Node
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = NodeConfig.from_env(
+        data_dir=data_dir, host=host, s3_port=s3_port, port=port, socket_path=socket_path,
+        access_key=access_key, secret_key=secret_key, fsync=False if no_fsync else None,
+    )
+    node = Node(cfg)
+    endpoints = node.start()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(json.dumps(endpoints.as_dict()), flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        node.stop()
+
+
+def _client(url: str | None):
+    from .client import Client
+
+    url = url or os.environ.get("GPUFEED_URL")
+    if not url:
+        raise click.UsageError("give --url or set GPUFEED_URL (e.g. gpufeed+tcp://127.0.0.1:9400)")
+    return Client(url)
+
+
+def _split(path: str) -> tuple[str, str]:
+    """``bucket/key/with/slashes`` -> (bucket, key)."""
+    path = path.removeprefix("gf://").removeprefix("s3://")
+    bucket, _, key = path.partition("/")
+    return bucket, key
+
+
+URL_OPTION = click.option("--url", default=None, help="Node URL (gpufeed+tcp://... or gpufeed+shm://...; env GPUFEED_URL).")
+
+
+@main.command()
+@URL_OPTION
+@click.argument("bucket")
+def mb(url, bucket) -> None:
+    """Create a bucket."""
+    with _client(url) as c:
+        c.create_bucket(bucket)
+    click.echo(f"make_bucket: {bucket}")
+
+
+@main.command()
+@URL_OPTION
+@click.argument("src", type=click.Path(exists=True, dir_okay=False))
+@click.argument("dest")
+def put(url, src, dest) -> None:
+    """Upload a local file to BUCKET/KEY (KEY defaults to the file name)."""
+    bucket, key = _split(dest)
+    key = key or Path(src).name
+    with _client(url) as c, open(src, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        buf = c.alloc(size)
+        f.readinto(buf)
+        meta = c.put(bucket, key, buf)
+    click.echo(json.dumps({"bucket": bucket, "key": key, "size": meta.size, "etag": meta.etag}))
+
+
+@main.command()
+@URL_OPTION
+@click.argument("src")
+@click.argument("dest", type=click.Path(dir_okay=False), required=False)
+def get(url, src, dest) -> None:
+    """Download BUCKET/KEY to DEST (default: the key's last path element; '-' = stdout)."""
+    bucket, key = _split(src)
+    with _client(url) as c:
+        data = c.get(bucket, key)
+        if dest == "-":
+            sys.stdout.buffer.write(data)
+            return
+        out = Path(dest or key.rsplit("/", 1)[-1])
+        with open(out, "wb") as f:
+            f.write(data)
+    click.echo(f"download: {bucket}/{key} to {out}")
+
+
+@main.command()
+@URL_OPTION
+@click.argument("path", required=False, default="")
+@click.option("--recursive", "-r", is_flag=True, help="List every key, not one level.")
+def ls(url, path, recursive) -> None:
+    """List buckets, or keys under BUCKET/PREFIX."""
+    with _client(url) as c:
+        if not path:
+            for b in c.list_buckets():
+                click.echo(b)
+            return
+        bucket, prefix = _split(path)
+        for entry in c.list(bucket, prefix=prefix, delimiter="" if recursive else "/"):
+            if entry.is_prefix:
+                click.echo(f"{'PRE':>12} {entry.key}")
+            else:
+                click.echo(f"{entry.size:>12} {entry.key}")
+
+
+@main.command()
+@URL_OPTION
+@click.argument("path")
+def rm(url, path) -> None:
+    """Delete BUCKET/KEY."""
+    bucket, key = _split(path)
+    with _client(url) as c:
+        c.delete(bucket, key)
+    click.echo(f"delete: {bucket}/{key}")
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks; each prints a table and can write JSON."""
+
+
+@bench.command("io")
+@click.option("--size", type=SizeType(), default="1GiB", help="Object size (e.g. 256MiB, 1GiB).")
+@click.option("--cold", is_flag=True, help="Also measure with the object's pages dropped (posix_fadvise).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+@click.option("--paths", default="local,shm,tcp,s3", help="Comma-separated paths to measure.")
+@click.option("--repeat", type=int, default=3, help="Large-read repetitions per path (best is kept).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Node data folder (default: a temp dir).")
+def bench_io(size, cold, json_path, paths, repeat, data_dir) -> None:
+    """Read/write GB/s, CPU s/GB, 4 KiB latency and IOPS per data path, side by side."""
+    from .bench.io import run_io_bench
+
+    run_io_bench(size=size, cold=cold, json_path=json_path, paths=paths.split(","),
+                 repeat=repeat, data_dir=data_dir)
+
+
+@main.command()
+@click.option("--size", type=click.Choice(["small", "1gb"]), default="1gb",
+              help="Model size: 1gb (~1 GB bf16 Llama) or small (~60 MB, quick look).")
+@click.option("--workdir", type=click.Path(file_okay=False), default=".gpufeed-demo",
+              help="Where the model files and node data go.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+def demo(size, workdir, json_path) -> None:
+    """Build a Llama model, store it in gpufeed, load it four ways and compare."""
+    from .bench.demo import run_demo
+
+    run_demo(size=size, workdir=workdir, json_path=json_path)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,542 @@
+"""The gpufeed SDK: a fast-path client for one storage node.
+
+The URL picks the transport:
+
+* ``gpufeed+tcp://HOST:PORT``: object bytes arrive with ``recv_into`` straight
+  into the caller's buffer; large reads are split across the pooled connections.
+* ``gpufeed+shm:///path/to/gpufeed.sock`` (same host): the server writes
+  object bytes straight into memory the client registered (``Client.alloc``);
+  no socket carries data. Buffers outside a registered region go through a
+  staging region (one extra memcpy).
+
+Every blocking call has a ``submit_*`` form that returns a
+``concurrent.futures.Future`` (many requests in flight), and
+:class:`AsyncClient` gives ``async`` forms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import mmap
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ..errors import GpufeedError, InvalidArgument, InvalidRange, error_from_code
+from ..wire import protocol as p
+from ._conn import Connection, connect
+from ._region import Region, StagingPool, address_of
+
+__all__ = ["Client", "AsyncClient", "ReadRequest", "ListEntry", "ObjectMeta", "parse_url"]
+
+ObjectMeta = p.ObjectMeta
+
+#: Reads at least this large are split across TCP connections.
+SPLIT_BYTES = 64 << 20  # 64 MiB
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    """One read of a batch: bytes ``[offset, offset + length)`` of ``bucket/key``
+    into ``dest`` (a writable contiguous buffer; ``length`` defaults to ``len(dest)``)."""
+
+    bucket: str
+    key: str
+    dest: object
+    offset: int = 0
+    length: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListEntry:
+    """A listed key (``is_prefix`` False) or a rolled-up common prefix (True)."""
+
+    key: str
+    size: int = 0
+    etag: str = ""
+    last_modified: float = 0.0
+    is_prefix: bool = False
+
+
+def parse_url(url: str) -> tuple[str, object]:
+    """``gpufeed+tcp://h:p`` -> ``("tcp", (h, p))``; ``gpufeed+shm:///x.sock`` -> ``("shm", "/x.sock")``.
+
+    Raises:
+        InvalidArgument: any other form.
+    """
+    parts = urlsplit(url)
+    if parts.scheme == "gpufeed+tcp":
+        if not parts.hostname or not parts.port:
+            raise InvalidArgument(f"{url!r}: expected gpufeed+tcp://HOST:PORT")
+        return "tcp", (parts.hostname, parts.port)
+    if parts.scheme == "gpufeed+shm":
+        path = parts.netloc + parts.path if parts.netloc else parts.path
+        if not path:
+            raise InvalidArgument(f"{url!r}: expected gpufeed+shm:///path/to/gpufeed.sock")
+        return "shm", path
+    raise InvalidArgument(f"{url!r}: the scheme must be gpufeed+tcp or gpufeed+shm")
+
+
+def _mv(buf) -> memoryview:
+    mv = memoryview(buf)
+    if mv.ndim != 1 or mv.format != "B":
+        mv = mv.cast("B")
+    return mv
+
+
+def _then(fut: Future, fn) -> Future:
+    """A Future of ``fn(fut.result())``."""
+    out: Future = Future()
+
+    def done(f: Future) -> None:
+        try:
+            out.set_result(fn(f.result()))
+        except BaseException as exc:
+            out.set_exception(exc)
+
+    fut.add_done_callback(done)
+    return out
+
+
+class Client:
+    """Fast-path client of one gpufeed node. Thread-safe.
+
+    Args:
+        url: ``gpufeed+tcp://HOST:PORT`` or ``gpufeed+shm:///path/gpufeed.sock``.
+        connections: pooled connections (default 4 for TCP, 1 for shm; each
+            carries many requests in flight).
+        timeout_s: connect timeout, seconds.
+        staging_bytes: size of the shm staging region for unregistered buffers.
+        slot_bytes: size of one staging slot.
+
+    Raises:
+        TransportError: the node cannot be reached.
+        InvalidArgument: a malformed URL.
+    """
+
+    def __init__(self, url: str, *, connections: int | None = None, timeout_s: float = 30.0,
+                 staging_bytes: int = 64 << 20, slot_bytes: int = 4 << 20) -> None:
+        self.url = url
+        self.transport, address = parse_url(url)
+        n = connections or (4 if self.transport == "tcp" else 1)
+        self._conns: list[Connection] = []
+        try:
+            for _ in range(n):
+                conn = Connection(connect(self.transport, address, timeout_s), self.transport)
+                self._conns.append(conn)
+                conn.call(p.Op.HELLO, p.Hello("gpufeed-python"))
+        except BaseException:
+            self.close()
+            raise
+        self._rr = itertools.count()
+        self._region_ids = itertools.count(1)
+        self._regions: list[Region] = []
+        self._regions_lock = threading.Lock()
+        self._staging_bytes, self._slot_bytes = staging_bytes, slot_bytes
+        self._staging: StagingPool | None = None
+        self._staging_lock = threading.Lock()
+        self._exec: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    # --- plumbing ----------------------------------------------------------------
+    def _conn(self) -> Connection:
+        if len(self._conns) == 1:
+            return self._conns[0]
+        return min(self._conns, key=lambda c: (c.inflight, next(self._rr) % 7))
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._exec is None:
+            with self._regions_lock:
+                if self._exec is None:
+                    self._exec = ThreadPoolExecutor(8, thread_name_prefix="gpufeed-client")
+        return self._exec
+
+    def _call(self, op: int, meta):
+        return self._conn().call(op, meta)
+
+    def _new_region(self, nbytes: int) -> Region:
+        region = Region(next(self._region_ids), nbytes)
+        try:
+            for conn in self._conns:
+                conn.call(p.Op.REGISTER, p.Register(region.region_id, region.size), fds=[region.fd])
+        except BaseException:
+            region.close()
+            raise
+        with self._regions_lock:
+            self._regions.append(region)
+        return region
+
+    def _find_region(self, mv: memoryview) -> tuple[Region, int] | None:
+        if self.transport != "shm" or not self._regions:
+            return None
+        addr, n = address_of(mv)
+        for region in self._regions:
+            if region.contains(addr, n):
+                return region, addr - region.address
+        return None
+
+    def _staging_pool(self) -> StagingPool:
+        if self._staging is None:
+            with self._staging_lock:
+                if self._staging is None:
+                    region = self._new_region(self._staging_bytes)
+                    self._staging = StagingPool(region, self._slot_bytes)
+        return self._staging
+
+    # --- memory --------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> memoryview:
+        """Memory the server can write into directly (shm) or page-aligned memory (tcp).
+
+        Reads whose destination lies in such a buffer land with one copy, file to
+        buffer. Wrap it with ``numpy.frombuffer`` / ``torch.frombuffer``. The
+        memory lives until the client is closed and the last view of it is gone.
+
+        Args:
+            nbytes: size in bytes.
+
+        Returns:
+            A writable 1-D ``memoryview`` of ``nbytes`` bytes.
+        """
+        if nbytes < 0:
+            raise InvalidArgument("nbytes must be >= 0")
+        if self.transport == "shm":
+            return self._new_region(nbytes).view(0, nbytes)
+        return memoryview(mmap.mmap(-1, max(nbytes, 1)))[:nbytes]
+
+    # --- buckets -------------------------------------------------------------------
+    def create_bucket(self, bucket: str) -> None:
+        """Raises InvalidBucketName, BucketAlreadyOwnedByYou."""
+        self._call(p.Op.CREATE_BUCKET, p.BucketReq(bucket))
+
+    def delete_bucket(self, bucket: str) -> None:
+        """Raises NoSuchBucket, BucketNotEmpty."""
+        self._call(p.Op.DELETE_BUCKET, p.BucketReq(bucket))
+
+    def list_buckets(self) -> list[str]:
+        return list(self._call(p.Op.LIST_BUCKETS, p.Empty()).buckets)
+
+    # --- objects -------------------------------------------------------------------
+    def head(self, bucket: str, key: str) -> ObjectMeta:
+        """Object metadata. Raises NoSuchBucket, NoSuchKey."""
+        return self._call(p.Op.HEAD, p.Head(bucket, key))
+
+    def submit_put(self, bucket: str, key: str, data, *, content_type: str | None = None,
+                   metadata: dict[str, str] | None = None) -> Future:
+        """Start a put; the Future resolves to the new :class:`ObjectMeta`.
+
+        ``data`` must not change until the Future is done. Atomic: the whole
+        object becomes visible, or nothing.
+        """
+        mv = _mv(data)
+        meta = dict(metadata or {})
+        found = self._find_region(mv)
+        if found is not None:
+            region, off = found
+            return self._conn().request(p.Op.PUT, p.Put(bucket, key, len(mv), region.region_id, off,
+                                                        content_type, meta))
+        if self.transport == "shm" and 0 < len(mv) <= self._slot_bytes:
+            pool = self._staging_pool()
+            slot = pool.acquire()
+            pool.region.view(slot, len(mv))[:] = mv
+            fut = self._conn().request(p.Op.PUT, p.Put(bucket, key, len(mv), pool.region.region_id,
+                                                       slot, content_type, meta))
+            fut.add_done_callback(lambda _f: pool.release(slot))
+            return fut
+        return self._conn().request(p.Op.PUT, p.Put(bucket, key, len(mv), -1, 0, content_type, meta),
+                                    payload=mv)
+
+    def put(self, bucket: str, key: str, data, *, content_type: str | None = None,
+            metadata: dict[str, str] | None = None) -> ObjectMeta:
+        """Write a whole object from any buffer. Returns its metadata.
+
+        Raises:
+            NoSuchBucket, KeyTooLong, InvalidArgument, TransportError.
+        """
+        return self.submit_put(bucket, key, data, content_type=content_type, metadata=metadata).result()
+
+    def get(self, bucket: str, key: str, *, offset: int = 0, length: int | None = None) -> memoryview:
+        """Read an object (or ``length`` bytes from ``offset``) into new memory.
+
+        Returns:
+            A ``memoryview`` over a ``bytearray``.
+
+        Raises:
+            NoSuchBucket, NoSuchKey, InvalidRange.
+        """
+        want = -1 if length is None else length
+        if self.transport == "tcp":
+            _reply, buf = self._conn().request(p.Op.GET, p.Get(bucket, key, offset, want),
+                                               alloc=True).result()
+            return memoryview(buf)
+        if length is None:
+            length = max(self.head(bucket, key).size - offset, 0)
+        buf = bytearray(length)
+        n = self.get_into(bucket, key, buf, offset=offset)
+        return memoryview(buf)[:n]
+
+    def submit_get_into(self, bucket: str, key: str, buffer, *, offset: int = 0,
+                        length: int | None = None) -> Future:
+        """Start :meth:`get_into`; the Future resolves to the bytes read."""
+        dest = _mv(buffer)
+        if length is not None:
+            if length > len(dest):
+                raise InvalidArgument(f"length {length} exceeds the buffer ({len(dest)} bytes)")
+            dest = dest[:length]
+        found = self._find_region(dest)
+        if found is not None:
+            region, off = found
+            fut = self._conn().request(p.Op.GET, p.Get(bucket, key, offset, len(dest),
+                                                       region.region_id, off))
+            return _then(fut, lambda r: r.n)
+        if self.transport == "tcp" and (len(dest) < SPLIT_BYTES or len(self._conns) == 1):
+            fut = self._conn().request(p.Op.GET, p.Get(bucket, key, offset, len(dest)), dests=[dest])
+            return _then(fut, lambda r: r.n)
+        return self._executor().submit(self._get_into_pieces, bucket, key, dest, offset)
+
+    def get_into(self, bucket: str, key: str, buffer, *, offset: int = 0,
+                 length: int | None = None) -> int:
+        """Read object bytes from ``offset`` straight into ``buffer``.
+
+        Args:
+            buffer: writable contiguous buffer (bytearray, numpy array, tensor
+                ``.numpy()``, a view from :meth:`alloc`).
+            offset: first byte of the object to read.
+            length: bytes to read (default ``len(buffer)``).
+
+        Returns:
+            Bytes read: less than requested only at the end of the object.
+
+        Raises:
+            NoSuchBucket, NoSuchKey, InvalidRange (offset past the end), TransportError.
+        """
+        return self.submit_get_into(bucket, key, buffer, offset=offset, length=length).result()
+
+    def _get_into_pieces(self, bucket: str, key: str, dest: memoryview, offset: int) -> int:
+        """Large TCP reads split over connections, or shm reads through staging."""
+        if self.transport == "tcp":
+            size = self.head(bucket, key).size
+            want = max(0, min(len(dest), size - offset))
+            if offset > size or (offset == size and size and len(dest)):
+                # let the server produce the typed error
+                return self._conn().request(p.Op.GET, p.Get(bucket, key, offset, len(dest)),
+                                            dests=[dest]).result().n
+            step = -(-want // len(self._conns))
+            step = max(step, 1 << 20)
+            futs = [conn.request(p.Op.GET, p.Get(bucket, key, offset + o, min(step, want - o)),
+                                 dests=[dest[o:o + step]])
+                    for conn, o in zip(itertools.cycle(self._conns), range(0, want, step))]
+            return sum(f.result().n for f in futs)
+        pool = self._staging_pool()
+        if len(dest) == 0:
+            return self._conn().request(p.Op.GET, p.Get(bucket, key, offset, 0)).result().n
+        depth = max(1, pool.region.size // pool.slot_bytes // 2)  # slots in flight
+        window: list[tuple[int, int, int, Future]] = []  # (dest_off, slot, length, fut)
+        total = pos = 0
+        short = False
+        try:
+            while (pos < len(dest) and not short) or window:
+                if pos < len(dest) and not short and len(window) < depth:
+                    length = min(pool.slot_bytes, len(dest) - pos)
+                    slot = pool.acquire()
+                    try:
+                        fut = self._conn().request(p.Op.GET, p.Get(
+                            bucket, key, offset + pos, length, pool.region.region_id, slot))
+                    except BaseException:
+                        pool.release(slot)
+                        raise
+                    window.append((pos, slot, length, fut))
+                    pos += length
+                    continue
+                d_off, s_off, ln, f = window.pop(0)
+                try:
+                    try:
+                        n = f.result().n
+                    except InvalidRange:
+                        if d_off == 0:
+                            raise
+                        n = 0  # a later slot past the end of a shorter object
+                    dest[d_off:d_off + n] = pool.region.view(s_off, n)
+                finally:
+                    pool.release(s_off)
+                total += n
+                short = short or n < ln
+        finally:
+            for _d, s_off, _l, f in window:
+                try:
+                    f.result()
+                except GpufeedError:
+                    pass
+                pool.release(s_off)
+        return total
+
+    def submit_get_many_into(self, requests: Sequence[ReadRequest | tuple]) -> Future:
+        """Start a batch read in one round trip; the Future resolves to the list of
+        bytes read per request (see :meth:`get_many_into`)."""
+        reqs = [r if isinstance(r, ReadRequest) else ReadRequest(*r) for r in requests]
+        items: list[p.Get] = []
+        dests: list[memoryview] = []
+        staged: list[tuple[int, int, int]] = []  # (index, slot_offset_abs, length)
+        slots: list[int] = []
+        pool = None
+        slot_used = 0
+        fallback: list[int] = []
+        for i, r in enumerate(reqs):
+            dest = _mv(r.dest)
+            if r.length is not None:
+                dest = dest[: r.length]
+            dests.append(dest)
+            if self.transport == "tcp":
+                items.append(p.Get(r.bucket, r.key, r.offset, len(dest)))
+                continue
+            found = self._find_region(dest)
+            if found is not None:
+                region, off = found
+                items.append(p.Get(r.bucket, r.key, r.offset, len(dest), region.region_id, off))
+                continue
+            if pool is None:
+                pool = self._staging_pool()
+            if len(dest) > pool.slot_bytes:
+                fallback.append(i)
+                items.append(p.Get(r.bucket, r.key, r.offset, 0))  # placeholder, replaced below
+                continue
+            if not slots or slot_used + len(dest) > pool.slot_bytes:
+                slots.append(pool.acquire())
+                slot_used = 0
+            at = slots[-1] + slot_used
+            items.append(p.Get(r.bucket, r.key, r.offset, len(dest), pool.region.region_id, at))
+            staged.append((i, at, len(dest)))
+            slot_used += len(dest)
+        fut = self._conn().request(p.Op.GETV, p.GetV(items),
+                                   dests=dests if self.transport == "tcp" else None)
+        side = [self._executor().submit(self._get_into_pieces, reqs[i].bucket, reqs[i].key,
+                                        dests[i], reqs[i].offset) for i in fallback]
+
+        def finish(reply: p.GetVReply) -> list[int]:
+            try:
+                if reply.errors:
+                    i, (code, msg) = next(iter(sorted(reply.errors.items())))
+                    raise error_from_code(code, f"request {i} ({reqs[i].bucket}/{reqs[i].key}): {msg}")
+                out = list(reply.n)
+                for i, at, ln in staged:
+                    n = out[i]
+                    dests[i][:n] = pool.region.view(at, n)
+                for i, f in zip(fallback, side):
+                    out[i] = f.result()
+                return out
+            finally:
+                for s in slots:
+                    pool.release(s)
+
+        return _then(fut, finish)
+
+    def get_many_into(self, requests: Sequence[ReadRequest | tuple]) -> list[int]:
+        """Read a batch of ranges, each into its own buffer, in one round trip;
+        the server serves the items concurrently.
+
+        Args:
+            requests: :class:`ReadRequest` or ``(bucket, key, dest, offset, length)`` tuples.
+
+        Returns:
+            Bytes read per request, in order.
+
+        Raises:
+            The typed error of the first request that failed (its index in the message).
+        """
+        return self.submit_get_many_into(requests).result()
+
+    def delete(self, bucket: str, key: str) -> None:
+        """Delete a key; a missing key is not an error. Raises NoSuchBucket."""
+        self._call(p.Op.DELETE, p.Delete(bucket, key))
+
+    def list(self, bucket: str, prefix: str = "", delimiter: str = "", *,
+             start_after: str = "", page_size: int = 1000) -> Iterator[ListEntry]:
+        """Yield keys (and common prefixes when ``delimiter`` is set) in UTF-8
+        byte order, paging transparently. Raises NoSuchBucket."""
+        token = None
+        while True:
+            page = self._call(p.Op.LIST, p.List(bucket, prefix, delimiter, token, page_size,
+                                                start_after))
+            items = [ListEntry(e.key, e.size, e.etag, e.last_modified) for e in page.entries]
+            items += [ListEntry(pfx, is_prefix=True) for pfx in page.prefixes]
+            items.sort(key=lambda e: e.key.encode("utf-8", "surrogatepass"))
+            yield from items
+            if not page.is_truncated or not page.next_token:
+                return
+            token = page.next_token
+
+    # --- lifecycle -----------------------------------------------------------------
+    def close(self) -> None:
+        """Close connections and release regions. Idempotent."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        if getattr(self, "_exec", None) is not None:
+            self._exec.shutdown(wait=True)
+        for conn in self._conns:
+            conn.close()
+        for region in getattr(self, "_regions", []):
+            region.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - safety net
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class AsyncClient:
+    """``asyncio`` form of :class:`Client`: same arguments, ``await``-able methods.
+
+    Requests are pipelined on the underlying connections; nothing blocks the loop
+    except connecting (done in a thread by :meth:`connect`).
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.sync = client
+
+    @classmethod
+    async def connect(cls, url: str, **kw) -> "AsyncClient":
+        return cls(await asyncio.to_thread(Client, url, **kw))
+
+    async def head(self, bucket: str, key: str) -> ObjectMeta:
+        return await asyncio.wrap_future(self.sync._conn().request(p.Op.HEAD, p.Head(bucket, key)))
+
+    async def put(self, bucket: str, key: str, data, **kw) -> ObjectMeta:
+        return await asyncio.wrap_future(self.sync.submit_put(bucket, key, data, **kw))
+
+    async def get(self, bucket: str, key: str, **kw) -> memoryview:
+        return await asyncio.to_thread(self.sync.get, bucket, key, **kw)
+
+    async def get_into(self, bucket: str, key: str, buffer, **kw) -> int:
+        return await asyncio.wrap_future(self.sync.submit_get_into(bucket, key, buffer, **kw))
+
+    async def get_many_into(self, requests) -> list[int]:
+        return await asyncio.wrap_future(self.sync.submit_get_many_into(requests))
+
+    async def delete(self, bucket: str, key: str) -> None:
+        await asyncio.wrap_future(self.sync._conn().request(p.Op.DELETE, p.Delete(bucket, key)))
+
+    async def list(self, bucket: str, prefix: str = "", delimiter: str = "") -> list[ListEntry]:
+        return await asyncio.to_thread(lambda: list(self.sync.list(bucket, prefix, delimiter)))
+
+    async def create_bucket(self, bucket: str) -> None:
+        await asyncio.wrap_future(self.sync._conn().request(p.Op.CREATE_BUCKET, p.BucketReq(bucket)))
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.sync.close)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

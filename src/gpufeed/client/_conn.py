@@ -1,0 +1,219 @@
+"""One fast-path connection from the client side, with many requests in flight.
+
+Our own code because it is the fast path. A request is a frame sent under a
+send lock; a receiver thread reads reply frames and lands any payload (TCP)
+straight in the destination buffers the request registered (``recv_into``;
+no intermediate ``bytes``), then completes the request's future.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import threading
+from concurrent.futures import Future
+
+from ..errors import GpufeedError, ProtocolError, TransportError, error_from_code
+from ..wire import protocol as p
+
+__all__ = ["Connection", "connect"]
+
+log = logging.getLogger("gpufeed.client")
+
+
+class _Pending:
+    __slots__ = ("future", "reply_type", "dests", "alloc")
+
+    def __init__(self, reply_type: type, dests: list[memoryview] | None, alloc: bool) -> None:
+        self.future: Future = Future()
+        self.reply_type = reply_type
+        self.dests = dests
+        self.alloc = alloc  # allocate the payload buffer on arrival; result is (reply, buffer)
+
+
+def connect(transport: str, address, timeout_s: float) -> socket.socket:
+    """Open a socket for ``transport`` ``"tcp"`` (address ``(host, port)``) or
+    ``"shm"`` (address: Unix socket path). Raises TransportError."""
+    sock = None
+    try:
+        if transport == "tcp":
+            sock = socket.create_connection(address, timeout=timeout_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        else:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout_s)
+            sock.connect(address)
+    except OSError as exc:
+        if sock is not None:
+            sock.close()
+        raise TransportError(f"cannot connect to {transport} endpoint {address}: {exc}") from exc
+    sock.settimeout(None)
+    return sock
+
+
+class Connection:
+    """A multiplexed connection: ``request()`` returns a Future of the reply.
+
+    Args:
+        sock: a connected socket.
+        transport: ``"tcp"`` or ``"shm"``.
+    """
+
+    def __init__(self, sock: socket.socket, transport: str) -> None:
+        self.sock = sock
+        self.transport = transport
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, _Pending] = {}
+        self._pending_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._error: BaseException | None = None
+        self._receiver = threading.Thread(target=self._receive_loop, name="gpufeed-recv", daemon=True)
+        self._receiver.start()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._pending)
+
+    def request(self, op: int, meta_obj, *, dests: list[memoryview] | None = None,
+                payload=None, fds: list[int] | None = None, alloc: bool = False) -> Future:
+        """Send one request; the Future resolves to the decoded reply struct or
+        raises the typed error the server sent (or TransportError).
+
+        Args:
+            dests: buffers that receive the reply payload in order (TCP GET/GETV).
+            payload: a buffer sent after the metadata (TCP PUT).
+            fds: file descriptors passed with the frame (shm REGISTER).
+            alloc: allocate a ``bytearray`` for the payload when it arrives; the
+                Future then resolves to ``(reply, bytearray)``.
+        """
+        if self._closed:
+            raise TransportError(f"connection closed: {self._error or 'by the client'}")
+        rid = next(self._ids)
+        pend = _Pending(p.REPLY_TYPES[op], dests, alloc)
+        meta = p.encode(meta_obj)
+        plen = 0 if payload is None else len(payload)
+        frame = p.pack_header(op, len(meta), rid, plen) + meta
+        with self._pending_lock:
+            self._pending[rid] = pend
+        try:
+            with self._send_lock:
+                if fds:
+                    socket.send_fds(self.sock, [frame], fds)
+                else:
+                    self.sock.sendall(frame)
+                if plen:
+                    self.sock.sendall(payload)
+        except OSError as exc:
+            with self._pending_lock:
+                self._pending.pop(rid, None)
+            self._fail(exc)
+            raise TransportError(f"send failed: {exc}") from exc
+        return pend.future
+
+    def call(self, op: int, meta_obj, **kw):
+        """``request(...).result()``."""
+        return self.request(op, meta_obj, **kw).result()
+
+    # --- receiving -----------------------------------------------------------
+    def _recv_exact(self, mv: memoryview) -> None:
+        pos, n = 0, len(mv)
+        while pos < n:
+            got = self.sock.recv_into(mv[pos:])
+            if got == 0:
+                raise TransportError("server closed the connection")
+            pos += got
+
+    def _receive_loop(self) -> None:
+        hdr = bytearray(p.HEADER_SIZE)
+        hmv = memoryview(hdr)
+        scratch = None
+        try:
+            while True:
+                self._recv_exact(hmv)
+                op, meta_len, rid, payload_len = p.unpack_header(hmv)
+                meta = bytearray(meta_len)
+                self._recv_exact(memoryview(meta))
+                with self._pending_lock:
+                    pend = self._pending.pop(rid, None)
+                if op == p.ERROR_OP:
+                    err = p.decode(p.ErrorReply, meta)
+                    exc = error_from_code(err.code, err.message)
+                    if pend is None:  # connection-level error (e.g. bad frame)
+                        raise exc
+                    pend.future.set_exception(exc)
+                    continue
+                if pend is None:
+                    raise ProtocolError(f"reply for unknown request {rid}")
+                try:
+                    reply = p.decode(pend.reply_type, meta)
+                except ProtocolError as exc:
+                    pend.future.set_exception(exc)
+                    raise
+                if pend.alloc:
+                    buf = bytearray(payload_len)
+                    if payload_len:
+                        self._recv_exact(memoryview(buf))
+                    pend.future.set_result((reply, buf))
+                    continue
+                if payload_len:
+                    sizes = self._payload_sizes(reply, payload_len)
+                    dests = pend.dests or []
+                    for i, n in enumerate(sizes):
+                        if n <= 0:
+                            continue
+                        if i < len(dests) and len(dests[i]) >= n:
+                            self._recv_exact(dests[i][:n])
+                        else:  # no destination: drain
+                            if scratch is None:
+                                scratch = memoryview(bytearray(1 << 20))
+                            while n:
+                                k = min(n, len(scratch))
+                                self._recv_exact(scratch[:k])
+                                n -= k
+                pend.future.set_result(reply)
+        except (OSError, GpufeedError) as exc:
+            self._fail(exc)
+
+    @staticmethod
+    def _payload_sizes(reply, payload_len: int) -> list[int]:
+        if isinstance(reply, p.GetReply):
+            sizes = [reply.n]
+        elif isinstance(reply, p.GetVReply):
+            sizes = [max(n, 0) for n in reply.n]
+        else:
+            sizes = [payload_len]
+        if sum(sizes) != payload_len:
+            raise ProtocolError(f"payload of {payload_len} bytes does not match the reply")
+        return sizes
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        self._closed = True
+        with self._pending_lock:
+            pending, self._pending = self._pending, {}
+        err = exc if isinstance(exc, TransportError) else TransportError(f"connection lost: {exc}")
+        for pend in pending.values():
+            if not pend.future.done():
+                pend.future.set_exception(err)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Close the socket; in-flight requests fail with TransportError."""
+        if not self._closed:
+            self._closed = True
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._receiver is not threading.current_thread():
+            self._receiver.join(timeout=5)
+        try:
+            self.sock.close()
+        except OSError:
+            pass

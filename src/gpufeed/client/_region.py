@@ -1,0 +1,99 @@
+"""Memory regions shared with the server (same-host shared-memory transport).
+
+A region is a ``memfd`` mapped into this process and, once registered, into
+the server: the server reads object bytes straight into it. Buffers the
+application gets from :meth:`gpufeed.Client.alloc` live in regions, so data
+lands in its final place in one copy.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import weakref
+
+import numpy as np
+
+__all__ = ["Region", "address_of", "StagingPool"]
+
+
+def address_of(buf) -> tuple[int, int]:
+    """``(address, nbytes)`` of a contiguous buffer (bytes-like, numpy, mmap slice)."""
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    return arr.ctypes.data, arr.nbytes
+
+
+class Region:
+    """A memfd-backed memory region.
+
+    Attributes:
+        region_id: id the server knows it by.
+        size: bytes.
+        mm: the ``mmap`` object.
+        address: base address in this process.
+    """
+
+    def __init__(self, region_id: int, size: int, name: str = "gpufeed") -> None:
+        self.region_id = region_id
+        self.size = size
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, max(size, 1))
+            self.mm = mmap.mmap(self.fd, max(size, 1), flags=mmap.MAP_SHARED,
+                                prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.address = address_of(self.mm)[0]
+        self._finalizer = weakref.finalize(self, Region._cleanup, self.fd)
+
+    @staticmethod
+    def _cleanup(fd: int) -> None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    def contains(self, address: int, nbytes: int) -> bool:
+        return self.address <= address and address + nbytes <= self.address + self.size
+
+    def view(self, offset: int = 0, length: int | None = None) -> memoryview:
+        length = self.size - offset if length is None else length
+        return memoryview(self.mm)[offset : offset + length]
+
+    def close(self) -> None:
+        """Close the fd; the mapping goes when the last buffer over it is gone."""
+        self._finalizer()
+        try:
+            self.mm.close()
+        except BufferError:  # buffers over it are still alive; GC unmaps later
+            pass
+
+
+class StagingPool:
+    """Fixed-size slots in one registered region, for buffers that are not in a
+    region (one extra memcpy instead of none).
+
+    Args:
+        region: the registered staging region.
+        slot_bytes: size of each slot.
+    """
+
+    def __init__(self, region: Region, slot_bytes: int) -> None:
+        self.region = region
+        self.slot_bytes = slot_bytes
+        self._free = list(range(region.size // slot_bytes))
+        self._cond = threading.Condition()
+
+    def acquire(self) -> int:
+        """Block until a slot is free; returns its byte offset in the region."""
+        with self._cond:
+            while not self._free:
+                self._cond.wait()
+            return self._free.pop() * self.slot_bytes
+
+    def release(self, offset: int) -> None:
+        with self._cond:
+            self._free.append(offset // self.slot_bytes)
+            self._cond.notify()

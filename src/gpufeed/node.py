@@ -1,0 +1,137 @@
+"""One storage node in one process: the engine, the S3 endpoint and the fast path.
+
+``gpufeed serve`` builds a :class:`Node` from a :class:`~gpufeed.config.NodeConfig`,
+starts it, prints the endpoints as one JSON line and waits for SIGINT/SIGTERM.
+Tests and benchmarks start nodes the same way (in a subprocess).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import NodeConfig
+from .engine import Engine
+
+__all__ = ["Node", "Endpoints"]
+
+log = logging.getLogger("gpufeed.node")
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where a running node listens (what ``gpufeed serve`` prints)."""
+
+    s3: str
+    tcp: str | None
+    shm: str | None
+    access_key: str
+    secret_key: str
+    data_dir: str
+
+    def as_dict(self) -> dict:
+        return {
+            "s3": self.s3,
+            "tcp": self.tcp,
+            "shm": self.shm,
+            "access_key": self.access_key,
+            "secret_key": self.secret_key,
+            "data_dir": self.data_dir,
+        }
+
+
+class Node:
+    """A running storage node.
+
+    Args:
+        config: node settings; ports 0 pick free ports.
+
+    Usage::
+
+        node = Node(NodeConfig.from_env(data_dir="/tmp/d", s3_port=0, port=0))
+        endpoints = node.start()
+        ...
+        node.stop()
+    """
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.engine: Engine | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._runner = None
+        self._wire = None
+        self.endpoints: Endpoints | None = None
+
+    def start(self) -> Endpoints:
+        """Open the engine and start every endpoint; returns where they listen.
+
+        Raises:
+            OSError: a port or socket path is taken.
+        """
+        from .s3 import start_s3
+        from .wire.server import WireServer
+
+        cfg = self.config
+        Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
+        self.engine = Engine(cfg.data_dir, fsync=cfg.fsync)
+        self._wire = WireServer(self.engine, cfg)
+        tcp_port = self._wire.start()
+
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        result: dict = {}
+
+        def run_loop() -> None:
+            asyncio.set_event_loop(self._loop)
+            try:
+                runner, port = self._loop.run_until_complete(start_s3(self.engine, cfg))
+                result["runner"], result["port"] = runner, port
+            except BaseException as exc:  # reported to start()
+                result["error"] = exc
+            started.set()
+            if "error" not in result:
+                self._loop.run_forever()
+
+        self._loop_thread = threading.Thread(target=run_loop, name="gpufeed-s3", daemon=True)
+        self._loop_thread.start()
+        started.wait()
+        if "error" in result:
+            self._wire.stop()
+            raise result["error"]
+        self._runner = result["runner"]
+        sock = cfg.resolved_socket_path
+        self.endpoints = Endpoints(
+            s3=f"http://{cfg.host}:{result['port']}",
+            tcp=f"gpufeed+tcp://{cfg.host}:{tcp_port}" if tcp_port else None,
+            shm=f"gpufeed+shm://{sock}" if sock else None,
+            access_key=cfg.access_key,
+            secret_key=cfg.secret_key,
+            data_dir=str(Path(cfg.data_dir).resolve()),
+        )
+        return self.endpoints
+
+    def stop(self) -> None:
+        """Stop every endpoint and close the engine. Idempotent."""
+        if self._wire is not None:
+            self._wire.stop()
+            self._wire = None
+        if self._loop is not None:
+            loop = self._loop
+            if self._runner is not None:
+                fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop)
+                try:
+                    fut.result(timeout=10)
+                except Exception:  # pragma: no cover - best effort on shutdown
+                    log.exception("S3 endpoint cleanup failed")
+            loop.call_soon_threadsafe(loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(timeout=10)
+            loop.close()
+            self._loop = None
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None

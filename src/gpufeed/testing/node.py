@@ -1,0 +1,111 @@
+"""Start a real ``gpufeed serve`` subprocess for tests, benchmarks and the demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["NodeProcess", "start_node"]
+
+
+@dataclass
+class NodeProcess:
+    """A running node subprocess and its endpoints.
+
+    Attributes:
+        s3_url: ``http://127.0.0.1:PORT``.
+        tcp_url: ``gpufeed+tcp://127.0.0.1:PORT``.
+        shm_url: ``gpufeed+shm:///path/to/gpufeed.sock``.
+        access_key, secret_key: S3 credentials the node accepts.
+        data_dir: the node's data folder.
+        proc: the ``subprocess.Popen``.
+        log_path: file receiving the node's stderr.
+    """
+
+    s3_url: str
+    tcp_url: str
+    shm_url: str
+    access_key: str
+    secret_key: str
+    data_dir: Path
+    proc: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def boto3_client(self, **config):
+        """A boto3 S3 client for this node (``config`` goes to botocore Config)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3", endpoint_url=self.s3_url, aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key, region_name="us-east-1",
+            config=Config(**config) if config else None,
+        )
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
+        """Send ``sig`` and wait; returns the exit code (kills after ``timeout_s``)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, like a crash."""
+        self.stop(signal.SIGKILL)
+
+
+def start_node(data_dir: str | Path, *, extra_args: list[str] | None = None,
+               timeout_s: float = 30.0, env: dict | None = None) -> NodeProcess:
+    """Start ``python -m gpufeed serve`` on free loopback ports over ``data_dir``.
+
+    Raises:
+        RuntimeError: the node exited or printed nothing within ``timeout_s`` (the
+            message includes its stderr).
+    """
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir.parent / f"{data_dir.name}.node.log"
+    args = [sys.executable, "-m", "gpufeed", "serve", "--data-dir", str(data_dir),
+            "--s3-port", "0", "--port", "0", "--socket", str(data_dir / "gpufeed.sock"),
+            *(extra_args or [])]
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                            env={**os.environ, **(env or {})})
+    log.close()
+    deadline = time.monotonic() + timeout_s
+    line = b""
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if r:
+            line = proc.stdout.readline()
+            break
+        if proc.poll() is not None:
+            break
+    if not line:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        raise RuntimeError(f"gpufeed serve did not start:\n{log_path.read_text(errors='replace')}")
+    info = json.loads(line)
+    return NodeProcess(
+        s3_url=info["s3"], tcp_url=info["tcp"], shm_url=info["shm"],
+        access_key=info["access_key"], secret_key=info["secret_key"],
+        data_dir=data_dir, proc=proc, log_path=log_path,
+    )

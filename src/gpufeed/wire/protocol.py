@@ -1,0 +1,251 @@
+"""The gpufeed fast-path wire protocol (spec: ``docs/wire-protocol.md``).
+
+Written here rather than taken from a library because the framing *is* the
+product: the header is fixed-size so a receiver can ``recv_into`` it, object
+bytes follow as a raw payload so the server can ``sendfile`` them and the
+client can ``recv_into`` the caller's buffer, and on the shared-memory
+transport no payload crosses the socket at all. The metadata section uses
+msgpack through msgspec (typed structs, validated on decode).
+
+Every frame, in both directions::
+
+    offset size field
+    0      2    magic       b"GF"
+    2      1    version     1
+    3      1    op          request op; reply = op | 0x80; error reply = 0xFF
+    4      4    meta_len    u32 LE, bytes of msgpack metadata that follow (<= MAX_META)
+    8      8    request_id  u64 LE, chosen by the client, echoed by the reply
+    16     8    payload_len u64 LE, raw bytes after the metadata
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+
+import msgspec
+
+from ..errors import ProtocolError
+
+__all__ = [
+    "MAGIC", "VERSION", "HEADER", "HEADER_SIZE", "MAX_META", "Op", "REPLY", "ERROR_OP",
+    "Hello", "HelloReply", "Register", "Unregister", "Head", "Get", "GetV", "Put", "Delete",
+    "List", "BucketReq", "Empty", "ObjectMeta", "GetReply", "GetVReply", "ListReply",
+    "BucketsReply", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
+]
+
+MAGIC = b"GF"
+VERSION = 1
+HEADER = struct.Struct("<2sBBIQQ")
+HEADER_SIZE = HEADER.size  # 24 bytes
+MAX_META = 16 << 20  # 16 MiB: a get_many of ~100k items
+REPLY = 0x80
+ERROR_OP = 0xFF
+
+
+class Op(IntEnum):
+    """Request opcodes. A reply carries ``op | 0x80``; an error reply ``0xFF``."""
+
+    HELLO = 1
+    REGISTER = 2  # shm only: an fd travels with this frame (SCM_RIGHTS)
+    UNREGISTER = 3
+    HEAD = 10
+    GET = 11
+    GETV = 12
+    PUT = 13
+    DELETE = 14
+    LIST = 15
+    CREATE_BUCKET = 16
+    LIST_BUCKETS = 17
+    DELETE_BUCKET = 18
+
+
+# --- metadata structs (msgpack arrays, field order is the wire order) -----------
+class Hello(msgspec.Struct, array_like=True, frozen=True):
+    client: str
+    version: int = VERSION
+
+
+class HelloReply(msgspec.Struct, array_like=True, frozen=True):
+    server: str
+    version: int
+    transport: str  # "tcp" | "shm"
+
+
+class Register(msgspec.Struct, array_like=True, frozen=True):
+    """Map the memfd sent with this frame as region ``region_id`` of ``size`` bytes."""
+
+    region_id: int
+    size: int
+
+
+class Unregister(msgspec.Struct, array_like=True, frozen=True):
+    region_id: int
+
+
+class Head(msgspec.Struct, array_like=True, frozen=True):
+    bucket: str
+    key: str
+
+
+class Get(msgspec.Struct, array_like=True, frozen=True):
+    """Read ``length`` bytes (-1: to the end) from ``offset``.
+
+    ``region`` -1: the bytes come back as the reply payload (TCP). Otherwise the
+    server writes them into registered region ``region`` at ``region_offset``.
+    """
+
+    bucket: str
+    key: str
+    offset: int = 0
+    length: int = -1
+    region: int = -1
+    region_offset: int = 0
+
+
+class GetV(msgspec.Struct, array_like=True, frozen=True):
+    """A batch of reads served concurrently; payloads (TCP) follow in item order."""
+
+    items: list[Get]
+
+
+class Put(msgspec.Struct, array_like=True, frozen=True):
+    """Write an object of ``length`` bytes: from the payload (``region`` -1) or
+    from registered region ``region`` at ``region_offset``."""
+
+    bucket: str
+    key: str
+    length: int
+    region: int = -1
+    region_offset: int = 0
+    content_type: str | None = None
+    metadata: dict[str, str] = {}
+
+
+class Delete(msgspec.Struct, array_like=True, frozen=True):
+    bucket: str
+    key: str
+
+
+class List(msgspec.Struct, array_like=True, frozen=True):
+    bucket: str
+    prefix: str = ""
+    delimiter: str = ""
+    token: str | None = None
+    max_keys: int = 1000
+    start_after: str = ""
+
+
+class BucketReq(msgspec.Struct, array_like=True, frozen=True):
+    bucket: str
+
+
+class Empty(msgspec.Struct, array_like=True, frozen=True):
+    pass
+
+
+class ObjectMeta(msgspec.Struct, array_like=True, frozen=True):
+    """An object's metadata: ``size`` bytes, ``etag`` (no quotes), ``last_modified``
+    Unix seconds, ``content_type``, user ``metadata``."""
+
+    bucket: str
+    key: str
+    size: int
+    etag: str
+    last_modified: float
+    content_type: str = "application/octet-stream"
+    metadata: dict[str, str] = {}
+
+
+class GetReply(msgspec.Struct, array_like=True, frozen=True):
+    """``size``: the object's full size; ``n``: bytes delivered."""
+
+    size: int
+    n: int
+    etag: str
+
+
+class GetVReply(msgspec.Struct, array_like=True, frozen=True):
+    """Per item: bytes delivered (>= 0), or -1 with ``errors[i]`` = [code, message]."""
+
+    n: list[int]
+    errors: dict[int, tuple[str, str]] = {}
+
+
+class ListEntry(msgspec.Struct, array_like=True, frozen=True):
+    key: str
+    size: int
+    etag: str
+    last_modified: float
+
+
+class ListReply(msgspec.Struct, array_like=True, frozen=True):
+    entries: list[ListEntry]
+    prefixes: list[str]
+    is_truncated: bool
+    next_token: str | None = None
+
+
+class BucketsReply(msgspec.Struct, array_like=True, frozen=True):
+    buckets: list[str]
+
+
+class ErrorReply(msgspec.Struct, array_like=True, frozen=True):
+    code: str
+    message: str
+
+
+REQUEST_TYPES: dict[int, type] = {
+    Op.HELLO: Hello, Op.REGISTER: Register, Op.UNREGISTER: Unregister, Op.HEAD: Head,
+    Op.GET: Get, Op.GETV: GetV, Op.PUT: Put, Op.DELETE: Delete, Op.LIST: List,
+    Op.CREATE_BUCKET: BucketReq, Op.LIST_BUCKETS: Empty, Op.DELETE_BUCKET: BucketReq,
+}
+REPLY_TYPES: dict[int, type] = {
+    Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
+    Op.GET: GetReply, Op.GETV: GetVReply, Op.PUT: ObjectMeta, Op.DELETE: Empty,
+    Op.LIST: ListReply, Op.CREATE_BUCKET: Empty, Op.LIST_BUCKETS: BucketsReply,
+    Op.DELETE_BUCKET: Empty,
+}
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[type, msgspec.msgpack.Decoder] = {}
+
+
+def encode(obj: msgspec.Struct) -> bytes:
+    """msgpack-encode a metadata struct."""
+    return _encoder.encode(obj)
+
+
+def decoder_for(tp: type) -> msgspec.msgpack.Decoder:
+    dec = _decoders.get(tp)
+    if dec is None:
+        dec = _decoders[tp] = msgspec.msgpack.Decoder(tp)
+    return dec
+
+
+def decode(tp: type, data: bytes | memoryview):
+    """Decode metadata of type ``tp``. Raises ProtocolError on malformed input."""
+    try:
+        return decoder_for(tp).decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProtocolError(f"malformed {tp.__name__} metadata: {exc}") from exc
+
+
+def pack_header(op: int, meta_len: int, request_id: int, payload_len: int = 0) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, op, meta_len, request_id, payload_len)
+
+
+def unpack_header(buf) -> tuple[int, int, int, int]:
+    """Parse a 24-byte header -> ``(op, meta_len, request_id, payload_len)``.
+
+    Raises:
+        ProtocolError: bad magic, unknown version, or meta_len over MAX_META.
+    """
+    magic, version, op, meta_len, rid, payload_len = HEADER.unpack(buf)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {magic!r}")
+    if version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {version}")
+    if meta_len > MAX_META:
+        raise ProtocolError(f"metadata of {meta_len} bytes exceeds {MAX_META}")
+    return op, meta_len, rid, payload_len

@@ -1,0 +1,653 @@
+"""The fast-path server: serves the wire protocol over TCP and over a Unix socket
+with shared memory (spec: ``docs/wire-protocol.md``).
+
+Our own code because this is the product's hot path. Design for the hardware:
+
+* one reader thread per connection parses frames (cheap); small requests are
+  answered inline on that thread (lowest latency), large ones go to a shared
+  worker pool so several requests per connection are in flight;
+* TCP replies send object bytes with ``os.sendfile`` straight from the page
+  cache: no user-space copy, no ``bytes`` objects;
+* on the shared-memory transport the client passes a memfd (``SCM_RIGHTS``);
+  the server maps it (``MAP_POPULATE``) and ``os.preadv``-s object bytes
+  straight into it, so data crosses from the file to the application's memory in
+  one copy and no socket carries it; writes go the other way with ``os.write``
+  from the mapped region. Large reads are split across threads; ``preadv``,
+  ``sendfile`` and ``write`` release the GIL;
+* open files are cached by blob id (blobs are immutable), with reference counts
+  so a file is never closed under a reader.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import socket
+import stat
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .. import __version__
+from ..config import NodeConfig
+from ..engine import Engine, ObjectInfo
+from ..errors import (
+    GpufeedError,
+    InternalError,
+    InvalidArgument,
+    InvalidRange,
+    NoSuchKey,
+    ProtocolError,
+)
+from ..store import OffsetByteRequest, RangeByteRequest, resolve_range
+from . import protocol as p
+
+__all__ = ["WireServer"]
+
+log = logging.getLogger("gpufeed.wire")
+
+#: Requests whose data is at most this many bytes are answered inline.
+INLINE_BYTES = 256 << 10  # 256 KiB
+#: Reads at least this large are split across threads.
+SPLIT_BYTES = 32 << 20  # 32 MiB
+#: Size of one piece of a split read.
+PIECE_BYTES = 16 << 20  # 16 MiB
+#: Receive buffer for TCP PUT payloads.
+RECV_CHUNK = 4 << 20  # 4 MiB
+#: A PUT payload up to this size is drained after an early error to keep framing.
+DRAIN_LIMIT = 64 << 20
+
+
+class _FdCache:
+    """Open read-only descriptors of immutable blob files, LRU, ref-counted."""
+
+    def __init__(self, capacity: int = 512) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, list] = OrderedDict()  # blob_id -> [fd, refs, evicted]
+
+    def acquire(self, info: ObjectInfo) -> list:
+        with self._lock:
+            ent = self._entries.get(info.blob_id)
+            if ent is not None:
+                ent[1] += 1
+                self._entries.move_to_end(info.blob_id)
+                return ent
+        fd = os.open(info.path, os.O_RDONLY | os.O_CLOEXEC)  # FileNotFoundError if replaced
+        with self._lock:
+            ent = self._entries.get(info.blob_id)
+            if ent is not None:  # raced with another opener
+                os.close(fd)
+                ent[1] += 1
+                return ent
+            ent = [fd, 1, False]
+            self._entries[info.blob_id] = ent
+            while len(self._entries) > self.capacity:
+                _, old = self._entries.popitem(last=False)
+                old[2] = True
+                if old[1] == 0:
+                    os.close(old[0])
+            return ent
+
+    def release(self, ent: list) -> None:
+        with self._lock:
+            ent[1] -= 1
+            if ent[2] and ent[1] == 0:
+                os.close(ent[0])
+
+    def close(self) -> None:
+        with self._lock:
+            for ent in self._entries.values():
+                ent[2] = True
+                if ent[1] == 0:
+                    os.close(ent[0])
+            self._entries.clear()
+
+
+class _Region:
+    """A client memory region mapped into the server."""
+
+    __slots__ = ("mm", "mv", "size")
+
+    def __init__(self, fd: int, size: int) -> None:
+        st = os.fstat(fd)
+        if st.st_size < size:
+            raise InvalidArgument(f"region of {size} bytes is larger than its memfd ({st.st_size})")
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        self.mm = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.mv = memoryview(self.mm)
+        self.size = size
+
+    def view(self, offset: int, length: int) -> memoryview:
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise InvalidArgument(
+                f"[{offset}, {offset + length}) is outside the registered region ({self.size} bytes)"
+            )
+        return self.mv[offset : offset + length]
+
+    def close(self) -> None:
+        try:
+            self.mv.release()
+            self.mm.close()
+        except BufferError:  # a worker still holds a slice; the GC closes it later
+            pass
+
+
+def _pread_full(fd: int, mv: memoryview, offset: int) -> int:
+    """``preadv`` until ``mv`` is full or EOF; returns bytes read."""
+    total, n = 0, len(mv)
+    while total < n:
+        got = os.preadv(fd, [mv[total:]], offset + total)
+        if got == 0:
+            break
+        total += got
+    return total
+
+
+class _Conn:
+    """One client connection (TCP or Unix)."""
+
+    def __init__(self, server: "WireServer", sock: socket.socket, transport: str) -> None:
+        self.server = server
+        self.sock = sock
+        self.transport = transport
+        self.send_lock = threading.Lock()
+        self.regions: dict[int, _Region] = {}
+        self.fds_in: list[int] = []
+        self.closed = False
+        self._hdr = bytearray(p.HEADER_SIZE)
+        self._recv_buf: bytearray | None = None
+
+    # --- low-level I/O -------------------------------------------------------
+    def _recv_exact(self, mv: memoryview, *, at_boundary: bool = False) -> bool:
+        """Fill ``mv``; False on clean EOF at a frame boundary. Raises ProtocolError
+        on EOF mid-frame."""
+        pos, n = 0, len(mv)
+        while pos < n:
+            if self.transport == "shm":
+                got, anc, _flags, _addr = self.sock.recvmsg_into(
+                    [mv[pos:]], socket.CMSG_SPACE(16 * 4))
+                for level, typ, data in anc:
+                    if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                        cnt = len(data) // 4
+                        self.fds_in.extend(int.from_bytes(data[i * 4:(i + 1) * 4], "little")
+                                           for i in range(cnt))
+            else:
+                got = self.sock.recv_into(mv[pos:])
+            if got == 0:
+                if at_boundary and pos == 0:
+                    return False
+                raise ProtocolError(f"connection closed mid-frame ({pos} of {n} bytes)")
+            pos += got
+        return True
+
+    def send_frame(self, op: int, rid: int, meta: bytes, payload_len: int = 0) -> None:
+        with self.send_lock:
+            self.sock.sendall(p.pack_header(op, len(meta), rid, payload_len) + meta)
+
+    def reply(self, op: int, rid: int, obj) -> None:
+        self.send_frame(op | p.REPLY, rid, p.encode(obj))
+
+    def reply_error(self, rid: int, exc: GpufeedError) -> None:
+        try:
+            self.send_frame(p.ERROR_OP, rid, p.encode(p.ErrorReply(exc.code, exc.message)))
+        except OSError:
+            pass
+
+    def sendfile_all(self, fd: int, offset: int, count: int) -> None:
+        out = self.sock.fileno()
+        while count > 0:
+            sent = os.sendfile(out, fd, offset, count)
+            if sent == 0:
+                raise InternalError("object file ended early")
+            offset += sent
+            count -= sent
+
+    # --- main loop -------------------------------------------------------------
+    def serve(self) -> None:
+        hdr = memoryview(self._hdr)
+        try:
+            while not self.closed:
+                if not self._recv_exact(hdr, at_boundary=True):
+                    return
+                try:
+                    op, meta_len, rid, payload_len = p.unpack_header(hdr)
+                except ProtocolError as exc:
+                    self.reply_error(0, exc)
+                    return
+                meta = bytearray(meta_len)
+                self._recv_exact(memoryview(meta))
+                try:
+                    self.dispatch(op, rid, meta, payload_len)
+                except ProtocolError as exc:
+                    self.reply_error(rid, exc)
+                    return
+        except ProtocolError as exc:
+            log.info("closing %s connection: %s", self.transport, exc)
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNRESET, errno.EPIPE, errno.EBADF, None):
+                log.info("connection error: %s", exc)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for fd in self.fds_in:
+            os.close(fd)
+        self.fds_in.clear()
+        for region in self.regions.values():
+            region.close()
+        self.regions.clear()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self.server._forget(self)
+
+    # --- dispatch --------------------------------------------------------------
+    def dispatch(self, op: int, rid: int, meta: bytearray, payload_len: int) -> None:
+        tp = p.REQUEST_TYPES.get(op)
+        if tp is None:
+            raise ProtocolError(f"unknown op {op}")
+        req = p.decode(tp, meta)
+        if op == p.Op.PUT and req.region == -1:
+            self.put_from_socket(rid, req, payload_len)
+            return
+        if payload_len:
+            raise ProtocolError(f"op {op} carries no payload")
+        if op in (p.Op.GET, p.Op.GETV, p.Op.PUT) and not self._small(op, req):
+            self.server.pool.submit(self._run, op, rid, req)
+        else:
+            self._run(op, rid, req)
+
+    @staticmethod
+    def _small(op: int, req) -> bool:
+        if op == p.Op.GET:
+            return 0 <= req.length <= INLINE_BYTES
+        if op == p.Op.GETV:
+            return len(req.items) <= 64 and all(0 <= it.length <= 16 << 10 for it in req.items)
+        return False
+
+    def _run(self, op: int, rid: int, req) -> None:
+        try:
+            handler = self.server.handlers[op]
+            handler(self, rid, req)
+        except GpufeedError as exc:
+            self.reply_error(rid, exc)
+        except OSError as exc:
+            if self.closed:
+                return
+            if isinstance(exc, FileNotFoundError):
+                self.reply_error(rid, NoSuchKey(str(exc)))
+            else:
+                log.exception("I/O error serving op %s", op)
+                self.reply_error(rid, InternalError(f"I/O error: {exc}"))
+        except Exception as exc:  # never a traceback to the client, never a dead server
+            log.exception("internal error serving op %s", op)
+            self.reply_error(rid, InternalError(f"{type(exc).__name__}: {exc}"))
+
+    # --- PUT with payload (TCP) -------------------------------------------------
+    def put_from_socket(self, rid: int, req: p.Put, payload_len: int) -> None:
+        if req.region != -1 or payload_len != req.length:
+            raise ProtocolError(f"PUT length {req.length} != payload {payload_len}")
+        if self._recv_buf is None:
+            self._recv_buf = bytearray(RECV_CHUNK)
+        buf = memoryview(self._recv_buf)
+        try:
+            pending = self.server.engine.begin_put(req.bucket, req.key, etag="xxh3")
+        except GpufeedError as exc:
+            if payload_len > DRAIN_LIMIT:
+                self.reply_error(rid, exc)
+                raise ProtocolError("closing after a rejected large upload") from exc
+            self._drain(payload_len, buf)
+            self.reply_error(rid, exc)
+            return
+        remaining = payload_len
+        try:
+            while remaining:
+                got = self.sock.recv_into(buf[: min(remaining, len(buf))])
+                if got == 0:
+                    raise ProtocolError(
+                        f"connection closed after {payload_len - remaining} of {payload_len} bytes")
+                pending.write(buf[:got])
+                remaining -= got
+        except BaseException:
+            pending.abort()
+            raise
+        try:
+            info = pending.commit(content_type=req.content_type, metadata=req.metadata,
+                                  expected_size=req.length)
+        except GpufeedError as exc:
+            self.reply_error(rid, exc)
+            return
+        self.reply(p.Op.PUT, rid, _meta(info))
+
+    def _drain(self, n: int, buf: memoryview) -> None:
+        while n:
+            got = self.sock.recv_into(buf[: min(n, len(buf))])
+            if got == 0:
+                raise ProtocolError("connection closed mid-payload")
+            n -= got
+
+
+def _meta(info: ObjectInfo) -> p.ObjectMeta:
+    return p.ObjectMeta(info.bucket, info.key, info.size, info.etag, info.last_modified,
+                        info.content_type, dict(info.metadata))
+
+
+def _extent(item: p.Get, size: int) -> tuple[int, int]:
+    """``(start, n)`` of a read request against an object of ``size`` bytes."""
+    if item.length == 0:
+        if item.offset < 0 or item.offset > size:
+            raise InvalidRange(f"offset {item.offset} is outside the object ({size} bytes)")
+        return item.offset, 0
+    if item.length < 0:
+        return resolve_range(OffsetByteRequest(item.offset), size)
+    return resolve_range(RangeByteRequest(item.offset, item.offset + item.length), size)
+
+
+class WireServer:
+    """Serves the fast path over TCP and a Unix socket, beside the S3 endpoint.
+
+    Args:
+        engine: the node's engine.
+        config: uses ``host``, ``port`` (0 = free port, negative disables TCP),
+            ``resolved_socket_path`` (``None`` disables shm) and ``io_threads``.
+    """
+
+    def __init__(self, engine: Engine, config: NodeConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.pool = ThreadPoolExecutor(max(2, config.io_threads), thread_name_prefix="gpufeed-io")
+        self.split_pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2),
+                                             thread_name_prefix="gpufeed-split")
+        self.fds = _FdCache()
+        self._listeners: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._conns: set[_Conn] = set()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.socket_path: str | None = None
+        self.handlers = {
+            p.Op.HELLO: self._hello,
+            p.Op.REGISTER: self._register,
+            p.Op.UNREGISTER: self._unregister,
+            p.Op.HEAD: self._head,
+            p.Op.GET: self._get,
+            p.Op.GETV: self._getv,
+            p.Op.PUT: self._put_region,
+            p.Op.DELETE: self._delete,
+            p.Op.LIST: self._list,
+            p.Op.CREATE_BUCKET: self._create_bucket,
+            p.Op.LIST_BUCKETS: self._list_buckets,
+            p.Op.DELETE_BUCKET: self._delete_bucket,
+        }
+
+    # --- lifecycle ---------------------------------------------------------------
+    def start(self) -> int:
+        """Bind and start accepting. Returns the TCP port (0 when TCP is disabled).
+
+        Raises:
+            OSError: the port or socket path is in use by a live server.
+        """
+        cfg = self.config
+        tcp_port = 0
+        if cfg.port >= 0:
+            lsock = socket.create_server((cfg.host, cfg.port), reuse_port=False, backlog=128)
+            tcp_port = lsock.getsockname()[1]
+            self._spawn_acceptor(lsock, "tcp")
+        path = cfg.resolved_socket_path
+        if path:
+            self._remove_stale_socket(path)
+            usock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            usock.bind(path)
+            os.chmod(path, 0o660)
+            usock.listen(128)
+            self.socket_path = path
+            self._spawn_acceptor(usock, "shm")
+        return tcp_port
+
+    @staticmethod
+    def _remove_stale_socket(path: str) -> None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise FileExistsError(f"{path} exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # nobody listens: left over from a crash
+            return
+        finally:
+            probe.close()
+        raise OSError(errno.EADDRINUSE, f"another server listens on {path}")
+
+    def _spawn_acceptor(self, lsock: socket.socket, transport: str) -> None:
+        self._listeners.append(lsock)
+        t = threading.Thread(target=self._accept_loop, args=(lsock, transport),
+                             name=f"gpufeed-accept-{transport}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _accept_loop(self, lsock: socket.socket, transport: str) -> None:
+        while not self._stopping.is_set():
+            try:
+                sock, _ = lsock.accept()
+            except OSError:
+                if self._stopping.is_set():
+                    return
+                continue
+            if transport == "tcp":
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(self, sock, transport)
+            with self._lock:
+                self._conns.add(conn)
+            threading.Thread(target=conn.serve, name=f"gpufeed-conn-{transport}",
+                             daemon=True).start()
+
+    def _forget(self, conn: _Conn) -> None:
+        with self._lock:
+            self._conns.discard(conn)
+
+    def stop(self) -> None:
+        """Stop accepting, close every connection, release files. Idempotent."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        for lsock in self._listeners:
+            try:
+                lsock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            lsock.close()
+        for t in self._threads:
+            t.join(timeout=5)
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.pool.shutdown(wait=True)
+        self.split_pool.shutdown(wait=True)
+        for conn in conns:
+            conn.close()
+        self.fds.close()
+        if self.socket_path:
+            try:
+                os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+
+    # --- handlers (run inline or on the pool) -------------------------------------
+    def _hello(self, conn: _Conn, rid: int, req: p.Hello) -> None:
+        conn.reply(p.Op.HELLO, rid, p.HelloReply(f"gpufeed/{__version__}", p.VERSION, conn.transport))
+
+    def _register(self, conn: _Conn, rid: int, req: p.Register) -> None:
+        if conn.transport != "shm":
+            raise InvalidArgument("memory regions can only be registered over the shm transport")
+        if not conn.fds_in:
+            raise ProtocolError("REGISTER arrived without a file descriptor")
+        fd = conn.fds_in.pop(0)
+        try:
+            if req.region_id in conn.regions:
+                raise InvalidArgument(f"region {req.region_id} is already registered")
+            conn.regions[req.region_id] = _Region(fd, req.size)
+        finally:
+            os.close(fd)
+        conn.reply(p.Op.REGISTER, rid, p.Empty())
+
+    def _unregister(self, conn: _Conn, rid: int, req: p.Unregister) -> None:
+        region = conn.regions.pop(req.region_id, None)
+        if region is not None:
+            region.close()
+        conn.reply(p.Op.UNREGISTER, rid, p.Empty())
+
+    def _head(self, conn: _Conn, rid: int, req: p.Head) -> None:
+        conn.reply(p.Op.HEAD, rid, _meta(self.engine.head_object(req.bucket, req.key)))
+
+    def _open(self, bucket: str, key: str, cache: dict | None = None) -> tuple[ObjectInfo, list]:
+        """Look up an object and acquire its open file (retrying once if the
+        version was replaced between the lookup and the open)."""
+        if cache is not None and (bucket, key) in cache:
+            return cache[(bucket, key)]  # acquired once for the whole batch
+        for attempt in (0, 1):
+            info = self.engine.head_object(bucket, key)
+            try:
+                ent = self.fds.acquire(info)
+                break
+            except FileNotFoundError:
+                if attempt:
+                    raise NoSuchKey(f"{bucket}/{key} vanished while opening") from None
+        if cache is not None:
+            cache[(bucket, key)] = (info, ent)
+        return info, ent
+
+    def _get(self, conn: _Conn, rid: int, req: p.Get) -> None:
+        info, ent = self._open(req.bucket, req.key)
+        try:
+            start, n = _extent(req, info.size)
+            if req.region == -1:
+                meta = p.encode(p.GetReply(info.size, n, info.etag))
+                with conn.send_lock:
+                    conn.sock.sendall(p.pack_header(p.Op.GET | p.REPLY, len(meta), rid, n) + meta)
+                    conn.sendfile_all(ent[0], start, n)
+                return
+            region = self._region(conn, req.region)
+            dest = region.view(req.region_offset, n)
+            try:
+                got = self._read_into(ent[0], dest, start)
+            finally:
+                dest.release()
+            conn.reply(p.Op.GET, rid, p.GetReply(info.size, got, info.etag))
+        finally:
+            self.fds.release(ent)
+
+    def _read_into(self, fd: int, dest: memoryview, offset: int) -> int:
+        """Read into ``dest``; large reads are split across the split pool."""
+        n = len(dest)
+        if n < SPLIT_BYTES:
+            return _pread_full(fd, dest, offset)
+        futs = [self.split_pool.submit(_pread_full, fd, dest[o:o + PIECE_BYTES], offset + o)
+                for o in range(0, n, PIECE_BYTES)]
+        return sum(f.result() for f in futs)
+
+    @staticmethod
+    def _region(conn: _Conn, region_id: int) -> _Region:
+        region = conn.regions.get(region_id)
+        if region is None:
+            raise InvalidArgument(f"region {region_id} is not registered on this connection")
+        return region
+
+    def _getv(self, conn: _Conn, rid: int, req: p.GetV) -> None:
+        cache: dict = {}
+        acquired: list[list] = []
+        results: list[int] = []
+        errors: dict[int, tuple[str, str]] = {}
+        extents: list[tuple[int, int, int]] = []  # (fd, start, n) for TCP sends
+        try:
+            work: list[tuple[int, int, memoryview, int]] = []  # (index, fd, dest, start)
+            for i, item in enumerate(req.items):
+                try:
+                    fresh = (item.bucket, item.key) not in cache
+                    info, ent = self._open(item.bucket, item.key, cache)
+                    if fresh:
+                        acquired.append(ent)
+                    start, n = _extent(item, info.size)
+                    if item.region == -1:
+                        extents.append((ent[0], start, n))
+                    else:
+                        dest = self._region(conn, item.region).view(item.region_offset, n)
+                        work.append((i, ent[0], dest, start))
+                    results.append(n)
+                except GpufeedError as exc:
+                    results.append(-1)
+                    errors[i] = (exc.code, exc.message)
+            if work:
+                total = sum(len(w[2]) for w in work)
+                if total >= SPLIT_BYTES and len(work) > 1:
+                    futs = [(w[0], self.split_pool.submit(_pread_full, w[1], w[2], w[3]))
+                            for w in work]
+                    for i, f in futs:
+                        results[i] = f.result()
+                else:
+                    for i, fd, dest, start in work:
+                        results[i] = _pread_full(fd, dest, start)
+                for w in work:
+                    w[2].release()
+            payload = sum(e[2] for e in extents)
+            meta = p.encode(p.GetVReply(results, errors))
+            with conn.send_lock:
+                conn.sock.sendall(p.pack_header(p.Op.GETV | p.REPLY, len(meta), rid, payload) + meta)
+                for fd, start, n in extents:
+                    conn.sendfile_all(fd, start, n)
+        finally:
+            for ent in acquired:
+                self.fds.release(ent)
+
+    def _put_region(self, conn: _Conn, rid: int, req: p.Put) -> None:
+        region = self._region(conn, req.region)
+        src = region.view(req.region_offset, req.length)
+        try:
+            with self.engine.begin_put(req.bucket, req.key, etag="xxh3") as pending:
+                step = 64 << 20
+                for o in range(0, len(src), step):
+                    pending.write(src[o:o + step])
+                info = pending.commit(content_type=req.content_type, metadata=req.metadata,
+                                      expected_size=req.length)
+        finally:
+            src.release()
+        conn.reply(p.Op.PUT, rid, _meta(info))
+
+    def _delete(self, conn: _Conn, rid: int, req: p.Delete) -> None:
+        self.engine.delete_object(req.bucket, req.key)
+        conn.reply(p.Op.DELETE, rid, p.Empty())
+
+    def _list(self, conn: _Conn, rid: int, req: p.List) -> None:
+        res = self.engine.list_objects(
+            req.bucket, prefix=req.prefix, delimiter=req.delimiter, start_after=req.start_after,
+            continuation_token=req.token, max_keys=req.max_keys)
+        entries = [p.ListEntry(o.key, o.size, o.etag, o.last_modified) for o in res.objects]
+        conn.reply(p.Op.LIST, rid, p.ListReply(entries, list(res.common_prefixes),
+                                                res.is_truncated, res.next_token))
+
+    def _create_bucket(self, conn: _Conn, rid: int, req: p.BucketReq) -> None:
+        self.engine.create_bucket(req.bucket)
+        conn.reply(p.Op.CREATE_BUCKET, rid, p.Empty())
+
+    def _list_buckets(self, conn: _Conn, rid: int, req: p.Empty) -> None:
+        conn.reply(p.Op.LIST_BUCKETS, rid, p.BucketsReply([b.name for b in self.engine.list_buckets()]))
+
+    def _delete_bucket(self, conn: _Conn, rid: int, req: p.BucketReq) -> None:
+        self.engine.delete_bucket(req.bucket)
+        conn.reply(p.Op.DELETE_BUCKET, rid, p.Empty())

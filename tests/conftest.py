@@ -1,0 +1,33 @@
+"""Shared fixtures: one real `gpufeed serve` per test session on random loopback ports."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufeed.testing.node import NodeProcess, start_node
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory) -> NodeProcess:
+    """A live node (subprocess) shared by the session: ``.s3_url``, ``.tcp_url``,
+    ``.shm_url``, ``.access_key``, ``.secret_key``, ``.data_dir``, ``.proc``."""
+    proc = start_node(tmp_path_factory.mktemp("node") / "data")
+    yield proc
+    code = proc.stop()
+    assert code == 0, f"node exited with {code}:\n{proc.log_path.read_text()}"
+
+
+@pytest.fixture
+def fresh_node(tmp_path) -> NodeProcess:
+    """A node of its own for tests that kill or restart it."""
+    proc = start_node(tmp_path / "data")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def s3(node):
+    """boto3 S3 client for the session node."""
+    client = node.boto3_client()
+    yield client
+    client.close()

@@ -1,0 +1,294 @@
+"""The fast path end to end: a live `gpufeed serve`, our SDK over TCP and shm."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import threading
+import uuid
+
+import msgspec
+import numpy as np
+import pytest
+
+from gpufeed.client import AsyncClient, Client, ReadRequest, parse_url
+from gpufeed.errors import (
+    InvalidArgument,
+    InvalidRange,
+    KeyTooLong,
+    NoSuchBucket,
+    NoSuchKey,
+    TransportError,
+)
+from gpufeed.wire import protocol as p
+
+TRANSPORTS = ["tcp", "shm"]
+
+
+@pytest.fixture(params=TRANSPORTS)
+def client(request, node):
+    url = node.tcp_url if request.param == "tcp" else node.shm_url
+    with Client(url) as c:
+        yield c
+
+
+@pytest.fixture
+def bucket(client):
+    name = "wire-" + uuid.uuid4().hex[:12]
+    client.create_bucket(name)
+    return name
+
+
+def _data(n: int, seed: int = 1) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def test_put_get_head_list_delete(client, bucket):
+    data = _data(1 << 20)
+    meta = client.put(bucket, "a/b.bin", data, content_type="application/x-test",
+                      metadata={"owner": "me"})
+    assert meta.size == len(data) and meta.etag
+    head = client.head(bucket, "a/b.bin")
+    assert (head.size, head.etag, head.content_type, head.metadata) == (
+        len(data), meta.etag, "application/x-test", {"owner": "me"})
+    assert bytes(client.get(bucket, "a/b.bin")) == data
+    client.put(bucket, "a/c.bin", b"")
+    client.put(bucket, "top", b"x")
+    assert [e.key for e in client.list(bucket)] == ["a/b.bin", "a/c.bin", "top"]
+    entries = list(client.list(bucket, delimiter="/"))
+    assert [(e.key, e.is_prefix) for e in entries] == [("a/", True), ("top", False)]
+    assert bytes(client.get(bucket, "a/c.bin")) == b""
+    client.delete(bucket, "a/b.bin")
+    client.delete(bucket, "a/b.bin")  # idempotent
+    with pytest.raises(NoSuchKey):
+        client.head(bucket, "a/b.bin")
+
+
+def test_get_into_ranges(client, bucket):
+    data = _data(3 << 20, seed=2)
+    client.put(bucket, "obj", data)
+    buf = bytearray(1000)
+    assert client.get_into(bucket, "obj", buf, offset=12345) == 1000
+    assert bytes(buf) == data[12345:13345]
+    tail = bytearray(5000)
+    assert client.get_into(bucket, "obj", tail, offset=len(data) - 10) == 10
+    assert bytes(tail[:10]) == data[-10:]
+    arr = np.zeros(4096, dtype=np.uint8)
+    assert client.get_into(bucket, "obj", arr, offset=4096, length=100) == 100
+    assert arr[:100].tobytes() == data[4096:4196] and not arr[100:].any()
+    with pytest.raises(InvalidRange):
+        client.get_into(bucket, "obj", bytearray(10), offset=len(data))
+    with pytest.raises(InvalidArgument):
+        client.get_into(bucket, "obj", bytearray(10), length=11)
+
+
+@pytest.mark.parametrize("registered", [True, False])
+def test_large_object_round_trip(client, bucket, registered):
+    n = (80 << 20) + 12345  # larger than the split and staging thresholds
+    src = client.alloc(n) if registered else bytearray(n)
+    np.frombuffer(src, dtype=np.uint8)[:] = np.random.default_rng(3).integers(0, 256, n, dtype=np.uint8)
+    client.put(bucket, "big", src)
+    dst = client.alloc(n + 100) if registered else bytearray(n + 100)
+    assert client.get_into(bucket, "big", dst) == n
+    assert np.array_equal(np.frombuffer(dst, np.uint8)[:n], np.frombuffer(src, np.uint8))
+
+
+def test_get_many_into(client, bucket):
+    data = _data(1 << 20, seed=4)
+    client.put(bucket, "x", data)
+    client.put(bucket, "y", data[::-1])
+    region = client.alloc(64 << 10)
+    reqs = []
+    for i in range(16):
+        dest = region[i * 4096:(i + 1) * 4096] if i % 2 else bytearray(4096)
+        reqs.append(ReadRequest(bucket, "x" if i % 3 else "y", dest, offset=i * 7919))
+    ns = client.get_many_into(reqs)
+    assert ns == [4096] * 16
+    for i, r in enumerate(reqs):
+        src = data if r.key == "x" else data[::-1]
+        assert bytes(r.dest) == src[i * 7919:i * 7919 + 4096]
+    with pytest.raises(NoSuchKey, match="request 1"):
+        client.get_many_into([(bucket, "x", bytearray(4)), (bucket, "nope", bytearray(4))])
+
+
+def test_typed_errors(client, bucket):
+    with pytest.raises(NoSuchBucket):
+        client.put("no-such-bucket-here", "k", b"1")
+    with pytest.raises(NoSuchKey) as info:
+        client.get(bucket, "missing")
+    assert isinstance(info.value, FileNotFoundError)
+    with pytest.raises(KeyTooLong):
+        client.put(bucket, "k" * 1025, b"1")
+    client.put(bucket, "k" * 1024, b"ok")
+    assert bytes(client.get(bucket, "k" * 1024)) == b"ok"
+
+
+def test_odd_keys_round_trip(client, bucket):
+    keys = ["../../etc/passwd", "%2e%2e/x", "日本/キー", "sp ace", "q?x=1#f", "a" * 1024]
+    for i, k in enumerate(keys):
+        client.put(bucket, k, str(i).encode())
+    for i, k in enumerate(keys):
+        assert bytes(client.get(bucket, k)) == str(i).encode()
+    assert sorted(keys, key=lambda k: k.encode()) == [e.key for e in client.list(bucket)]
+
+
+def test_many_requests_in_flight(client, bucket):
+    data = _data(256 << 10, seed=5)
+    futs = [client.submit_put(bucket, f"k{i}", data[i:]) for i in range(32)]
+    for f in futs:
+        f.result()
+    bufs = [bytearray(len(data)) for _ in range(32)]
+    futs = [client.submit_get_into(bucket, f"k{i}", bufs[i]) for i in range(32)]
+    assert [f.result() for f in futs] == [len(data) - i for i in range(32)]
+    errors = []
+
+    def worker(t):
+        try:
+            for i in range(t, 32, 4):
+                assert bytes(client.get(bucket, f"k{i}")) == data[i:]
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_async_client(node, bucket):
+    async def main():
+        for url in (node.tcp_url, node.shm_url):
+            ac = await AsyncClient.connect(url)
+            async with ac:
+                await asyncio.gather(*(ac.put(bucket, f"async{i}", bytes([i]) * 1000) for i in range(20)))
+                bufs = [bytearray(1000) for _ in range(20)]
+                ns = await asyncio.gather(*(ac.get_into(bucket, f"async{i}", bufs[i]) for i in range(20)))
+                assert ns == [1000] * 20 and all(b == bytes([i]) * 1000 for i, b in enumerate(bufs))
+                assert (await ac.head(bucket, "async3")).size == 1000
+                assert len(await ac.list(bucket, "async")) == 20
+
+    asyncio.run(main())
+
+
+def test_url_parsing():
+    assert parse_url("gpufeed+tcp://127.0.0.1:9400") == ("tcp", ("127.0.0.1", 9400))
+    assert parse_url("gpufeed+shm:///tmp/x.sock") == ("shm", "/tmp/x.sock")
+    for bad in ("http://x:1", "gpufeed+tcp://nohost", "gpufeed+shm://"):
+        with pytest.raises(InvalidArgument):
+            parse_url(bad)
+    with pytest.raises(TransportError):
+        Client("gpufeed+shm:///nonexistent/gpufeed.sock")
+
+
+# --- hostile input: raw frames ------------------------------------------------------
+
+def _raw(node):
+    host, port = parse_url(node.tcp_url)[1]
+    return socket.create_connection((host, port), timeout=10)
+
+
+def _read_frame(sock):
+    hdr = b""
+    while len(hdr) < p.HEADER_SIZE:
+        chunk = sock.recv(p.HEADER_SIZE - len(hdr))
+        if not chunk:
+            return None
+        hdr += chunk
+    op, meta_len, rid, payload_len = p.unpack_header(hdr)
+    meta = b""
+    while len(meta) < meta_len:
+        meta += sock.recv(meta_len - len(meta))
+    return op, rid, meta
+
+
+def _assert_alive(node, bucket):
+    with Client(node.tcp_url, connections=1) as c:
+        assert bytes(c.get(bucket, "alive")) == b"yes"
+
+
+def test_truncated_frames_leave_server_up(node, client, bucket):
+    client.put(bucket, "alive", b"yes")
+    # half a header
+    with _raw(node) as s:
+        s.sendall(b"GF\x01")
+    # header promising metadata that never comes
+    with _raw(node) as s:
+        s.sendall(p.pack_header(p.Op.HEAD, 100, 1) + b"\x92")
+    # a PUT whose payload stops early: nothing may become visible
+    meta = p.encode(p.Put(bucket, "partial", 1 << 20))
+    with _raw(node) as s:
+        s.sendall(p.pack_header(p.Op.PUT, len(meta), 7, 1 << 20) + meta + b"x" * 1000)
+    _assert_alive(node, bucket)
+    with pytest.raises(NoSuchKey):
+        client.head(bucket, "partial")
+
+
+def test_bad_frames_get_protocol_errors(node, client, bucket):
+    client.put(bucket, "alive", b"yes")
+    with _raw(node) as s:
+        s.sendall(b"XX" + b"\x00" * 22)
+        op, _rid, meta = _read_frame(s)
+        assert op == p.ERROR_OP and msgspec.msgpack.decode(meta)[0] == "ProtocolError"
+        assert _read_frame(s) is None  # then the server closes
+    with _raw(node) as s:  # unknown op
+        s.sendall(p.pack_header(99, 0, 5))
+        op, rid, meta = _read_frame(s)
+        assert (op, rid) == (p.ERROR_OP, 5)
+    with _raw(node) as s:  # metadata of the wrong shape
+        bad = msgspec.msgpack.encode(["only-bucket"])
+        s.sendall(p.pack_header(p.Op.GET, len(bad), 6) + bad)
+        op, rid, meta = _read_frame(s)
+        assert (op, rid) == (p.ERROR_OP, 6)
+    with _raw(node) as s:  # oversized metadata claim
+        s.sendall(struct.pack("<2sBBIQQ", b"GF", 1, p.Op.HEAD, p.MAX_META + 1, 8, 0))
+        op, _rid, _meta = _read_frame(s)
+        assert op == p.ERROR_OP
+    with _raw(node) as s:  # a region on TCP is refused
+        meta = p.encode(p.Get(bucket, "alive", 0, 3, region=1))
+        s.sendall(p.pack_header(p.Op.GET, len(meta), 9) + meta)
+        op, rid, meta = _read_frame(s)
+        assert op == p.ERROR_OP and msgspec.msgpack.decode(meta)[0] == "InvalidArgument"
+    _assert_alive(node, bucket)
+
+
+def test_shm_region_bounds(node, bucket):
+    with Client(node.shm_url) as c:
+        c.put(bucket, "obj", b"z" * 10000)
+        region = c.alloc(4096)
+        conn = c._conns[0]
+        rid = next(c._region_ids) - 1
+        with pytest.raises(InvalidArgument):  # write past the region's end
+            conn.call(p.Op.GET, p.Get(bucket, "obj", 0, 8192, rid, 0))
+        with pytest.raises(InvalidArgument):  # unknown region
+            conn.call(p.Op.GET, p.Get(bucket, "obj", 0, 10, 999, 0))
+        assert c.get_into(bucket, "obj", region) == 4096
+        assert bytes(region) == b"z" * 4096
+
+
+def test_client_disconnect_mid_put_shm(node, bucket):
+    """A client killed while its shm PUT is in flight leaves nothing visible."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys, numpy as np\n"
+        "from gpufeed.client import Client\n"
+        f"c = Client({node.shm_url!r})\n"
+        "buf = c.alloc(256 << 20)\n"
+        f"f = c.submit_put({bucket!r}, 'killed', buf)\n"
+        "print('sent', flush=True)\n"
+        "os._exit(0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "sent" in out.stdout, out.stderr
+    with Client(node.tcp_url) as c:
+        try:
+            meta = c.head(bucket, "killed")
+        except NoSuchKey:
+            return
+        # if the server finished it, it must be whole
+        assert meta.size == 256 << 20
