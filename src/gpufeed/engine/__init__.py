@@ -1,11 +1,13 @@
 """The storage node with no network: catalog, blobs, buckets, objects, multipart."""
 
-from .engine import MAX_KEY_BYTES, MIN_PART_BYTES, Engine, PendingWrite
+from .engine import MAX_KEY_BYTES, MAX_PARTS, MIN_PART_BYTES, Engine, PendingWrite
+from .store import EngineStore
 from .types import BucketInfo, ListResult, ObjectInfo, PartInfo, UploadInfo
 
 __all__ = [
     "Engine",
     "PendingWrite",
+    "EngineStore",
     "BucketInfo",
     "ObjectInfo",
     "ListResult",
@@ -13,4 +15,5 @@ __all__ = [
     "PartInfo",
     "MAX_KEY_BYTES",
     "MIN_PART_BYTES",
+    "MAX_PARTS",
 ]

@@ -7,8 +7,11 @@ On-disk layout under ``data_dir``::
 
     catalog.sqlite3          buckets, objects, uploads, parts (WAL mode)
     blobs/ab/cd/<blob_id>    one immutable file per object version (blob_id = uuid4 hex)
-    uploads/<upload_id>/<part_number:05d>   multipart parts
+    uploads/<upload_id>/<part_number:05d>.<id>   multipart parts (a fresh <id>
+                             per upload of a part, so a re-upload never overwrites
+                             a file a catalog row still names)
     tmp/                     files being written; emptied on start
+    lock                     flock'ed by the one Engine that has the folder open
 
 Write protocol (atomic, durable): data goes to a file in ``tmp/``, is fsynced,
 renamed into ``blobs/``, the directory is fsynced, then the catalog row is
@@ -16,54 +19,273 @@ committed (``synchronous=FULL``). Only the commit makes an object visible. On
 start, ``tmp/`` is emptied and blob files that no catalog row references are
 deleted, so a crash at any point leaves no visible partial object and no
 leaked file. Object keys never become file names, so no key can escape
-the data folder.
+the data folder. The old blob of an overwritten or deleted object is unlinked
+after the commit (a crash in between leaves it unreferenced, so the next start
+deletes it). Multipart part files follow the same protocol under ``uploads/``.
+
+Why our own engine rather than a library: this is the product core. The fast
+path needs what generic object stores hide: one immutable file per version
+whose path it can ``preadv``/``sendfile`` from directly, writes straight into
+a temp file descriptor from shared memory, kernel-side copies for multipart
+and copy, and a point lookup in microseconds. The implementation is split
+into :mod:`._names` (S3 naming rules, key-space arithmetic),
+:mod:`._blobs` (files, renames, fsyncs, the start-up sweep) and
+:mod:`._catalog` (SQLite connections and the single writer).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import fcntl
+import hashlib
+import json
+import os
+import re
+import threading
+import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
-from ..store import ByteRequest
+import xxhash
+
+from ..errors import (
+    BadDigest,
+    BucketAlreadyOwnedByYou,
+    BucketNotEmpty,
+    EntityTooSmall,
+    IncompleteBody,
+    InternalError,
+    InvalidArgument,
+    InvalidPart,
+    InvalidPartOrder,
+    MalformedXML,
+    NoSuchBucket,
+    NoSuchKey,
+    NoSuchUpload,
+)
+from ..store import ByteRequest, resolve_range
+from ._blobs import BlobFiles, copy_range, new_id, remove_quietly, write_all
+from ._catalog import Catalog
+from ._names import (
+    MAX_KEY_BYTES,
+    check_bucket_name,
+    check_key,
+    check_text,
+    decode_token,
+    encode_token,
+    successor,
+)
 from .types import BucketInfo, ListResult, ObjectInfo, PartInfo, UploadInfo
 
-__all__ = ["Engine", "PendingWrite"]
+__all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
-#: Largest key S3 accepts, bytes of UTF-8.
-MAX_KEY_BYTES = 1024
 #: Smallest part other than the last one (S3: 5 MiB).
 MIN_PART_BYTES = 5 << 20
+#: Highest part number S3 accepts.
+MAX_PARTS = 10_000
+
+_CHUNK_BYTES = 8 << 20  # 8 MiB: read size for file-object puts and hash catch-up
+_OVERLAP_BYTES = 1 << 20  # 1 MiB: from here, MD5 runs on a helper thread while the data is written
+_DEFAULT_TYPE = "application/octet-stream"
+_UPLOAD_ID_RE = re.compile(r"[0-9a-f]{32}")
+_OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
+_READ_RETRIES = 3  # a version replaced between lookup and open is looked up again this often
+
+_OBJ_COLS = "key, size, etag, last_modified, content_type, metadata, checksums, blob_id"
+_SQL_HEAD = "SELECT size, etag, last_modified, content_type, metadata, checksums, blob_id FROM objects WHERE bucket=? AND key=?"
+_SQL_BUCKET = "SELECT created FROM buckets WHERE name=?"
+
+
+def _dumps(d: dict[str, str] | None) -> str:
+    if not d:
+        return ""
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in d.items()):
+        raise InvalidArgument("metadata and checksums must map str to str")
+    return json.dumps(d, separators=(",", ":"), ensure_ascii=False)
+
+
+def _loads(s: str) -> dict[str, str]:
+    return json.loads(s) if s else {}
+
+
+def _as_bytes_view(data) -> memoryview:
+    mv = data if isinstance(data, memoryview) else memoryview(data)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B") if mv.c_contiguous else memoryview(mv.tobytes())
+    return mv
+
+
+def _new_hasher(kind: str | None):
+    if kind == "md5":
+        return hashlib.md5()
+    if kind == "xxh3":
+        return xxhash.xxh3_128()
+    if kind is None:
+        return None
+    raise InvalidArgument(f"etag must be 'md5' or 'xxh3', not {kind!r}")
+
+
+def _decode_md5(content_md5: str) -> bytes:
+    try:
+        raw = base64.b64decode(content_md5, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidArgument("Content-MD5 is not valid base64") from exc
+    if len(raw) != 16:
+        raise InvalidArgument("Content-MD5 must be 16 bytes of base64")
+    return raw
 
 
 class PendingWrite:
     """An object (or part) being written; invisible until :meth:`commit`.
 
-    Obtain from :meth:`Engine.begin_put`. Use as a context manager: leaving the
-    block with an exception aborts (the temp file is removed).
+    Obtain from :meth:`Engine.begin_put` or :meth:`Engine.begin_part`. Use as a
+    context manager: leaving the block with an exception aborts (the temp file
+    is removed). A PendingWrite is not thread-safe: one writer at a time.
+
+    Data is appended at offset :attr:`size` of a temp file in ``tmp/``. The
+    ETag hash follows the data: buffers passed to :meth:`write` (or to
+    :meth:`wrote`) are hashed as they go; bytes that reached the file without
+    passing through Python (:meth:`write_from_fd`, :meth:`wrote` without
+    ``data``) are read back from the file and hashed at the next opportunity,
+    so the ETag is always that of the file's bytes.
 
     Attributes:
         size: bytes written so far.
     """
 
+    def __init__(self, engine: "Engine", hash_kind: str | None, finish) -> None:
+        # Private: made by Engine. ``finish(pw, tmp_path, etag, md5_digest, **commit_kw)``
+        # publishes the file and commits the catalog row.
+        self._engine = engine
+        self._hasher = _new_hasher(hash_kind)
+        self._hash_kind = hash_kind
+        self._finish = finish
+        self._fd, self._tmp = engine._files.new_temp()
+        self._hashed = 0  # bytes at the start of the file the hasher has seen
+        self._done = False
+        self.size = 0
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise InvalidArgument("this write was already committed or aborted")
+
+    def _catch_up(self) -> None:
+        """Feed the hasher the file bytes it has not seen (read back from the temp file)."""
+        if self._hasher is None:
+            return
+        while self._hashed < self.size:
+            chunk = os.pread(self._fd, min(_CHUNK_BYTES, self.size - self._hashed), self._hashed)
+            if not chunk:
+                raise InternalError(f"temp file {self._tmp} is shorter than the bytes written")
+            self._hasher.update(chunk)
+            self._hashed += len(chunk)
+
     def write(self, data) -> int:
-        """Append a buffer (bytes, memoryview, mmap slice); returns bytes written."""
-        raise NotImplementedError
+        """Append a buffer (bytes, bytearray, memoryview, mmap slice, numpy array).
+
+        Written with ``os.pwrite`` at offset :attr:`size`, looping over short
+        writes. For MD5 ETags and buffers of 1 MiB or more, hashing runs on a
+        helper thread while the data is written (both release the GIL).
+
+        Args:
+            data: any C-contiguous buffer.
+
+        Returns:
+            Bytes written (the buffer's length in bytes).
+
+        Raises:
+            InvalidArgument: the write was already committed or aborted.
+            InternalError: the file system failed (disk full, I/O error).
+        """
+        self._check_open()
+        mv = _as_bytes_view(data)
+        n = mv.nbytes
+        if n == 0:
+            return 0
+        h = self._hasher
+        try:
+            if h is not None and self._hashed != self.size:
+                self._catch_up()
+            if h is not None and n >= _OVERLAP_BYTES and self._hash_kind == "md5":
+                fut = self._engine._hash_pool().submit(h.update, mv)
+                try:
+                    write_all(self._fd, mv, self.size)
+                finally:
+                    fut.result()
+            else:
+                if h is not None:
+                    h.update(mv)
+                write_all(self._fd, mv, self.size)
+        except OSError as exc:
+            self.abort()
+            raise InternalError(f"writing {self._tmp} failed: {exc}") from exc
+        self.size += n
+        if h is not None:
+            self._hashed += n
+        return n
 
     def write_from_fd(self, fd: int, offset: int, length: int) -> int:
-        """Append ``length`` bytes read from file descriptor ``fd`` at ``offset``
-        (kernel-side copy where possible). Returns bytes written."""
-        raise NotImplementedError
+        """Append ``length`` bytes read from file descriptor ``fd`` at ``offset``.
+
+        Uses ``os.copy_file_range`` (a kernel-side copy; a reflink on file
+        systems that support it), falling back to ``pread`` + ``pwrite`` when
+        the kernel cannot copy between these files.
+
+        Args:
+            fd: a readable descriptor (regular file, memfd).
+            offset: where to start reading in ``fd``, bytes.
+            length: bytes to copy.
+
+        Returns:
+            Bytes written; fewer than ``length`` only when ``fd`` ended first.
+
+        Raises:
+            InvalidArgument: negative offset/length, or the write is finished.
+            InternalError: the file system failed.
+        """
+        self._check_open()
+        if offset < 0 or length < 0:
+            raise InvalidArgument("offset and length must be >= 0")
+        try:
+            n = copy_range(fd, offset, self._fd, self.size, length)
+        except OSError as exc:
+            self.abort()
+            raise InternalError(f"copying into {self._tmp} failed: {exc}") from exc
+        self.size += n
+        return n
 
     def fileno(self) -> int:
-        """The temp file's descriptor, for callers that write with ``os.pwritev``
-        themselves; they must then call :meth:`wrote`."""
-        raise NotImplementedError
+        """The temp file's descriptor (read-write), for callers that write with
+        ``os.pwrite``/``os.pwritev`` themselves at offset :attr:`size`; they
+        must then call :meth:`wrote`."""
+        self._check_open()
+        return self._fd
 
     def wrote(self, nbytes: int, data=None) -> None:
-        """Account ``nbytes`` written directly through :meth:`fileno`; pass the
-        same ``data`` buffer when the ETag hash must see it."""
-        raise NotImplementedError
+        """Account ``nbytes`` written directly through :meth:`fileno` at offset :attr:`size`.
+
+        Args:
+            nbytes: bytes the caller wrote.
+            data: the same buffer (or list of buffers, as given to ``pwritev``),
+                so the hash sees it without reading the file back; optional.
+
+        Raises:
+            InvalidArgument: negative ``nbytes``, or the write is finished.
+        """
+        self._check_open()
+        if nbytes < 0:
+            raise InvalidArgument("nbytes must be >= 0")
+        h = self._hasher
+        if h is not None and data is not None and self._hashed == self.size:
+            views = [_as_bytes_view(b) for b in data] if isinstance(data, (list, tuple)) else [_as_bytes_view(data)]
+            if sum(v.nbytes for v in views) == nbytes:
+                for v in views:
+                    h.update(v)
+                self._hashed += nbytes
+        self.size += nbytes
 
     def commit(
         self,
@@ -73,23 +295,88 @@ class PendingWrite:
         checksums: dict[str, str] | None = None,
         content_md5: str | None = None,
         expected_size: int | None = None,
-    ) -> ObjectInfo:
+    ):
         """Make the object visible atomically (replacing any previous version).
 
+        The temp file is fsynced (when the engine has ``fsync=True``), renamed
+        into ``blobs/``, the directory fsynced, then the catalog row committed.
+        On any error the data is discarded.
+
         Args:
+            content_type: the ``Content-Type``; default ``application/octet-stream``.
+            metadata: user metadata (names without ``x-amz-meta-``).
+            checksums: ``{"crc32c": b64, ...}`` as sent by the client; stored, not checked.
             content_md5: base64 MD5 the client sent (``Content-MD5``); checked.
             expected_size: when given, the bytes written must equal it.
+
+        Returns:
+            The new :class:`ObjectInfo` (a :class:`PartInfo` for a part).
 
         Raises:
             BadDigest: ``content_md5`` does not match the data.
             IncompleteBody: fewer bytes than ``expected_size`` arrived.
+            InvalidArgument: more bytes than ``expected_size``, a malformed
+                ``content_md5``, or the write was already finished.
             NoSuchBucket: the bucket was deleted meanwhile.
+            NoSuchUpload: (parts) the upload was completed or aborted meanwhile.
         """
-        raise NotImplementedError
+        self._check_open()
+        try:
+            if expected_size is not None and self.size != expected_size:
+                if self.size < expected_size:
+                    raise IncompleteBody(f"got {self.size} bytes of {expected_size}", size=self.size)
+                raise InvalidArgument(f"got {self.size} bytes, more than the {expected_size} announced")
+            md5_digest = None
+            try:
+                self._catch_up()
+                etag = None
+                if self._hasher is not None:
+                    digest = self._hasher.hexdigest()
+                    etag = digest if self._hash_kind == "md5" else "x" + digest
+                    if self._hash_kind == "md5":
+                        md5_digest = self._hasher.digest()
+                if content_md5 is not None:
+                    want = _decode_md5(content_md5)
+                    if md5_digest is None:
+                        md5_digest = self._file_md5()
+                    if want != md5_digest:
+                        raise BadDigest("the Content-MD5 you specified did not match what we received")
+                if self._engine._fsync:
+                    os.fsync(self._fd)
+            except OSError as exc:
+                raise InternalError(f"finishing {self._tmp} failed: {exc}") from exc
+            os.close(self._fd)
+            self._fd = -1
+            result = self._finish(
+                self, self._tmp, etag, md5_digest,
+                content_type=content_type, metadata=metadata, checksums=checksums,
+            )
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        return result
+
+    def _file_md5(self) -> bytes:
+        h = hashlib.md5()
+        pos = 0
+        while pos < self.size:
+            chunk = os.pread(self._fd, min(_CHUNK_BYTES, self.size - pos), pos)
+            if not chunk:
+                break
+            h.update(chunk)
+            pos += len(chunk)
+        return h.digest()
 
     def abort(self) -> None:
-        """Discard the data; idempotent."""
-        raise NotImplementedError
+        """Discard the data; idempotent (also safe after :meth:`commit`)."""
+        if self._done:
+            return
+        self._done = True
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        remove_quietly(self._tmp)
 
     def __enter__(self) -> "PendingWrite":
         return self
@@ -98,51 +385,222 @@ class PendingWrite:
         if exc_type is not None:
             self.abort()
 
+    def __del__(self) -> None:
+        # A write dropped without commit or abort must not leak its descriptor or temp file.
+        if not getattr(self, "_done", True):
+            try:
+                self.abort()
+            except OSError:
+                pass
+
 
 class Engine:
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
         data_dir: folder for catalog and data (created if missing).
-        fsync: fsync data, directories and catalog before a write returns.
+        fsync: fsync data, directories and catalog before a write returns
+            (``synchronous=FULL``); with ``False`` writes are still atomic and
+            survive a process crash, but not a power loss.
 
-    All methods raise the typed errors of :mod:`gpufeed.errors`.
+    Raises:
+        InternalError: ``data_dir`` is in use by another open Engine (an
+            exclusive ``flock`` on ``data_dir/lock``), or the catalog cannot
+            be opened.
+
+    All methods raise the typed errors of :mod:`gpufeed.errors`. Usable as a
+    context manager (closes on exit).
     """
 
     def __init__(self, data_dir: str | Path, *, fsync: bool = True) -> None:
-        raise NotImplementedError
+        self.data_dir = Path(data_dir).resolve()
+        self._fsync = fsync
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(self._lock_fd)
+            raise InternalError(f"{self.data_dir} is in use by another Engine") from exc
+        try:
+            self._files = BlobFiles(self.data_dir, fsync=fsync)
+            self._cat = Catalog(str(self.data_dir / "catalog.sqlite3"), fsync=fsync)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._closed = False
+        #: What the start-up sweep removed: ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
+        self.recovered = self._recover()
+
+    def _recover(self) -> dict[str, int]:
+        c = self._cat.reader()
+        live_blobs = {r[0] for r in c.execute("SELECT blob_id FROM objects")}
+        live_parts: dict[str, set[str]] = {r[0]: set() for r in c.execute("SELECT upload_id FROM uploads")}
+        for upload_id, file in c.execute("SELECT upload_id, file FROM parts"):
+            live_parts.setdefault(upload_id, set()).add(file)
+        return self._files.sweep(live_blobs, live_parts)
+
+    def _hash_pool(self) -> ThreadPoolExecutor:
+        pool = self._pool
+        if pool is None:
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(
+                        max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="gpufeed-hash"
+                    )
+                pool = self._pool
+        return pool
 
     def close(self) -> None:
-        raise NotImplementedError
+        """Close the catalog connections, stop helper threads, release ``data_dir``; idempotent.
+
+        Writes still pending are not committed; their temp files are removed at the next start.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._cat.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    # helpers -------------------------------------------------------------
+    def _info(self, bucket: str, key: str, row) -> ObjectInfo:
+        size, etag, lm, ct, md, ck, blob = row
+        return ObjectInfo(
+            bucket, key, size, etag, lm, ct,
+            json.loads(md) if md else {},
+            json.loads(ck) if ck else {},
+            blob, self._files.blob_path(blob),
+        )
+
+    def _require_bucket(self, conn, bucket: str) -> None:
+        if not conn.execute(_SQL_BUCKET, (bucket,)).fetchall():
+            raise NoSuchBucket(f"bucket {bucket!r} does not exist", bucket=bucket)
 
     # buckets -----------------------------------------------------------
     def create_bucket(self, name: str) -> BucketInfo:
-        """Raises InvalidBucketName (S3 naming rules), BucketAlreadyOwnedByYou."""
-        raise NotImplementedError
+        """Create a bucket.
+
+        Args:
+            name: bucket name (S3 general-purpose naming rules).
+
+        Returns:
+            The new bucket.
+
+        Raises:
+            InvalidBucketName: the name breaks an S3 naming rule.
+            BucketAlreadyOwnedByYou: it exists already.
+        """
+        check_bucket_name(name)
+        now = time.time()
+        with self._cat.write() as w:
+            if w.execute(_SQL_BUCKET, (name,)).fetchall():
+                raise BucketAlreadyOwnedByYou(f"bucket {name!r} exists", bucket=name)
+            w.execute("INSERT INTO buckets (name, created) VALUES (?, ?)", (name, now))
+        return BucketInfo(name, now)
 
     def delete_bucket(self, name: str) -> None:
-        """Raises NoSuchBucket, BucketNotEmpty (objects or open multipart uploads)."""
-        raise NotImplementedError
+        """Delete an empty bucket.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+            BucketNotEmpty: it holds objects or open multipart uploads.
+        """
+        with self._cat.write() as w:
+            self._require_bucket(w, name)
+            if w.execute("SELECT 1 FROM objects WHERE bucket=? LIMIT 1", (name,)).fetchall():
+                raise BucketNotEmpty(f"bucket {name!r} holds objects", bucket=name)
+            if w.execute("SELECT 1 FROM uploads WHERE bucket=? LIMIT 1", (name,)).fetchall():
+                raise BucketNotEmpty(f"bucket {name!r} has multipart uploads in progress", bucket=name)
+            w.execute("DELETE FROM buckets WHERE name=?", (name,))
 
     def head_bucket(self, name: str) -> BucketInfo:
-        """Raises NoSuchBucket."""
-        raise NotImplementedError
+        """Look a bucket up.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+        """
+        rows = self._cat.reader().execute(_SQL_BUCKET, (name,)).fetchall()
+        if not rows:
+            raise NoSuchBucket(f"bucket {name!r} does not exist", bucket=name)
+        return BucketInfo(name, rows[0][0])
 
     def list_buckets(self) -> list[BucketInfo]:
-        raise NotImplementedError
+        """All buckets, sorted by name."""
+        rows = self._cat.reader().execute("SELECT name, created FROM buckets ORDER BY name").fetchall()
+        return [BucketInfo(n, c) for n, c in rows]
 
     # objects -----------------------------------------------------------
     def begin_put(self, bucket: str, key: str, *, etag: str = "md5") -> PendingWrite:
         """Start writing an object.
 
         Args:
+            bucket: bucket name.
+            key: object key.
             etag: ``"md5"`` (S3 compatible, ~0.6 GB/s of CPU) or ``"xxh3"``
-                (fast path; ETag ``x<hex xxh3-128>``).
+                (fast path; ETag ``x<hex xxh3-128>``, tens of GB/s).
+
+        Returns:
+            A :class:`PendingWrite`; nothing is visible until its ``commit()``.
 
         Raises:
-            NoSuchBucket, KeyTooLong (> 1,024 UTF-8 bytes), InvalidArgument (empty key).
+            NoSuchBucket: the bucket does not exist.
+            KeyTooLong: key over 1,024 UTF-8 bytes.
+            InvalidArgument: empty or non-UTF-8 key, unknown ``etag`` kind.
         """
-        raise NotImplementedError
+        check_key(key)
+        _new_hasher(etag)
+        self._require_bucket(self._cat.reader(), bucket)
+
+        def finish(pw, tmp, etag_value, md5_digest, *, content_type, metadata, checksums):
+            return self._publish_object(
+                bucket, key, tmp, pw.size, etag_value,
+                content_type=content_type, metadata=metadata, checksums=checksums,
+            )
+
+        return PendingWrite(self, etag, finish)
+
+    def _publish_object(
+        self, bucket: str, key: str, tmp: str, size: int, etag: str, *,
+        content_type: str | None, metadata: dict[str, str] | None, checksums: dict[str, str] | None,
+        extra=None,
+    ) -> ObjectInfo:
+        """Rename a finished temp file into ``blobs/`` and commit its catalog row.
+
+        ``extra(w)``, when given, runs inside the same transaction first (multipart
+        completion uses it to check and drop the upload).
+        """
+        ct = content_type or _DEFAULT_TYPE
+        md, ck = _dumps(metadata), _dumps(checksums)
+        blob_id = new_id()
+        path = self._files.publish_blob(tmp, blob_id)
+        now = time.time()
+        try:
+            with self._cat.write() as w:
+                if extra is not None:
+                    extra(w)
+                self._require_bucket(w, bucket)
+                old = w.execute("SELECT blob_id FROM objects WHERE bucket=? AND key=?", (bucket, key)).fetchall()
+                w.execute(
+                    "INSERT OR REPLACE INTO objects (bucket, key, size, etag, last_modified, content_type,"
+                    " metadata, checksums, blob_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (bucket, key, size, etag, now, ct, md, ck, blob_id),
+                )
+        except BaseException:
+            remove_quietly(path)
+            raise
+        if old:
+            remove_quietly(self._files.blob_path(old[0][0]))
+        return ObjectInfo(bucket, key, size, etag, now, ct, dict(metadata or {}), dict(checksums or {}), blob_id, path)
 
     def put_object(
         self,
@@ -156,29 +614,138 @@ class Engine:
         content_md5: str | None = None,
         etag: str = "md5",
     ) -> ObjectInfo:
-        """Write a whole object from a buffer, an iterable of buffers or a binary file."""
-        raise NotImplementedError
+        """Write a whole object from a buffer, an iterable of buffers or a binary file.
+
+        Atomic: either the whole object is written, or nothing is visible.
+
+        Args:
+            data: a buffer; an iterable of buffers; or a binary file object
+                (read with ``readinto`` in 8 MiB chunks into one reused buffer).
+            content_type, metadata, checksums, content_md5: as for :meth:`PendingWrite.commit`.
+            etag: ``"md5"`` or ``"xxh3"`` (see :meth:`begin_put`).
+
+        Returns:
+            The new object's :class:`ObjectInfo`.
+
+        Raises:
+            NoSuchBucket, KeyTooLong, InvalidArgument, BadDigest: see
+                :meth:`begin_put` and :meth:`PendingWrite.commit`.
+            TypeError: ``data`` is a ``str`` or not bytes-like.
+        """
+        pw = self.begin_put(bucket, key, etag=etag)
+        with pw:
+            _feed(pw, data)
+            return pw.commit(
+                content_type=content_type, metadata=metadata, checksums=checksums, content_md5=content_md5
+            )
 
     def head_object(self, bucket: str, key: str) -> ObjectInfo:
-        """Raises NoSuchBucket, NoSuchKey."""
-        raise NotImplementedError
+        """Look an object up (one indexed catalog read; the hot path).
+
+        Raises:
+            NoSuchBucket: the bucket does not exist.
+            NoSuchKey: the key does not exist.
+            InvalidArgument: the key is not valid UTF-8.
+        """
+        try:
+            rows = self._cat.lookup_cursor().execute(_SQL_HEAD, (bucket, key)).fetchall()
+        except UnicodeEncodeError as exc:
+            raise InvalidArgument(f"object key {key!r} is not valid UTF-8") from exc
+        if rows:
+            return self._info(bucket, key, rows[0])
+        self._require_bucket(self._cat.reader(), bucket)
+        raise NoSuchKey(f"{bucket}/{key} does not exist", bucket=bucket, key=key)
 
     def get_object(self, bucket: str, key: str, byte_range: ByteRequest | None = None) -> bytes:
         """Read an object (or a range) into memory. Large reads should use
         ``open(info.path)`` / :meth:`read_into` instead.
 
-        Raises NoSuchBucket, NoSuchKey, InvalidRange."""
-        raise NotImplementedError
+        Args:
+            byte_range: ``None`` for all of it, else a :mod:`gpufeed.store` byte request.
+
+        Returns:
+            The bytes.
+
+        Raises:
+            NoSuchBucket, NoSuchKey: missing bucket or key.
+            InvalidRange: the range is unsatisfiable (see :func:`gpufeed.store.resolve_range`).
+        """
+        for _ in range(_READ_RETRIES):
+            info = self.head_object(bucket, key)
+            start, length = resolve_range(byte_range, info.size)
+            try:
+                fd = os.open(info.path, _OPEN_READ)
+            except FileNotFoundError:
+                continue  # replaced between lookup and open: look it up again
+            try:
+                data = os.pread(fd, length, start)
+                if len(data) < length:  # only on reads over ~2 GiB
+                    parts = [data]
+                    got = len(data)
+                    while got < length:
+                        more = os.pread(fd, length - got, start + got)
+                        if not more:
+                            raise InternalError(f"blob of {bucket}/{key} is shorter than its catalog size")
+                        parts.append(more)
+                        got += len(more)
+                    data = b"".join(parts)
+                return data
+            finally:
+                os.close(fd)
+        raise NoSuchKey(f"{bucket}/{key} kept changing while being read", bucket=bucket, key=key)
 
     def read_into(self, info: ObjectInfo, buffer, offset: int = 0) -> int:
-        """Read ``len(buffer)`` bytes of the object version ``info`` starting at
-        ``offset`` straight into ``buffer`` (writable buffer). Returns bytes read
-        (short only at end of object). Raises NoSuchKey if that version is gone."""
-        raise NotImplementedError
+        """Read object version ``info`` from ``offset`` straight into ``buffer``.
+
+        Args:
+            info: from :meth:`head_object` (identifies one immutable version).
+            buffer: writable buffer; up to ``len(buffer)`` bytes are read (``os.preadv``).
+            offset: byte offset in the object.
+
+        Returns:
+            Bytes read; short only at the end of the object.
+
+        Raises:
+            NoSuchKey: that version was overwritten or deleted meanwhile.
+            InvalidArgument: negative offset.
+        """
+        if offset < 0:
+            raise InvalidArgument("offset must be >= 0")
+        mv = _as_bytes_view(buffer)
+        want = min(mv.nbytes, max(0, info.size - offset))
+        try:
+            fd = os.open(info.path, _OPEN_READ)
+        except FileNotFoundError as exc:
+            raise NoSuchKey(f"{info.bucket}/{info.key} (version {info.blob_id}) is gone",
+                            bucket=info.bucket, key=info.key) from exc
+        try:
+            done = 0
+            while done < want:
+                n = os.preadv(fd, [mv[done:want]], offset + done)
+                if n == 0:
+                    break
+                done += n
+            return done
+        finally:
+            os.close(fd)
 
     def delete_object(self, bucket: str, key: str) -> None:
-        """Delete; a missing key is not an error. Raises NoSuchBucket."""
-        raise NotImplementedError
+        """Delete; a missing key is not an error.
+
+        Raises:
+            NoSuchBucket: the bucket does not exist.
+        """
+        try:
+            key.encode("utf-8")
+        except (AttributeError, UnicodeEncodeError) as exc:
+            raise InvalidArgument(f"object key {key!r} is not a valid UTF-8 str") from exc
+        with self._cat.write() as w:
+            self._require_bucket(w, bucket)
+            old = w.execute("SELECT blob_id FROM objects WHERE bucket=? AND key=?", (bucket, key)).fetchall()
+            if old:
+                w.execute("DELETE FROM objects WHERE bucket=? AND key=?", (bucket, key))
+        if old:
+            remove_quietly(self._files.blob_path(old[0][0]))
 
     def copy_object(
         self,
@@ -190,9 +757,48 @@ class Engine:
         metadata: dict[str, str] | None = None,
         content_type: str | None = None,
     ) -> ObjectInfo:
-        """Copy (kernel-side). ``metadata``/``content_type`` None keeps the source's
-        (S3 ``x-amz-metadata-directive: COPY``)."""
-        raise NotImplementedError
+        """Copy (kernel-side ``copy_file_range`` into a new blob).
+
+        ``metadata``/``content_type`` None keeps the source's (S3
+        ``x-amz-metadata-directive: COPY``); giving either replaces both
+        (``REPLACE``). The ETag and checksums are the source's. Copying a key
+        onto itself with new metadata works.
+
+        Raises:
+            NoSuchBucket, NoSuchKey: missing source or destination bucket, missing source key.
+            KeyTooLong, InvalidArgument: bad destination key.
+        """
+        check_key(dst_key)
+        self._require_bucket(self._cat.reader(), dst_bucket)
+        for _ in range(_READ_RETRIES):
+            src = self.head_object(src_bucket, src_key)
+            try:
+                sfd = os.open(src.path, _OPEN_READ)
+            except FileNotFoundError:
+                continue
+            try:
+                pw = PendingWrite(self, None, None)
+                with pw:
+                    pw.write_from_fd(sfd, 0, src.size)
+                    if pw.size != src.size:
+                        raise InternalError(f"blob of {src_bucket}/{src_key} is shorter than its catalog size")
+            finally:
+                os.close(sfd)
+            if metadata is None and content_type is None:
+                md, ct = src.metadata, src.content_type
+            else:
+                md, ct = metadata or {}, content_type
+
+            def finish(pw, tmp, _etag, _md5, **_kw):
+                return self._publish_object(
+                    dst_bucket, dst_key, tmp, pw.size, src.etag,
+                    content_type=ct, metadata=md, checksums=src.checksums,
+                )
+
+            pw._finish = finish
+            return pw.commit()
+        raise NoSuchKey(f"{src_bucket}/{src_key} kept changing while being copied",
+                        bucket=src_bucket, key=src_key)
 
     def list_objects(
         self,
@@ -204,42 +810,382 @@ class Engine:
         continuation_token: str | None = None,
         max_keys: int = 1000,
     ) -> ListResult:
-        """List keys in UTF-8 byte order (S3 ListObjectsV2 semantics; ``start_after``
-        is also the v1 ``marker``). Raises NoSuchBucket, InvalidArgument (bad token)."""
-        raise NotImplementedError
+        """List keys in UTF-8 byte order (S3 ListObjectsV2 semantics).
+
+        With a delimiter, keys whose remainder after ``prefix`` contains it are
+        rolled up into one common prefix (up to and including the first
+        delimiter); each common prefix counts as one entry towards
+        ``max_keys``, and the listing seeks past all keys under it instead of
+        reading them. One page is read in one catalog snapshot.
+
+        Args:
+            bucket: bucket name.
+            prefix: only keys starting with this.
+            delimiter: any non-empty string rolls keys up; ``""`` for none.
+            start_after: only keys after this one (also the v1 ``marker``).
+            continuation_token: ``next_token`` of the previous page; takes
+                precedence over ``start_after``.
+            max_keys: page size, 0..1000 (larger values are clipped to 1000; 0
+                returns an empty, non-truncated page).
+
+        Returns:
+            One :class:`ListResult` page.
+
+        Raises:
+            NoSuchBucket: the bucket does not exist.
+            InvalidArgument: negative ``max_keys``, a token we did not make,
+                non-UTF-8 arguments.
+
+        Source: "ListObjectsV2", Amazon S3 API Reference,
+        https://docs.aws.amazon.com/AmazonS3/latest/API/API_ListObjectsV2.html
+        """
+        check_text(prefix, "prefix")
+        check_text(delimiter, "delimiter")
+        check_text(start_after, "start_after")
+        if not isinstance(max_keys, int) or max_keys < 0:
+            raise InvalidArgument(f"max_keys must be an int >= 0, not {max_keys!r}")
+        max_keys = min(max_keys, 1000)
+        # Position: (value, inclusive); None means "past the end".
+        pos: tuple[str, bool] | None
+        if continuation_token is not None:
+            kind, value = decode_token(continuation_token)
+            if kind == "k":
+                pos = (value, False)
+            else:
+                s = successor(value)
+                pos = None if s is None else (s, True)
+        elif start_after:
+            pos = (start_after, False)
+        else:
+            pos = (prefix, True)
+        if pos is not None and pos[0] < prefix:
+            pos = (prefix, True)
+        hi = successor(prefix) if prefix else None
+        plen, dlen = len(prefix), len(delimiter)
+        objects: list[ObjectInfo] = []
+        prefixes: list[str] = []
+        last: tuple[str, str] | None = None
+        truncated = False
+        with self._cat.snapshot() as c:
+            self._require_bucket(c, bucket)
+            if max_keys == 0:
+                return ListResult([], [], False)
+            while pos is not None:
+                need = max_keys - len(objects) - len(prefixes)
+                if need <= 0:
+                    truncated = bool(_scan(c, bucket, pos, hi, 1, cols="key").fetchall())
+                    break
+                cur = _scan(c, bucket, pos, hi, need, cols=_OBJ_COLS)
+                seen = 0
+                try:
+                    for row in cur:
+                        seen += 1
+                        key = row[0]
+                        if dlen:
+                            i = key.find(delimiter, plen)
+                            if i >= 0:
+                                cp = key[: i + dlen]
+                                prefixes.append(cp)
+                                last = ("p", cp)
+                                s = successor(cp)
+                                pos = None if s is None else (s, True)
+                                break
+                        objects.append(self._info(bucket, key, row[1:]))
+                        last = ("k", key)
+                    else:
+                        if seen < need:
+                            pos = None  # exhausted
+                        else:
+                            pos = (last[1], False)
+                finally:
+                    cur.close()
+        next_token = next_marker = None
+        if truncated and last is not None:
+            next_token = encode_token(*last)
+            next_marker = last[1]
+        return ListResult(objects, prefixes, truncated, next_token, next_marker)
 
     # multipart ---------------------------------------------------------
     def create_multipart_upload(
         self, bucket: str, key: str, *, content_type: str | None = None,
         metadata: dict[str, str] | None = None,
     ) -> UploadInfo:
-        raise NotImplementedError
+        """Start a multipart upload.
+
+        Returns:
+            The upload (its ``upload_id`` is 32 hex digits).
+
+        Raises:
+            NoSuchBucket, KeyTooLong, InvalidArgument: as for :meth:`begin_put`.
+        """
+        check_key(key)
+        ct = content_type or _DEFAULT_TYPE
+        md = _dumps(metadata)
+        self._require_bucket(self._cat.reader(), bucket)
+        upload_id = new_id()
+        self._files.new_upload_dir(upload_id)
+        now = time.time()
+        try:
+            with self._cat.write() as w:
+                self._require_bucket(w, bucket)
+                w.execute(
+                    "INSERT INTO uploads (upload_id, bucket, key, initiated, content_type, metadata)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (upload_id, bucket, key, now, ct, md),
+                )
+        except BaseException:
+            self._files.remove_upload_dir(upload_id)
+            raise
+        return UploadInfo(bucket, key, upload_id, now, ct, dict(metadata or {}))
+
+    def _get_upload(self, conn, bucket: str, key: str, upload_id: str):
+        if not isinstance(upload_id, str) or not _UPLOAD_ID_RE.fullmatch(upload_id):
+            raise NoSuchUpload(f"no upload {upload_id!r}", upload_id=upload_id)
+        rows = conn.execute(
+            "SELECT initiated, content_type, metadata FROM uploads WHERE upload_id=? AND bucket=? AND key=?",
+            (upload_id, bucket, key),
+        ).fetchall()
+        if not rows:
+            raise NoSuchUpload(f"no upload {upload_id!r} for {bucket}/{key}", upload_id=upload_id)
+        return rows[0]
 
     def begin_part(self, bucket: str, key: str, upload_id: str, part_number: int) -> PendingWrite:
-        """Like :meth:`begin_put` for a part; ``commit()`` returns a PartInfo.
-        Raises NoSuchUpload, InvalidArgument (part number outside 1..10000)."""
-        raise NotImplementedError
+        """Like :meth:`begin_put` for a part; ``commit()`` returns a :class:`PartInfo`.
+
+        A part's ETag is always the hex MD5 of its bytes. Uploading a part
+        number again replaces that part.
+
+        Raises:
+            NoSuchUpload: no such upload for this bucket and key.
+            InvalidArgument: part number outside 1..10000.
+        """
+        if not isinstance(part_number, int) or not 1 <= part_number <= MAX_PARTS:
+            raise InvalidArgument(f"part number must be 1..{MAX_PARTS}, not {part_number!r}")
+        self._get_upload(self._cat.reader(), bucket, key, upload_id)
+
+        def finish(pw, tmp, etag, md5_digest, **_kw):
+            return self._publish_part(bucket, key, upload_id, part_number, tmp, pw.size, etag)
+
+        return PendingWrite(self, "md5", finish)
+
+    def _publish_part(self, bucket, key, upload_id, part_number, tmp, size, etag) -> PartInfo:
+        file = f"{part_number:05d}.{new_id()}"
+        try:
+            path = self._files.publish_part(tmp, upload_id, file)
+        except FileNotFoundError as exc:
+            raise NoSuchUpload(f"upload {upload_id} was completed or aborted", upload_id=upload_id) from exc
+        now = time.time()
+        try:
+            with self._cat.write() as w:
+                self._get_upload(w, bucket, key, upload_id)
+                old = w.execute(
+                    "SELECT file FROM parts WHERE upload_id=? AND part_number=?", (upload_id, part_number)
+                ).fetchall()
+                w.execute(
+                    "INSERT OR REPLACE INTO parts (upload_id, part_number, etag, size, last_modified, file)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (upload_id, part_number, etag, size, now, file),
+                )
+        except BaseException:
+            remove_quietly(path)
+            raise
+        if old:
+            remove_quietly(self._files.part_path(upload_id, old[0][0]))
+        return PartInfo(part_number, etag, size, now)
 
     def upload_part(self, bucket: str, key: str, upload_id: str, part_number: int, data,
                     *, content_md5: str | None = None) -> PartInfo:
-        raise NotImplementedError
+        """Upload one part from a buffer, an iterable of buffers or a binary file.
+
+        Raises:
+            NoSuchUpload, InvalidArgument: as for :meth:`begin_part`.
+            BadDigest: ``content_md5`` does not match.
+        """
+        pw = self.begin_part(bucket, key, upload_id, part_number)
+        with pw:
+            _feed(pw, data)
+            return pw.commit(content_md5=content_md5)
 
     def list_parts(self, bucket: str, key: str, upload_id: str) -> list[PartInfo]:
-        raise NotImplementedError
+        """The parts uploaded so far, by part number.
+
+        Raises:
+            NoSuchUpload: no such upload for this bucket and key.
+        """
+        with self._cat.snapshot() as c:
+            self._get_upload(c, bucket, key, upload_id)
+            rows = c.execute(
+                "SELECT part_number, etag, size, last_modified FROM parts WHERE upload_id=? ORDER BY part_number",
+                (upload_id,),
+            ).fetchall()
+        return [PartInfo(*r) for r in rows]
 
     def complete_multipart_upload(
         self, bucket: str, key: str, upload_id: str, parts: list[tuple[int, str]]
     ) -> ObjectInfo:
-        """Join parts ``[(part_number, etag), ...]`` into the object; ETag
-        ``<md5 of the binary part md5s>-N``.
+        """Join parts ``[(part_number, etag), ...]`` into the object.
 
-        Raises NoSuchUpload, InvalidPart (unknown part or ETag mismatch),
-        InvalidPartOrder (not ascending), EntityTooSmall (a non-last part < 5 MiB).
+        The object file is built by kernel copies (``copy_file_range``) of the
+        part files, then published like any put; the upload and its part files
+        are then removed. The ETag is ``<hex md5 of the concatenated binary
+        part MD5s>-N``. Part ETags may be given with or without quotes.
+
+        Returns:
+            The new object's :class:`ObjectInfo`.
+
+        Raises:
+            NoSuchUpload: no such upload (or it completed/aborted meanwhile).
+            MalformedXML: ``parts`` is empty.
+            InvalidPart: an unknown part, or an ETag that does not match.
+            InvalidPartOrder: part numbers not strictly ascending.
+            EntityTooSmall: a part other than the last is under 5 MiB.
+
+        Source: "CompleteMultipartUpload", Amazon S3 API Reference,
+        https://docs.aws.amazon.com/AmazonS3/latest/API/API_CompleteMultipartUpload.html
         """
-        raise NotImplementedError
+        if not parts:
+            raise MalformedXML("CompleteMultipartUpload needs at least one part")
+        with self._cat.snapshot() as c:
+            _, ct, md = self._get_upload(c, bucket, key, upload_id)
+            have = {
+                n: (e, s, f)
+                for n, e, s, f in c.execute(
+                    "SELECT part_number, etag, size, file FROM parts WHERE upload_id=?", (upload_id,)
+                )
+            }
+        prev = 0
+        chosen: list[tuple[int, str, int, str]] = []
+        for number, given in parts:
+            if not isinstance(number, int) or number <= prev:
+                raise InvalidPartOrder(f"part numbers must ascend; {number!r} follows {prev}")
+            prev = number
+            etag = given.strip().strip('"') if isinstance(given, str) else ""
+            found = have.get(number)
+            if found is None or found[0] != etag:
+                raise InvalidPart(f"part {number} with ETag {given!r} was not uploaded", part_number=number)
+            chosen.append((number, found[0], found[1], found[2]))
+        for number, _, size, _ in chosen[:-1]:
+            if size < MIN_PART_BYTES:
+                raise EntityTooSmall(
+                    f"part {number} is {size} bytes; all but the last must be >= {MIN_PART_BYTES}",
+                    part_number=number, size=size,
+                )
+        joined = hashlib.md5(b"".join(bytes.fromhex(e) for _, e, _, _ in chosen)).hexdigest()
+        etag = f"{joined}-{len(chosen)}"
+
+        pw = PendingWrite(self, None, None)
+        with pw:
+            for number, _, size, file in chosen:
+                try:
+                    sfd = os.open(self._files.part_path(upload_id, file), _OPEN_READ)
+                except FileNotFoundError as exc:
+                    raise InvalidPart(f"part {number} was replaced or removed meanwhile",
+                                      part_number=number) from exc
+                try:
+                    if pw.write_from_fd(sfd, 0, size) != size:
+                        raise InternalError(f"part file {file} of upload {upload_id} is short")
+                finally:
+                    os.close(sfd)
+            files = {number: file for number, _, _, file in chosen}
+
+            def drop_upload(w) -> None:
+                self._get_upload(w, bucket, key, upload_id)
+                for number, file in files.items():
+                    row = w.execute(
+                        "SELECT file FROM parts WHERE upload_id=? AND part_number=?", (upload_id, number)
+                    ).fetchall()
+                    if not row or row[0][0] != file:
+                        raise InvalidPart(f"part {number} was replaced meanwhile", part_number=number)
+                w.execute("DELETE FROM parts WHERE upload_id=?", (upload_id,))
+                w.execute("DELETE FROM uploads WHERE upload_id=?", (upload_id,))
+
+            def finish(pw, tmp, _etag, _md5, **_kw):
+                return self._publish_object(
+                    bucket, key, tmp, pw.size, etag,
+                    content_type=ct, metadata=_loads(md), checksums=None, extra=drop_upload,
+                )
+
+            pw._finish = finish
+            info = pw.commit()
+        self._files.remove_upload_dir(upload_id)
+        return info
 
     def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None:
-        raise NotImplementedError
+        """Drop an upload and its parts.
+
+        Raises:
+            NoSuchUpload: no such upload for this bucket and key.
+        """
+        with self._cat.write() as w:
+            self._get_upload(w, bucket, key, upload_id)
+            w.execute("DELETE FROM parts WHERE upload_id=?", (upload_id,))
+            w.execute("DELETE FROM uploads WHERE upload_id=?", (upload_id,))
+        self._files.remove_upload_dir(upload_id)
 
     def list_multipart_uploads(self, bucket: str, prefix: str = "") -> list[UploadInfo]:
-        raise NotImplementedError
+        """Uploads in progress whose key starts with ``prefix``, by key then start time.
+
+        Raises:
+            NoSuchBucket: the bucket does not exist.
+        """
+        check_text(prefix, "prefix")
+        with self._cat.snapshot() as c:
+            self._require_bucket(c, bucket)
+            rows = c.execute(
+                "SELECT key, upload_id, initiated, content_type, metadata FROM uploads"
+                " WHERE bucket=? ORDER BY key, initiated",
+                (bucket,),
+            ).fetchall()
+        return [
+            UploadInfo(bucket, k, u, i, ct, _loads(md)) for k, u, i, ct, md in rows if k.startswith(prefix)
+        ]
+
+
+_SCAN_SQL: dict[tuple[bool, bool, str], str] = {}
+
+
+def _scan(conn, bucket: str, pos: tuple[str, bool], hi: str | None, limit: int, *, cols: str):
+    """Cursor over keys of ``bucket`` from ``pos`` (value, inclusive) below ``hi``, in order."""
+    sig = (pos[1], hi is None, cols)
+    sql = _SCAN_SQL.get(sig)
+    if sql is None:
+        lo = "key >= ?" if pos[1] else "key > ?"
+        up = "" if hi is None else " AND key < ?"
+        sql = _SCAN_SQL[sig] = f"SELECT {cols} FROM objects WHERE bucket=? AND {lo}{up} ORDER BY key LIMIT ?"
+    args = (bucket, pos[0], limit) if hi is None else (bucket, pos[0], hi, limit)
+    return conn.execute(sql, args)
+
+
+def _feed(pw: PendingWrite, data) -> None:
+    """Write ``data`` (buffer, binary file, or iterable of buffers) into ``pw``."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        pw.write(data)
+        return
+    if isinstance(data, str):
+        raise TypeError("object data must be bytes-like, not str")
+    readinto = getattr(data, "readinto", None)
+    if readinto is not None:
+        buf = bytearray(_CHUNK_BYTES)
+        mv = memoryview(buf)
+        while True:
+            n = readinto(mv)
+            if not n:
+                break
+            pw.write(mv[:n])
+        return
+    read = getattr(data, "read", None)
+    if read is not None:
+        while chunk := read(_CHUNK_BYTES):
+            pw.write(chunk)
+        return
+    try:
+        mv = memoryview(data)
+    except TypeError:
+        pass
+    else:
+        pw.write(mv)
+        return
+    for chunk in data:
+        if isinstance(chunk, str):
+            raise TypeError("object data must be bytes-like, not str")
+        pw.write(chunk)

@@ -1,0 +1,10 @@
+"""Conformance suites and fixtures that ship with the package.
+
+- :mod:`gpufeed.testing.store`: ``StoreTests``, the behavioural suite every
+  :class:`gpufeed.store.Store` backend subclasses.
+- :mod:`gpufeed.testing.stateful`: a Hypothesis state machine checking any
+  store against a ``dict``.
+- :mod:`gpufeed.testing.node`: a real node subprocess for end-to-end tests.
+
+The first two import pytest / Hypothesis, so import them from tests only.
+"""

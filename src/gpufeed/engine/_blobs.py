@@ -1,0 +1,234 @@
+"""Data files of the engine: temp files, immutable blobs, multipart part files.
+
+Everything here is about file names and durability (rename, fsync of the file
+and of its directory); nothing here knows about buckets or keys, which never
+become file names. The catalog (:mod:`._catalog`) decides which files are
+live; :meth:`BlobFiles.sweep` deletes the rest on start.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+__all__ = ["BlobFiles", "new_id", "remove_quietly", "fsync_dir", "copy_range"]
+
+_OPEN_TMP = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+#: Errors after which ``os.copy_file_range`` cannot work for this pair of files.
+_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
+_COPY_CHUNK = 8 << 20  # 8 MiB: read/write fallback chunk
+_MAX_COPY = 1 << 30  # 1 GiB: largest single copy_file_range request
+
+
+def new_id() -> str:
+    """A fresh random identifier: 32 lower-case hex digits (128 random bits)."""
+    return os.urandom(16).hex()
+
+
+def remove_quietly(path: str) -> None:
+    """Unlink ``path``; a missing file is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so that renames and creations in it are durable."""
+    fd = os.open(path, _OPEN_DIR)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, length: int) -> int:
+    """Copy ``length`` bytes between two files by kernel copy, else pread/pwrite.
+
+    Args:
+        src_fd: source descriptor (readable).
+        src_off: source offset, bytes.
+        dst_fd: destination descriptor (writable).
+        dst_off: destination offset, bytes.
+        length: bytes to copy.
+
+    Returns:
+        Bytes copied; fewer than ``length`` only when the source ended first.
+    """
+    done = 0
+    kernel = True
+    while done < length:
+        want = min(length - done, _MAX_COPY)
+        n = 0
+        if kernel:
+            try:
+                n = os.copy_file_range(src_fd, dst_fd, want, src_off + done, dst_off + done)
+            except OSError as exc:
+                if exc.errno not in _NO_KERNEL_COPY:
+                    raise
+                kernel = False
+                continue
+            if n == 0:  # end of source, or a file system that copies nothing: confirm by hand
+                kernel = False
+                continue
+        else:
+            chunk = os.pread(src_fd, min(want, _COPY_CHUNK), src_off + done)
+            if not chunk:
+                break
+            n = write_all(dst_fd, memoryview(chunk), dst_off + done)
+        done += n
+    return done
+
+
+def write_all(fd: int, mv: memoryview, offset: int) -> int:
+    """``os.pwrite`` all of ``mv`` at ``offset``, looping over short writes.
+
+    Returns:
+        ``mv.nbytes``.
+    """
+    total = mv.nbytes
+    done = 0
+    while done < total:
+        done += os.pwrite(fd, mv[done:] if done else mv, offset + done)
+    return total
+
+
+class BlobFiles:
+    """The data folders under ``root``: ``blobs/``, ``uploads/``, ``tmp/``.
+
+    Args:
+        root: the engine's data folder.
+        fsync: fsync files and directories before they count as written.
+    """
+
+    def __init__(self, root: Path, *, fsync: bool) -> None:
+        self.fsync = fsync
+        self.blobs = str(root / "blobs")
+        self.uploads = str(root / "uploads")
+        self.tmp = str(root / "tmp")
+        for d in (self.blobs, self.uploads, self.tmp):
+            os.makedirs(d, exist_ok=True)
+        if fsync:
+            fsync_dir(str(root))
+        self._known_dirs: set[str] = set()
+
+    # names --------------------------------------------------------------
+    def blob_path(self, blob_id: str) -> str:
+        """Absolute path of blob ``blob_id``: ``blobs/ab/cd/<blob_id>``."""
+        return f"{self.blobs}/{blob_id[:2]}/{blob_id[2:4]}/{blob_id}"
+
+    def upload_dir(self, upload_id: str) -> str:
+        """Folder holding the part files of one multipart upload."""
+        return f"{self.uploads}/{upload_id}"
+
+    def part_path(self, upload_id: str, file: str) -> str:
+        """Absolute path of a part file (``file`` is ``<part_number:05d>.<id>``)."""
+        return f"{self.uploads}/{upload_id}/{file}"
+
+    # writing ------------------------------------------------------------
+    def new_temp(self) -> tuple[int, str]:
+        """Create an empty temp file. Returns ``(fd, path)``; fd is read-write."""
+        path = f"{self.tmp}/{new_id()}"
+        return os.open(path, _OPEN_TMP, 0o600), path
+
+    def _ensure_dir(self, path: str) -> None:
+        if path in self._known_dirs:
+            return
+        if not os.path.isdir(path):
+            os.makedirs(path, exist_ok=True)
+            if self.fsync:  # make the new directory entries themselves durable
+                parent = os.path.dirname(path)
+                fsync_dir(parent)
+                fsync_dir(os.path.dirname(parent))
+        self._known_dirs.add(path)
+
+    def publish_blob(self, tmp_path: str, blob_id: str) -> str:
+        """Rename a finished (already fsynced) temp file to blob ``blob_id``.
+
+        Returns:
+            The blob's path.
+        """
+        path = self.blob_path(blob_id)
+        d = os.path.dirname(path)
+        self._ensure_dir(d)
+        os.rename(tmp_path, path)
+        if self.fsync:
+            fsync_dir(d)
+        return path
+
+    def new_upload_dir(self, upload_id: str) -> None:
+        """Create (durably) the folder of a new multipart upload."""
+        os.mkdir(self.upload_dir(upload_id))
+        if self.fsync:
+            fsync_dir(self.uploads)
+
+    def publish_part(self, tmp_path: str, upload_id: str, file: str) -> str:
+        """Rename a finished temp file into an upload's folder.
+
+        Raises:
+            FileNotFoundError: the upload's folder is gone (upload aborted).
+        """
+        path = self.part_path(upload_id, file)
+        os.rename(tmp_path, path)
+        if self.fsync:
+            fsync_dir(self.upload_dir(upload_id))
+        return path
+
+    def remove_upload_dir(self, upload_id: str) -> None:
+        """Delete an upload's folder and its part files."""
+        shutil.rmtree(self.upload_dir(upload_id), ignore_errors=True)
+
+    # recovery -----------------------------------------------------------
+    def sweep(self, live_blobs: set[str], live_parts: dict[str, set[str]]) -> dict[str, int]:
+        """Delete every file the catalog does not reference (run on start only).
+
+        Args:
+            live_blobs: blob ids referenced by an object row.
+            live_parts: upload id -> part file names referenced by part rows,
+                for every upload in the catalog.
+
+        Returns:
+            Counts of what was removed: ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
+        """
+        removed = {"tmp": 0, "blobs": 0, "uploads": 0, "parts": 0}
+        with os.scandir(self.tmp) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    shutil.rmtree(e.path, ignore_errors=True)
+                else:
+                    remove_quietly(e.path)
+                removed["tmp"] += 1
+        for d1 in _subdirs(self.blobs):
+            for d2 in _subdirs(d1):
+                with os.scandir(d2) as it:
+                    for e in it:
+                        if e.name not in live_blobs:
+                            remove_quietly(e.path)
+                            removed["blobs"] += 1
+        with os.scandir(self.uploads) as it:
+            for e in it:
+                parts = live_parts.get(e.name)
+                if parts is None or not e.is_dir(follow_symlinks=False):
+                    if e.is_dir(follow_symlinks=False):
+                        shutil.rmtree(e.path, ignore_errors=True)
+                    else:
+                        remove_quietly(e.path)
+                    removed["uploads"] += 1
+                    continue
+                with os.scandir(e.path) as pit:
+                    for p in pit:
+                        if p.name not in parts:
+                            remove_quietly(p.path)
+                            removed["parts"] += 1
+        if self.fsync and any(removed.values()):
+            for d in (self.tmp, self.uploads):
+                fsync_dir(d)
+        return removed
+
+
+def _subdirs(path: str) -> list[str]:
+    with os.scandir(path) as it:
+        return [e.path for e in it if e.is_dir(follow_symlinks=False)]
