@@ -273,7 +273,10 @@ class Client:
                                                alloc=True).result()
             return memoryview(buf)
         if length is None:
-            length = max(self.head(bucket, key).size - offset, 0)
+            size = self.head(bucket, key).size
+            if offset < 0 or (offset >= size and not offset == size == 0):
+                raise InvalidRange(f"offset {offset} is past the end of {bucket}/{key} ({size} bytes)")
+            length = size - offset
         buf = bytearray(length)
         n = self.get_into(bucket, key, buf, offset=offset)
         return memoryview(buf)[:n]

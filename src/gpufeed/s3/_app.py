@@ -1091,7 +1091,7 @@ def make_app(engine: Engine, config: NodeConfig) -> web.Application:
     )
     front = S3Front(engine, config)
     app[_FRONT_KEY] = front
-    app.router.add_route("*", "/{tail:.*}", front.handle)
+    app.router.add_route("*", "/{tail:[\\s\\S]*}", front.handle)  # keys may hold newlines
     app.on_response_prepare.append(_add_common_headers)
 
     async def _cleanup(_app: web.Application) -> None:

@@ -1,0 +1,335 @@
+"""``gpufeed bench io``: one object, every data path, side by side in one run.
+
+Paths: ``local`` (the same bytes read from a local file with ``readinto``: the
+physical limit), ``shm`` (fast path, shared memory), ``tcp`` (fast path, TCP)
+and ``s3`` (boto3 against the node's own S3 endpoint). For each: large-read
+GB/s, put GB/s, client+server CPU seconds per GB, p50/p99 latency of single
+4 KiB gets, and 4 KiB random-read IOPS with batched requests (S3 has no batch
+call: 16 threads of ranged GETs). With ``--cold`` the object's pages are dropped
+with ``posix_fadvise(POSIX_FADV_DONTNEED)`` before each cold measurement (rows
+``local_cold``, ``shm_cold``, ...).
+
+JSON shape (reused by every benchmark)::
+
+    {"benchmark": "io", "machine": {...}, "params": {...},
+     "results": [{"path": "local"|"shm"|"tcp"|"s3"|"<path>_cold", "gbps": float,
+                  "put_gbps": float|None, "cpu_s_per_gb": float, "p50_us": float|None,
+                  "p99_us": float|None, "iops_4k": float|None}]}
+
+GB/s are 10^9 bytes per second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import resource
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+__all__ = ["run_io_bench", "machine_info", "CpuMeter", "drop_cache"]
+
+GB = 1e9
+CHUNK = 64 << 20  # 64 MiB readinto calls for the local baseline
+BUCKET = "bench-io"
+
+
+def machine_info() -> dict:
+    """CPU, memory, OS and library versions, for benchmark JSON."""
+    import sys
+
+    info = {
+        "cpus": os.cpu_count(),
+        "cpu_model": platform.processor() or platform.machine(),
+        "mem_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+    }
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return info
+
+
+class CpuMeter:
+    """CPU seconds (user + system) of this process and optionally a server process."""
+
+    def __init__(self, server_pid: int | None = None) -> None:
+        self.server = psutil.Process(server_pid) if server_pid else None
+
+    def sample(self) -> float:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        total = ru.ru_utime + ru.ru_stime
+        if self.server is not None:
+            t = self.server.cpu_times()
+            total += t.user + t.system
+        return total
+
+
+def drop_cache(paths) -> None:
+    """Drop the page-cache pages of each file (``POSIX_FADV_DONTNEED``)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _blob_files(data_dir: Path) -> list[str]:
+    files = [str(p) for p in (data_dir / "blobs").rglob("*") if p.is_file()]
+    if not files:
+        raise RuntimeError(f"no blob files under {data_dir}: cannot drop the object's pages")
+    return files
+
+
+def _best(fn, repeat: int, before=None) -> tuple[float, float]:
+    """Run ``fn`` ``repeat`` times; returns (best seconds, CPU seconds of that run)."""
+    best = (float("inf"), 0.0)
+    for _ in range(repeat):
+        if before:
+            before()
+        c0, t0 = fn.meter.sample(), time.perf_counter()
+        fn()
+        dt, dc = time.perf_counter() - t0, fn.meter.sample() - c0
+        if dt < best[0]:
+            best = (dt, dc)
+    return best
+
+
+class _Timed:
+    def __init__(self, fn, meter: CpuMeter) -> None:
+        self.fn, self.meter = fn, meter
+
+    def __call__(self):
+        return self.fn()
+
+
+def _latency(fn, offsets: list[int]) -> tuple[float, float]:
+    lat = []
+    for off in offsets:
+        t0 = time.perf_counter()
+        fn(off)
+        lat.append(time.perf_counter() - t0)
+    lat.sort()
+    return lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6
+
+
+def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | None = None,
+                 paths: list[str] | None = None, repeat: int = 3, data_dir: str | None = None,
+                 lat_samples: int = 2000, iops_seconds: float = 2.0, quiet: bool = False) -> dict:
+    """Run the I/O benchmark; print a table and return (and optionally write) the JSON.
+
+    Args:
+        size: object size in bytes.
+        cold: add rows measured after dropping the object's pages.
+        json_path: write the JSON here.
+        paths: subset of ``["local", "shm", "tcp", "s3"]``.
+        repeat: large-read repetitions per path (the fastest is reported).
+        data_dir: node data folder (default: a fresh temporary folder, removed after).
+        lat_samples: single 4 KiB gets per latency measurement.
+        iops_seconds: duration of each IOPS measurement, seconds.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..client import Client
+    from ..testing.node import start_node
+
+    paths = paths or ["local", "shm", "tcp", "s3"]
+    console = Console(quiet=quiet)
+    tmp = tempfile.TemporaryDirectory(prefix="gpufeed-bench-") if data_dir is None else None
+    root = Path(tmp.name if tmp else data_dir)
+    node = start_node(root / "node")
+    results: list[dict] = []
+    try:
+        meter = CpuMeter(node.pid)
+        local_meter = CpuMeter()
+        rng = np.random.default_rng(0)
+        console.print(f"[bold]gpufeed bench io[/]: {size / GB:.2f} GB object, paths {paths}")
+        src = np.empty(size, dtype=np.uint8)
+        src[:] = rng.integers(0, 256, size=min(size, 1 << 20), dtype=np.uint8)[np.arange(size) % min(size, 1 << 20)] if size else 0
+        src_path = root / "local.bin"
+        with open(src_path, "wb") as f:
+            f.write(memoryview(src))
+        shm = Client(node.shm_url)
+        tcp = Client(node.tcp_url)
+        s3 = node.boto3_client()
+        shm.create_bucket(BUCKET)
+        key = "object.bin"
+        # the shared object everyone reads, written through the shm path
+        region = shm.alloc(size)
+        np.frombuffer(region, np.uint8)[:] = src
+        offsets = [random.Random(1).randrange(0, max(size - 4096, 1)) // 4096 * 4096
+                   for _ in range(lat_samples)]
+
+        def put_rate(path: str) -> float | None:
+            def do():
+                if path == "local":
+                    with open(root / "local-put.bin", "wb") as f:
+                        f.write(memoryview(src))
+                        os.fsync(f.fileno())
+                elif path == "shm":
+                    shm.put(BUCKET, key, region)
+                elif path == "tcp":
+                    tcp.put(BUCKET, "tcp-put.bin", src)
+                elif path == "s3":
+                    s3.put_object(Bucket=BUCKET, Key="s3-put.bin", Body=src.tobytes())
+            m = local_meter if path == "local" else meter
+            dt, _ = _best(_Timed(do, m), 1)
+            return size / dt / GB
+
+        put = {}
+        for path in ["shm"] + [x for x in paths if x != "shm"]:
+            console.print(f"  put via {path} ...")
+            put[path] = put_rate(path)
+        for extra in ("tcp-put.bin", "s3-put.bin"):
+            shm.delete(BUCKET, extra)
+        (root / "local-put.bin").unlink(missing_ok=True)
+
+        tcp_buf = np.empty(size, dtype=np.uint8)
+        tcp_buf[:] = 0
+        local_buf = np.empty(size, dtype=np.uint8)
+        local_buf[:] = 0
+        dest = shm.alloc(size)
+        np.frombuffer(dest, np.uint8)[:] = 0
+
+        def read_fn(path: str):
+            if path == "local":
+                def do():
+                    mv = memoryview(local_buf)
+                    with open(src_path, "rb", buffering=0) as f:
+                        pos = 0
+                        while pos < size:
+                            n = f.readinto(mv[pos:pos + CHUNK])
+                            if not n:
+                                break
+                            pos += n
+                return do
+            if path == "shm":
+                return lambda: shm.get_into(BUCKET, key, dest)
+            if path == "tcp":
+                return lambda: tcp.get_into(BUCKET, key, tcp_buf)
+            return lambda: s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+        small_shm = shm.alloc(4096)
+        small_tcp = bytearray(4096)
+        small_local = bytearray(4096)
+        local_fd = os.open(src_path, os.O_RDONLY)
+
+        def single_get(path: str):
+            if path == "local":
+                return lambda off: os.preadv(local_fd, [small_local], off)
+            if path == "shm":
+                return lambda off: shm.get_into(BUCKET, key, small_shm, offset=off)
+            if path == "tcp":
+                return lambda off: tcp.get_into(BUCKET, key, small_tcp, offset=off)
+            return lambda off: s3.get_object(Bucket=BUCKET, Key=key,
+                                             Range=f"bytes={off}-{off + 4095}")["Body"].read()
+
+        def iops(path: str) -> float:
+            r = random.Random(2)
+            limit = max(size - 4096, 1)
+            done, t_end = 0, time.perf_counter() + iops_seconds
+            t0 = time.perf_counter()
+            if path == "local":
+                while time.perf_counter() < t_end:
+                    for _ in range(256):
+                        os.preadv(local_fd, [small_local], r.randrange(0, limit) // 4096 * 4096)
+                    done += 256
+            elif path in ("shm", "tcp"):
+                client = shm if path == "shm" else tcp
+                batch = 256
+                bufs = client.alloc(4096 * batch * 4)
+                inflight = []
+                k = 0
+                while time.perf_counter() < t_end or inflight:
+                    if time.perf_counter() < t_end and len(inflight) < 4:
+                        base = (k % 4) * batch * 4096
+                        k += 1
+                        reqs = [(BUCKET, key, bufs[base + i * 4096: base + (i + 1) * 4096],
+                                 r.randrange(0, limit) // 4096 * 4096) for i in range(batch)]
+                        inflight.append(client.submit_get_many_into(reqs))
+                        continue
+                    inflight.pop(0).result()
+                    done += batch
+            else:
+                def one(_):
+                    off = r.randrange(0, limit) // 4096 * 4096
+                    s3.get_object(Bucket=BUCKET, Key=key, Range=f"bytes={off}-{off + 4095}")["Body"].read()
+                with ThreadPoolExecutor(16) as ex:
+                    while time.perf_counter() < t_end:
+                        list(ex.map(one, range(64)))
+                        done += 64
+            return done / (time.perf_counter() - t0)
+
+        blobs = _blob_files(root / "node")
+        for path in paths:
+            console.print(f"  reads via {path} ...")
+            m = local_meter if path == "local" else meter
+            fn = _Timed(read_fn(path), m)
+            fn()  # warm: page cache, mappings, connections
+            dt, dc = _best(fn, repeat)
+            p50, p99 = _latency(single_get(path), offsets)
+            results.append({
+                "path": path, "gbps": size / dt / GB, "put_gbps": put.get(path),
+                "cpu_s_per_gb": dc / (size / GB), "p50_us": p50, "p99_us": p99,
+                "iops_4k": iops(path), "seconds": dt,
+            })
+        if cold:
+            for path in paths:
+                console.print(f"  cold reads via {path} ...")
+                m = local_meter if path == "local" else meter
+                fn = _Timed(read_fn(path), m)
+                dt, dc = _best(fn, max(1, repeat - 1),
+                               before=lambda: drop_cache([src_path, *blobs]))
+                results.append({
+                    "path": f"{path}_cold", "gbps": size / dt / GB, "put_gbps": None,
+                    "cpu_s_per_gb": dc / (size / GB), "p50_us": None, "p99_us": None,
+                    "iops_4k": None, "seconds": dt,
+                })
+        os.close(local_fd)
+        shm.close()
+        tcp.close()
+        s3.close()
+    finally:
+        node.stop()
+        if tmp is not None:
+            tmp.cleanup()
+
+    out = {"benchmark": "io", "machine": machine_info(),
+           "params": {"size_bytes": size, "repeat": repeat, "best_of": repeat,
+                      "lat_samples": lat_samples, "iops_batch": 256, "fsync": True},
+           "results": results}
+    by = {r["path"]: r for r in results}
+    table = Table(title=f"gpufeed bench io — {size / GB:.2f} GB object (best of {repeat})")
+    for col in ("path", "read GB/s", "put GB/s", "CPU s/GB", "p50 µs", "p99 µs", "4K IOPS", "× s3"):
+        table.add_column(col, justify="right" if col != "path" else "left", no_wrap=True)
+
+    def fmt(v, spec):
+        return "—" if v is None else format(v, spec)
+
+    for r in results:
+        base = by.get("s3_cold" if r["path"].endswith("_cold") else "s3")
+        ratio = r["gbps"] / base["gbps"] if base else None
+        table.add_row(r["path"], fmt(r["gbps"], ".2f"), fmt(r["put_gbps"], ".2f"),
+                      fmt(r["cpu_s_per_gb"], ".3f"), fmt(r["p50_us"], ".0f"),
+                      fmt(r["p99_us"], ".0f"), fmt(r["iops_4k"], ",.0f"), fmt(ratio, ".1f"))
+    console.print(table)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(out, indent=2))
+        console.print(f"wrote {json_path}")
+    return out
