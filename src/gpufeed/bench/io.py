@@ -149,7 +149,7 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
     from ..testing.node import start_node
 
     paths = paths or ["local", "shm", "tcp", "s3"]
-    console = Console(quiet=quiet)
+    console = Console(quiet=quiet, width=max(Console().width, 110))
     tmp = tempfile.TemporaryDirectory(prefix="gpufeed-bench-") if data_dir is None else None
     root = Path(tmp.name if tmp else data_dir)
     node = start_node(root / "node")
