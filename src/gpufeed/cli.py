@@ -45,7 +45,23 @@ class SizeType(click.ParamType):
             self.fail(f"{value!r} is not a size like 256MiB or 1GiB", param, ctx)
 
 
-@click.group()
+class _Group(click.Group):
+    """Turns gpufeed's typed errors into one clear line and exit status 1."""
+
+    def invoke(self, ctx):
+        from .errors import GpufeedError
+
+        try:
+            return super().invoke(ctx)
+        except GpufeedError as exc:
+            click.echo(f"error: {exc.code}: {exc.message}", err=True)
+            ctx.exit(1)
+        except OSError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=_Group)
 @click.version_option(__version__, prog_name="gpufeed")
 def main() -> None:
     """gpufeed: storage that keeps GPUs fed."""
