@@ -1,0 +1,722 @@
+"""``KVCacheStore``: attention KV by token prefix, in a CPU tier in front of a gpufeed node.
+
+Reads go straight into the caller's ``[2, layers, tokens, kv_heads, head_dim]``
+tensor: every ``[kv][layer]`` block of a chunk is one contiguous byte range of
+the chunk object and of the destination, so a batch read (``GETV``) lands each
+block in place; on the shared-memory transport with a destination from
+:meth:`KVCacheStore.alloc_kv` the node writes it there itself (no copy in
+this process). Many chunks are in flight at once (``chunks_per_request``
+chunks per ``GETV``, all batches submitted before the first is awaited).
+
+Failure rules (never wrong KV): a chunk that is missing (evicted between
+lookup and read), whose header does not match the expected model/dtype/layout
+and chunk digest, or whose block checksums do not match is a *miss*: the read
+returns the prefix before it, and the caller recomputes the rest. A node
+that cannot be reached is a miss too: it is counted in
+``metrics.node_errors``, logged as a warning, and retried after
+``retry_interval_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from ...client import Client
+from ...errors import BucketAlreadyOwnedByYou, GpufeedError, InvalidRange, NotFoundError
+from ._format import ChunkFormatError, ChunkHeader, block_checksum, header_len
+from ._keys import ChunkKey, KVLayout, chunk_keys
+from ._tier import CpuTier
+
+__all__ = ["KVCacheStore", "KVMetrics", "ChunkUnavailable", "LayerStream"]
+
+log = logging.getLogger("gpufeed.kvcache")
+
+#: Errors that mean "this chunk is unusable" (gone, or shorter than its layout), not "node down".
+_CHUNK_ERRORS = (NotFoundError, InvalidRange)
+
+
+class ChunkUnavailable(LookupError):
+    """A chunk became unavailable (evicted, corrupt, node down) during a layer-wise read.
+
+    Attributes:
+        tokens: leading tokens whose KV is still valid for every layer.
+    """
+
+    def __init__(self, msg: str, tokens: int) -> None:
+        super().__init__(msg)
+        self.tokens = tokens
+
+
+@dataclass
+class KVMetrics:
+    """Counters of one store (monotonic; read with :meth:`snapshot`).
+
+    ``node_errors`` is the warning metric: node calls that failed because the
+    node was unreachable or broken (serving continued by recompute).
+    """
+
+    lookups: int = 0
+    hit_tokens: int = 0
+    miss_tokens: int = 0
+    tier_hits: int = 0
+    chunks_read: int = 0
+    bytes_read: int = 0
+    chunks_written: int = 0
+    bytes_written: int = 0
+    missing_chunks: int = 0
+    corrupt_chunks: int = 0
+    node_errors: int = 0
+    put_errors: int = 0
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for k, v in deltas.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _u8(t: torch.Tensor) -> np.ndarray:
+    """A contiguous tensor's bytes as a writable numpy uint8 array (no copy)."""
+    if not t.is_contiguous():
+        raise ValueError("expected a contiguous block")
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+class _Miss(Exception):
+    """Internal: chunk unusable (missing, corrupt)."""
+
+
+class KVCacheStore:
+    """KV cache of one model shard keyed by token prefix, on a gpufeed node.
+
+    Args:
+        url_or_client: ``gpufeed+shm:///...sock`` / ``gpufeed+tcp://h:p``, or a
+            :class:`~gpufeed.client.Client` (then the caller owns it).
+        model_id: model name and revision; part of every key.
+        num_layers, num_kv_heads, head_dim: the KV shape of this shard.
+        dtype: KV element type (``torch.bfloat16``, ``"float32"``, ...).
+        tp_rank, tp_size: tensor-parallel shard; part of every key.
+        bucket: node bucket (created if missing).
+        key_prefix: key prefix inside the bucket.
+        chunk_tokens: tokens per chunk (default 256).
+        partial_chunks: also store/find a last chunk shorter than ``chunk_tokens``.
+        cpu_tier_bytes: capacity of the local CPU tier (0 disables it).
+        populate_tier: copy chunks read from the node into the CPU tier.
+        chunks_per_request: chunks per batch read (each is ``1 + 2 * layers`` ranges).
+        verify: check block checksums on reads from the node.
+        bucket_kind, bucket_capacity_bytes, bucket_ttl_s: how the bucket is created
+            when the node supports KV buckets (eviction by capacity / TTL).
+        retry_interval_s: after a node failure, seconds before reconnecting.
+        connections: fast-path connections when given a URL.
+
+    Raises:
+        ValueError: a bad layout (see :class:`KVLayout`).
+
+    A node that is down at construction is not an error: the store serves
+    misses and retries later.
+    """
+
+    def __init__(self, url_or_client: str | Client, model_id: str, *, num_layers: int,
+                 num_kv_heads: int, head_dim: int, dtype="bfloat16", tp_rank: int = 0,
+                 tp_size: int = 1, bucket: str = "kvcache", key_prefix: str = "kv",
+                 chunk_tokens: int = 256, partial_chunks: bool = False,
+                 cpu_tier_bytes: int = 1 << 30, populate_tier: bool = True,
+                 chunks_per_request: int = 4, verify: bool = True, bucket_kind: str = "kv",
+                 bucket_capacity_bytes: int = 0, bucket_ttl_s: float = 0.0,
+                 retry_interval_s: float = 5.0, connections: int | None = None) -> None:
+        self.layout = KVLayout(model_id, dtype, num_layers, num_kv_heads, head_dim, tp_rank,
+                               tp_size, chunk_tokens)
+        self.torch_dtype: torch.dtype = getattr(torch, self.layout.dtype)
+        self.bucket, self.key_prefix = bucket, key_prefix
+        self.partial_chunks = partial_chunks
+        self.tier = CpuTier(cpu_tier_bytes)
+        self.populate_tier = populate_tier
+        self.chunks_per_request = max(1, chunks_per_request)
+        self.verify = verify
+        self.metrics = KVMetrics()
+        self.header_len = header_len(num_layers)
+        self._bucket_args = (bucket_kind, bucket_capacity_bytes, bucket_ttl_s)
+        self._retry_interval_s = retry_interval_s
+        self._retry_at = 0.0
+        self._client_lock = threading.Lock()
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-kv-put")
+        self._pending: set[Future] = set()
+        self._pending_lock = threading.Lock()
+        if isinstance(url_or_client, Client):
+            self.url, self._owns_client = url_or_client.url, False
+            self._client: Client | None = url_or_client
+            self._bucket_ready = False
+        else:
+            self.url, self._owns_client = url_or_client, True
+            self._client = None
+            self._bucket_ready = False
+            self._connect_kw = {"connections": connections} if connections else {}
+        self._node()  # connect now if we can (a failure is only counted)
+
+    # --- node plumbing ------------------------------------------------------------
+    def _node(self) -> Client | None:
+        """The connected client with the bucket ready, or None while the node is down."""
+        with self._client_lock:
+            if self._client is None:
+                if not self._owns_client or time.monotonic() < self._retry_at:
+                    return None
+                try:
+                    self._client = Client(self.url, **self._connect_kw)
+                except (GpufeedError, OSError) as exc:
+                    self._failed_locked(exc)
+                    return None
+            if not self._bucket_ready:
+                try:
+                    self._create_bucket(self._client)
+                    self._bucket_ready = True
+                except (GpufeedError, OSError) as exc:
+                    self._failed_locked(exc)
+                    return None
+            return self._client
+
+    def _create_bucket(self, client: Client) -> None:
+        kind, capacity, ttl = self._bucket_args
+        try:
+            try:
+                client.create_bucket(self.bucket, kind=kind, capacity_bytes=capacity, ttl_s=ttl)
+            except TypeError:  # an SDK without KV buckets
+                client.create_bucket(self.bucket)
+        except BucketAlreadyOwnedByYou:
+            pass
+
+    def _failed_locked(self, exc: BaseException) -> None:
+        self.metrics.add(node_errors=1)
+        log.warning("kvcache: node %s unavailable (%s: %s); serving by recompute",
+                    self.url, type(exc).__name__, exc)
+        self._bucket_ready = False
+        if self._owns_client:
+            if self._client is not None:
+                try:
+                    self._client.close()
+                except Exception:  # pragma: no cover - closing a broken client
+                    pass
+            self._client = None
+            self._retry_at = time.monotonic() + self._retry_interval_s
+
+    def _failed(self, exc: BaseException) -> None:
+        with self._client_lock:
+            self._failed_locked(exc)
+
+    # --- keys and buffers ------------------------------------------------------------
+    def keys(self, tokens) -> list[ChunkKey]:
+        """Chunk keys of ``tokens`` (see :func:`chunk_keys`)."""
+        return chunk_keys(tokens, self.layout, prefix=self.key_prefix, partial=self.partial_chunks)
+
+    def _chunk_shape(self, ntok: int) -> tuple[int, ...]:
+        lay = self.layout
+        return (2, lay.num_layers, ntok, lay.num_kv_heads, lay.head_dim)
+
+    def alloc_kv(self, tokens: int) -> torch.Tensor:
+        """A ``[2, layers, tokens, kv_heads, head_dim]`` tensor the node can write into
+        directly (registered shared memory on ``gpufeed+shm``; plain memory otherwise)."""
+        shape = self._chunk_shape(tokens)
+        nbytes = int(np.prod(shape)) * self.layout.itemsize
+        client = self._node()
+        if client is None or client.transport != "shm" or nbytes == 0:
+            return torch.empty(shape, dtype=self.torch_dtype)
+        mem = client.alloc(nbytes)
+        return torch.frombuffer(mem, dtype=self.torch_dtype).view(shape)
+
+    # --- reads ------------------------------------------------------------------------
+    def _items(self, ck: ChunkKey, dst: torch.Tensor, hdr: memoryview) -> list[tuple]:
+        """Batch-read items of one chunk: its header into ``hdr``, each block into ``dst[kv, l]``."""
+        lay = self.layout
+        block = ck.tokens * lay.num_kv_heads * lay.head_dim * lay.itemsize
+        items = [(self.bucket, ck.key, hdr, 0, self.header_len)]
+        for kv in range(2):
+            for layer in range(lay.num_layers):
+                off = self.header_len + (kv * lay.num_layers + layer) * block
+                items.append((self.bucket, ck.key, _u8(dst[kv, layer]), off, block))
+        return items
+
+    def _check(self, ck: ChunkKey, dst: torch.Tensor, hdr: memoryview, layers=None) -> None:
+        """Raise _Miss unless ``hdr`` is chunk ``ck``'s header and the blocks match it."""
+        try:
+            h = ChunkHeader.unpack(hdr)
+            h.check(self.layout, ck.digest, ck.tokens)
+        except ChunkFormatError as exc:
+            raise _Miss(str(exc)) from exc
+        if not self.verify:
+            return
+        L = self.layout.num_layers
+        for kv in range(2):
+            for layer in (range(L) if layers is None else layers):
+                if block_checksum(_u8(dst[kv, layer])) != h.checksums[kv * L + layer]:
+                    raise _Miss(f"checksum mismatch in {ck.key} block [{kv}][{layer}]")
+
+    def _read_chunks(self, client: Client, jobs: list[tuple[ChunkKey, torch.Tensor]]) -> int:
+        """Read chunks from the node into their destinations, pipelined; returns how many
+        leading jobs are valid. Waits for every read it started before returning."""
+        if not jobs:
+            return 0
+        hdrs = memoryview(bytearray(self.header_len * len(jobs)))
+        hv = [hdrs[i * self.header_len:(i + 1) * self.header_len] for i in range(len(jobs))]
+        per = self.chunks_per_request
+        groups = [list(range(i, min(i + per, len(jobs)))) for i in range(0, len(jobs), per)]
+        futs: list[Future | None] = []
+        try:
+            for g in groups:
+                items = [it for j in g for it in self._items(jobs[j][0], jobs[j][1], hv[j])]
+                futs.append(client.submit_get_many_into(items))
+        except (GpufeedError, OSError) as exc:
+            self._failed(exc)
+            futs += [None] * (len(groups) - len(futs))
+        valid = 0
+        stop = False
+        for g, fut in zip(groups, futs):
+            if fut is None:
+                stop = True
+                continue
+            try:
+                ns = fut.result()
+                ok = None if ns != [it[4] for j in g for it in self._items_len(jobs[j][0])] else [True] * len(g)
+            except _CHUNK_ERRORS:
+                ok = None
+            except (GpufeedError, OSError) as exc:
+                if not stop:
+                    self._failed(exc)
+                stop = True
+                continue
+            if stop:
+                continue
+            if ok is None:  # some chunk of the group is gone: find which, one request each
+                ok = self._read_each(client, [jobs[j] for j in g], [hv[j] for j in g])
+            for j, good in zip(g, ok):
+                ck, dst = jobs[j]
+                if good:
+                    try:
+                        self._check(ck, dst, hv[j])
+                    except _Miss as exc:
+                        log.warning("kvcache: %s; treated as a miss", exc)
+                        self.metrics.add(corrupt_chunks=1)
+                        self._drop_corrupt(client, ck.key)
+                        good = False
+                if not good:
+                    stop = True
+                    break
+                valid += 1
+                self.metrics.add(chunks_read=1, bytes_read=dst.numel() * dst.element_size())
+        return valid
+
+    def _read_each(self, client: Client, jobs, hv) -> list[bool]:
+        futs = [client.submit_get_many_into(self._items(ck, dst, h)) for (ck, dst), h in zip(jobs, hv)]
+        out = []
+        for (ck, _dst), f in zip(jobs, futs):
+            try:
+                complete = f.result() == [it[4] for it in self._items_len(ck)]
+                if not complete:
+                    self.metrics.add(corrupt_chunks=1)
+                out.append(complete)
+            except _CHUNK_ERRORS as exc:
+                self.metrics.add(**({"missing_chunks": 1} if isinstance(exc, NotFoundError)
+                                    else {"corrupt_chunks": 1}))
+                out.append(False)
+        return out
+
+    def _items_len(self, ck: ChunkKey) -> list[tuple]:
+        """The ``(.., length)`` shape of :meth:`_items` without destinations (expected byte counts)."""
+        lay = self.layout
+        block = ck.tokens * lay.num_kv_heads * lay.head_dim * lay.itemsize
+        return [(None,) * 4 + (self.header_len,)] + [(None,) * 4 + (block,)] * (2 * lay.num_layers)
+
+    def _drop_corrupt(self, client: Client, key: str) -> None:
+        try:
+            client.delete(self.bucket, key)
+        except (GpufeedError, OSError):
+            pass
+
+    def get_into(self, tokens, kv_out: torch.Tensor) -> int:
+        """Load the longest cached prefix of ``tokens`` into ``kv_out``.
+
+        Args:
+            tokens: token ids, 1-D.
+            kv_out: ``[2, layers, T, kv_heads, head_dim]`` contiguous tensor of the
+                store's dtype, ``T >= len(tokens)`` (or ``>=`` the tokens you want
+                loaded: only chunks that fit are read). Use :meth:`alloc_kv` for
+                zero-copy reads on ``gpufeed+shm``.
+
+        Returns:
+            Leading tokens loaded (a chunk boundary, or ``len(tokens)`` with a
+            partial last chunk). ``kv_out`` past that is unspecified.
+
+        Raises:
+            ValueError: ``kv_out`` of the wrong dtype, shape or layout.
+        """
+        self._check_out(kv_out)
+        cks = [ck for ck in self.keys(tokens) if ck.end <= kv_out.shape[2]]
+        return self._load(cks, lambda ck: kv_out[:, :, ck.start:ck.end])
+
+    def _check_out(self, kv_out: torch.Tensor) -> None:
+        lay = self.layout
+        want = (2, lay.num_layers, lay.num_kv_heads, lay.head_dim)
+        have = tuple(kv_out.shape[:2]) + tuple(kv_out.shape[3:]) if kv_out.dim() == 5 else None
+        if have != want or kv_out.dtype != self.torch_dtype or not kv_out.is_contiguous():
+            raise ValueError(f"kv_out must be a contiguous {self.torch_dtype} tensor "
+                             f"[2, {lay.num_layers}, T, {lay.num_kv_heads}, {lay.head_dim}], "
+                             f"not {kv_out.dtype} {tuple(kv_out.shape)}")
+        if kv_out.device.type != "cpu":
+            raise ValueError("kv_out must be in CPU memory (copy to the GPU afterwards)")
+
+    def _load(self, cks: list[ChunkKey], dest) -> int:
+        """Fill ``dest(ck)`` for each chunk, tier first then node; returns valid tokens."""
+        self.metrics.add(lookups=1)
+        done = 0
+        node_jobs: list[tuple[ChunkKey, torch.Tensor]] = []
+        for ck in cks:
+            t = self.tier.get(ck.key)
+            if t is not None and not node_jobs:
+                dest(ck).copy_(t)
+                self.metrics.add(tier_hits=1)
+                done += 1
+                continue
+            node_jobs.append((ck, dest(ck)))
+        if node_jobs:
+            client = self._node()
+            n = self._read_chunks(client, node_jobs) if client is not None else 0
+            if self.populate_tier and self.tier.capacity_bytes:
+                for ck, dst in node_jobs[:n]:
+                    if ck.key not in self.tier:
+                        buf = self.tier.empty(dst.shape, dst.dtype)
+                        buf.copy_(dst)
+                        self.tier.put(ck.key, buf)
+            done += n
+        tokens = cks[done - 1].end if done else 0
+        total = cks[-1].end if cks else 0
+        self.metrics.add(hit_tokens=tokens, miss_tokens=total - tokens)
+        return tokens
+
+    def submit_get_into(self, tokens, kv_out: torch.Tensor) -> Future:
+        """:meth:`get_into` in a background thread; the Future resolves to the tokens loaded."""
+        return self._reader().submit(self.get_into, tokens, kv_out)
+
+    def get_many_into(self, requests: Sequence[tuple]) -> list[int]:
+        """Many ``(tokens, kv_out)`` loads concurrently; tokens loaded per request."""
+        return [f.result() for f in [self.submit_get_into(t, o) for t, o in requests]]
+
+    def _reader(self) -> ThreadPoolExecutor:
+        ex = getattr(self, "_readers", None)
+        if ex is None:
+            with self._client_lock:
+                ex = getattr(self, "_readers", None)
+                if ex is None:
+                    ex = self._readers = ThreadPoolExecutor(4, thread_name_prefix="gpufeed-kv-get")
+        return ex
+
+    def lookup(self, tokens) -> int:
+        """Number of leading tokens whose KV is cached (CPU tier or node).
+
+        One batch read of the chunk headers; a header that does not match the
+        expected layout and digest counts as absent. Cheap, but a chunk can still
+        disappear before :meth:`get_into` (which then returns fewer tokens).
+        """
+        cks = self.keys(tokens)
+        i = 0
+        while i < len(cks) and cks[i].key in self.tier:
+            i += 1
+        rest = cks[i:]
+        if not rest:
+            return cks[-1].end if cks else 0
+        client = self._node()
+        if client is None:
+            return cks[i - 1].end if i else 0
+        n = self._probe(client, rest)
+        i += n
+        return cks[i - 1].end if i else 0
+
+    def _probe(self, client: Client, cks: list[ChunkKey]) -> int:
+        """Leading chunks of ``cks`` present on the node with a matching header."""
+        H = self.header_len
+        hdrs = memoryview(bytearray(H * len(cks)))
+        views = [hdrs[j * H:(j + 1) * H] for j in range(len(cks))]
+        try:
+            try:
+                ns = client.get_many_into([(self.bucket, ck.key, v, 0, H) for ck, v in zip(cks, views)])
+                present = [n == H for n in ns]
+            except _CHUNK_ERRORS:
+                futs = [client.submit_get_many_into([(self.bucket, ck.key, v, 0, H)])
+                        for ck, v in zip(cks, views)]
+                present = []
+                for f in futs:
+                    try:
+                        present.append(f.result() == [H])
+                    except _CHUNK_ERRORS:
+                        present.append(False)
+        except (GpufeedError, OSError) as exc:
+            self._failed(exc)
+            return 0
+        n = 0
+        for ck, v, ok in zip(cks, views, present):
+            if not ok:
+                break
+            try:
+                ChunkHeader.unpack(v).check(self.layout, ck.digest, ck.tokens)
+            except ChunkFormatError:
+                self.metrics.add(corrupt_chunks=1)
+                break
+            n += 1
+        return n
+
+    def prefetch(self, tokens) -> Future:
+        """Start loading the cached prefix of ``tokens`` into the CPU tier; the Future
+        resolves to the tokens now in the tier."""
+        def run() -> int:
+            cks = self.keys(tokens)
+            jobs = [(ck, self.tier.empty(self._chunk_shape(ck.tokens), self.torch_dtype))
+                    for ck in cks if ck.key not in self.tier]
+            client = self._node()
+            n = self._read_chunks(client, jobs) if client is not None and jobs else 0
+            for ck, buf in jobs[:n]:
+                self.tier.put(ck.key, buf)
+            i = 0
+            while i < len(cks) and cks[i].key in self.tier:
+                i += 1
+            return cks[i - 1].end if i else 0
+        return self._reader().submit(run)
+
+    def get_layers(self, tokens, *, depth: int = 2) -> "LayerStream":
+        """Layer-wise load of the cached prefix of ``tokens``: iterate to get
+        ``(layer, keys, values)`` with ``keys``/``values`` shaped
+        ``[n, kv_heads, head_dim]`` (``n = stream.tokens``), while the next
+        ``depth`` layers are already being read.
+
+        Iteration raises :class:`ChunkUnavailable` (with the still-valid token
+        count) if a chunk vanishes or fails its checksum after the stream began.
+        """
+        return LayerStream(self, tokens, depth)
+
+    # --- writes -----------------------------------------------------------------------
+    def put(self, tokens, kv, *, start: int = 0) -> Future:
+        """Store the KV of ``tokens``: chunks go to the CPU tier now and to the node
+        asynchronously.
+
+        Args:
+            tokens: token ids, 1-D.
+            kv: ``[2, layers, T, kv_heads, head_dim]`` tensor, or a sequence of
+                ``layers`` pairs ``(keys, values)`` each ``[T, kv_heads, head_dim]``
+                (any strides); ``T >= len(tokens)``. Copied before this returns.
+            start: skip chunks that begin before this token (already cached).
+
+        Returns:
+            A Future of the number of chunks the node accepted (errors are counted
+            in ``metrics.put_errors``, never raised).
+        """
+        layers = self._as_layers(kv)
+        objs = []
+        for ck in self.keys(tokens):
+            if ck.start < start or ck.key in self.tier:
+                continue
+            objs.append((ck, self._encode(ck, layers)))
+        fut = self._writer.submit(self._write, objs)
+        with self._pending_lock:
+            self._pending.add(fut)
+        fut.add_done_callback(self._forget)
+        return fut
+
+    def submit_put(self, tokens, kv, *, start: int = 0) -> Future:
+        """Alias of :meth:`put` (which is already asynchronous towards the node)."""
+        return self.put(tokens, kv, start=start)
+
+    def _forget(self, fut: Future) -> None:
+        with self._pending_lock:
+            self._pending.discard(fut)
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every put so far reached the node (or failed)."""
+        with self._pending_lock:
+            pending = list(self._pending)
+        for f in pending:
+            f.result(timeout=timeout_s)
+
+    def _as_layers(self, kv) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        lay = self.layout
+        if isinstance(kv, torch.Tensor):
+            if kv.dim() != 5 or kv.shape[0] != 2 or kv.shape[1] != lay.num_layers:
+                raise ValueError(f"kv must be [2, {lay.num_layers}, T, H, D], not {tuple(kv.shape)}")
+            layers = [(kv[0, i], kv[1, i]) for i in range(lay.num_layers)]
+        else:
+            layers = list(kv)
+        if len(layers) != lay.num_layers:
+            raise ValueError(f"expected {lay.num_layers} layers, got {len(layers)}")
+        for k, v in layers:
+            for t in (k, v):
+                if t.dim() != 3 or tuple(t.shape[1:]) != (lay.num_kv_heads, lay.head_dim):
+                    raise ValueError(f"per-layer KV must be [T, {lay.num_kv_heads}, {lay.head_dim}],"
+                                     f" not {tuple(t.shape)}")
+        return layers
+
+    def _encode(self, ck: ChunkKey, layers) -> tuple[np.ndarray, torch.Tensor]:
+        """The chunk object (header + payload) and its payload tensor, in one buffer."""
+        lay = self.layout
+        shape = self._chunk_shape(ck.tokens)
+        nbytes = int(np.prod(shape)) * lay.itemsize
+        obj = self.tier.empty((self.header_len + nbytes,), torch.uint8)
+        payload = obj[self.header_len:].view(self.torch_dtype).view(shape)
+        for i, (k, v) in enumerate(layers):
+            if k.shape[0] < ck.end or v.shape[0] < ck.end:
+                raise ValueError(f"KV holds {k.shape[0]} tokens; chunk needs {ck.end}")
+            payload[0, i].copy_(k[ck.start:ck.end])
+            payload[1, i].copy_(v[ck.start:ck.end])
+        sums = tuple(block_checksum(_u8(payload[kv, i])) for kv in range(2)
+                     for i in range(lay.num_layers))
+        hdr = ChunkHeader(lay.dtype, lay.num_layers, ck.tokens, lay.num_kv_heads, lay.head_dim,
+                          ck.digest, sums).pack()
+        arr = obj.numpy()
+        arr[:self.header_len] = np.frombuffer(hdr, np.uint8)
+        self.tier.put(ck.key, payload)
+        return arr, payload
+
+    def _write(self, objs) -> int:
+        client = self._node()
+        if client is None:
+            if objs:
+                self.metrics.add(put_errors=len(objs))
+            return 0
+        futs = []
+        try:
+            for ck, (arr, _payload) in objs:
+                futs.append((ck, arr, client.submit_put(self.bucket, ck.key, arr)))
+        except (GpufeedError, OSError) as exc:
+            self._failed(exc)
+        ok = 0
+        for ck, arr, f in futs:
+            try:
+                f.result()
+                ok += 1
+                self.metrics.add(chunks_written=1, bytes_written=arr.nbytes)
+            except (GpufeedError, OSError) as exc:
+                self.metrics.add(put_errors=1)
+                log.warning("kvcache: put %s failed: %s", ck.key, exc)
+        self.metrics.add(put_errors=len(objs) - len(futs))
+        return ok
+
+    # --- lifecycle ------------------------------------------------------------------
+    def close(self) -> None:
+        """Wait for pending puts, stop threads, close the client if the store opened it."""
+        try:
+            self.flush()
+        finally:
+            self._writer.shutdown(wait=True)
+            if getattr(self, "_readers", None) is not None:
+                self._readers.shutdown(wait=True)
+            if self._owns_client and self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def __enter__(self) -> "KVCacheStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class LayerStream:
+    """Iterator of ``(layer, keys [n, H, D], values [n, H, D])`` from :meth:`KVCacheStore.get_layers`.
+
+    Attributes:
+        tokens: ``n``, the leading tokens found (chunk headers present and matching).
+    """
+
+    def __init__(self, store: KVCacheStore, tokens, depth: int) -> None:
+        self._s = store
+        self._depth = max(1, depth)
+        cks = store.keys(tokens)
+        i = 0
+        while i < len(cks) and cks[i].key in store.tier:
+            i += 1
+        self._tier_cks = cks[:i]
+        self._client = store._node() if i < len(cks) else None
+        self._node_cks: list[ChunkKey] = []
+        self._hdrs: list[ChunkHeader] = []
+        if self._client is not None:
+            self._node_cks, self._hdrs = self._headers(cks[i:])
+        found = self._tier_cks + self._node_cks
+        self.tokens = found[-1].end if found else 0
+
+    def _headers(self, cks):
+        s, H = self._s, self._s.header_len
+        n = s._probe(self._client, cks)
+        if n == 0:
+            return [], []
+        buf = memoryview(bytearray(H * n))
+        try:
+            self._client.get_many_into([(s.bucket, ck.key, buf[j * H:(j + 1) * H], 0, H)
+                                        for j, ck in enumerate(cks[:n])])
+        except _CHUNK_ERRORS:
+            return [], []
+        except (GpufeedError, OSError) as exc:
+            s._failed(exc)
+            return [], []
+        return cks[:n], [ChunkHeader.unpack(buf[j * H:(j + 1) * H]) for j in range(n)]
+
+    def _submit(self, layer: int):
+        s, lay = self._s, self._s.layout
+        out = torch.empty((2, self.tokens, lay.num_kv_heads, lay.head_dim), dtype=s.torch_dtype)
+        for ck in self._tier_cks:
+            out[:, ck.start:ck.end].copy_(s.tier.get(ck.key)[:, layer])
+        items = []
+        for ck in self._node_cks:
+            block = ck.tokens * lay.num_kv_heads * lay.head_dim * lay.itemsize
+            for kv in range(2):
+                off = s.header_len + (kv * lay.num_layers + layer) * block
+                items.append((s.bucket, ck.key, _u8(out[kv, ck.start:ck.end]), off, block))
+        fut = self._client.submit_get_many_into(items) if items else None
+        return out, fut
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        s, L = self._s, self._s.layout.num_layers
+        if self.tokens == 0:
+            return
+        inflight = []
+        nxt = 0
+        try:
+            while nxt < L or inflight:
+                while nxt < L and len(inflight) < self._depth:
+                    inflight.append((nxt, *self._submit(nxt)))
+                    nxt += 1
+                layer, out, fut = inflight.pop(0)
+                if fut is not None:
+                    try:
+                        fut.result()
+                    except (GpufeedError, OSError) as exc:
+                        if not isinstance(exc, _CHUNK_ERRORS):
+                            s._failed(exc)
+                        raise ChunkUnavailable(f"layer {layer}: {exc}", self._valid(layer, out)) from exc
+                    if s.verify:
+                        for ck, h in zip(self._node_cks, self._hdrs):
+                            for kv in range(2):
+                                got = block_checksum(_u8(out[kv, ck.start:ck.end]))
+                                if got != h.checksums[kv * L + layer]:
+                                    s.metrics.add(corrupt_chunks=1)
+                                    raise ChunkUnavailable(
+                                        f"checksum mismatch in {ck.key} layer {layer}", ck.start)
+                s.metrics.add(bytes_read=out.numel() * out.element_size())
+                yield layer, out[0], out[1]
+        finally:
+            for _l, _o, f in inflight:
+                if f is not None:
+                    try:
+                        f.result()
+                    except Exception:
+                        pass
+
+    def _valid(self, layer: int, out) -> int:
+        return self._tier_cks[-1].end if self._tier_cks else 0
