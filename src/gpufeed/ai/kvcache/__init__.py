@@ -4,6 +4,7 @@ Formats: ``docs/kvcache-format.md``.
 """
 
 from ._format import ChunkFormatError, ChunkHeader
+from ._hf import generate_with_cache, kv_shape_of, store_for_model
 from ._keys import ChunkKey, KVLayout, chunk_keys
 from ._store import ChunkUnavailable, KVCacheStore, KVMetrics, LayerStream
 from ._tier import CpuTier
@@ -19,4 +20,7 @@ __all__ = [
     "CpuTier",
     "LayerStream",
     "chunk_keys",
+    "generate_with_cache",
+    "store_for_model",
+    "kv_shape_of",
 ]
