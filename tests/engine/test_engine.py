@@ -567,6 +567,8 @@ def model_list(prefix: str, delimiter: str, after: str | None) -> list[tuple[str
             i = k.find(delimiter, len(prefix))
             if i >= 0:
                 cp = k[: i + len(delimiter)]
+                if cp == after:
+                    continue  # a v1 NextMarker naming a common prefix: S3 skips what is under it
                 if not out or out[-1] != ("p", cp):
                     out.append(("p", cp))
                 continue

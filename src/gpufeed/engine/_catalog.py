@@ -67,6 +67,28 @@ CREATE TABLE IF NOT EXISTS parts (
 ) WITHOUT ROWID;
 """
 
+#: Columns added after the first release: ``(table, column, declaration)``. Each
+#: is added with ``ALTER TABLE ... ADD COLUMN`` when ``PRAGMA table_info`` lacks
+#: it, so a catalog made by an older gpufeed opens unchanged otherwise (rows it
+#: holds read the declared default). Append here; never reorder or remove.
+_ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("objects", "headers", "TEXT NOT NULL DEFAULT ''"),    # JSON object of HTTP headers, '' when empty
+    ("uploads", "headers", "TEXT NOT NULL DEFAULT ''"),    # same, for the object being uploaded
+    ("parts", "checksums", "TEXT NOT NULL DEFAULT ''"),    # JSON {"crc32": b64, ...}, '' when empty
+)
+
+
+def _add_columns(w: sqlite3.Connection) -> None:
+    """Add the :data:`_ADDED_COLUMNS` a catalog lacks (inside the caller's transaction)."""
+    have: dict[str, set[str]] = {}
+    for table, column, decl in _ADDED_COLUMNS:
+        if table not in have:
+            have[table] = {row[1] for row in w.execute(f"PRAGMA table_info({table})")}
+        if column not in have[table]:
+            w.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            have[table].add(column)
+
+
 _MMAP_BYTES = 256 << 20  # 256 MiB of the catalog file mapped per connection
 _BUSY_TIMEOUT_S = 30.0
 
@@ -103,7 +125,13 @@ class Catalog:
             version = w.execute("PRAGMA user_version").fetchone()[0]
             if version not in (0, SCHEMA_VERSION):
                 raise InternalError(f"catalog {path} has schema version {version}; expected {SCHEMA_VERSION}")
-            w.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+            w.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version={SCHEMA_VERSION};")
+            try:
+                _add_columns(w)
+            except BaseException:
+                w.execute("ROLLBACK")
+                raise
+            w.execute("COMMIT")
         except BaseException as exc:
             w.close()
             if isinstance(exc, sqlite3.Error):

@@ -61,11 +61,14 @@ from ..errors import (
     InvalidArgument,
     InvalidPart,
     InvalidPartOrder,
+    KeyTooLong,
     MalformedXML,
     NoSuchBucket,
     NoSuchKey,
     NoSuchUpload,
+    PreconditionFailed,
 )
+from ..checksums import COMPOSITE_ALGORITHMS, composite_checksum
 from ..store import ByteRequest, resolve_range
 from ._blobs import BlobFiles, copy_range, new_id, remove_quietly, write_all
 from ._catalog import Catalog
@@ -94,8 +97,11 @@ _UPLOAD_ID_RE = re.compile(r"[0-9a-f]{32}")
 _OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
 _READ_RETRIES = 3  # a version replaced between lookup and open is looked up again this often
 
-_OBJ_COLS = "key, size, etag, last_modified, content_type, metadata, checksums, blob_id"
-_SQL_HEAD = "SELECT size, etag, last_modified, content_type, metadata, checksums, blob_id FROM objects WHERE bucket=? AND key=?"
+_OBJ_COLS = "key, size, etag, last_modified, content_type, metadata, checksums, blob_id, headers"
+_SQL_HEAD = (
+    "SELECT size, etag, last_modified, content_type, metadata, checksums, blob_id, headers"
+    " FROM objects WHERE bucket=? AND key=?"
+)
 _SQL_BUCKET = "SELECT created FROM buckets WHERE name=?"
 
 
@@ -103,12 +109,31 @@ def _dumps(d: dict[str, str] | None) -> str:
     if not d:
         return ""
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in d.items()):
-        raise InvalidArgument("metadata and checksums must map str to str")
+        raise InvalidArgument("metadata, checksums and headers must map str to str")
     return json.dumps(d, separators=(",", ":"), ensure_ascii=False)
 
 
 def _loads(s: str) -> dict[str, str]:
     return json.loads(s) if s else {}
+
+
+def _check_preconditions(bucket: str, key: str, current: str | None,
+                         if_match: str | None, if_none_match: str | None) -> None:
+    """Conditional write (S3 PutObject ``If-Match`` / ``If-None-Match``) against the
+    ``current`` ETag (``None``: no such key). Called inside the write transaction.
+
+    Source: "Add preconditions to S3 operations with conditional requests",
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-requests.html
+    """
+    if if_match is not None:
+        if current is None:
+            raise NoSuchKey(f"{bucket}/{key} does not exist", bucket=bucket, key=key)
+        if if_match != "*" and if_match != current:
+            raise PreconditionFailed("At least one of the pre-conditions you specified did not hold",
+                                     condition="If-Match")
+    if if_none_match is not None and current is not None and if_none_match in ("*", current):
+        raise PreconditionFailed("At least one of the pre-conditions you specified did not hold",
+                                 condition="If-None-Match")
 
 
 def _as_bytes_view(data) -> memoryview:
@@ -295,6 +320,9 @@ class PendingWrite:
         checksums: dict[str, str] | None = None,
         content_md5: str | None = None,
         expected_size: int | None = None,
+        headers: dict[str, str] | None = None,
+        if_match: str | None = None,
+        if_none_match: str | None = None,
     ):
         """Make the object visible atomically (replacing any previous version).
 
@@ -308,11 +336,20 @@ class PendingWrite:
             checksums: ``{"crc32c": b64, ...}`` as sent by the client; stored, not checked.
             content_md5: base64 MD5 the client sent (``Content-MD5``); checked.
             expected_size: when given, the bytes written must equal it.
+            headers: standard HTTP headers to return on reads (see
+                :attr:`ObjectInfo.headers`); ignored for parts.
+            if_match: commit only if the key's current ETag (no quotes) is this
+                (``"*"``: only if the key exists). Checked inside the catalog
+                write transaction, so atomic with respect to concurrent writers.
+            if_none_match: ``"*"``: commit only if the key does not exist (an
+                ETag: only if the current version does not have it). Atomic too.
 
         Returns:
             The new :class:`ObjectInfo` (a :class:`PartInfo` for a part).
 
         Raises:
+            PreconditionFailed: ``if_match`` / ``if_none_match`` does not hold.
+            NoSuchKey: ``if_match`` given and the key does not exist.
             BadDigest: ``content_md5`` does not match the data.
             IncompleteBody: fewer bytes than ``expected_size`` arrived.
             InvalidArgument: more bytes than ``expected_size``, a malformed
@@ -350,6 +387,7 @@ class PendingWrite:
             result = self._finish(
                 self, self._tmp, etag, md5_digest,
                 content_type=content_type, metadata=metadata, checksums=checksums,
+                headers=headers, if_match=if_match, if_none_match=if_none_match,
             )
         except BaseException:
             self.abort()
@@ -474,12 +512,13 @@ class Engine:
 
     # helpers -------------------------------------------------------------
     def _info(self, bucket: str, key: str, row) -> ObjectInfo:
-        size, etag, lm, ct, md, ck, blob = row
+        size, etag, lm, ct, md, ck, blob, hd = row
         return ObjectInfo(
             bucket, key, size, etag, lm, ct,
             json.loads(md) if md else {},
             json.loads(ck) if ck else {},
             blob, self._files.blob_path(blob),
+            json.loads(hd) if hd else {},
         )
 
     def _require_bucket(self, conn, bucket: str) -> None:
@@ -561,10 +600,12 @@ class Engine:
         _new_hasher(etag)
         self._require_bucket(self._cat.reader(), bucket)
 
-        def finish(pw, tmp, etag_value, md5_digest, *, content_type, metadata, checksums):
+        def finish(pw, tmp, etag_value, md5_digest, *, content_type, metadata, checksums, headers,
+                   if_match, if_none_match):
             return self._publish_object(
                 bucket, key, tmp, pw.size, etag_value,
-                content_type=content_type, metadata=metadata, checksums=checksums,
+                content_type=content_type, metadata=metadata, checksums=checksums, headers=headers,
+                if_match=if_match, if_none_match=if_none_match,
             )
 
         return PendingWrite(self, etag, finish)
@@ -572,15 +613,18 @@ class Engine:
     def _publish_object(
         self, bucket: str, key: str, tmp: str, size: int, etag: str, *,
         content_type: str | None, metadata: dict[str, str] | None, checksums: dict[str, str] | None,
-        extra=None,
+        headers: dict[str, str] | None = None, if_match: str | None = None,
+        if_none_match: str | None = None, extra=None,
     ) -> ObjectInfo:
         """Rename a finished temp file into ``blobs/`` and commit its catalog row.
 
         ``extra(w)``, when given, runs inside the same transaction first (multipart
-        completion uses it to check and drop the upload).
+        completion uses it to check and drop the upload). ``if_match`` /
+        ``if_none_match`` are checked against the current row inside the
+        transaction (see :meth:`PendingWrite.commit`).
         """
         ct = content_type or _DEFAULT_TYPE
-        md, ck = _dumps(metadata), _dumps(checksums)
+        md, ck, hd = _dumps(metadata), _dumps(checksums), _dumps(headers)
         blob_id = new_id()
         path = self._files.publish_blob(tmp, blob_id)
         now = time.time()
@@ -589,18 +633,23 @@ class Engine:
                 if extra is not None:
                     extra(w)
                 self._require_bucket(w, bucket)
-                old = w.execute("SELECT blob_id FROM objects WHERE bucket=? AND key=?", (bucket, key)).fetchall()
+                old = w.execute(
+                    "SELECT blob_id, etag FROM objects WHERE bucket=? AND key=?", (bucket, key)
+                ).fetchall()
+                if if_match is not None or if_none_match is not None:
+                    _check_preconditions(bucket, key, old[0][1] if old else None, if_match, if_none_match)
                 w.execute(
                     "INSERT OR REPLACE INTO objects (bucket, key, size, etag, last_modified, content_type,"
-                    " metadata, checksums, blob_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (bucket, key, size, etag, now, ct, md, ck, blob_id),
+                    " metadata, checksums, blob_id, headers) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (bucket, key, size, etag, now, ct, md, ck, blob_id, hd),
                 )
         except BaseException:
             remove_quietly(path)
             raise
         if old:
             remove_quietly(self._files.blob_path(old[0][0]))
-        return ObjectInfo(bucket, key, size, etag, now, ct, dict(metadata or {}), dict(checksums or {}), blob_id, path)
+        return ObjectInfo(bucket, key, size, etag, now, ct, dict(metadata or {}), dict(checksums or {}), blob_id, path,
+                          dict(headers or {}))
 
     def put_object(
         self,
@@ -613,6 +662,9 @@ class Engine:
         checksums: dict[str, str] | None = None,
         content_md5: str | None = None,
         etag: str = "md5",
+        headers: dict[str, str] | None = None,
+        if_match: str | None = None,
+        if_none_match: str | None = None,
     ) -> ObjectInfo:
         """Write a whole object from a buffer, an iterable of buffers or a binary file.
 
@@ -621,22 +673,24 @@ class Engine:
         Args:
             data: a buffer; an iterable of buffers; or a binary file object
                 (read with ``readinto`` in 8 MiB chunks into one reused buffer).
-            content_type, metadata, checksums, content_md5: as for :meth:`PendingWrite.commit`.
+            content_type, metadata, checksums, content_md5, headers, if_match,
+                if_none_match: as for :meth:`PendingWrite.commit`.
             etag: ``"md5"`` or ``"xxh3"`` (see :meth:`begin_put`).
 
         Returns:
             The new object's :class:`ObjectInfo`.
 
         Raises:
-            NoSuchBucket, KeyTooLong, InvalidArgument, BadDigest: see
-                :meth:`begin_put` and :meth:`PendingWrite.commit`.
+            NoSuchBucket, KeyTooLong, InvalidArgument, BadDigest, PreconditionFailed:
+                see :meth:`begin_put` and :meth:`PendingWrite.commit`.
             TypeError: ``data`` is a ``str`` or not bytes-like.
         """
         pw = self.begin_put(bucket, key, etag=etag)
         with pw:
             _feed(pw, data)
             return pw.commit(
-                content_type=content_type, metadata=metadata, checksums=checksums, content_md5=content_md5
+                content_type=content_type, metadata=metadata, checksums=checksums, content_md5=content_md5,
+                headers=headers, if_match=if_match, if_none_match=if_none_match,
             )
 
     def head_object(self, bucket: str, key: str) -> ObjectInfo:
@@ -734,11 +788,16 @@ class Engine:
 
         Raises:
             NoSuchBucket: the bucket does not exist.
+            KeyTooLong: key over 1,024 UTF-8 bytes (S3 refuses it rather than
+                answering 204 for a key that cannot exist).
+            InvalidArgument: not a ``str``, or not valid UTF-8.
         """
         try:
-            key.encode("utf-8")
+            n = len(key.encode("utf-8"))
         except (AttributeError, UnicodeEncodeError) as exc:
             raise InvalidArgument(f"object key {key!r} is not a valid UTF-8 str") from exc
+        if n > MAX_KEY_BYTES:
+            raise KeyTooLong(f"object key is {n} bytes of UTF-8; the limit is {MAX_KEY_BYTES}", size=n)
         with self._cat.write() as w:
             self._require_bucket(w, bucket)
             old = w.execute("SELECT blob_id FROM objects WHERE bucket=? AND key=?", (bucket, key)).fetchall()
@@ -756,11 +815,12 @@ class Engine:
         *,
         metadata: dict[str, str] | None = None,
         content_type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> ObjectInfo:
         """Copy (kernel-side ``copy_file_range`` into a new blob).
 
-        ``metadata``/``content_type`` None keeps the source's (S3
-        ``x-amz-metadata-directive: COPY``); giving either replaces both
+        ``metadata``/``content_type``/``headers`` all None keeps the source's
+        (S3 ``x-amz-metadata-directive: COPY``); giving any replaces all three
         (``REPLACE``). The ETag and checksums are the source's. Copying a key
         onto itself with new metadata works.
 
@@ -784,15 +844,15 @@ class Engine:
                         raise InternalError(f"blob of {src_bucket}/{src_key} is shorter than its catalog size")
             finally:
                 os.close(sfd)
-            if metadata is None and content_type is None:
-                md, ct = src.metadata, src.content_type
+            if metadata is None and content_type is None and headers is None:
+                md, ct, hd = src.metadata, src.content_type, src.headers
             else:
-                md, ct = metadata or {}, content_type
+                md, ct, hd = metadata or {}, content_type, headers or {}
 
             def finish(pw, tmp, _etag, _md5, **_kw):
                 return self._publish_object(
                     dst_bucket, dst_key, tmp, pw.size, src.etag,
-                    content_type=ct, metadata=md, checksums=src.checksums,
+                    content_type=ct, metadata=md, checksums=src.checksums, headers=hd,
                 )
 
             pw._finish = finish
@@ -822,7 +882,10 @@ class Engine:
             bucket: bucket name.
             prefix: only keys starting with this.
             delimiter: any non-empty string rolls keys up; ``""`` for none.
-            start_after: only keys after this one (also the v1 ``marker``).
+            start_after: only entries after this one (also the v1 ``marker``).
+                When it is itself a common prefix under ``delimiter`` (a v1
+                ``NextMarker`` such as ``"b/"``), every key under it is skipped
+                too, so the prefix is not rolled up and returned again.
             continuation_token: ``next_token`` of the previous page; takes
                 precedence over ``start_after``.
             max_keys: page size, 0..1000 (larger values are clipped to 1000; 0
@@ -856,6 +919,11 @@ class Engine:
                 pos = None if s is None else (s, True)
         elif start_after:
             pos = (start_after, False)
+            if delimiter and start_after.startswith(prefix):
+                i = start_after.find(delimiter, len(prefix))
+                if i >= 0 and i + len(delimiter) == len(start_after):
+                    s = successor(start_after)  # past every key that rolls up into it
+                    pos = None if s is None else (s, True)
         else:
             pos = (prefix, True)
         if pos is not None and pos[0] < prefix:
@@ -908,9 +976,12 @@ class Engine:
     # multipart ---------------------------------------------------------
     def create_multipart_upload(
         self, bucket: str, key: str, *, content_type: str | None = None,
-        metadata: dict[str, str] | None = None,
+        metadata: dict[str, str] | None = None, headers: dict[str, str] | None = None,
     ) -> UploadInfo:
         """Start a multipart upload.
+
+        ``content_type``, ``metadata`` and ``headers`` (as for
+        :meth:`PendingWrite.commit`) are those of the object it completes into.
 
         Returns:
             The upload (its ``upload_id`` is 32 hex digits).
@@ -920,7 +991,7 @@ class Engine:
         """
         check_key(key)
         ct = content_type or _DEFAULT_TYPE
-        md = _dumps(metadata)
+        md, hd = _dumps(metadata), _dumps(headers)
         self._require_bucket(self._cat.reader(), bucket)
         upload_id = new_id()
         self._files.new_upload_dir(upload_id)
@@ -929,20 +1000,21 @@ class Engine:
             with self._cat.write() as w:
                 self._require_bucket(w, bucket)
                 w.execute(
-                    "INSERT INTO uploads (upload_id, bucket, key, initiated, content_type, metadata)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (upload_id, bucket, key, now, ct, md),
+                    "INSERT INTO uploads (upload_id, bucket, key, initiated, content_type, metadata, headers)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (upload_id, bucket, key, now, ct, md, hd),
                 )
         except BaseException:
             self._files.remove_upload_dir(upload_id)
             raise
-        return UploadInfo(bucket, key, upload_id, now, ct, dict(metadata or {}))
+        return UploadInfo(bucket, key, upload_id, now, ct, dict(metadata or {}), dict(headers or {}))
 
     def _get_upload(self, conn, bucket: str, key: str, upload_id: str):
         if not isinstance(upload_id, str) or not _UPLOAD_ID_RE.fullmatch(upload_id):
             raise NoSuchUpload(f"no upload {upload_id!r}", upload_id=upload_id)
         rows = conn.execute(
-            "SELECT initiated, content_type, metadata FROM uploads WHERE upload_id=? AND bucket=? AND key=?",
+            "SELECT initiated, content_type, metadata, headers FROM uploads"
+            " WHERE upload_id=? AND bucket=? AND key=?",
             (upload_id, bucket, key),
         ).fetchall()
         if not rows:
@@ -953,7 +1025,9 @@ class Engine:
         """Like :meth:`begin_put` for a part; ``commit()`` returns a :class:`PartInfo`.
 
         A part's ETag is always the hex MD5 of its bytes. Uploading a part
-        number again replaces that part.
+        number again replaces that part. ``commit(checksums=...)`` stores the
+        part's ``x-amz-checksum-*`` values (the caller has checked them);
+        completion combines them (see :meth:`complete_multipart_upload`).
 
         Raises:
             NoSuchUpload: no such upload for this bucket and key.
@@ -963,12 +1037,13 @@ class Engine:
             raise InvalidArgument(f"part number must be 1..{MAX_PARTS}, not {part_number!r}")
         self._get_upload(self._cat.reader(), bucket, key, upload_id)
 
-        def finish(pw, tmp, etag, md5_digest, **_kw):
-            return self._publish_part(bucket, key, upload_id, part_number, tmp, pw.size, etag)
+        def finish(pw, tmp, etag, md5_digest, *, checksums, **_kw):
+            return self._publish_part(bucket, key, upload_id, part_number, tmp, pw.size, etag, checksums)
 
         return PendingWrite(self, "md5", finish)
 
-    def _publish_part(self, bucket, key, upload_id, part_number, tmp, size, etag) -> PartInfo:
+    def _publish_part(self, bucket, key, upload_id, part_number, tmp, size, etag, checksums) -> PartInfo:
+        ck = _dumps(checksums)
         file = f"{part_number:05d}.{new_id()}"
         try:
             path = self._files.publish_part(tmp, upload_id, file)
@@ -982,20 +1057,22 @@ class Engine:
                     "SELECT file FROM parts WHERE upload_id=? AND part_number=?", (upload_id, part_number)
                 ).fetchall()
                 w.execute(
-                    "INSERT OR REPLACE INTO parts (upload_id, part_number, etag, size, last_modified, file)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (upload_id, part_number, etag, size, now, file),
+                    "INSERT OR REPLACE INTO parts (upload_id, part_number, etag, size, last_modified, file,"
+                    " checksums) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (upload_id, part_number, etag, size, now, file, ck),
                 )
         except BaseException:
             remove_quietly(path)
             raise
         if old:
             remove_quietly(self._files.part_path(upload_id, old[0][0]))
-        return PartInfo(part_number, etag, size, now)
+        return PartInfo(part_number, etag, size, now, dict(checksums or {}))
 
     def upload_part(self, bucket: str, key: str, upload_id: str, part_number: int, data,
-                    *, content_md5: str | None = None) -> PartInfo:
+                    *, content_md5: str | None = None, checksums: dict[str, str] | None = None) -> PartInfo:
         """Upload one part from a buffer, an iterable of buffers or a binary file.
+
+        ``checksums``: the part's ``{"crc32": b64, ...}``, stored as given.
 
         Raises:
             NoSuchUpload, InvalidArgument: as for :meth:`begin_part`.
@@ -1004,7 +1081,7 @@ class Engine:
         pw = self.begin_part(bucket, key, upload_id, part_number)
         with pw:
             _feed(pw, data)
-            return pw.commit(content_md5=content_md5)
+            return pw.commit(content_md5=content_md5, checksums=checksums)
 
     def list_parts(self, bucket: str, key: str, upload_id: str) -> list[PartInfo]:
         """The parts uploaded so far, by part number.
@@ -1015,13 +1092,15 @@ class Engine:
         with self._cat.snapshot() as c:
             self._get_upload(c, bucket, key, upload_id)
             rows = c.execute(
-                "SELECT part_number, etag, size, last_modified FROM parts WHERE upload_id=? ORDER BY part_number",
+                "SELECT part_number, etag, size, last_modified, checksums FROM parts"
+                " WHERE upload_id=? ORDER BY part_number",
                 (upload_id,),
             ).fetchall()
-        return [PartInfo(*r) for r in rows]
+        return [PartInfo(n, e, sz, lm, _loads(ck)) for n, e, sz, lm, ck in rows]
 
     def complete_multipart_upload(
-        self, bucket: str, key: str, upload_id: str, parts: list[tuple[int, str]]
+        self, bucket: str, key: str, upload_id: str, parts: list[tuple[int, str]], *,
+        if_match: str | None = None, if_none_match: str | None = None,
     ) -> ObjectInfo:
         """Join parts ``[(part_number, etag), ...]`` into the object.
 
@@ -1029,6 +1108,12 @@ class Engine:
         part files, then published like any put; the upload and its part files
         are then removed. The ETag is ``<hex md5 of the concatenated binary
         part MD5s>-N``. Part ETags may be given with or without quotes.
+
+        Checksums: for each algorithm of :data:`gpufeed.checksums.COMPOSITE_ALGORITHMS`
+        that every chosen part was uploaded with, the object gets S3's
+        composite checksum ``<b64 of H(part digests)>-N`` (S3 "checksum of
+        checksums"); algorithms only some parts have are dropped.
+        ``if_match`` / ``if_none_match``: as for :meth:`PendingWrite.commit`.
 
         Returns:
             The new object's :class:`ObjectInfo`.
@@ -1039,6 +1124,8 @@ class Engine:
             InvalidPart: an unknown part, or an ETag that does not match.
             InvalidPartOrder: part numbers not strictly ascending.
             EntityTooSmall: a part other than the last is under 5 MiB.
+            PreconditionFailed, NoSuchKey: a condition does not hold (the
+                upload stays open, as in S3).
 
         Source: "CompleteMultipartUpload", Amazon S3 API Reference,
         https://docs.aws.amazon.com/AmazonS3/latest/API/API_CompleteMultipartUpload.html
@@ -1046,15 +1133,16 @@ class Engine:
         if not parts:
             raise MalformedXML("CompleteMultipartUpload needs at least one part")
         with self._cat.snapshot() as c:
-            _, ct, md = self._get_upload(c, bucket, key, upload_id)
+            _, ct, md, hd = self._get_upload(c, bucket, key, upload_id)
             have = {
-                n: (e, s, f)
-                for n, e, s, f in c.execute(
-                    "SELECT part_number, etag, size, file FROM parts WHERE upload_id=?", (upload_id,)
+                n: (e, s, f, ck)
+                for n, e, s, f, ck in c.execute(
+                    "SELECT part_number, etag, size, file, checksums FROM parts WHERE upload_id=?", (upload_id,)
                 )
             }
         prev = 0
         chosen: list[tuple[int, str, int, str]] = []
+        part_checksums: list[dict[str, str]] = []
         for number, given in parts:
             if not isinstance(number, int) or number <= prev:
                 raise InvalidPartOrder(f"part numbers must ascend; {number!r} follows {prev}")
@@ -1064,6 +1152,7 @@ class Engine:
             if found is None or found[0] != etag:
                 raise InvalidPart(f"part {number} with ETag {given!r} was not uploaded", part_number=number)
             chosen.append((number, found[0], found[1], found[2]))
+            part_checksums.append(_loads(found[3]))
         for number, _, size, _ in chosen[:-1]:
             if size < MIN_PART_BYTES:
                 raise EntityTooSmall(
@@ -1072,6 +1161,13 @@ class Engine:
                 )
         joined = hashlib.md5(b"".join(bytes.fromhex(e) for _, e, _, _ in chosen)).hexdigest()
         etag = f"{joined}-{len(chosen)}"
+        # The part rows read above are the ones committed with (drop_upload checks
+        # each part's file is unchanged), so these checksums describe its bytes.
+        composite = {
+            alg: composite_checksum(alg, [ck[alg] for ck in part_checksums])
+            for alg in COMPOSITE_ALGORITHMS
+            if all(alg in ck for ck in part_checksums)
+        }
 
         pw = PendingWrite(self, None, None)
         with pw:
@@ -1102,7 +1198,8 @@ class Engine:
             def finish(pw, tmp, _etag, _md5, **_kw):
                 return self._publish_object(
                     bucket, key, tmp, pw.size, etag,
-                    content_type=ct, metadata=_loads(md), checksums=None, extra=drop_upload,
+                    content_type=ct, metadata=_loads(md), checksums=composite, headers=_loads(hd),
+                    if_match=if_match, if_none_match=if_none_match, extra=drop_upload,
                 )
 
             pw._finish = finish
@@ -1132,12 +1229,13 @@ class Engine:
         with self._cat.snapshot() as c:
             self._require_bucket(c, bucket)
             rows = c.execute(
-                "SELECT key, upload_id, initiated, content_type, metadata FROM uploads"
+                "SELECT key, upload_id, initiated, content_type, metadata, headers FROM uploads"
                 " WHERE bucket=? ORDER BY key, initiated",
                 (bucket,),
             ).fetchall()
         return [
-            UploadInfo(bucket, k, u, i, ct, _loads(md)) for k, u, i, ct, md in rows if k.startswith(prefix)
+            UploadInfo(bucket, k, u, i, ct, _loads(md), _loads(hd))
+            for k, u, i, ct, md, hd in rows if k.startswith(prefix)
         ]
 
 

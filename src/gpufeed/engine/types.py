@@ -29,9 +29,14 @@ class ObjectInfo:
         last_modified: Unix time, seconds (float).
         content_type: the ``Content-Type`` given at upload.
         metadata: user metadata (``x-amz-meta-*`` without the prefix, lower-case names).
-        checksums: ``{"crc32c": b64, "sha256": b64, ...}`` as sent by the client.
+        checksums: ``{"crc32c": b64, "sha256": b64, ...}`` as sent by the client;
+            for a multipart object, the composite ``"<b64>-N"`` of the part checksums.
         blob_id: identifier of the immutable data file (changes on every overwrite).
         path: absolute path of the immutable data file holding exactly ``size`` bytes.
+        headers: standard HTTP headers given at upload and returned on reads
+            (``Cache-Control``, ``Content-Disposition``, ``Content-Encoding``,
+            ``Content-Language``, ``Expires``, ``x-amz-website-redirect-location``),
+            names as the front spells them; the engine stores them verbatim.
     """
 
     bucket: str
@@ -44,6 +49,7 @@ class ObjectInfo:
     checksums: dict[str, str] = field(default_factory=dict)
     blob_id: str = ""
     path: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +73,8 @@ class ListResult:
 
 @dataclass(frozen=True, slots=True)
 class UploadInfo:
-    """An in-progress multipart upload. ``initiated`` is Unix seconds."""
+    """An in-progress multipart upload. ``initiated`` is Unix seconds; ``headers``
+    as for :class:`ObjectInfo` (given the completed object)."""
 
     bucket: str
     key: str
@@ -75,13 +82,16 @@ class UploadInfo:
     initiated: float
     content_type: str = "application/octet-stream"
     metadata: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class PartInfo:
-    """One uploaded part: ``part_number`` 1..10000, ``etag`` hex MD5 (no quotes), ``size`` bytes."""
+    """One uploaded part: ``part_number`` 1..10000, ``etag`` hex MD5 (no quotes), ``size`` bytes,
+    ``checksums`` ``{"crc32": b64, ...}`` as sent with the part (checked by the front)."""
 
     part_number: int
     etag: str
     size: int
     last_modified: float
+    checksums: dict[str, str] = field(default_factory=dict)

@@ -74,6 +74,11 @@ _UNSUPPORTED_BUCKET = {
     "intelligent-tiering", "policyStatus",
 }
 _UNSUPPORTED_OBJECT = {"tagging", "retention", "legal-hold", "torrent", "restore", "select", "attributes"}
+#: XML element of each checksum algorithm (CompleteMultipartUploadResult, ListParts).
+_CHECKSUM_ELEMENT = {
+    "crc32": "ChecksumCRC32", "crc32c": "ChecksumCRC32C", "crc64nvme": "ChecksumCRC64NVME",
+    "sha1": "ChecksumSHA1", "sha256": "ChecksumSHA256",
+}
 _RESPONSE_OVERRIDES = {
     "response-content-type": "Content-Type",
     "response-content-language": "Content-Language",
@@ -251,6 +256,31 @@ def parse_range(value: str | None, size: int):
     return resolve_range(req, size)
 
 
+#: Standard headers S3 stores at upload and returns on GET/HEAD, as spelled in responses.
+#: Source: "PutObject" request headers, Amazon S3 API Reference.
+_STORED_HEADERS = (
+    "Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language", "Expires",
+    "x-amz-website-redirect-location",
+)
+
+
+def _stored_headers(headers) -> dict[str, str]:
+    """The :data:`_STORED_HEADERS` of an upload request. ``aws-chunked`` is the
+    transfer framing of the request, not the object's coding, so it is dropped
+    from ``Content-Encoding`` (as S3 does)."""
+    out: dict[str, str] = {}
+    for name in _STORED_HEADERS:
+        value = headers.get(name)
+        if value is None:
+            continue
+        if name == "Content-Encoding":
+            value = ",".join(c.strip() for c in value.split(",") if c.strip().lower() not in ("aws-chunked", ""))
+            if not value:
+                continue
+        out[name] = value
+    return out
+
+
 def _user_metadata(headers) -> dict[str, str]:
     meta: dict[str, str] = {}
     for name, value in headers.items():
@@ -280,13 +310,28 @@ def _object_headers(info: ObjectInfo, *, checksums: bool) -> CIMultiDict:
     h["Last-Modified"] = http_date(info.last_modified)
     h["Content-Type"] = info.content_type or "application/octet-stream"
     h["Accept-Ranges"] = "bytes"
+    for k, v in info.headers.items():
+        h[k] = v
     for k, v in info.metadata.items():
         h[f"x-amz-meta-{k}"] = v
     if checksums and info.checksums:
         for alg, v in info.checksums.items():
             h[f"x-amz-checksum-{alg}"] = v
-        h["x-amz-checksum-type"] = "FULL_OBJECT"
+        # A multipart object's "<b64>-N" is a checksum of the part checksums.
+        composite = any("-" in v for v in info.checksums.values())
+        h["x-amz-checksum-type"] = "COMPOSITE" if composite else "FULL_OBJECT"
     return h
+
+
+def _write_conditions(headers) -> dict[str, str]:
+    """``If-Match`` / ``If-None-Match`` of a write as engine commit arguments
+    (one ETag or ``*`` each, as S3 takes them; quotes removed)."""
+    out: dict[str, str] = {}
+    for header, arg in (("If-Match", "if_match"), ("If-None-Match", "if_none_match")):
+        value = headers.get(header)
+        if value is not None:
+            out[arg] = "*" if value.strip() == "*" else _strip_etag(value)
+    return out
 
 
 def _parse_copy_source(value: str) -> tuple[str, str]:
@@ -646,10 +691,8 @@ class S3Front:
         start_after = q.get("start-after", "") if v2 else q.get("marker", "")
         if v2 and token == "":
             raise InvalidArgument("The continuation token provided is incorrect")
-        if not v2 and delimiter and start_after.endswith(delimiter) and start_after.startswith(prefix):
-            # A v1 NextMarker that is a common prefix: skip everything under it, or the
-            # next page rolls the same prefix up again (the engine compares keys only).
-            start_after += "\U0010ffff"
+        # A v1 NextMarker that is a common prefix ("b/") skips everything under it:
+        # the engine's list_objects does that for any start_after.
         if max_keys == 0:
             await self.call(self.engine.head_bucket, ctx.bucket)
             objects, prefixes, truncated, next_token, next_marker = [], [], False, None, None
@@ -752,8 +795,10 @@ class S3Front:
 
     # object operations -------------------------------------------------------------------
     def _check_write_conditions(self, ctx: _Ctx) -> None:
-        """If-Match / If-None-Match on PutObject (blocking; checked before the upload and
-        again right before commit, not atomic with respect to a concurrent writer)."""
+        """If-Match / If-None-Match on PutObject and CompleteMultipartUpload, checked
+        early (blocking) so a failing request is refused before its body is read.
+        Only a fast path: the engine checks the same conditions again, atomically,
+        inside its commit (see :func:`_write_conditions`)."""
         h = ctx.request.headers
         if "If-Match" not in h and "If-None-Match" not in h:
             return
@@ -775,13 +820,15 @@ class S3Front:
         content_md5 = _content_md5(h)
         metadata = _user_metadata(h)
         content_type = h.get("Content-Type")
+        stored = _stored_headers(h)
+        conditions = _write_conditions(h)
         await self.call(self._check_write_conditions, ctx)
         pending = await self.call(self.engine.begin_put, ctx.bucket, ctx.key)
 
         def commit(checksums, expected_size):
-            self._check_write_conditions(ctx)
             return pending.commit(content_type=content_type, metadata=metadata, checksums=checksums,
-                                  content_md5=content_md5, expected_size=expected_size)
+                                  content_md5=content_md5, expected_size=expected_size, headers=stored,
+                                  **conditions)
 
         info, checksums = await self._receive(ctx, pending, commit)
         headers = {"ETag": _quote_etag(info.etag)}
@@ -850,12 +897,13 @@ class S3Front:
                 "without changing the object's metadata, storage class, website redirect location "
                 "or encryption attributes."
             )
-        metadata = content_type = None
+        metadata = content_type = stored = None
         if directive == "REPLACE":
             metadata = _user_metadata(h)
             content_type = h.get("Content-Type")
+            stored = _stored_headers(h)
         info = await self.call(self.engine.copy_object, src_bucket, src_key, ctx.bucket, ctx.key,
-                               metadata=metadata, content_type=content_type)
+                               metadata=metadata, content_type=content_type, headers=stored)
         root = element("CopyObjectResult")
         sub(root, "LastModified", iso8601(info.last_modified))
         sub(root, "ETag", _quote_etag(info.etag))
@@ -878,7 +926,8 @@ class S3Front:
     async def create_multipart_upload(self, ctx: _Ctx) -> web.Response:
         h = ctx.request.headers
         up = await self.call(self.engine.create_multipart_upload, ctx.bucket, ctx.key,
-                             content_type=h.get("Content-Type"), metadata=_user_metadata(h))
+                             content_type=h.get("Content-Type"), metadata=_user_metadata(h),
+                             headers=_stored_headers(h))
         root = element("InitiateMultipartUploadResult")
         sub(root, "Bucket", ctx.bucket)
         sub(root, "Key", ctx.key)
@@ -895,7 +944,7 @@ class S3Front:
         pending = await self.call(self.engine.begin_part, ctx.bucket, ctx.key, upload_id, number)
 
         def commit(checksums, expected_size):
-            return pending.commit(content_md5=content_md5, expected_size=expected_size)
+            return pending.commit(content_md5=content_md5, expected_size=expected_size, checksums=checksums)
 
         part, checksums = await self._receive(ctx, pending, commit)
         headers = {"ETag": _quote_etag(part.etag)}
@@ -958,13 +1007,17 @@ class S3Front:
         if not parts:
             raise MalformedXML("The XML you provided was not well-formed or did not validate against our published schema.")
         info = await self.call(self.engine.complete_multipart_upload, ctx.bucket, ctx.key,
-                               ctx.query["uploadId"], parts)
+                               ctx.query["uploadId"], parts, **_write_conditions(ctx.request.headers))
         root = element("CompleteMultipartUploadResult")
         host = ctx.request.headers.get("Host", "")
         sub(root, "Location", f"http://{host}/{quote(ctx.bucket)}/{quote(ctx.key)}")
         sub(root, "Bucket", ctx.bucket)
         sub(root, "Key", ctx.key)
         sub(root, "ETag", _quote_etag(info.etag))
+        for alg, value in info.checksums.items():
+            sub(root, _CHECKSUM_ELEMENT[alg], value)
+        if info.checksums:
+            sub(root, "ChecksumType", "COMPOSITE")
         return self._xml(root)
 
     async def list_parts(self, ctx: _Ctx) -> web.Response:
@@ -992,6 +1045,8 @@ class S3Front:
             sub(el, "LastModified", iso8601(p.last_modified))
             sub(el, "ETag", _quote_etag(p.etag))
             sub(el, "Size", p.size)
+            for alg, value in p.checksums.items():
+                sub(el, _CHECKSUM_ELEMENT[alg], value)
         return self._xml(root)
 
     async def list_multipart_uploads(self, ctx: _Ctx) -> web.Response:

@@ -4,9 +4,9 @@ boto3 >= 1.36 sends ``x-amz-checksum-crc32`` by default; other SDKs send
 CRC32C, CRC64NVME, SHA1 or SHA256. The server recomputes each one the client
 declared while the body streams through and refuses the upload on mismatch.
 
-CRC32 uses :func:`zlib.crc32` (C speed). CRC32C and CRC64NVME have no C
-implementation in this environment, so they are table-driven pure Python
-(~10 MB/s): they are only computed when the client sends that header.
+The algorithms themselves live in :mod:`gpufeed.checksums` (re-exported
+here); CRC32C and CRC64NVME are pure Python there, so they are only computed
+when the client sends that header.
 
 Source: "Checking object integrity", Amazon S3 User Guide,
 https://docs.aws.amazon.com/AmazonS3/latest/userguide/checking-object-integrity.html
@@ -17,8 +17,8 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import zlib
 
+from ..checksums import CHECKSUM_ALGORITHMS, crc32c, crc64nvme, new_hasher
 from ..errors import BadDigest, InvalidDigest, InvalidRequestError
 
 __all__ = [
@@ -29,87 +29,6 @@ __all__ = [
     "new_hasher",
     "decode_b64_digest",
 ]
-
-
-def _make_table(poly: int) -> list[int]:
-    """Byte-at-a-time lookup table of a reflected CRC with polynomial ``poly``."""
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ poly if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_CRC32C_TABLE = _make_table(0x82F63B78)  # Castagnoli, reflected
-_CRC64NVME_TABLE = _make_table(0x9A6C9329AC4BC9B5)  # NVMe, reflected
-
-
-def crc32c(data, crc: int = 0) -> int:
-    """CRC-32C (Castagnoli) of ``data`` continuing from ``crc``.
-
-    Args:
-        data: any buffer.
-        crc: the value returned for the preceding bytes (0 to start).
-
-    Returns:
-        The unsigned 32-bit CRC.
-    """
-    table = _CRC32C_TABLE
-    c = crc ^ 0xFFFFFFFF
-    for b in memoryview(data).cast("B"):
-        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
-
-
-def crc64nvme(data, crc: int = 0) -> int:
-    """CRC-64/NVME of ``data`` continuing from ``crc`` (unsigned 64-bit result)."""
-    table = _CRC64NVME_TABLE
-    mask = 0xFFFFFFFFFFFFFFFF
-    c = crc ^ mask
-    for b in memoryview(data).cast("B"):
-        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ mask
-
-
-class _Crc:
-    """hashlib-like wrapper of an incremental CRC function."""
-
-    def __init__(self, fn, nbytes: int) -> None:
-        self._fn = fn
-        self._nbytes = nbytes
-        self._value = 0
-
-    def update(self, data) -> None:
-        self._value = self._fn(data, self._value)
-
-    def digest(self) -> bytes:
-        return self._value.to_bytes(self._nbytes, "big")
-
-
-#: Algorithm name (lower case, as in ``x-amz-checksum-<name>``) -> digest length, bytes.
-CHECKSUM_ALGORITHMS: dict[str, int] = {
-    "crc32": 4,
-    "crc32c": 4,
-    "crc64nvme": 8,
-    "sha1": 20,
-    "sha256": 32,
-}
-
-def new_hasher(algorithm: str):
-    """A fresh incremental hasher for ``algorithm`` (a key of :data:`CHECKSUM_ALGORITHMS`)."""
-    if algorithm == "crc32":
-        return _Crc(zlib.crc32, 4)
-    if algorithm == "crc32c":
-        return _Crc(crc32c, 4)
-    if algorithm == "crc64nvme":
-        return _Crc(crc64nvme, 8)
-    if algorithm == "sha1":
-        return hashlib.sha1()
-    if algorithm == "sha256":
-        return hashlib.sha256()
-    raise InvalidRequestError(f"unsupported checksum algorithm {algorithm!r}")
 
 
 def decode_b64_digest(value: str, nbytes: int, what: str) -> bytes:
