@@ -65,6 +65,7 @@ _MAX_XML = 4 << 20  # 4 MiB
 _READ_BUFSIZE = 1 << 20  # 1 MiB
 _FRONT_KEY = web.AppKey("gpufeed_s3_front", object)
 _REQUEST_ID = web.RequestKey("gpufeed_s3_request_id", str)
+_AUTH = web.RequestKey("gpufeed_s3_auth", object)  # AuthResult found by S3Front.expect
 
 # Sub-resources S3 has and gpufeed does not implement (answered 501).
 _UNSUPPORTED_BUCKET = {
@@ -408,22 +409,46 @@ class S3Front:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     # entry point -----------------------------------------------------------------
+    def _verify(self, request: web.BaseRequest, raw_path: str, raw_query: str) -> AuthResult:
+        """The SigV4 check; headers only (the signed payload hash is checked as the body streams)."""
+        return verify_request(
+            method=request.method,
+            raw_path=raw_path,
+            raw_query=raw_query,
+            headers=request.headers,
+            credentials=self.credentials,
+            virtual_bucket=bucket_from_host(request.headers.get("Host")),
+        )
+
+    async def expect(self, request: web.BaseRequest) -> web.StreamResponse | None:
+        """aiohttp expect handler: answer ``Expect: 100-continue`` only once the
+        signature holds, so an unauthenticated client is refused before it sends
+        its body (the handler then reuses the result)."""
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers.get('Expect')}")
+        request_id = uuid.uuid4().hex[:16].upper()
+        request[_REQUEST_ID] = request_id
+        raw_path, raw_query = _split_target(request.raw_path)
+        try:
+            request[_AUTH] = self._verify(request, raw_path, raw_query)
+        except GpufeedError as exc:
+            resp = self._error(request, exc, unquote(raw_path), request_id)
+            resp.force_close()  # the body was never sent; do not read it
+            return resp
+        if request.version >= (1, 1):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the interim response is not part of the answer
+        return None
+
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """aiohttp handler: every request of the endpoint comes here."""
-        request_id = uuid.uuid4().hex[:16].upper()
+        request_id = request.get(_REQUEST_ID) or uuid.uuid4().hex[:16].upper()
         request[_REQUEST_ID] = request_id
         raw_path, raw_query = _split_target(request.raw_path)
         resource = unquote(raw_path)
         try:
             ctx = self._parse(request, raw_path, raw_query)
-            ctx.auth = verify_request(
-                method=request.method,
-                raw_path=raw_path,
-                raw_query=raw_query,
-                headers=request.headers,
-                credentials=self.credentials,
-                virtual_bucket=bucket_from_host(request.headers.get("Host")),
-            )
+            ctx.auth = request.get(_AUTH) or self._verify(request, raw_path, raw_query)
             return await self._dispatch(ctx)
         except NotModified as exc:
             return web.Response(status=304, headers={
@@ -1146,7 +1171,8 @@ def make_app(engine: Engine, config: NodeConfig) -> web.Application:
     )
     front = S3Front(engine, config)
     app[_FRONT_KEY] = front
-    app.router.add_route("*", "/{tail:[\\s\\S]*}", front.handle)  # keys may hold newlines
+    app.router.add_route("*", "/{tail:[\\s\\S]*}", front.handle,  # keys may hold newlines
+                         expect_handler=front.expect)
     app.on_response_prepare.append(_add_common_headers)
 
     async def _cleanup(_app: web.Application) -> None:
