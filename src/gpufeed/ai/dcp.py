@@ -1,0 +1,411 @@
+"""``torch.distributed.checkpoint`` storage for gpufeed: :class:`Writer` and :class:`Reader`.
+
+::
+
+    import torch.distributed.checkpoint as dcp
+    from gpufeed.ai.dcp import Reader, Writer
+
+    url = "gpufeed+tcp://127.0.0.1:9400/ckpt/run1"
+    dcp.save(state_dict, storage_writer=Writer(url, step=100))
+    fut = dcp.async_save(state_dict, storage_writer=writer)   # reuse one Writer
+    dcp.load(state_dict, storage_reader=Reader(url))           # latest step
+
+Every rank hashes its tensors' bytes into content-addressed chunks and puts
+only the chunks the node lacks, many requests in flight; the coordinator then
+writes the step's manifest and, last, its commit marker, so a step is visible
+only once every rank's chunks and the metadata are durable. Reads go straight
+into the destination tensors' memory and every chunk's BLAKE3 is checked.
+Format: ``docs/checkpoint-format.md``.
+
+Source followed: ``torch/distributed/checkpoint/storage.py`` and
+``filesystem.py`` (torch 2.13), the StorageWriter/StorageReader contract.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from ..client import Client
+from ..errors import InvalidArgument
+from .checkpoint import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_WORKERS,
+    FORMAT,
+    FORMAT_VERSION,
+    Checkpoints,
+    Chunk,
+    CorruptCheckpoint,
+    Entry,
+    Location,
+    Manifest,
+    _dtype,
+    _dtype_name,
+    _open,
+    _Read,
+    ChunkUploader,
+    parse_checkpoint_url,
+    read_chunks,
+    tensor_bytes,
+)
+
+__all__ = ["Writer", "Reader", "WriteStats"]
+
+#: Tensors resolved ahead of their uploads finishing, in bytes (bounds the
+#: memory of GPU -> CPU copies while many puts are in flight).
+_WINDOW_BYTES = 1 << 30  # 1 GiB
+
+
+def _checkpoint_id(checkpoint_id, loc: Location | None) -> tuple[Location | None, int | None]:
+    """``reset(checkpoint_id)``: an int (or digits) names the step; a URL the location."""
+    if checkpoint_id is None:
+        return loc, None
+    if isinstance(checkpoint_id, int) or (isinstance(checkpoint_id, str) and checkpoint_id.isdigit()):
+        return loc, int(checkpoint_id)
+    if isinstance(checkpoint_id, str) and checkpoint_id.startswith("gpufeed+"):
+        return parse_checkpoint_url(checkpoint_id), None
+    raise InvalidArgument(f"checkpoint_id {checkpoint_id!r}: give a step number or a gpufeed+ URL")
+
+
+class WriteStats:
+    """What the last save did: ``step`` (coordinator: the committed step), and
+    ``bytes_total`` / ``bytes_written`` over all ranks (coordinator) or this rank."""
+
+    def __init__(self, step: int | None, bytes_total: int, bytes_written: int) -> None:
+        self.step, self.bytes_total, self.bytes_written = step, bytes_total, bytes_written
+
+    def __repr__(self) -> str:
+        return f"WriteStats(step={self.step}, bytes_total={self.bytes_total}, bytes_written={self.bytes_written})"
+
+
+class Writer(StorageWriter, AsyncStager):
+    """A DCP ``StorageWriter`` that stores a step as content-addressed chunks.
+
+    Args:
+        url: ``gpufeed+tcp://HOST:PORT/BUCKET/PREFIX`` or
+            ``gpufeed+shm:///path/gpufeed.sock/BUCKET/PREFIX``.
+        step: the step number; ``checkpoint_id=`` of ``dcp.save`` (an int) overrides
+            it; default: the latest committed step + 1, chosen by the coordinator.
+        client: an open :class:`gpufeed.client.Client` (default: one pooled per process).
+        bucket, prefix: override the URL's.
+        chunk_bytes: large tensors are cut into chunks of this many bytes.
+        workers: hashing/sending threads per rank.
+        overwrite: replace an existing step of the same number (else ``CheckpointError``).
+        cache_staged_state_dict: for ``dcp.async_save``: keep the CPU staging copy
+            between saves so staging is one memcpy into touched pages (costs one
+            state dict of host memory; reuse the same Writer).
+
+    Raises:
+        InvalidArgument: a malformed URL.
+    """
+
+    _synchronize_after_execute: bool = False  # staging is blocking: nothing to wait for
+
+    def __init__(self, url: str | Location, *, step: int | None = None, client: Client | None = None,
+                 bucket: str | None = None, prefix: str | None = None,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, workers: int = DEFAULT_WORKERS,
+                 overwrite: bool = True, cache_staged_state_dict: bool = True) -> None:
+        self.loc = url if isinstance(url, Location) else parse_checkpoint_url(url, bucket=bucket, prefix=prefix)
+        self._client = client
+        self.step = step
+        self.chunk_bytes, self.workers, self.overwrite = chunk_bytes, workers, overwrite
+        self.cache_staged_state_dict = cache_staged_state_dict
+        self._stage_cache = None
+        self.is_coordinator, self.rank = True, 0
+        self.save_id = uuid.uuid4().hex
+        self.result: WriteStats | None = None
+
+    # pickling (async_save with a process executor) drops the connection and the cache
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_client"] = None
+        state["_stage_cache"] = None
+        return state
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = _open(self.loc, None, None, None)[1]
+        return self._client
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(self.loc) if self.step is None else f"{self.loc}@{self.step}"
+
+    # --- StorageWriter ---------------------------------------------------------------------
+    def reset(self, checkpoint_id: str | os.PathLike | int | None = None) -> None:
+        loc, step = _checkpoint_id(checkpoint_id, self.loc)
+        if loc is not self.loc:
+            self.loc, self._client = loc, None
+        if step is not None:
+            self.step = step
+        self.save_id = uuid.uuid4().hex
+        self.result = None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        self.rank = kwargs.get("rank") or 0
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return plans
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Hash and put every item's bytes; the returned Future is already complete."""
+        up = ChunkUploader(self.client, self.loc, chunk_bytes=self.chunk_bytes, workers=self.workers)
+        results: list[WriteResult] = []
+        window: deque = deque()
+        window_bytes = 0
+
+        def drain_one() -> None:
+            nonlocal window_bytes
+            item, info, mv, futs, _owner = window.popleft()
+            chunks, written = up.collect(futs)
+            window_bytes -= len(mv)
+            info.update(chunks=[[c.hash, c.size] for c in chunks], nbytes=len(mv), written=written)
+            results.append(WriteResult(index=item.index, size_in_bytes=len(mv), storage_data=info))
+
+        try:
+            for item in plan.items:
+                data = planner.resolve_data(item)
+                if item.type == WriteItemType.BYTE_IO:
+                    mv, owner = data.getbuffer(), data
+                    info: dict = {"kind": "bytes"}
+                else:
+                    td = item.tensor_data
+                    mv, owner = tensor_bytes(data)
+                    info = {"kind": "tensor", "dtype": _dtype_name(td.properties.dtype),
+                            "lengths": list(td.chunk.sizes)}
+                window.append((item, info, memoryview(mv), up.submit(memoryview(mv)), owner))
+                window_bytes += len(mv)
+                while window_bytes > _WINDOW_BYTES and len(window) > 1:
+                    drain_one()
+            while window:
+                drain_one()
+        finally:
+            up.close()
+        self.result = WriteStats(None, up.stats.bytes_total, up.stats.bytes_written)
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Coordinator: write the manifest, then the commit marker (the step appears)."""
+        entries: list[Entry] = []
+        storage: dict = {}
+        total = written = 0
+        for rank_results in results:
+            for wr in rank_results:
+                sd = wr.storage_data
+                storage[wr.index] = sd
+                chunks = [Chunk(h, n) for h, n in sd["chunks"]]
+                total += sd["nbytes"]
+                written += sd["written"]
+                md = metadata.state_dict_metadata[wr.index.fqn]
+                if isinstance(md, TensorStorageMetadata):
+                    offsets = list(wr.index.offset) if wr.index.offset is not None else [0] * len(md.size)
+                    entries.append(Entry(wr.index.fqn, "tensor", sd["nbytes"], chunks, dtype=sd["dtype"],
+                                         shape=list(md.size), offsets=offsets, lengths=sd["lengths"]))
+                else:
+                    entries.append(Entry(wr.index.fqn, "bytes", sd["nbytes"], chunks))
+        ck = Checkpoints(self.loc, client=self.client)
+        step = self.step
+        if step is None:
+            latest = ck.latest()
+            step = 0 if latest is None else latest + 1
+        try:
+            from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+
+            metadata.version = CURRENT_DCP_VERSION
+        except ImportError:  # pragma: no cover - older torch
+            pass
+        metadata.storage_data = storage
+        metadata.storage_meta = StorageMeta(checkpoint_id=f"{self.loc}@{step}", save_id=self.save_id)
+        nesting = {}
+        if isinstance(metadata.planner_data, dict):
+            nesting = {k: list(v) for k, v in metadata.planner_data.items()
+                       if isinstance(v, (tuple, list))}
+        man = Manifest(FORMAT, FORMAT_VERSION, step, "blake3", self.chunk_bytes, time.time(),
+                       len(results), entries, total, written, nesting,
+                       pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL))
+        ck.commit(man, overwrite=self.overwrite)
+        self.result = WriteStats(step, total, written)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return isinstance(checkpoint_id, str) and checkpoint_id.startswith(("gpufeed+tcp://", "gpufeed+shm://"))
+
+    # --- AsyncStager -----------------------------------------------------------------------
+    def stage(self, state_dict):
+        """A CPU copy of ``state_dict`` for ``dcp.async_save`` (blocking; pinned when CUDA exists)."""
+        # torch's own stagers use these helpers; they copy DTensor/ShardedTensor correctly
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        pin = torch.cuda.is_available()
+        if not self.cache_staged_state_dict:
+            return _copy_state_dict(state_dict, _create_cpu_state_dict(state_dict, pin_memory=pin))
+        if self._stage_cache is None:
+            self._stage_cache = _create_cpu_state_dict(state_dict, pin_memory=pin)
+        return _copy_state_dict(state_dict, self._stage_cache)
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: :meth:`stage` blocks until the copy is done."""
+
+    def close(self) -> None:
+        self._stage_cache = None
+
+
+class Reader(StorageReader):
+    """A DCP ``StorageReader`` for steps written by :class:`Writer` (or ``gpufeed.ai.save``).
+
+    Args:
+        url: as for :class:`Writer`.
+        step: the step to read; ``checkpoint_id=`` (an int) overrides it; default
+            the latest committed step at :meth:`read_metadata`.
+        client, bucket, prefix: as for :class:`Writer`.
+        verify: check every chunk's BLAKE3 after reading (sizes are always checked).
+
+    Raises (from ``dcp.load``, wrapped by DCP in ``CheckpointException`` on a process group):
+        CheckpointNotFound: no committed step.
+        MissingChunk: a chunk named by the manifest is gone (names key and tensor).
+        CorruptCheckpoint: a size or hash differs.
+    """
+
+    def __init__(self, url: str | Location, *, step: int | None = None, client: Client | None = None,
+                 bucket: str | None = None, prefix: str | None = None, verify: bool = True) -> None:
+        self.loc = url if isinstance(url, Location) else parse_checkpoint_url(url, bucket=bucket, prefix=prefix)
+        self._client = client
+        self.step = step
+        self.verify = verify
+        self.storage_data: dict = {}
+        self.manifest: Manifest | None = None
+        self.load_id = uuid.uuid4().hex
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_client"] = None
+        return state
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = _open(self.loc, None, None, None)[1]
+        return self._client
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(self.loc) if self.step is None else f"{self.loc}@{self.step}"
+
+    def reset(self, checkpoint_id: str | os.PathLike | int | None = None) -> None:
+        loc, step = _checkpoint_id(checkpoint_id, self.loc)
+        if loc is not self.loc:
+            self.loc, self._client = loc, None
+        if step is not None:
+            self.step = step
+        self.storage_data = {}
+        self.load_id = uuid.uuid4().hex
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        ck = Checkpoints(self.loc, client=self.client)
+        man = ck.manifest(self.step)
+        self.manifest = man
+        try:
+            metadata = pickle.loads(man.dcp_metadata)
+        except Exception as exc:
+            raise CorruptCheckpoint(f"{ck.loc.step_key(man.step, 'manifest')}: DCP metadata does not "
+                                    f"unpickle: {exc}") from exc
+        if not isinstance(metadata, Metadata):
+            raise CorruptCheckpoint(f"{ck.loc.step_key(man.step, 'manifest')}: no DCP metadata "
+                                    f"(saved by gpufeed.ai.save? use gpufeed.ai.load)")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        if metadata.storage_data is None:
+            raise CorruptCheckpoint(f"{self.loc}: DCP metadata without storage_data")
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read every item's chunks straight into its destination tensor (through a
+        temporary only when resharding, a dtype change or a non-CPU target needs one)."""
+        reads: list[_Read] = []
+        after: list[tuple] = []
+        for item in plan.items:
+            sd = self.storage_data[item.storage_index]
+            fqn = item.storage_index.fqn
+            chunks = [Chunk(h, n) for h, n in sd["chunks"]]
+            if item.type == LoadItemType.BYTE_IO:
+                buf = bytearray(sd["nbytes"])
+                dest = memoryview(buf)
+                after.append((item, buf, None, None))
+            else:
+                dt = _dtype(sd["dtype"], f"{self.loc}: tensor {fqn!r}")
+                target = planner.resolve_tensor(item).detach()
+                whole = (all(o == 0 for o in item.storage_offsets)
+                         and list(item.lengths) == list(sd["lengths"]))
+                if (whole and target.device.type == "cpu" and target.dtype == dt
+                        and target.is_contiguous() and list(target.shape) == list(sd["lengths"])):
+                    dest = tensor_bytes(target)[0]
+                    after.append((item, None, target, None))
+                else:
+                    tmp = torch.empty(sd["lengths"], dtype=dt)
+                    dest = tensor_bytes(tmp)[0]
+                    after.append((item, None, target, tmp))
+            if sum(c.size for c in chunks) != len(dest):
+                raise CorruptCheckpoint(f"{self.loc}: tensor {fqn!r}: chunks hold "
+                                        f"{sum(c.size for c in chunks)} bytes, it needs {len(dest)}")
+            pos = 0
+            for c in chunks:
+                reads.append(_Read(c, dest[pos:pos + c.size], fqn))
+                pos += c.size
+        read_chunks(self.client, self.loc, reads, verify=self.verify)
+        for item, buf, target, tmp in after:
+            if buf is not None:
+                planner.load_bytes(item, io.BytesIO(buf))
+                continue
+            if tmp is not None:
+                src = tmp
+                for d, (o, n) in enumerate(zip(item.storage_offsets, item.lengths)):
+                    src = src.narrow(d, o, n)
+                target.copy_(src)
+            planner.commit_tensor(item, target)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return Writer.validate_checkpoint_id(checkpoint_id)

@@ -1,0 +1,183 @@
+"""torch.distributed.checkpoint through gpufeed.ai.dcp.Writer/Reader: one process
+(no_dist) and a gloo group of two ranks spawned on this machine, against a live node."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+
+from gpufeed.ai import checkpoint as ck
+from gpufeed.ai.checkpoint import MissingChunk, parse_checkpoint_url
+from gpufeed.ai.dcp import Reader, Writer
+from gpufeed.client import Client
+
+BUCKET = "ckpt-dcp-tests"
+
+# dcp.save/load with no_dist=True always say they assume a single process
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning")
+
+
+@pytest.fixture
+def url(node) -> str:
+    return f"{node.tcp_url}/{BUCKET}/{uuid.uuid4().hex[:12]}"
+
+
+def state(seed: int, dtype=torch.float32) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model": {"w": torch.randn(64, 32, generator=g).to(dtype), "b": torch.randn(32, generator=g).to(dtype),
+                  "big": torch.randn(3 << 20, generator=g).to(dtype)},
+        "step": seed, "name": f"run-{seed}",
+    }
+
+
+def zeros_like(sd: dict) -> dict:
+    return {k: zeros_like(v) if isinstance(v, dict) else
+            (torch.zeros_like(v) if isinstance(v, torch.Tensor) else None) for k, v in sd.items()}
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            assert_same(a[k], b[k])
+        elif isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)), k
+        else:
+            assert a[k] == b[k], k
+
+
+# --- one process ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_save_load_round_trip(url, dtype):
+    sd = state(1, dtype)
+    w = Writer(url, step=10, chunk_bytes=4 << 20)
+    dcp.save(sd, storage_writer=w, no_dist=True)
+    assert w.result.step == 10 and w.result.bytes_written == w.result.bytes_total
+    out = zeros_like(sd)
+    dcp.load(out, storage_reader=Reader(url), no_dist=True)
+    assert_same(out, sd)
+    # the plain loader reads DCP checkpoints too (nesting from the DCP planner)
+    assert_same(ck.load(url), sd)
+
+
+def test_checkpoint_id_names_the_step(url):
+    w = Writer(url)
+    for step in (3, 4):
+        dcp.save(state(step), storage_writer=w, checkpoint_id=step, no_dist=True)
+    assert ck.checkpoints(url).steps() == [3, 4]
+    out = zeros_like(state(0))
+    dcp.load(out, storage_reader=Reader(url), checkpoint_id=3, no_dist=True)
+    assert_same(out, state(3))
+
+
+def test_async_save_and_dedup(url):
+    sd = state(2)
+    w = Writer(url, chunk_bytes=4 << 20)
+    old_w = sd["model"]["w"].clone()
+    fut = dcp.async_save(sd, storage_writer=w, no_dist=True)
+    sd["model"]["w"].add_(1.0)  # staged already: the checkpoint keeps the old values
+    fut.result()
+    first = w.result
+    assert first.step == 0 and first.bytes_written > 12 << 20
+    dcp.async_save(sd, storage_writer=w, no_dist=True).result()
+    second = w.result
+    # only "w" (8 KiB) and the small pickled values changed
+    assert second.step == 1 and second.bytes_written < 64 << 10
+    out = zeros_like(sd)
+    dcp.load(out, storage_reader=Reader(url, step=0), no_dist=True)
+    assert torch.equal(out["model"]["w"], old_w)
+    dcp.load(out, storage_reader=Reader(url), no_dist=True)
+    assert_same(out, sd)
+
+
+def test_load_of_a_missing_chunk_names_it(url, node):
+    sd = state(3)
+    dcp.save(sd, storage_writer=Writer(url), no_dist=True)
+    man = ck.checkpoints(url).manifest()
+    e = next(e for e in man.entries if e.fqn == "model.b")
+    key = parse_checkpoint_url(url).chunk_key(e.chunks[0].hash)
+    with Client(node.tcp_url) as c:
+        c.delete(BUCKET, key)
+    with pytest.raises(BaseException) as exc:  # DCP wraps rank errors in CheckpointException
+        dcp.load(zeros_like(sd), storage_reader=Reader(url), no_dist=True)
+    assert key in str(exc.value) and "model.b" in str(exc.value)
+    rank_error = next(iter(exc.value.failures.values()))[0]
+    assert isinstance(rank_error, MissingChunk)
+
+
+# --- a gloo group of two ranks ----------------------------------------------------------
+def _rank_state(rank: int) -> dict:
+    g = torch.Generator().manual_seed(100 + rank)
+    return {"shared": torch.arange(4096, dtype=torch.float32),  # replicated: stored once
+            f"own{rank}": torch.randn(1 << 18, generator=g), "meta": {"world": 2}}
+
+
+class _DyingWriter(Writer):
+    """Rank 1 writes a chunk and then dies before anything is committed."""
+
+    def write_data(self, plan, planner):
+        if self.rank == 1:
+            self.client.put(self.loc.bucket, self.loc.chunk_key("0d" * 32), b"partial data")
+            os._exit(7)
+        return super().write_data(plan, planner)
+
+
+def _worker(rank: int, world: int, init_file: str, url: str, mode: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    try:
+        sd = _rank_state(rank)
+        if mode == "die":
+            dcp.save(sd, storage_writer=_DyingWriter(url, step=2))
+            return
+        dcp.save(sd, storage_writer=Writer(url, step=1))
+        out = {"shared": torch.zeros(4096), f"own{rank}": torch.zeros(1 << 18), "meta": {"world": 0}}
+        dcp.load(out, storage_reader=Reader(url))
+        assert torch.equal(out["shared"], sd["shared"]) and torch.equal(out[f"own{rank}"], sd[f"own{rank}"])
+        assert out["meta"] == {"world": 2}
+        sd[f"own{rank}"].mul_(2)
+        w = Writer(url, step=2)
+        dcp.async_save(sd, storage_writer=w).result()
+        dcp.load(out, storage_reader=Reader(url))
+        assert torch.equal(out[f"own{rank}"], sd[f"own{rank}"])
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_gloo_round_trip_and_async(url, tmp_path):
+    mp.spawn(_worker, args=(2, str(tmp_path / "pg"), url, "ok"), nprocs=2, join=True)
+    cps = ck.checkpoints(url)
+    assert cps.steps() == [1, 2]
+    man = cps.manifest(1)
+    assert man.world_size == 2 and {e.fqn for e in man.entries if e.kind == "tensor"} == {"shared", "own0", "own1"}
+    back = ck.load(url, step=1)
+    assert torch.equal(back["own1"], _rank_state(1)["own1"])
+    # step 2 re-wrote only the doubled tensors; "shared" was not written again
+    assert cps.manifest(2).bytes_written <= 2 * (1 << 18) * 4 + (64 << 10)
+
+
+def test_a_rank_dying_mid_save_leaves_the_previous_step_latest(url, tmp_path):
+    ck.save({"shared": torch.ones(4)}, url, step=1, async_=False).result()
+    with pytest.raises(mp.ProcessExitedException):
+        mp.spawn(_worker, args=(2, str(tmp_path / "pg"), url, "die"), nprocs=2, join=True)
+    cps = ck.checkpoints(url)
+    assert cps.steps() == [1] and cps.latest() == 1
+    assert torch.equal(ck.load(url)["shared"], torch.ones(4))
+    with pytest.raises(ck.CheckpointNotFound):
+        ck.load(url, step=2)
+    # the chunks both ranks wrote before the crash are orphans: gc removes them
+    assert cps.gc() >= len(b"partial data")
+    loc = parse_checkpoint_url(url)
+    with Client(parse_checkpoint_url(url).node_url) as c:
+        left = {e.key.rsplit("/", 1)[-1] for e in c.list(loc.bucket, prefix=loc.key("chunks/"))}
+    assert left == {ch.hash for e in cps.manifest(1).entries for ch in e.chunks}
