@@ -221,6 +221,22 @@ def bench_io(size, cold, json_path, paths, repeat, data_dir) -> None:
                  repeat=repeat, data_dir=data_dir)
 
 
+@bench.command("checkpoint")
+@click.option("--size", type=SizeType(), default="1GiB", help="State-dict bytes incl. AdamW state (e.g. 256MiB, 1GiB).")
+@click.option("--versions", type=int, default=10, help="LoRA-style versions saved for the dedup figures.")
+@click.option("--lora-rank", type=int, default=4, help="Adapter rank of the LoRA versions.")
+@click.option("--repeat", type=int, default=2, help="Saves per path (best is kept).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+@click.option("--paths", default="gpufeed,gpufeed_tcp,dcp_fs", help="Comma-separated paths to measure.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Node data + FileSystemWriter folders (default: a temp dir).")
+def bench_checkpoint(size, versions, lora_rank, repeat, json_path, paths, data_dir) -> None:
+    """DCP save GB/s and async blocking vs FileSystemWriter; dedup over LoRA versions."""
+    from .bench.checkpoint import run_checkpoint_bench
+
+    run_checkpoint_bench(size=size, versions=versions, lora_rank=lora_rank, repeat=repeat,
+                         json_path=json_path, paths=paths.split(","), data_dir=data_dir)
+
+
 @main.command()
 @click.option("--size", type=click.Choice(["small", "1gb"]), default="1gb",
               help="Model size: 1gb (~1 GB bf16 Llama) or small (~60 MB, quick look).")

@@ -1,0 +1,251 @@
+"""``gpufeed bench checkpoint``: DCP saves through gpufeed vs DCP's own
+``FileSystemWriter``, side by side in one run, then ten LoRA-style versions.
+
+State dict: a stack of ``Linear(hidden, hidden)`` layers in fp32 plus AdamW's
+``exp_avg`` / ``exp_avg_sq`` (about a third each), ``--size`` bytes in all.
+
+Rows (``results``):
+
+* ``gpufeed``: ``dcp.save`` with :class:`gpufeed.ai.dcp.Writer` to a fresh
+  prefix of a local node (shared-memory transport; the node fsyncs every object
+  before it acknowledges it), so every chunk is really written: no dedup help.
+* ``gpufeed_tcp``: the same over the TCP transport.
+* ``dcp_fs``: ``dcp.save`` with ``FileSystemWriter(dir)`` to a fresh local folder
+  (defaults: ``sync_files=True`` fsyncs each file; ``thread_count=1``).
+
+``save_gbps`` = state-dict bytes / best synchronous save seconds (``sync_s``);
+``async_block_s`` = how long ``dcp.async_save`` blocks the caller (staging
+copy), best of the repetitions after a warm-up save. gpufeed's Writer keeps its
+staging buffers between saves (``cache_staged_state_dict=True``);
+``FileSystemWriter``'s cached staging pins memory and fails without CUDA, so it
+stages into fresh memory each time (its default).
+
+``dedup``: a frozen base (the same layers) with rank-``r`` LoRA adapters on every
+layer; each version trains the adapters one AdamW step and saves through the
+Writer to one prefix. ``physical_ratio`` = bytes stored under the prefix after
+all versions / bytes of one version; ``last_save_written_ratio`` = bytes the
+last save wrote / bytes of one version.
+
+JSON::
+
+    {"benchmark": "checkpoint", "machine": {...}, "params": {...},
+     "results": [{"path": "gpufeed"|"gpufeed_tcp"|"dcp_fs", "save_gbps", "sync_s",
+                  "async_block_s", "async_block_first_s"}],
+     "dedup": {"versions", "physical_ratio", "last_save_written_ratio",
+               "version_bytes", "physical_bytes", "written_bytes"}}
+
+GB/s are 10^9 bytes per second.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from .io import machine_info
+
+__all__ = ["run_checkpoint_bench", "build_state"]
+
+GB = 1e9
+BUCKET = "bench-ckpt"
+
+
+def build_state(size: int, hidden: int = 2048):
+    """A model + AdamW state of about ``size`` bytes (fp32).
+
+    Returns:
+        ``(model, optimizer)``; the optimizer has taken one step, so its
+        ``exp_avg`` / ``exp_avg_sq`` exist and are non-zero.
+    """
+    import torch
+
+    layer_bytes = (hidden * hidden + hidden) * 4 * 3  # weights + bias, and two AdamW moments
+    layers = max(1, round(size / layer_bytes))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model = torch.nn.Sequential(*[torch.nn.Linear(hidden, hidden) for _ in range(layers)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 1e-3)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return model, opt
+
+
+def _nbytes(sd) -> int:
+    import torch
+
+    if isinstance(sd, torch.Tensor):
+        return sd.numel() * sd.element_size()
+    if isinstance(sd, dict):
+        return sum(_nbytes(v) for v in sd.values())
+    if isinstance(sd, (list, tuple)):
+        return sum(_nbytes(v) for v in sd)
+    return 0
+
+
+def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: int = 4,
+                         repeat: int = 2, json_path: str | None = None, data_dir: str | None = None,
+                         paths: list[str] | None = None, quiet: bool = False) -> dict:
+    """Run the checkpoint benchmark; print a table and return (and optionally write) the JSON.
+
+    Args:
+        size: state-dict bytes (model + AdamW state), default 1 GiB.
+        versions: LoRA-style versions saved for the dedup figures.
+        lora_rank: adapter rank ``r`` (adapters ``A: r x hidden``, ``B: hidden x r`` per layer).
+        repeat: synchronous/asynchronous saves per path; the best is reported.
+        json_path: write the JSON here.
+        data_dir: where the node data and the FileSystemWriter folders go
+            (default: a fresh temporary folder, removed after).
+        paths: subset of ``["gpufeed", "gpufeed_tcp", "dcp_fs"]``.
+        quiet: print nothing.
+    """
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..ai.checkpoint import checkpoints
+    from ..ai.dcp import Writer
+    from ..client import Client
+    from ..testing.node import start_node
+
+    paths = paths or ["gpufeed", "gpufeed_tcp", "dcp_fs"]
+    console = Console(quiet=quiet)
+    tmp = tempfile.TemporaryDirectory(prefix="gpufeed-bench-ckpt-") if data_dir is None else None
+    root = Path(tmp.name if tmp else data_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    node = start_node(root / "node")
+    results: list[dict] = []
+    dedup: dict = {}
+    try:
+        clients = {"gpufeed": Client(node.shm_url), "gpufeed_tcp": Client(node.tcp_url)}
+        clients["gpufeed"].create_bucket(BUCKET)
+        console.print(f"[bold]gpufeed bench checkpoint[/]: building a {size / GB:.2f} GB state dict ...")
+        model, opt = build_state(size)
+        sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+        total = _nbytes(sd)
+        counter = iter(range(1 << 30))
+
+        def fresh_writer(path: str):
+            if path == "dcp_fs":
+                folder = root / f"fs-{next(counter)}"
+                w = dcp.FileSystemWriter(folder)
+                assert w.sync_files, "FileSystemWriter must fsync (sync_files=True is its default)"
+                return w, lambda: shutil.rmtree(folder, ignore_errors=True)
+            client = clients[path]
+            url = f"{node.tcp_url}/{BUCKET}/{path}-{next(counter)}"
+            w = Writer(url, client=client, step=0)
+
+            def cleanup() -> None:
+                cps = checkpoints(url, client=client)
+                for s in cps.steps():
+                    cps.delete(s)
+            return w, cleanup
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            for path in paths:
+                console.print(f"  {path}: synchronous saves ...")
+                sync = []
+                for _ in range(repeat):
+                    w, cleanup = fresh_writer(path)
+                    t0 = time.perf_counter()
+                    dcp.save(sd, storage_writer=w, no_dist=True)
+                    sync.append(time.perf_counter() - t0)
+                    cleanup()
+                console.print(f"  {path}: async saves ...")
+                blocks = []
+                w, cleanup = fresh_writer(path)
+                for i in range(repeat + 1):  # the first stages into new memory
+                    if path != "dcp_fs":
+                        w.reset(i)  # same Writer (keeps its staging buffers), next step
+                    else:
+                        cleanup()
+                        w, cleanup = fresh_writer(path)
+                    t0 = time.perf_counter()
+                    fut = dcp.async_save(sd, storage_writer=w, no_dist=True)
+                    blocks.append(time.perf_counter() - t0)
+                    fut.result()
+                    if path != "dcp_fs":
+                        # a fresh prefix for the next one: all chunks are written again
+                        cleanup()
+                cleanup()
+                best = min(sync)
+                results.append({"path": path, "save_gbps": total / best / GB, "sync_s": best,
+                                "async_block_s": min(blocks[1:]) if len(blocks) > 1 else blocks[0],
+                                "async_block_first_s": blocks[0], "sync_all_s": sync})
+
+            console.print(f"  LoRA: {versions} versions, rank {lora_rank} ...")
+            dedup = _lora_versions(model, versions, lora_rank, f"{node.tcp_url}/{BUCKET}/lora",
+                                   clients["gpufeed"])
+        for c in clients.values():
+            c.close()
+    finally:
+        node.stop()
+        if tmp is not None:
+            tmp.cleanup()
+
+    out = {"benchmark": "checkpoint", "machine": machine_info(),
+           "params": {"size_bytes": total, "repeat": repeat, "best_of": repeat, "fsync": True,
+                      "chunk_bytes": 16 << 20, "lora_rank": lora_rank,
+                      "fs_writer": "FileSystemWriter(sync_files=True, thread_count=1)"},
+           "results": results, "dedup": dedup}
+    table = Table(title=f"gpufeed bench checkpoint — {total / GB:.2f} GB state dict (best of {repeat})")
+    for col in ("path", "save GB/s", "sync s", "async blocks s", "block / sync", "× dcp_fs"):
+        table.add_column(col, justify="right" if col != "path" else "left", no_wrap=True)
+    fs = next((r for r in results if r["path"] == "dcp_fs"), None)
+    for r in results:
+        table.add_row(r["path"], f"{r['save_gbps']:.2f}", f"{r['sync_s']:.2f}", f"{r['async_block_s']:.3f}",
+                      f"{r['async_block_s'] / r['sync_s']:.1%}",
+                      f"{r['save_gbps'] / fs['save_gbps']:.2f}" if fs else "—")
+    console.print(table)
+    if dedup:
+        console.print(f"LoRA versions: {dedup['versions']}, one version {dedup['version_bytes'] / GB:.3f} GB; "
+                      f"stored {dedup['physical_ratio']:.3f} × one version; "
+                      f"the last save wrote {dedup['last_save_written_ratio']:.2%} of it")
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(out, indent=2))
+        console.print(f"wrote {json_path}")
+    return out
+
+
+def _lora_versions(base, versions: int, rank: int, url: str, client) -> dict:
+    """Save ``versions`` LoRA-style versions (frozen base, adapters + AdamW changing)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from ..ai.checkpoint import checkpoints
+    from ..ai.dcp import Writer
+
+    for p in base.parameters():
+        p.requires_grad_(False)
+    g = torch.Generator().manual_seed(1)
+    adapters = {}
+    for name, mod in base.named_modules():
+        if isinstance(mod, torch.nn.Linear):
+            adapters[f"{name}.lora_A"] = torch.nn.Parameter(torch.randn(rank, mod.in_features, generator=g) * 0.01)
+            adapters[f"{name}.lora_B"] = torch.nn.Parameter(torch.zeros(mod.out_features, rank))
+    opt = torch.optim.AdamW(adapters.values(), lr=1e-3)
+    writer = Writer(url, client=client)
+    written, version_bytes = [], 0
+    for v in range(versions):
+        for p in adapters.values():
+            p.grad = torch.randn(p.shape, generator=g) * 1e-3
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sd = {"base": base.state_dict(), "adapters": dict(adapters), "optim": opt.state_dict()}
+        writer.reset(v)
+        dcp.save(sd, storage_writer=writer, no_dist=True)
+        written.append(writer.result.bytes_written)
+        version_bytes = writer.result.bytes_total
+    physical = checkpoints(url, client=client).physical_bytes()
+    return {"versions": versions, "physical_ratio": physical / version_bytes,
+            "last_save_written_ratio": written[-1] / version_bytes, "version_bytes": version_bytes,
+            "physical_bytes": physical, "written_bytes": written,
+            "adapter_fraction": (_nbytes(dict(adapters)) * 3) / version_bytes}
