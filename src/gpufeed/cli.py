@@ -1,6 +1,6 @@
 """The ``gpufeed`` command line: parse, call the library, print.
 
-Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``bench io``, ``demo``.
+Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``bench io``, ``bench kv``, ``demo``.
 """
 
 from __future__ import annotations
@@ -219,6 +219,32 @@ def bench_io(size, cold, json_path, paths, repeat, data_dir) -> None:
 
     run_io_bench(size=size, cold=cold, json_path=json_path, paths=paths.split(","),
                  repeat=repeat, data_dir=data_dir)
+
+
+@bench.command("kv")
+@click.option("--tokens", type=int, default=8192, help="Prompt length.")
+@click.option("--cached", type=int, default=None, help="Tokens cached first (default: tokens - 256, whole chunks).")
+@click.option("--layers", type=int, default=8, help="Llama layers.")
+@click.option("--hidden", type=int, default=1024, help="Hidden size.")
+@click.option("--heads", type=int, default=16, help="Attention heads.")
+@click.option("--kv-heads", type=int, default=8, help="KV heads.")
+@click.option("--dtype", default="float32", help="Model and KV dtype (float32 compares exactly).")
+@click.option("--new-tokens", type=int, default=4, help="Greedy tokens generated and compared.")
+@click.option("--io-size", type=SizeType(), default="1GiB", help="Large-read yardstick object (0 skips).")
+@click.option("--clients", type=int, default=16, help="Concurrent clients (0 skips).")
+@click.option("--rounds", type=int, default=4, help="Loads per concurrent client.")
+@click.option("--concurrent-tokens", type=int, default=2048, help="Prefix length per concurrent client.")
+@click.option("--repeat", type=int, default=3, help="Reload/io repetitions (best is kept).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+def bench_kv(tokens, cached, layers, hidden, heads, kv_heads, dtype, new_tokens, io_size, clients,
+             rounds, concurrent_tokens, repeat, json_path) -> None:
+    """KV cache: TTFT recompute vs reload over shm/tcp, reload GB/s vs io GB/s, concurrency."""
+    from .bench.kv import run_kv_bench
+
+    run_kv_bench(tokens=tokens, cached=cached, layers=layers, hidden=hidden, heads=heads,
+                 kv_heads=kv_heads, dtype=dtype, new_tokens=new_tokens, io_size=io_size,
+                 clients=clients, rounds=rounds, concurrent_tokens=concurrent_tokens,
+                 repeat=repeat, json_path=json_path)
 
 
 @bench.command("checkpoint")

@@ -271,3 +271,23 @@ def test_bad_destination_rejected(node):
             st.get_into([1, 2], torch.zeros((2, L + 1, 4, H, D)))
         with pytest.raises(ValueError):
             st.put(list(range(CT)), torch.zeros((2, L, CT, H + 1, D)))
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_get_chunks_whole_objects(node, transport):
+    url = node.shm_url if transport == "shm" else node.tcp_url
+    tokens = list(range(5000, 5000 + 4 * CT))
+    kv = rand_kv(len(tokens), seed=11)
+    with make_store(url, "kvt-chunks", chunks_per_request=2) as st, Client(url) as c:
+        st.put(tokens, kv).result()
+        with st.chunk_landing(len(tokens)) as buf:
+            chunks = st.get_chunks(tokens, buf)
+            assert len(chunks) == 4
+            assert torch.equal(torch.cat(chunks, dim=2), kv)
+            assert len(st.get_chunks(tokens, buf[: buf.numel() // 2])) == 2  # only what fits
+            raw = bytearray(c.get("kvt-chunks", st.keys(tokens)[2].key))
+            raw[st.header_len + 5] ^= 1
+            c.put("kvt-chunks", st.keys(tokens)[2].key, raw)
+            assert len(st.get_chunks(tokens, buf)) == 2 and st.metrics.corrupt_chunks == 1
+            c.delete("kvt-chunks", st.keys(tokens)[1].key)
+            assert len(st.get_chunks(tokens, buf)) == 1

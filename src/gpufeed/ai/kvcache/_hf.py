@@ -56,17 +56,40 @@ def _load_cache(model, input_ids: torch.Tensor, store: KVCacheStore):
     n = store.lookup(tokens[: T - 1]) if T > 1 else 0
     if n == 0:
         return None, 0
-    kv = store.alloc_kv(n)
-    n = store.get_into(tokens[:n], kv)  # may be shorter: chunks can vanish after lookup
-    if n == 0:
-        return None, 0
-    cache = DynamicCache(config=model.config)
-    dev, dt = input_ids.device, model.dtype
-    for i in range(store.layout.num_layers):
-        k = kv[0, i, :n].transpose(0, 1).unsqueeze(0).to(dev, dt)  # [1, H, n, D]
-        v = kv[1, i, :n].transpose(0, 1).unsqueeze(0).to(dev, dt)
-        cache.update(k, v, i)  # copies into the cache's own tensor
+    with store.chunk_landing(n) as buf:
+        # one read per chunk object into registered memory; may come back shorter
+        # than the lookup said: chunks can vanish in between
+        chunks = store.get_chunks(tokens[:n], buf)
+        if not chunks:
+            return None, 0
+        n = sum(c.shape[2] for c in chunks)
+        cache = DynamicCache(config=model.config)
+        dev, dt = input_ids.device, model.dtype
+        H, D = store.layout.num_kv_heads, store.layout.head_dim
+        for i in range(store.layout.num_layers):
+            kv = []
+            for j in range(2):  # [1, H, n, D], one copy out of the chunk slots
+                t = torch.empty((1, H, n, D), dtype=dt, device=dev)
+                at = 0
+                for c in chunks:
+                    t[0, :, at:at + c.shape[2]].copy_(c[j, i].transpose(0, 1))
+                    at += c.shape[2]
+                kv.append(t)
+            _fill_layer(cache, i, kv[0], kv[1])
     return cache, n
+
+
+def _fill_layer(cache, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Put ``k``/``v`` ``[1, H, n, D]`` into an empty layer ``i`` without another copy
+    (``update`` would ``torch.cat`` them onto an empty tensor)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layer = cache.layers[i]
+    if type(layer) is DynamicLayer and not layer.is_initialized:
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+    else:
+        cache.update(k, v, i)
 
 
 def generate_with_cache(model, input_ids: torch.Tensor, store: KVCacheStore, *,

@@ -30,7 +30,13 @@ import numpy as np
 import torch
 
 from ...client import Client
-from ...errors import BucketAlreadyOwnedByYou, GpufeedError, InvalidRange, NotFoundError
+from ...errors import (
+    BucketAlreadyOwnedByYou,
+    GpufeedError,
+    InvalidRange,
+    InvalidRequestError,
+    NotFoundError,
+)
 from ._format import ChunkFormatError, ChunkHeader, block_checksum, header_len
 from ._keys import ChunkKey, KVLayout, chunk_keys
 from ._tier import CpuTier
@@ -125,6 +131,7 @@ class KVCacheStore:
 
     Raises:
         ValueError: a bad layout (see :class:`KVLayout`).
+        InvalidBucketName: a bad bucket name.
 
     A node that is down at construction is not an error: the store serves
     misses and retries later.
@@ -153,6 +160,8 @@ class KVCacheStore:
         self._retry_interval_s = retry_interval_s
         self._retry_at = 0.0
         self._client_lock = threading.Lock()
+        self._landing_lock = threading.Lock()
+        self._landing_buf: torch.Tensor | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-kv-put")
         self._pending: set[Future] = set()
         self._pending_lock = threading.Lock()
@@ -183,6 +192,8 @@ class KVCacheStore:
                 try:
                     self._create_bucket(self._client)
                     self._bucket_ready = True
+                except InvalidRequestError:
+                    raise  # a bad bucket name is the caller's error, not a node outage
                 except (GpufeedError, OSError) as exc:
                     self._failed_locked(exc)
                     return None
@@ -235,6 +246,144 @@ class KVCacheStore:
             return torch.empty(shape, dtype=self.torch_dtype)
         mem = client.alloc(nbytes)
         return torch.frombuffer(mem, dtype=self.torch_dtype).view(shape)
+
+    def landing(self, tokens: int) -> "_Landing":
+        """A reusable :meth:`alloc_kv` buffer of at least ``tokens`` tokens, held while in
+        the ``with`` block (one holder at a time): repeated reloads reuse the same
+        registered memory instead of mapping a new region each time.
+
+        Usage: ``with store.landing(n) as kv: store.get_into(tokens, kv[:, :, :n])``
+        (the yielded tensor is exactly ``[2, layers, tokens, kv_heads, head_dim]``,
+        contiguous only when ``tokens`` equals its capacity, so pass it whole).
+        """
+        shape = self._chunk_shape(tokens)
+        return _Landing(self, int(np.prod(shape)) * self.layout.itemsize, shape, self.torch_dtype)
+
+    def chunk_landing(self, tokens: int) -> "_Landing":
+        """Like :meth:`landing`, for :meth:`get_chunks`: a ``uint8`` buffer with room for
+        the whole chunk objects (headers included) of ``tokens`` tokens."""
+        n = -(-tokens // self.layout.chunk_tokens)
+        nbytes = n * self._object_bytes(self.layout.chunk_tokens)
+        return _Landing(self, nbytes, (nbytes,), torch.uint8)
+
+    def _object_bytes(self, ntok: int) -> int:
+        return self.header_len + ntok * self.layout.token_bytes()
+
+    def _alloc_bytes(self, nbytes: int) -> torch.Tensor:
+        """Flat uint8 tensor in registered memory on shm (page-touched), else plain."""
+        client = self._node()
+        if client is None or client.transport != "shm" or nbytes == 0:
+            return torch.zeros(nbytes, dtype=torch.uint8)
+        t = torch.frombuffer(client.alloc(nbytes), dtype=torch.uint8)
+        t.zero_()  # fault the pages in once, here, rather than on the first reload
+        return t
+
+    def get_chunks(self, tokens, out: torch.Tensor) -> list[torch.Tensor]:
+        """Load the cached prefix of ``tokens`` chunk by chunk: the fastest reload.
+
+        Each chunk object is one read (header and payload) into its own slot of
+        ``out`` (from :meth:`chunk_landing`), verified there; chunks in the CPU
+        tier are returned as they are (no copy).
+
+        Args:
+            tokens: token ids, 1-D; chunks that do not fit in ``out`` are not read.
+            out: flat ``uint8`` buffer, ``k * object_bytes`` long.
+
+        Returns:
+            Payload tensors ``[2, layers, chunk_tokens, kv_heads, head_dim]`` of the
+            leading valid chunks, in order (views into ``out`` or tier buffers; valid
+            until ``out`` is reused or the tier evicts, so copy before that).
+        """
+        cks = self.keys(tokens)
+        slot = self._object_bytes(self.layout.chunk_tokens)
+        cks = cks[: out.numel() // slot]
+        self.metrics.add(lookups=1)
+        result: list[torch.Tensor] = []
+        i = 0
+        while i < len(cks):
+            t = self.tier.get(cks[i].key)
+            if t is None:
+                break
+            result.append(t)
+            i += 1
+        self.metrics.add(tier_hits=i)
+        rest = cks[i:]
+        client = self._node() if rest else None
+        if client is not None:
+            jobs = [(ck, out[j * slot:j * slot + self._object_bytes(ck.tokens)])
+                    for j, ck in enumerate(rest)]
+            for ck, obj in self._read_objects(client, jobs):
+                payload = obj[self.header_len:].view(self.torch_dtype).view(self._chunk_shape(ck.tokens))
+                result.append(payload)
+                if self.populate_tier and self.tier.capacity_bytes:
+                    buf = self.tier.empty(payload.shape, payload.dtype)
+                    buf.copy_(payload)
+                    self.tier.put(ck.key, buf)
+        got = cks[len(result) - 1].end if result else 0
+        self.metrics.add(hit_tokens=got, miss_tokens=(cks[-1].end if cks else 0) - got)
+        return result
+
+    def _read_objects(self, client: Client, jobs):
+        """Whole-object reads, ``chunks_per_request`` per batch, all batches in flight;
+        yields ``(ck, obj)`` of the leading valid chunks, verifying each batch while the
+        next ones are still arriving. Waits for every read it started."""
+        per = self.chunks_per_request
+        groups = [jobs[i:i + per] for i in range(0, len(jobs), per)]
+        futs = []
+        try:
+            for g in groups:
+                futs.append(client.submit_get_many_into(
+                    [(self.bucket, ck.key, _u8(obj)) for ck, obj in g]))
+        except (GpufeedError, OSError) as exc:
+            self._failed(exc)
+        ok = True
+        try:
+            for g, fut in zip(groups, futs):
+                if not ok:
+                    break
+                try:
+                    ns = fut.result()
+                except _CHUNK_ERRORS:
+                    ns = [self._read_one(client, ck, obj) for ck, obj in g]
+                except (GpufeedError, OSError) as exc:
+                    self._failed(exc)
+                    ok = False
+                    break
+                for (ck, obj), n in zip(g, ns):
+                    if n != obj.numel() or not self._verify_object(ck, obj):
+                        ok = False
+                        break
+                    self.metrics.add(chunks_read=1, bytes_read=n)
+                    yield ck, obj
+        finally:
+            for f in futs:
+                try:
+                    f.result()
+                except Exception:
+                    pass
+
+    def _read_one(self, client: Client, ck: ChunkKey, obj: torch.Tensor) -> int:
+        try:
+            return client.get_into(self.bucket, ck.key, _u8(obj))
+        except NotFoundError:
+            self.metrics.add(missing_chunks=1)
+            return -1
+        except InvalidRange:
+            self.metrics.add(corrupt_chunks=1)
+            return -1
+
+    def _verify_object(self, ck: ChunkKey, obj: torch.Tensor) -> bool:
+        payload = obj[self.header_len:].view(self.torch_dtype).view(self._chunk_shape(ck.tokens))
+        try:
+            self._check(ck, payload, memoryview(_u8(obj[:self.header_len])))
+        except _Miss as exc:
+            log.warning("kvcache: %s; treated as a miss", exc)
+            self.metrics.add(corrupt_chunks=1)
+            client = self._node()
+            if client is not None:
+                self._drop_corrupt(client, ck.key)
+            return False
+        return True
 
     # --- reads ------------------------------------------------------------------------
     def _items(self, ck: ChunkKey, dst: torch.Tensor, hdr: memoryview) -> list[tuple]:
@@ -626,6 +775,28 @@ class KVCacheStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Landing:
+    """Holds the store's reusable registered buffer; yields a view of ``nbytes`` as ``shape``."""
+
+    def __init__(self, store: KVCacheStore, nbytes: int, shape, dtype) -> None:
+        self.store, self.nbytes, self.shape, self.dtype = store, nbytes, shape, dtype
+
+    def __enter__(self) -> torch.Tensor:
+        s = self.store
+        s._landing_lock.acquire()
+        try:
+            buf = s._landing_buf
+            if buf is None or buf.numel() < self.nbytes:
+                buf = s._landing_buf = s._alloc_bytes(self.nbytes)
+            return buf[:self.nbytes].view(self.dtype).view(self.shape)
+        except BaseException:
+            s._landing_lock.release()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.store._landing_lock.release()
 
 
 class LayerStream:
