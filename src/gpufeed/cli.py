@@ -56,7 +56,7 @@ class _Group(click.Group):
         except GpufeedError as exc:
             click.echo(f"error: {exc.code}: {exc.message}", err=True)
             ctx.exit(1)
-        except OSError as exc:
+        except (OSError, ValueError, OverflowError) as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(1)
 
@@ -160,6 +160,8 @@ def put(url, src, dest) -> None:
 def get(url, src, dest) -> None:
     """Download BUCKET/KEY to DEST (default: the key's last path element; '-' = stdout)."""
     bucket, key = _split(src)
+    if not key:
+        raise click.UsageError("give BUCKET/KEY")
     with _client(url) as c:
         data = c.get(bucket, key)
         if dest == "-":
@@ -196,6 +198,8 @@ def ls(url, path, recursive) -> None:
 def rm(url, path) -> None:
     """Delete BUCKET/KEY."""
     bucket, key = _split(path)
+    if not key:
+        raise click.UsageError("give BUCKET/KEY (deleting buckets: not from this command)")
     with _client(url) as c:
         c.delete(bucket, key)
     click.echo(f"delete: {bucket}/{key}")

@@ -31,6 +31,7 @@ Tree::
     │   ├── BadDigest
     │   ├── EntityTooSmall
     │   ├── EntityTooLarge
+    │   ├── MetadataTooLarge
     │   ├── InvalidPart
     │   ├── InvalidPartOrder
     │   ├── MalformedXML
@@ -76,6 +77,7 @@ __all__ = [
     "BadDigest",
     "EntityTooSmall",
     "EntityTooLarge",
+    "MetadataTooLarge",
     "InvalidPart",
     "InvalidPartOrder",
     "MalformedXML",
@@ -193,6 +195,10 @@ class BadDigest(InvalidRequestError):
 
 class EntityTooSmall(InvalidRequestError):
     code, status = "EntityTooSmall", 400
+
+
+class MetadataTooLarge(InvalidRequestError):
+    code, status = "MetadataTooLarge", 400
 
 
 class EntityTooLarge(InvalidRequestError):

@@ -191,3 +191,59 @@ def test_list_v1_marker_at_common_prefix(s3, bucket):
     entries = [o["Key"] for p in pages for o in p.get("Contents", [])]
     entries += [c["Prefix"] for p in pages for c in p.get("CommonPrefixes", [])]
     assert sorted(entries) == ["a", "b/", "b0", "c/"]
+
+
+def test_get_during_overwrites_never_404(node):
+    """Readers racing overwriters get the old or the new version, never NoSuchKey."""
+    import threading
+
+    s3 = node.boto3_client()
+    s3.create_bucket(Bucket="overwrite-race")
+    s3.put_object(Bucket="overwrite-race", Key="race", Body=b"0" * 100_000)
+    stop = threading.Event()
+    errors: list[Exception] = []
+    reads = [0]
+
+    def writer(i: int) -> None:
+        c = node.boto3_client()
+        n = 0
+        while not stop.is_set():
+            c.put_object(Bucket="overwrite-race", Key="race", Body=bytes([48 + (i + n) % 10]) * 100_000)
+            n += 1
+        c.close()
+
+    def reader() -> None:
+        c = node.boto3_client()
+        while not stop.is_set():
+            try:
+                body = c.get_object(Bucket="overwrite-race", Key="race")["Body"].read()
+                assert len(body) == 100_000 and body == body[:1] * 100_000
+                reads[0] += 1
+            except Exception as exc:  # reported below
+                errors.append(exc)
+        c.close()
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
+    threads += [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    import time
+
+    time.sleep(4)
+    stop.set()
+    for t in threads:
+        t.join()
+    s3.close()
+    assert not errors, errors[:3]
+    assert reads[0] > 20
+
+
+def test_metadata_too_large(s3):
+    s3.create_bucket(Bucket="meta-large")
+    import botocore.exceptions
+    import pytest
+
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        s3.put_object(Bucket="meta-large", Key="k", Body=b"x", Metadata={"big": "a" * 5000})
+    assert info.value.response["Error"]["Code"] == "MetadataTooLarge"
+    s3.put_object(Bucket="meta-large", Key="k", Body=b"x", Metadata={"ok": "a" * 1000})

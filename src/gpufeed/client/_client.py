@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..errors import GpufeedError, InvalidArgument, InvalidRange, error_from_code
+from ..errors import GpufeedError, InvalidArgument, InvalidRange, TransportError, error_from_code
 from ..wire import protocol as p
 from ._conn import Connection, connect
 from ._region import Region, StagingPool, address_of
@@ -82,10 +82,35 @@ def parse_url(url: str) -> tuple[str, object]:
 
 
 def _mv(buf) -> memoryview:
-    mv = memoryview(buf)
+    """A flat byte view of any contiguous buffer, torch CPU tensors included."""
+    if hasattr(buf, "untyped_storage") and not isinstance(buf, (bytes, bytearray, memoryview)):
+        import torch  # only reached for tensors
+
+        if buf.device.type != "cpu" or not buf.is_contiguous():
+            raise InvalidArgument("tensors must be contiguous and on the CPU")
+        buf = buf.detach().reshape(-1).view(torch.uint8).numpy()
+    try:
+        mv = memoryview(buf)
+    except TypeError as exc:
+        raise InvalidArgument(f"not a buffer: {type(buf).__name__}") from exc
+    if not mv.c_contiguous:
+        raise InvalidArgument("the buffer must be C-contiguous")
     if mv.ndim != 1 or mv.format != "B":
         mv = mv.cast("B")
     return mv
+
+
+_MAX_OFFSET = (1 << 63) - 1
+
+
+def _check(bucket, key, offset: int = 0, length: int | None = None) -> None:
+    """Cheap argument checks so bad input is a typed error, never a dead connection."""
+    if type(bucket) is not str or type(key) is not str:
+        raise InvalidArgument("bucket and key must be str")
+    if type(offset) is not int or not 0 <= offset <= _MAX_OFFSET:
+        raise InvalidArgument(f"offset must be an int in [0, 2**63): {offset!r}")
+    if length is not None and (type(length) is not int or not 0 <= length <= _MAX_OFFSET):
+        raise InvalidArgument(f"length must be an int >= 0: {length!r}")
 
 
 def _then(fut: Future, fn) -> Future:
@@ -110,6 +135,8 @@ class Client:
         connections: pooled connections (default 4 for TCP, 1 for shm; each
             carries many requests in flight).
         timeout_s: connect timeout, seconds.
+        request_timeout_s: a request that makes no progress for this long (no
+            reply bytes, or a send that cannot proceed) fails with TransportError.
         staging_bytes: size of the shm staging region for unregistered buffers.
         slot_bytes: size of one staging slot.
 
@@ -119,14 +146,17 @@ class Client:
     """
 
     def __init__(self, url: str, *, connections: int | None = None, timeout_s: float = 30.0,
+                 request_timeout_s: float | None = 60.0,
                  staging_bytes: int = 64 << 20, slot_bytes: int = 4 << 20) -> None:
+        self._closed = False
         self.url = url
         self.transport, address = parse_url(url)
         n = connections or (4 if self.transport == "tcp" else 1)
         self._conns: list[Connection] = []
         try:
             for _ in range(n):
-                conn = Connection(connect(self.transport, address, timeout_s), self.transport)
+                conn = Connection(connect(self.transport, address, timeout_s), self.transport,
+                                  request_timeout_s)
                 self._conns.append(conn)
                 conn.call(p.Op.HELLO, p.Hello("gpufeed-python"))
         except BaseException:
@@ -140,15 +170,18 @@ class Client:
         self._staging: StagingPool | None = None
         self._staging_lock = threading.Lock()
         self._exec: ThreadPoolExecutor | None = None
-        self._closed = False
 
     # --- plumbing ----------------------------------------------------------------
     def _conn(self) -> Connection:
+        if self._closed:
+            raise TransportError("the client is closed")
         if len(self._conns) == 1:
             return self._conns[0]
         return min(self._conns, key=lambda c: (c.inflight, next(self._rr) % 7))
 
     def _executor(self) -> ThreadPoolExecutor:
+        if self._closed:
+            raise TransportError("the client is closed")
         if self._exec is None:
             with self._regions_lock:
                 if self._exec is None:
@@ -201,8 +234,10 @@ class Client:
         Returns:
             A writable 1-D ``memoryview`` of ``nbytes`` bytes.
         """
-        if nbytes < 0:
-            raise InvalidArgument("nbytes must be >= 0")
+        if type(nbytes) is not int or nbytes < 0:
+            raise InvalidArgument("nbytes must be an int >= 0")
+        if self._closed:
+            raise TransportError("the client is closed")
         if self.transport == "shm":
             return self._new_region(nbytes).view(0, nbytes)
         return memoryview(mmap.mmap(-1, max(nbytes, 1)))[:nbytes]
@@ -222,6 +257,7 @@ class Client:
     # --- objects -------------------------------------------------------------------
     def head(self, bucket: str, key: str) -> ObjectMeta:
         """Object metadata. Raises NoSuchBucket, NoSuchKey."""
+        _check(bucket, key)
         return self._call(p.Op.HEAD, p.Head(bucket, key))
 
     def submit_put(self, bucket: str, key: str, data, *, content_type: str | None = None,
@@ -231,6 +267,7 @@ class Client:
         ``data`` must not change until the Future is done. Atomic: the whole
         object becomes visible, or nothing.
         """
+        _check(bucket, key)
         mv = _mv(data)
         meta = dict(metadata or {})
         found = self._find_region(mv)
@@ -267,6 +304,7 @@ class Client:
         Raises:
             NoSuchBucket, NoSuchKey, InvalidRange.
         """
+        _check(bucket, key, offset, length)
         want = -1 if length is None else length
         if self.transport == "tcp":
             _reply, buf = self._conn().request(p.Op.GET, p.Get(bucket, key, offset, want),
@@ -284,7 +322,10 @@ class Client:
     def submit_get_into(self, bucket: str, key: str, buffer, *, offset: int = 0,
                         length: int | None = None) -> Future:
         """Start :meth:`get_into`; the Future resolves to the bytes read."""
+        _check(bucket, key, offset, length)
         dest = _mv(buffer)
+        if dest.readonly:
+            raise InvalidArgument("the destination buffer is read-only")
         if length is not None:
             if length > len(dest):
                 raise InvalidArgument(f"length {length} exceeds the buffer ({len(dest)} bytes)")
@@ -380,6 +421,8 @@ class Client:
         """Start a batch read in one round trip; the Future resolves to the list of
         bytes read per request (see :meth:`get_many_into`)."""
         reqs = [r if isinstance(r, ReadRequest) else ReadRequest(*r) for r in requests]
+        for r in reqs:
+            _check(r.bucket, r.key, r.offset, r.length)
         items: list[p.Get] = []
         dests: list[memoryview] = []
         staged: list[tuple[int, int, int]] = []  # (index, slot_offset_abs, length)
@@ -389,6 +432,8 @@ class Client:
         fallback: list[int] = []
         for i, r in enumerate(reqs):
             dest = _mv(r.dest)
+            if dest.readonly:
+                raise InvalidArgument("a destination buffer is read-only")
             if r.length is not None:
                 dest = dest[: r.length]
             dests.append(dest)
@@ -453,6 +498,7 @@ class Client:
 
     def delete(self, bucket: str, key: str) -> None:
         """Delete a key; a missing key is not an error. Raises NoSuchBucket."""
+        _check(bucket, key)
         self._call(p.Op.DELETE, p.Delete(bucket, key))
 
     def list(self, bucket: str, prefix: str = "", delimiter: str = "", *,
@@ -485,6 +531,8 @@ class Client:
             region.close()
 
     def __enter__(self) -> "Client":
+        if self._closed:
+            raise TransportError("the client is closed")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -498,14 +546,15 @@ class Client:
 
 
 class AsyncClient:
-    """``asyncio`` form of :class:`Client`: same arguments, ``await``-able methods.
+    """``asyncio`` form of :class:`Client`, with ``await``-able methods.
 
-    Requests are pipelined on the underlying connections; nothing blocks the loop
-    except connecting (done in a thread by :meth:`connect`).
+    Create it with ``await AsyncClient.connect(url, **kw)`` (connects in a thread),
+    or ``AsyncClient(url_or_client, **kw)`` (connects right away, blocking).
+    Requests are pipelined on the underlying connections.
     """
 
-    def __init__(self, client: Client) -> None:
-        self.sync = client
+    def __init__(self, client: "Client | str", **kw) -> None:
+        self.sync = Client(client, **kw) if isinstance(client, str) else client
 
     @classmethod
     async def connect(cls, url: str, **kw) -> "AsyncClient":

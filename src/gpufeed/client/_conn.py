@@ -14,7 +14,7 @@ import socket
 import threading
 from concurrent.futures import Future
 
-from ..errors import GpufeedError, ProtocolError, TransportError, error_from_code
+from ..errors import GpufeedError, InvalidArgument, ProtocolError, TransportError, error_from_code
 from ..wire import protocol as p
 
 __all__ = ["Connection", "connect"]
@@ -58,10 +58,17 @@ class Connection:
     Args:
         sock: a connected socket.
         transport: ``"tcp"`` or ``"shm"``.
+        request_timeout_s: a request fails with TransportError (and the
+            connection is closed) when it makes no progress for this long:
+            no reply bytes arrive while it waits, or a send cannot proceed.
+            ``None`` waits forever.
     """
 
-    def __init__(self, sock: socket.socket, transport: str) -> None:
+    def __init__(self, sock: socket.socket, transport: str,
+                 request_timeout_s: float | None = 60.0) -> None:
         self.sock = sock
+        self.request_timeout_s = request_timeout_s
+        sock.settimeout(request_timeout_s)
         self.transport = transport
         self._send_lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
@@ -92,7 +99,10 @@ class Connection:
             raise TransportError(f"connection closed: {self._error or 'by the client'}")
         rid = next(self._ids)
         pend = _Pending(p.REPLY_TYPES[op], dests, alloc)
-        meta = p.encode(meta_obj)
+        try:
+            meta = p.encode(meta_obj)
+        except (UnicodeEncodeError, OverflowError, TypeError) as exc:
+            raise InvalidArgument(f"cannot encode the request: {exc}") from exc
         plen = 0 if payload is None else len(payload)
         frame = p.pack_header(op, len(meta), rid, plen) + meta
         with self._pending_lock:
@@ -108,6 +118,8 @@ class Connection:
         except OSError as exc:
             with self._pending_lock:
                 self._pending.pop(rid, None)
+            if isinstance(exc, TimeoutError):
+                exc = TransportError(f"the server accepted no data for {self.request_timeout_s} s")
             self._fail(exc)
             raise TransportError(f"send failed: {exc}") from exc
         return pend.future
@@ -120,9 +132,18 @@ class Connection:
     def _recv_exact(self, mv: memoryview) -> None:
         pos, n = 0, len(mv)
         while pos < n:
-            got = self.sock.recv_into(mv[pos:])
+            try:
+                got = self.sock.recv_into(mv[pos:])
+            except TimeoutError:
+                if self._closed:
+                    raise TransportError("the client closed the connection") from None
+                if pos == 0 and not self._pending:
+                    continue  # idle between replies: nothing is waiting
+                raise TransportError(
+                    f"no reply from the server for {self.request_timeout_s} s") from None
             if got == 0:
-                raise TransportError("server closed the connection")
+                raise TransportError("the connection was closed"
+                                     + (" by the client" if self._closed else " by the server"))
             pos += got
 
     def _receive_loop(self) -> None:

@@ -40,6 +40,7 @@ from ..errors import (
     InvalidRange,
     InvalidRequestError,
     KeyTooLong,
+    MetadataTooLarge,
     MalformedXML,
     MethodNotAllowed,
     MissingContentLength,
@@ -289,7 +290,16 @@ def _user_metadata(headers) -> dict[str, str]:
         if lname.startswith("x-amz-meta-"):
             k = lname[len("x-amz-meta-"):]
             meta[k] = f"{meta[k]},{value}" if k in meta else value
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in meta.items())
+    if size > _MAX_USER_METADATA:
+        raise MetadataTooLarge(
+            f"Your metadata headers exceed the maximum allowed metadata size ({size} > "
+            f"{_MAX_USER_METADATA} bytes)")
     return meta
+
+
+#: S3's limit on user-defined metadata (names + values), bytes.
+_MAX_USER_METADATA = 2 << 10  # 2 KiB
 
 
 def _content_md5(headers) -> str | None:
@@ -862,16 +872,16 @@ class S3Front:
         return web.Response(status=200, headers=headers)
 
     async def _open(self, ctx: _Ctx, info: ObjectInfo):
-        """Open the object's data file; if it vanished (overwritten meanwhile),
-        head again once. Returns ``(info, file)``."""
-        try:
-            return info, await self.call(open, info.path, "rb")
-        except FileNotFoundError:
-            info = await self.call(self.engine.head_object, ctx.bucket, ctx.key)
+        """Open the object's data file. If that version vanished (overwritten
+        between the lookup and the open), look the key up again: the reader gets
+        the old or the new version, never a spurious 404. Returns ``(info, file)``.
+        Raises NoSuchKey only when the key itself is gone."""
+        for _attempt in range(64):
             try:
                 return info, await self.call(open, info.path, "rb")
-            except FileNotFoundError as exc:
-                raise NoSuchKey("The specified key does not exist.", key=ctx.key) from exc
+            except FileNotFoundError:
+                info = await self.call(self.engine.head_object, ctx.bucket, ctx.key)
+        raise InternalError(f"{ctx.key!r} kept changing while being opened")
 
     async def get_object(self, ctx: _Ctx, *, head: bool) -> web.StreamResponse:
         h = ctx.request.headers
@@ -1165,8 +1175,10 @@ def make_app(engine: Engine, config: NodeConfig) -> web.Application:
         handler_args={
             "auto_decompress": False,  # S3 stores Content-Encoding: gzip bodies as sent
             "read_bufsize": _READ_BUFSIZE,
-            "max_line_size": 16384,
-            "max_field_size": 16384,
+            # room for long presigned URLs and headers; user metadata is then
+            # refused with S3's own MetadataTooLarge rather than a bare 400
+            "max_line_size": 64 << 10,
+            "max_field_size": 64 << 10,
         },
     )
     front = S3Front(engine, config)

@@ -57,8 +57,6 @@ SPLIT_BYTES = 32 << 20  # 32 MiB
 PIECE_BYTES = 16 << 20  # 16 MiB
 #: Receive buffer for TCP PUT payloads.
 RECV_CHUNK = 4 << 20  # 4 MiB
-#: A PUT payload up to this size is drained after an early error to keep framing.
-DRAIN_LIMIT = 64 << 20
 
 
 class _FdCache:
@@ -301,9 +299,8 @@ class _Conn:
         try:
             pending = self.server.engine.begin_put(req.bucket, req.key, etag="xxh3")
         except GpufeedError as exc:
-            if payload_len > DRAIN_LIMIT:
-                self.reply_error(rid, exc)
-                raise ProtocolError("closing after a rejected large upload") from exc
+            # Drain the payload the client is sending anyway, so the stream stays
+            # framed and the client gets the real error rather than a reset.
             self._drain(payload_len, buf)
             self.reply_error(rid, exc)
             return
@@ -521,14 +518,15 @@ class WireServer:
         version was replaced between the lookup and the open)."""
         if cache is not None and (bucket, key) in cache:
             return cache[(bucket, key)]  # acquired once for the whole batch
-        for attempt in (0, 1):
+        for _attempt in range(64):  # the version may be replaced between lookup and open
             info = self.engine.head_object(bucket, key)
             try:
                 ent = self.fds.acquire(info)
                 break
             except FileNotFoundError:
-                if attempt:
-                    raise NoSuchKey(f"{bucket}/{key} vanished while opening") from None
+                continue
+        else:
+            raise InternalError(f"{bucket}/{key} kept changing while being opened")
         if cache is not None:
             cache[(bucket, key)] = (info, ent)
         return info, ent

@@ -1,0 +1,107 @@
+"""SDK edge cases found by a first-use trial: every one is a typed error, never a
+hang, a reset or a dead connection."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+from gpufeed.client import AsyncClient, Client
+from gpufeed.errors import InvalidArgument, KeyTooLong, NoSuchBucket, TransportError
+
+
+@pytest.fixture(params=["tcp", "shm"])
+def url(request, node):
+    return node.tcp_url if request.param == "tcp" else node.shm_url
+
+
+@pytest.fixture
+def bucket(node):
+    name = "edge-" + uuid.uuid4().hex[:10]
+    with Client(node.tcp_url) as c:
+        c.create_bucket(name)
+    return name
+
+
+def test_rejected_large_put_reports_the_real_error(url, bucket):
+    big = os.urandom(65 << 20)
+    with Client(url) as c:
+        with pytest.raises(NoSuchBucket):
+            c.put("no-such-bucket-x", "k", big)
+        with pytest.raises(KeyTooLong):
+            c.put(bucket, "k" * 1025, big)
+        c.put(bucket, "after", b"still works")  # same connection survived
+        assert bytes(c.get(bucket, "after")) == b"still works"
+
+
+def test_bad_arguments_are_typed(url, bucket):
+    with Client(url) as c:
+        c.put(bucket, "obj", b"0123456789")
+        for kwargs in ({"length": -1}, {"offset": 1 << 64}, {"offset": -5}, {"length": 1.5}):
+            with pytest.raises(InvalidArgument):
+                c.get_into(bucket, "obj", bytearray(10), **kwargs)
+        with pytest.raises(InvalidArgument):
+            c.put(bucket, "bad-\udcff", b"x")
+        with pytest.raises(InvalidArgument):
+            c.head(bucket, None)
+        with pytest.raises(InvalidArgument):
+            c.get_into(bucket, "obj", b"read-only bytes")
+        with pytest.raises(InvalidArgument):
+            c.get_into(bucket, "obj", np.zeros((4, 4), np.uint8)[:, 1])
+        assert bytes(c.get(bucket, "obj")) == b"0123456789"  # connection still fine
+
+
+def test_torch_tensors_are_buffers(url, bucket):
+    with Client(url) as c:
+        src = torch.arange(1000, dtype=torch.bfloat16)
+        c.put(bucket, "t", src)
+        dst = torch.empty(1000, dtype=torch.bfloat16)
+        assert c.get_into(bucket, "t", dst) == 2000
+        assert torch.equal(src, dst)
+        with pytest.raises(InvalidArgument):
+            c.get_into(bucket, "t", torch.empty(20, 100).t())
+
+
+def test_closed_client_raises_transport_error(url, bucket):
+    c = Client(url)
+    c.close()
+    for call in (lambda: c.get(bucket, "x"), lambda: c.head(bucket, "x"),
+                 lambda: c.put(bucket, "x", b"1"), lambda: c.get_into(bucket, "x", bytearray(4)),
+                 lambda: list(c.list(bucket)), lambda: c.alloc(10)):
+        with pytest.raises(TransportError, match="closed"):
+            call()
+    with pytest.raises(TransportError):
+        with c:
+            pass
+
+
+def test_async_client_from_url(url, bucket):
+    async def main():
+        async with AsyncClient(url) as ac:
+            await ac.put(bucket, "a", b"abc")
+            return (await ac.head(bucket, "a")).size
+
+    assert asyncio.run(main()) == 3
+
+
+def test_stalled_server_times_out(fresh_node):
+    with Client(fresh_node.tcp_url, request_timeout_s=1.5) as c:
+        c.create_bucket("stall")
+        c.put("stall", "k", b"x" * 100)
+        os.kill(fresh_node.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(TransportError, match="no reply"):
+                c.get("stall", "k")
+            assert time.monotonic() - t0 < 10
+        finally:
+            os.kill(fresh_node.pid, signal.SIGCONT)
+    with Client(fresh_node.tcp_url) as c:  # the node is fine afterwards
+        assert bytes(c.get("stall", "k")) == b"x" * 100
