@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/gpufeed bench io --size 1GiB --cold --json docs/bench-io.json
+	$(BIN)/gpufeed bench io --size 1GiB --cold --json docs/bench/io-1gib.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
