@@ -153,9 +153,14 @@ def read_headers(client: Client, bucket: str, keys: Sequence[str]) -> list[Safet
     """
     sizes = [client.head(bucket, k).size for k in keys]
     probes = [min(HEAD_PROBE_BYTES, s) for s in sizes]
-    heads = [bytearray(n) for n in probes]
-    if any(probes):
-        client.get_many_into([ReadRequest(bucket, k, h, 0) for k, h in zip(keys, heads) if len(h)])
+    # Memory from client.alloc: on shm the server writes it directly. A bytearray
+    # would go through the client's 64 MiB staging region, whose first use costs
+    # ~70 ms to create and map (measured on the 2-core VM).
+    area = client.alloc(sum(probes)) if sum(probes) else memoryview(bytearray(0))
+    starts = [sum(probes[:i]) for i in range(len(probes))]
+    client.get_many_into([ReadRequest(bucket, k, area[o:o + n], 0)
+                          for k, o, n in zip(keys, starts, probes) if n])
+    heads = [bytes(area[o:o + n]) for o, n in zip(starts, probes)]
     need: list[int] = []
     lengths: list[int] = []
     for i, k in enumerate(keys):
@@ -168,7 +173,7 @@ def read_headers(client: Client, bucket: str, keys: Sequence[str]) -> list[Safet
         client.get_many_into([ReadRequest(bucket, keys[i], m, len(heads[i]))
                               for i, m in zip(need, more)])
         for i, m in zip(need, more):
-            heads[i] = heads[i] + m  # a new buffer: the old one may still be exported
+            heads[i] += bytes(m)
     return [parse_header(_join(bucket, k), h, s) for k, h, s in zip(keys, heads, sizes)]
 
 
