@@ -299,16 +299,18 @@ def _print_table(console, results: list[PathResult], repeat: int, model: dict) -
     table.add_column("GB/s", justify="right")
     table.add_column("CPU s/GB", justify="right")
     table.add_column("vs S3", justify="right")
-    table.add_column("bit-identical")
+    table.add_column("identical")
     for r in results:
         ratio = f"{r.ratio_vs_s3:.1f}x" if r.ratio_vs_s3 else "-"
         check = "n/a" if r.verified is None else ("[green]yes[/]" if r.verified else "[red]NO[/]")
         table.add_row(r.path, f"{r.seconds:.3f}", f"{r.gbps:.2f}", f"{r.cpu_s_per_gb:.2f}", ratio,
                       check)
     console.print(table)
-    console.print("CPU s/GB: client + node CPU seconds per GB loaded. How each path loads:")
+    console.print("CPU s/GB: client + node CPU seconds per GB loaded. Every run of every path "
+                  "allocates its tensors afresh. How each path loads:")
     for r in results:
-        console.print(f"  {r.path}: {r.method}", soft_wrap=True)
+        runs = " ".join(f"{s:.2f}" for s in r.runs_s)
+        console.print(f"  {r.path}: {r.method}; runs {runs} s", soft_wrap=True)
 
 
 def _targets(by: dict[str, PathResult]) -> list[dict]:
