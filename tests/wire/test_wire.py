@@ -292,3 +292,51 @@ def test_client_disconnect_mid_put_shm(node, bucket):
             return
         # if the server finished it, it must be whole
         assert meta.size == 256 << 20
+
+
+def test_get_many_into_mixed_sizes_shm(node, bucket):
+    """A batch mixing region, staged and larger-than-a-slot destinations."""
+    with Client(node.shm_url, staging_bytes=8 << 20, slot_bytes=1 << 20) as c:
+        data = _data(6 << 20, seed=9)
+        c.put(bucket, "mixed", data)
+        region = c.alloc(1 << 20)
+        reqs = [ReadRequest(bucket, "mixed", region[:4096], 0),
+                ReadRequest(bucket, "mixed", bytearray(3 << 20), 100),      # > a slot: side read
+                *[ReadRequest(bucket, "mixed", bytearray(300_000), 7 * i) for i in range(20)]]
+        ns = c.get_many_into(reqs)
+        assert ns == [4096, 3 << 20] + [300_000] * 20
+        for r in reqs:
+            assert bytes(r.dest) == data[r.offset:r.offset + len(r.dest)]
+        futs = [c.submit_get_many_into(reqs) for _ in range(8)]  # concurrent batches share slots
+        assert all(f.result(timeout=60) == ns for f in futs)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_alloc_memory_is_reused_after_its_views_die(node, bucket, transport):
+    import gc
+
+    import torch
+
+    url = node.tcp_url if transport == "tcp" else node.shm_url
+    with Client(url) as c:
+        c.put(bucket, "reuse", b"r" * (2 << 20))
+        buf = c.alloc(2 << 20)
+        addr = np.frombuffer(buf, np.uint8).ctypes.data
+        t = torch.frombuffer(buf, dtype=torch.uint8)
+        del buf
+        gc.collect()
+        other = c.alloc(2 << 20)  # the first buffer is still alive through the tensor
+        addr2 = np.frombuffer(other, np.uint8).ctypes.data
+        assert addr2 != addr
+        assert c.get_into(bucket, "reuse", t.numpy()) == 2 << 20 and bool((t == ord("r")).all())
+        del t, other
+        gc.collect()
+        again = c.alloc((2 << 20) - 100)
+        assert np.frombuffer(again, np.uint8).ctypes.data in (addr, addr2)  # a pooled region
+        assert c.get_into(bucket, "reuse", again) == (2 << 20) - 100
+        regions_before = len(c._regions)
+        for _ in range(5):  # steady state: no new registrations
+            b = c.alloc(1 << 20)
+            del b
+            gc.collect()
+        assert len(c._regions) == regions_before

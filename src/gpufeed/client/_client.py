@@ -21,10 +21,15 @@ import itertools
 import mmap
 import os
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+import numpy as np
+
+import msgspec
 
 from ..errors import GpufeedError, InvalidArgument, InvalidRange, TransportError, error_from_code
 from ..wire import protocol as p
@@ -113,6 +118,17 @@ def _check(bucket, key, offset: int = 0, length: int | None = None) -> None:
         raise InvalidArgument(f"length must be an int >= 0: {length!r}")
 
 
+def _bucket_req(bucket, kind, capacity_bytes, ttl_s) -> p.BucketReq:
+    """A CREATE_BUCKET request, checked so a bad argument is a typed error, not a dead connection."""
+    if type(bucket) is not str or type(kind) is not str:
+        raise InvalidArgument("bucket and kind must be str")
+    if type(capacity_bytes) is not int or not 0 <= capacity_bytes <= _MAX_OFFSET:
+        raise InvalidArgument(f"capacity_bytes must be an int >= 0: {capacity_bytes!r}")
+    if type(ttl_s) not in (int, float) or not 0 <= ttl_s < float("inf"):
+        raise InvalidArgument(f"ttl_s must be a number of seconds >= 0: {ttl_s!r}")
+    return p.BucketReq(bucket, kind, capacity_bytes, float(ttl_s))
+
+
 def _then(fut: Future, fn) -> Future:
     """A Future of ``fn(fut.result())``."""
     out: Future = Future()
@@ -127,6 +143,25 @@ def _then(fut: Future, fn) -> Future:
     return out
 
 
+class _AnonRegion:
+    """Anonymous memory for alloc() on TCP (huge pages where the kernel allows)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(size, 1)
+        self.mm = mmap.mmap(-1, self.size)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                self.mm.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:
+            pass
+
+
 class Client:
     """Fast-path client of one gpufeed node. Thread-safe.
 
@@ -139,6 +174,8 @@ class Client:
             reply bytes, or a send that cannot proceed) fails with TransportError.
         staging_bytes: size of the shm staging region for unregistered buffers.
         slot_bytes: size of one staging slot.
+        max_idle_bytes: memory from :meth:`alloc` kept for reuse after its
+            buffers are gone (bytes; default 4 GiB).
 
     Raises:
         TransportError: the node cannot be reached.
@@ -147,7 +184,8 @@ class Client:
 
     def __init__(self, url: str, *, connections: int | None = None, timeout_s: float = 30.0,
                  request_timeout_s: float | None = 60.0,
-                 staging_bytes: int = 64 << 20, slot_bytes: int = 4 << 20) -> None:
+                 staging_bytes: int = 64 << 20, slot_bytes: int = 4 << 20,
+                 max_idle_bytes: int = 4 << 30) -> None:
         self._closed = False
         self.url = url
         self.transport, address = parse_url(url)
@@ -168,6 +206,10 @@ class Client:
         self._regions_lock = threading.Lock()
         self._staging_bytes, self._slot_bytes = staging_bytes, slot_bytes
         self._staging: StagingPool | None = None
+        self._idle: list = []    # alloc() regions whose buffers are gone, for reuse
+        self._retire: list = []  # regions over the idle cap, to unregister
+        #: Bytes of idle alloc() memory kept for reuse.
+        self.max_idle_bytes = max_idle_bytes
         self._staging_lock = threading.Lock()
         self._exec: ThreadPoolExecutor | None = None
 
@@ -225,27 +267,98 @@ class Client:
         """Memory the server can write into directly (shm) or page-aligned memory (tcp).
 
         Reads whose destination lies in such a buffer land with one copy, file to
-        buffer. Wrap it with ``numpy.frombuffer`` / ``torch.frombuffer``. The
-        memory lives until the client is closed and the last view of it is gone.
+        buffer. Wrap it with ``numpy.frombuffer`` / ``torch.frombuffer``.
+
+        Memory is pooled: when the last view of a buffer (including tensors made
+        from it) is gone, its region goes back to the client's pool and a later
+        ``alloc`` of a similar size reuses it, already registered with the server
+        and already faulted in (registering fresh shared memory costs ~0.6 s/GB
+        on small VMs). Like ``numpy.empty``, the contents are not zeroed.
 
         Args:
             nbytes: size in bytes.
 
         Returns:
-            A writable 1-D ``memoryview`` of ``nbytes`` bytes.
+            A writable 1-D ``memoryview`` of ``nbytes`` bytes (its ``.obj`` is the
+            owning ``numpy`` array).
+
+        Raises:
+            InvalidArgument: ``nbytes`` is not an int >= 0.
+            TransportError: the client is closed.
         """
         if type(nbytes) is not int or nbytes < 0:
             raise InvalidArgument("nbytes must be an int >= 0")
         if self._closed:
             raise TransportError("the client is closed")
-        if self.transport == "shm":
-            return self._new_region(nbytes).view(0, nbytes)
-        return memoryview(mmap.mmap(-1, max(nbytes, 1)))[:nbytes]
+        if self._retire:
+            self._retire_regions()
+        region = self._take_idle(nbytes)
+        if region is None:
+            if self.transport == "shm":
+                region = self._new_region(nbytes)
+            else:
+                region = _AnonRegion(nbytes)
+        owner = np.frombuffer(region.mm, dtype=np.uint8, count=nbytes)
+        weakref.finalize(owner, self._recycle, region)
+        return memoryview(owner)
+
+    def _take_idle(self, nbytes: int):
+        """A pooled region of at least ``nbytes`` and at most about twice that."""
+        with self._regions_lock:
+            fits = [r for r in self._idle if nbytes <= r.size <= max(2 * nbytes, 1 << 20)]
+            if not fits:
+                return None
+            best = min(fits, key=lambda r: r.size)
+            self._idle.remove(best)
+            return best
+
+    def _recycle(self, region) -> None:
+        """Finalizer of an alloc() buffer: keep the region for reuse (bounded)."""
+        if self._closed:
+            region.close()
+            return
+        with self._regions_lock:
+            self._idle.append(region)
+            idle = sum(r.size for r in self._idle)
+            while idle > self.max_idle_bytes and len(self._idle) > 1:
+                old = self._idle.pop(0)
+                idle -= old.size
+                self._retire.append(old)
+
+    def _retire_regions(self) -> None:
+        """Unregister regions the pool dropped (not done in finalizers: they may run
+        on any thread, including the connection's receive thread)."""
+        with self._regions_lock:
+            retire, self._retire = self._retire, []
+        for region in retire:
+            if isinstance(region, Region):
+                with self._regions_lock:
+                    if region in self._regions:
+                        self._regions.remove(region)
+                for conn in self._conns:
+                    try:
+                        conn.request(p.Op.UNREGISTER, p.Unregister(region.region_id))
+                    except GpufeedError:
+                        pass
+            region.close()
 
     # --- buckets -------------------------------------------------------------------
-    def create_bucket(self, bucket: str) -> None:
-        """Raises InvalidBucketName, BucketAlreadyOwnedByYou."""
-        self._call(p.Op.CREATE_BUCKET, p.BucketReq(bucket))
+    def create_bucket(self, bucket: str, *, kind: str = "standard", capacity_bytes: int = 0,
+                      ttl_s: float = 0.0) -> None:
+        """Create a bucket; ``kind="kv"`` makes a cache bucket that evicts least
+        recently used objects to stay within ``capacity_bytes`` and hides objects
+        ``ttl_s`` seconds after their last write (see ``Engine.create_bucket``).
+
+        Raises InvalidBucketName, BucketAlreadyOwnedByYou, InvalidArgument (a kv
+        bucket needs ``capacity_bytes > 0`` or ``ttl_s > 0``). A node older than
+        this SDK ignores the policy and makes a standard bucket.
+        """
+        self._call(p.Op.CREATE_BUCKET, _bucket_req(bucket, kind, capacity_bytes, ttl_s))
+
+    def bucket_stats(self, bucket: str) -> dict:
+        """The bucket's policy and counters: ``{"kind", "capacity_bytes", "ttl_s",
+        "bytes", "objects", "evictions", "expirations"}``. Raises NoSuchBucket."""
+        return msgspec.structs.asdict(self._call(p.Op.BUCKET_STATS, p.BucketReq(bucket)))
 
     def delete_bucket(self, bucket: str) -> None:
         """Raises NoSuchBucket, BucketNotEmpty."""
@@ -383,9 +496,12 @@ class Client:
         short = False
         try:
             while (pos < len(dest) and not short) or window:
+                slot = None
                 if pos < len(dest) and not short and len(window) < depth:
+                    # block for a slot only while holding none (no hold-and-wait)
+                    slot = pool.try_acquire() if window else pool.acquire()
+                if slot is not None:
                     length = min(pool.slot_bytes, len(dest) - pos)
-                    slot = pool.acquire()
                     try:
                         fut = self._conn().request(p.Op.GET, p.Get(
                             bucket, key, offset + pos, length, pool.region.region_id, slot))
@@ -421,65 +537,136 @@ class Client:
         """Start a batch read in one round trip; the Future resolves to the list of
         bytes read per request (see :meth:`get_many_into`)."""
         reqs = [r if isinstance(r, ReadRequest) else ReadRequest(*r) for r in requests]
+        dests: list[memoryview] = []
         for r in reqs:
             _check(r.bucket, r.key, r.offset, r.length)
-        items: list[p.Get] = []
-        dests: list[memoryview] = []
-        staged: list[tuple[int, int, int]] = []  # (index, slot_offset_abs, length)
-        slots: list[int] = []
-        pool = None
-        slot_used = 0
-        fallback: list[int] = []
-        for i, r in enumerate(reqs):
             dest = _mv(r.dest)
             if dest.readonly:
                 raise InvalidArgument("a destination buffer is read-only")
             if r.length is not None:
+                if r.length > len(dest):
+                    raise InvalidArgument(f"length {r.length} exceeds its buffer ({len(dest)} bytes)")
                 dest = dest[: r.length]
             dests.append(dest)
-            if self.transport == "tcp":
-                items.append(p.Get(r.bucket, r.key, r.offset, len(dest)))
-                continue
+        if self.transport == "tcp":
+            items = [p.Get(r.bucket, r.key, r.offset, len(d)) for r, d in zip(reqs, dests)]
+            fut = self._conn().request(p.Op.GETV, p.GetV(items), dests=dests)
+            return _then(fut, lambda reply: self._batch_result(reqs, reply, set()))
+
+        # shm: destinations in registered regions are written directly; others are
+        # packed into staging slots (acquired all at once: no hold-and-wait), and
+        # anything that does not fit goes through _get_into_pieces on the side.
+        items: list[p.Get | None] = [None] * len(reqs)
+        bins: list[list[tuple[int, int]]] = []  # per slot: [(index, offset in slot)]
+        fallback: list[int] = []
+        pool = None
+        used = 0
+        for i, (r, dest) in enumerate(zip(reqs, dests)):
             found = self._find_region(dest)
             if found is not None:
                 region, off = found
-                items.append(p.Get(r.bucket, r.key, r.offset, len(dest), region.region_id, off))
+                items[i] = p.Get(r.bucket, r.key, r.offset, len(dest), region.region_id, off)
                 continue
             if pool is None:
                 pool = self._staging_pool()
+            max_bins = max(1, pool.nslots // 2)
             if len(dest) > pool.slot_bytes:
                 fallback.append(i)
-                items.append(p.Get(r.bucket, r.key, r.offset, 0))  # placeholder, replaced below
                 continue
-            if not slots or slot_used + len(dest) > pool.slot_bytes:
-                slots.append(pool.acquire())
-                slot_used = 0
-            at = slots[-1] + slot_used
-            items.append(p.Get(r.bucket, r.key, r.offset, len(dest), pool.region.region_id, at))
-            staged.append((i, at, len(dest)))
-            slot_used += len(dest)
-        fut = self._conn().request(p.Op.GETV, p.GetV(items),
-                                   dests=dests if self.transport == "tcp" else None)
-        side = [self._executor().submit(self._get_into_pieces, reqs[i].bucket, reqs[i].key,
-                                        dests[i], reqs[i].offset) for i in fallback]
+            if not bins or used + len(dest) > pool.slot_bytes:
+                if len(bins) >= max_bins:
+                    fallback.append(i)
+                    continue
+                bins.append([])
+                used = 0
+            bins[-1].append((i, used))
+            used += len(dest)
+        slots = pool.acquire_many(len(bins)) if bins else []
+        staged: list[tuple[int, int]] = []  # (index, absolute offset in the staging region)
+        for slot, members in zip(slots, bins):
+            for i, at in members:
+                r = reqs[i]
+                items[i] = p.Get(r.bucket, r.key, r.offset, len(dests[i]), pool.region.region_id,
+                                 slot + at)
+                staged.append((i, slot + at))
+        batch = [it for it in items if it is not None]
+        index = [i for i, it in enumerate(items) if it is not None]
+        try:
+            fut = self._conn().request(p.Op.GETV, p.GetV(batch)) if batch else None
+            side = [self._executor().submit(self._get_into_pieces, reqs[i].bucket, reqs[i].key,
+                                            dests[i], reqs[i].offset) for i in fallback]
+        except BaseException:
+            for slot in slots:
+                pool.release(slot)
+            raise
 
-        def finish(reply: p.GetVReply) -> list[int]:
+        batch_out: list = []  # [list of n] once the batch reply is in
+
+        def batch_done(f: Future) -> None:
+            # Copy staged bytes out and free the slots as soon as the batch reply
+            # is in, before waiting for side reads: a batch never holds slots while
+            # it waits for anything else (no hold-and-wait, no deadlock).
             try:
-                if reply.errors:
-                    i, (code, msg) = next(iter(sorted(reply.errors.items())))
-                    raise error_from_code(code, f"request {i} ({reqs[i].bucket}/{reqs[i].key}): {msg}")
-                out = list(reply.n)
-                for i, at, ln in staged:
+                reply = f.result()
+                sub = self._batch_result([reqs[i] for i in index], reply, set())
+                out = [0] * len(reqs)
+                for j, i in enumerate(index):
+                    out[i] = sub[j]
+                for i, at in staged:
                     n = out[i]
                     dests[i][:n] = pool.region.view(at, n)
-                for i, f in zip(fallback, side):
-                    out[i] = f.result()
-                return out
+                batch_out.append(out)
+            except BaseException as exc:
+                batch_out.append(exc)
             finally:
-                for s in slots:
-                    pool.release(s)
+                for slot in slots:
+                    pool.release(slot)
 
-        return _then(fut, finish)
+        if fut is not None:
+            fut.add_done_callback(batch_done)
+
+        def finish() -> list[int]:
+            out = [0] * len(reqs)
+            if fut is not None:
+                if isinstance(batch_out[0], BaseException):
+                    raise batch_out[0]
+                out = batch_out[0]
+            for i, f in zip(fallback, side):
+                out[i] = f.result()  # already done: finish runs after every part
+            return out
+
+        # Complete when the batch reply and every side read are done. Callbacks
+        # never block: the last one assembles the result (blocking here could
+        # deadlock the receive thread that completes the other parts).
+        result: Future = Future()
+        parts = ([fut] if fut is not None else []) + side
+        if not parts:
+            result.set_result([])
+            return result
+        remaining = [len(parts)]
+        lock = threading.Lock()
+
+        def part_done(_f: Future) -> None:
+            with lock:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+            try:
+                result.set_result(finish())
+            except BaseException as exc:
+                result.set_exception(exc)
+
+        for f in parts:
+            f.add_done_callback(part_done)
+        return result
+
+    @staticmethod
+    def _batch_result(reqs: list[ReadRequest], reply: p.GetVReply, ignore: set[int]) -> list[int]:
+        """Bytes per item, or the typed error of the first failed item."""
+        for i, (code, msg) in sorted(reply.errors.items()):
+            if i not in ignore:
+                raise error_from_code(code, f"request {i} ({reqs[i].bucket}/{reqs[i].key}): {msg}")
+        return list(reply.n)
 
     def get_many_into(self, requests: Sequence[ReadRequest | tuple]) -> list[int]:
         """Read a batch of ranges, each into its own buffer, in one round trip;
@@ -527,7 +714,13 @@ class Client:
             self._exec.shutdown(wait=True)
         for conn in self._conns:
             conn.close()
-        for region in getattr(self, "_regions", []):
+        lock = getattr(self, "_regions_lock", None)
+        if lock is None:  # __init__ failed before the regions existed
+            return
+        with lock:
+            regions = self._regions + self._idle + self._retire
+            self._regions, self._idle, self._retire = [], [], []
+        for region in regions:
             region.close()
 
     def __enter__(self) -> "Client":
@@ -581,8 +774,14 @@ class AsyncClient:
     async def list(self, bucket: str, prefix: str = "", delimiter: str = "") -> list[ListEntry]:
         return await asyncio.to_thread(lambda: list(self.sync.list(bucket, prefix, delimiter)))
 
-    async def create_bucket(self, bucket: str) -> None:
-        await asyncio.wrap_future(self.sync._conn().request(p.Op.CREATE_BUCKET, p.BucketReq(bucket)))
+    async def create_bucket(self, bucket: str, *, kind: str = "standard", capacity_bytes: int = 0,
+                            ttl_s: float = 0.0) -> None:
+        req = _bucket_req(bucket, kind, capacity_bytes, ttl_s)
+        await asyncio.wrap_future(self.sync._conn().request(p.Op.CREATE_BUCKET, req))
+
+    async def bucket_stats(self, bucket: str) -> dict:
+        reply = await asyncio.wrap_future(self.sync._conn().request(p.Op.BUCKET_STATS, p.BucketReq(bucket)))
+        return msgspec.structs.asdict(reply)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.sync.close)

@@ -67,7 +67,7 @@ class Region:
         self._finalizer()
         try:
             self.mm.close()
-        except BufferError:  # buffers over it are still alive; GC unmaps later
+        except BufferError:  # buffers over it are still alive: they own the mapping now
             pass
 
 
@@ -93,7 +93,26 @@ class StagingPool:
                 self._cond.wait()
             return self._free.pop() * self.slot_bytes
 
+    def try_acquire(self) -> int | None:
+        """A free slot's offset, or ``None`` without waiting."""
+        with self._cond:
+            return self._free.pop() * self.slot_bytes if self._free else None
+
+    @property
+    def nslots(self) -> int:
+        return self.region.size // self.slot_bytes
+
+    def acquire_many(self, k: int) -> list[int]:
+        """Block until ``k`` slots are free and take them together (no
+        hold-and-wait between batches). ``k`` must not exceed :attr:`nslots`."""
+        if k > self.nslots:
+            raise ValueError(f"{k} slots requested, the pool has {self.nslots}")
+        with self._cond:
+            while len(self._free) < k:
+                self._cond.wait()
+            return [self._free.pop() * self.slot_bytes for _ in range(k)]
+
     def release(self, offset: int) -> None:
         with self._cond:
             self._free.append(offset // self.slot_bytes)
-            self._cond.notify()
+            self._cond.notify_all()
