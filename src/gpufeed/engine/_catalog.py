@@ -75,6 +75,10 @@ _ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("objects", "headers", "TEXT NOT NULL DEFAULT ''"),    # JSON object of HTTP headers, '' when empty
     ("uploads", "headers", "TEXT NOT NULL DEFAULT ''"),    # same, for the object being uploaded
     ("parts", "checksums", "TEXT NOT NULL DEFAULT ''"),    # JSON {"crc32": b64, ...}, '' when empty
+    ("buckets", "kind", "TEXT NOT NULL DEFAULT 'standard'"),  # 'standard' | 'kv' (evicting cache bucket)
+    ("buckets", "capacity_bytes", "INTEGER NOT NULL DEFAULT 0"),  # kv: byte budget, 0 = unlimited
+    ("buckets", "ttl_s", "REAL NOT NULL DEFAULT 0"),          # kv: seconds an object lives after its write, 0 = forever
+    ("objects", "last_access", "REAL NOT NULL DEFAULT 0"),    # kv LRU: Unix s of the last read, flushed lazily
 )
 
 
@@ -109,6 +113,7 @@ class Catalog:
         self._path = path
         self._closed = False
         self._wlock = threading.Lock()
+        self._on_commit: list | None = None  # hooks of the open write transaction
         self._rlock = threading.Lock()
         self._local = threading.local()
         self._readers: dict[int, tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = {}
@@ -212,6 +217,7 @@ class Catalog:
             if self._closed:
                 raise InternalError("the engine is closed")
             w = self._writer
+            self._on_commit = hooks = []
             try:
                 w.execute("BEGIN IMMEDIATE")
                 try:
@@ -224,6 +230,21 @@ class Catalog:
                 if w.in_transaction:
                     w.execute("ROLLBACK")
                 raise InternalError(f"catalog write failed: {exc}") from exc
+            finally:
+                self._on_commit = None
+            for fn in hooks:
+                fn()
+
+    def on_commit(self, fn) -> None:
+        """Run ``fn()`` right after the current :meth:`write` transaction commits
+        (not at all if it rolls back), still under the write lock, so in-memory
+        state that mirrors the catalog changes in commit order. Call only
+        inside :meth:`write`; ``fn`` must not raise.
+        """
+        hooks = self._on_commit
+        if hooks is None:
+            raise InternalError("on_commit called outside a write transaction")
+        hooks.append(fn)
 
     def close(self) -> None:
         """Close every connection; idempotent. Later calls raise InternalError."""

@@ -40,10 +40,13 @@ import binascii
 import fcntl
 import hashlib
 import json
+import math
+import operator
 import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,7 +58,9 @@ from ..errors import (
     BadDigest,
     BucketAlreadyOwnedByYou,
     BucketNotEmpty,
+    EntityTooLarge,
     EntityTooSmall,
+    GpufeedError,
     IncompleteBody,
     InternalError,
     InvalidArgument,
@@ -103,6 +108,9 @@ _SQL_HEAD = (
     " FROM objects WHERE bucket=? AND key=?"
 )
 _SQL_BUCKET = "SELECT created FROM buckets WHERE name=?"
+_SQL_BUCKET_INFO = "SELECT name, created, kind, capacity_bytes, ttl_s FROM buckets"
+_KINDS = ("standard", "kv")
+_FLUSH_TOUCHED = 4096  # a kv bucket's unflushed read times are written to the catalog past this many
 
 
 def _dumps(d: dict[str, str] | None) -> str:
@@ -134,6 +142,71 @@ def _check_preconditions(bucket: str, key: str, current: str | None,
     if if_none_match is not None and current is not None and if_none_match in ("*", current):
         raise PreconditionFailed("At least one of the pre-conditions you specified did not hold",
                                  condition="If-None-Match")
+
+
+def _check_policy(kind: str, capacity_bytes, ttl_s) -> tuple[int, float]:
+    """Validate a bucket policy; returns ``(capacity_bytes, ttl_s)`` as int and float."""
+    if kind not in _KINDS:
+        raise InvalidArgument(f"bucket kind must be one of {_KINDS}, not {kind!r}")
+    try:
+        if isinstance(capacity_bytes, bool):
+            raise TypeError
+        capacity_bytes = operator.index(capacity_bytes)
+    except TypeError:
+        raise InvalidArgument(f"capacity_bytes must be an int, not {capacity_bytes!r}") from None
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not math.isfinite(ttl_s):
+        raise InvalidArgument(f"ttl_s must be a finite number of seconds, not {ttl_s!r}")
+    if capacity_bytes < 0 or ttl_s < 0:
+        raise InvalidArgument("capacity_bytes and ttl_s must be >= 0")
+    if kind == "kv" and not (capacity_bytes or ttl_s):
+        raise InvalidArgument("a kv bucket needs capacity_bytes > 0 or ttl_s > 0")
+    if kind == "standard" and (capacity_bytes or ttl_s):
+        raise InvalidArgument("standard buckets are never evicted; capacity_bytes and ttl_s need kind='kv'")
+    return capacity_bytes, float(ttl_s)
+
+
+class _KVBucket:
+    """In-memory mirror of one kv bucket's committed objects, for eviction.
+
+    Rows and totals change only in catalog commit hooks (under the catalog
+    write lock, so in commit order); reads reorder :attr:`lru` and fill
+    :attr:`touched`. Everything here is guarded by ``Engine._kv_lock``.
+
+    Attributes:
+        capacity_bytes: byte budget of object data; 0 = unlimited.
+        ttl_s: seconds an object is visible after its last write; 0 = forever.
+        bytes: sum of the sizes of the objects in :attr:`lru`.
+        lru: ``key -> (size, blob_id)``, least recently read or written first.
+        writes: ``key -> last_modified``, oldest write first (TTL sweeps pop its front).
+        touched: ``key -> Unix s`` of reads not yet written to ``objects.last_access``.
+        evictions, expirations: objects dropped for room / by TTL since the engine started.
+    """
+
+    __slots__ = ("capacity_bytes", "ttl_s", "bytes", "lru", "writes", "touched", "evictions", "expirations")
+
+    def __init__(self, capacity_bytes: int, ttl_s: float) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.ttl_s = ttl_s
+        self.bytes = 0
+        self.lru: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        self.writes: OrderedDict[str, float] = OrderedDict()
+        self.touched: dict[str, float] = {}
+        self.evictions = 0
+        self.expirations = 0
+
+    def add(self, key: str, size: int, blob_id: str, written: float) -> None:
+        """A new version of ``key`` (replacing any): most recently used, newest write."""
+        self.drop(key)
+        self.lru[key] = (size, blob_id)
+        self.writes[key] = written
+        self.bytes += size
+
+    def drop(self, key: str) -> None:
+        ent = self.lru.pop(key, None)
+        if ent is not None:
+            self.bytes -= ent[0]
+        self.writes.pop(key, None)
+        self.touched.pop(key, None)
 
 
 def _as_bytes_view(data) -> memoryview:
@@ -471,6 +544,12 @@ class Engine:
         self._closed = False
         #: What the start-up sweep removed: ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
         self.recovered = self._recover()
+        # kv buckets by name; the dict changes only in commit hooks (under the catalog write lock).
+        self._kv: dict[str, _KVBucket] = {}
+        self._kv_lock = threading.Lock()
+        c = self._cat.reader()
+        for name, cap, ttl in c.execute("SELECT name, capacity_bytes, ttl_s FROM buckets WHERE kind='kv'").fetchall():
+            self._kv[name] = self._load_kv(c, name, cap, ttl)
 
     def _recover(self) -> dict[str, int]:
         c = self._cat.reader()
@@ -479,6 +558,22 @@ class Engine:
         for upload_id, file in c.execute("SELECT upload_id, file FROM parts"):
             live_parts.setdefault(upload_id, set()).add(file)
         return self._files.sweep(live_blobs, live_parts)
+
+    @staticmethod
+    def _load_kv(conn, bucket: str, capacity_bytes: int, ttl_s: float) -> _KVBucket:
+        """A kv bucket's state from its catalog rows: totals recounted, LRU order from
+        the last flushed read (or write) time."""
+        st = _KVBucket(capacity_bytes, ttl_s)
+        rows = conn.execute(
+            "SELECT key, size, blob_id, last_modified, MAX(last_access, last_modified) AS used"
+            " FROM objects WHERE bucket=? ORDER BY used, key", (bucket,),
+        ).fetchall()
+        for key, size, blob_id, _, _ in rows:
+            st.lru[key] = (size, blob_id)
+            st.bytes += size
+        for key, _, _, lm, _ in sorted(rows, key=lambda r: r[3]):
+            st.writes[key] = lm
+        return st
 
     def _hash_pool(self) -> ThreadPoolExecutor:
         pool = self._pool
@@ -499,6 +594,13 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        if any(st.touched for st in self._kv.values()):
+            try:
+                with self._cat.write() as w:
+                    for bucket, st in self._kv.items():
+                        self._flush_touched(w, bucket, st)
+            except GpufeedError:
+                pass  # only LRU order after a restart is lost
         self._cat.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
@@ -526,11 +628,27 @@ class Engine:
             raise NoSuchBucket(f"bucket {bucket!r} does not exist", bucket=bucket)
 
     # buckets -----------------------------------------------------------
-    def create_bucket(self, name: str) -> BucketInfo:
+    def create_bucket(self, name: str, *, kind: str = "standard", capacity_bytes: int = 0,
+                      ttl_s: float = 0.0) -> BucketInfo:
         """Create a bucket.
+
+        A ``"kv"`` bucket is a cache: a put never fails for lack of room.
+        When a put commits and the bucket's object bytes would exceed
+        ``capacity_bytes``, objects are evicted in the same catalog
+        transaction, expired ones first, then least recently used (LRU:
+        the last read, i.e. :meth:`head_object`, which every read path
+        calls, or write); the only put it refuses is one larger than the
+        whole capacity. Objects written more than ``ttl_s`` seconds ago are
+        invisible (head, get and list treat them as missing) and are deleted
+        when next looked up or at the next put's eviction pass. Standard
+        buckets never lose an object. The kind is fixed at creation; see
+        :meth:`set_bucket_policy` for the limits.
 
         Args:
             name: bucket name (S3 general-purpose naming rules).
+            kind: ``"standard"`` or ``"kv"``.
+            capacity_bytes: kv: the most bytes of object data kept; 0 = unlimited.
+            ttl_s: kv: seconds an object lives after its last write; 0 = forever.
 
         Returns:
             The new bucket.
@@ -538,14 +656,165 @@ class Engine:
         Raises:
             InvalidBucketName: the name breaks an S3 naming rule.
             BucketAlreadyOwnedByYou: it exists already.
+            InvalidArgument: an unknown kind, negative limits, a kv bucket with
+                neither limit, or a standard bucket with one.
         """
         check_bucket_name(name)
+        capacity_bytes, ttl_s = _check_policy(kind, capacity_bytes, ttl_s)
         now = time.time()
         with self._cat.write() as w:
             if w.execute(_SQL_BUCKET, (name,)).fetchall():
                 raise BucketAlreadyOwnedByYou(f"bucket {name!r} exists", bucket=name)
-            w.execute("INSERT INTO buckets (name, created) VALUES (?, ?)", (name, now))
-        return BucketInfo(name, now)
+            w.execute("INSERT INTO buckets (name, created, kind, capacity_bytes, ttl_s) VALUES (?, ?, ?, ?, ?)",
+                      (name, now, kind, capacity_bytes, ttl_s))
+            if kind == "kv":
+                self._cat.on_commit(lambda: self._kv.__setitem__(name, _KVBucket(capacity_bytes, ttl_s)))
+        return BucketInfo(name, now, kind, capacity_bytes, ttl_s)
+
+    def set_bucket_policy(self, name: str, *, capacity_bytes: int | None = None,
+                          ttl_s: float | None = None) -> BucketInfo:
+        """Change a kv bucket's limits (``None`` keeps one). Shrinking the capacity
+        evicts (LRU) in the same transaction; a shorter TTL hides older objects at once.
+
+        Returns:
+            The bucket with its new limits.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+            InvalidArgument: not a kv bucket, or limits as for :meth:`create_bucket`.
+        """
+        with self._cat.write() as w:
+            rows = w.execute(_SQL_BUCKET_INFO + " WHERE name=?", (name,)).fetchall()
+            if not rows:
+                raise NoSuchBucket(f"bucket {name!r} does not exist", bucket=name)
+            _, created, kind, cap, ttl = rows[0]
+            if kind != "kv":
+                raise InvalidArgument(f"bucket {name!r} is {kind!r}; only kv buckets have an eviction policy")
+            cap, ttl = _check_policy(kind, cap if capacity_bytes is None else capacity_bytes,
+                                     ttl if ttl_s is None else ttl_s)
+            w.execute("UPDATE buckets SET capacity_bytes=?, ttl_s=? WHERE name=?", (cap, ttl, name))
+            st = self._kv[name]
+            # Plan against the new limits on a stand-in, so a rollback leaves ``st`` untouched.
+            probe = _KVBucket(cap, ttl)
+            probe.lru, probe.writes, probe.bytes = st.lru, st.writes, st.bytes
+            blobs = self._evict(w, name, st, self._plan(probe, time.time()))
+
+            def apply() -> None:
+                st.capacity_bytes, st.ttl_s = cap, ttl
+            self._cat.on_commit(apply)
+        self._unlink_blobs(blobs)
+        return BucketInfo(name, created, kind, cap, ttl)
+
+    def bucket_stats(self, name: str) -> dict:
+        """Counters of a bucket (first dropping expired objects of a kv bucket).
+
+        Returns:
+            ``{"kind", "capacity_bytes", "ttl_s", "bytes", "objects", "evictions",
+            "expirations"}``: ``bytes``/``objects`` are the live object data;
+            ``evictions``/``expirations`` count objects dropped for room / by TTL
+            since this engine started (always 0 for standard buckets).
+
+        Raises:
+            NoSuchBucket: it does not exist.
+        """
+        info = self.head_bucket(name)
+        out = {"kind": info.kind, "capacity_bytes": info.capacity_bytes, "ttl_s": info.ttl_s}
+        if info.kind != "kv":
+            size, count = self._cat.reader().execute(
+                "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM objects WHERE bucket=?", (name,)).fetchone()
+            return out | {"bytes": size, "objects": count, "evictions": 0, "expirations": 0}
+        blobs: list[str] = []
+        with self._cat.write() as w:
+            st = self._kv.get(name)
+            if st is None:
+                raise NoSuchBucket(f"bucket {name!r} does not exist", bucket=name)
+            if st.ttl_s:
+                blobs = self._evict(w, name, st, self._plan(st, time.time()))
+        self._unlink_blobs(blobs)
+        with self._kv_lock:
+            return out | {"bytes": st.bytes, "objects": len(st.lru), "evictions": st.evictions,
+                          "expirations": st.expirations}
+
+    # kv eviction ------------------------------------------------------------
+    def _plan(self, st: _KVBucket, now: float, key: str | None = None,
+              need: int = 0) -> tuple[list[str], list[str]]:
+        """What to drop from kv bucket ``st`` so that ``need`` more bytes fit:
+        ``(expired keys, evicted keys)``. Expired objects go first (oldest write
+        first), then least recently used ones; ``key`` (being written) is spared.
+        Caller holds the catalog write lock, so ``st`` matches the catalog.
+        """
+        expired: list[str] = []
+        evicted: list[str] = []
+        with self._kv_lock:
+            total = st.bytes + need
+            if st.ttl_s:
+                cutoff = now - st.ttl_s
+                for k, written in st.writes.items():
+                    if written > cutoff:
+                        break
+                    if k != key:
+                        expired.append(k)
+                        total -= st.lru[k][0]
+            cap = st.capacity_bytes
+            if cap and total > cap:
+                skip = set(expired)
+                skip.add(key)
+                for k, (size, _) in st.lru.items():
+                    if total <= cap:
+                        break
+                    if k not in skip:
+                        evicted.append(k)
+                        total -= size
+        return expired, evicted
+
+    def _evict(self, w, bucket: str, st: _KVBucket, plan: tuple[list[str], list[str]]) -> list[str]:
+        """Delete the planned rows in write transaction ``w``; on commit, drop them from
+        ``st`` and count them. Returns the blob ids to unlink once committed."""
+        expired, evicted = plan
+        if not expired and not evicted:
+            return []
+        with self._kv_lock:
+            victims = [(k, st.lru[k][1]) for k in (*expired, *evicted)]
+        w.executemany("DELETE FROM objects WHERE bucket=? AND key=? AND blob_id=?",
+                      [(bucket, k, b) for k, b in victims])
+        if evicted:
+            self._flush_touched(w, bucket, st)  # LRU order survives a restart when it matters
+
+        def apply() -> None:
+            with self._kv_lock:
+                for k, _ in victims:
+                    st.drop(k)
+                st.expirations += len(expired)
+                st.evictions += len(evicted)
+        self._cat.on_commit(apply)
+        return [b for _, b in victims]
+
+    def _flush_touched(self, w, bucket: str, st: _KVBucket) -> None:
+        """Write a kv bucket's pending read times to ``objects.last_access`` (in ``w``)."""
+        with self._kv_lock:
+            touched, st.touched = st.touched, {}
+        if touched:
+            w.executemany("UPDATE objects SET last_access=? WHERE bucket=? AND key=?",
+                          [(t, bucket, k) for k, t in touched.items()])
+
+    def _unlink_blobs(self, blob_ids: list[str]) -> None:
+        for b in blob_ids:
+            remove_quietly(self._files.blob_path(b))
+
+    def _expire(self, bucket: str, key: str, blob_id: str) -> None:
+        """Delete one expired version found by a read (if it is still the current one)."""
+        with self._cat.write() as w:
+            n = w.execute("DELETE FROM objects WHERE bucket=? AND key=? AND blob_id=?",
+                          (bucket, key, blob_id)).rowcount
+            st = self._kv.get(bucket)
+            if n and st is not None:
+                def apply() -> None:
+                    with self._kv_lock:
+                        st.drop(key)
+                        st.expirations += 1
+                self._cat.on_commit(apply)
+        if n:
+            remove_quietly(self._files.blob_path(blob_id))
 
     def delete_bucket(self, name: str) -> None:
         """Delete an empty bucket.
@@ -561,6 +830,8 @@ class Engine:
             if w.execute("SELECT 1 FROM uploads WHERE bucket=? LIMIT 1", (name,)).fetchall():
                 raise BucketNotEmpty(f"bucket {name!r} has multipart uploads in progress", bucket=name)
             w.execute("DELETE FROM buckets WHERE name=?", (name,))
+            if name in self._kv:
+                self._cat.on_commit(lambda: self._kv.pop(name, None))
 
     def head_bucket(self, name: str) -> BucketInfo:
         """Look a bucket up.
@@ -568,15 +839,15 @@ class Engine:
         Raises:
             NoSuchBucket: it does not exist.
         """
-        rows = self._cat.reader().execute(_SQL_BUCKET, (name,)).fetchall()
+        rows = self._cat.reader().execute(_SQL_BUCKET_INFO + " WHERE name=?", (name,)).fetchall()
         if not rows:
             raise NoSuchBucket(f"bucket {name!r} does not exist", bucket=name)
-        return BucketInfo(name, rows[0][0])
+        return BucketInfo(*rows[0])
 
     def list_buckets(self) -> list[BucketInfo]:
         """All buckets, sorted by name."""
-        rows = self._cat.reader().execute("SELECT name, created FROM buckets ORDER BY name").fetchall()
-        return [BucketInfo(n, c) for n, c in rows]
+        rows = self._cat.reader().execute(_SQL_BUCKET_INFO + " ORDER BY name").fetchall()
+        return [BucketInfo(*r) for r in rows]
 
     # objects -----------------------------------------------------------
     def begin_put(self, bucket: str, key: str, *, etag: str = "md5") -> PendingWrite:
@@ -621,33 +892,53 @@ class Engine:
         ``extra(w)``, when given, runs inside the same transaction first (multipart
         completion uses it to check and drop the upload). ``if_match`` /
         ``if_none_match`` are checked against the current row inside the
-        transaction (see :meth:`PendingWrite.commit`).
+        transaction (see :meth:`PendingWrite.commit`). In a kv bucket the same
+        transaction evicts what the new version needs room for (see
+        :meth:`create_bucket`); the evicted blobs are unlinked after the commit.
         """
         ct = content_type or _DEFAULT_TYPE
         md, ck, hd = _dumps(metadata), _dumps(checksums), _dumps(headers)
         blob_id = new_id()
         path = self._files.publish_blob(tmp, blob_id)
         now = time.time()
+        evicted: list[str] = []
         try:
             with self._cat.write() as w:
                 if extra is not None:
                     extra(w)
                 self._require_bucket(w, bucket)
                 old = w.execute(
-                    "SELECT blob_id, etag FROM objects WHERE bucket=? AND key=?", (bucket, key)
+                    "SELECT blob_id, etag, size FROM objects WHERE bucket=? AND key=?", (bucket, key)
                 ).fetchall()
                 if if_match is not None or if_none_match is not None:
                     _check_preconditions(bucket, key, old[0][1] if old else None, if_match, if_none_match)
+                st = self._kv.get(bucket)
+                if st is not None:
+                    if st.capacity_bytes and size > st.capacity_bytes:
+                        raise EntityTooLarge(
+                            f"{size} bytes do not fit kv bucket {bucket!r} of {st.capacity_bytes} bytes",
+                            size=size,
+                        )
+                    need = size - (old[0][2] if old else 0)
+                    evicted = self._evict(w, bucket, st, self._plan(st, now, key, need))
+                    if len(st.touched) > _FLUSH_TOUCHED:
+                        self._flush_touched(w, bucket, st)
+
+                    def added(st=st) -> None:
+                        with self._kv_lock:
+                            st.add(key, size, blob_id, now)
+                    self._cat.on_commit(added)
                 w.execute(
                     "INSERT OR REPLACE INTO objects (bucket, key, size, etag, last_modified, content_type,"
-                    " metadata, checksums, blob_id, headers) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (bucket, key, size, etag, now, ct, md, ck, blob_id, hd),
+                    " metadata, checksums, blob_id, headers, last_access) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (bucket, key, size, etag, now, ct, md, ck, blob_id, hd, now),
                 )
         except BaseException:
             remove_quietly(path)
             raise
         if old:
             remove_quietly(self._files.blob_path(old[0][0]))
+        self._unlink_blobs(evicted)
         return ObjectInfo(bucket, key, size, etag, now, ct, dict(metadata or {}), dict(checksums or {}), blob_id, path,
                           dict(headers or {}))
 
@@ -696,9 +987,15 @@ class Engine:
     def head_object(self, bucket: str, key: str) -> ObjectInfo:
         """Look an object up (one indexed catalog read; the hot path).
 
+        Every read path calls this, so in a kv bucket it is the "use" that
+        LRU eviction orders by: the key moves to the recent end of an
+        in-memory list (a dict move under a lock, no catalog write; read
+        times reach the catalog at eviction passes and on close). An object
+        past its bucket's TTL is deleted here and reported missing.
+
         Raises:
             NoSuchBucket: the bucket does not exist.
-            NoSuchKey: the key does not exist.
+            NoSuchKey: the key does not exist (or has expired).
             InvalidArgument: the key is not valid UTF-8.
         """
         try:
@@ -706,6 +1003,19 @@ class Engine:
         except UnicodeEncodeError as exc:
             raise InvalidArgument(f"object key {key!r} is not valid UTF-8") from exc
         if rows:
+            st = self._kv.get(bucket)
+            if st is not None:
+                row = rows[0]
+                now = time.time()
+                if st.ttl_s and now - row[2] >= st.ttl_s:
+                    self._expire(bucket, key, row[6])
+                    raise NoSuchKey(f"{bucket}/{key} does not exist (expired)", bucket=bucket, key=key)
+                with self._kv_lock:
+                    try:
+                        st.lru.move_to_end(key)
+                        st.touched[key] = now
+                    except KeyError:
+                        pass  # dropped since the lookup
             return self._info(bucket, key, rows[0])
         self._require_bucket(self._cat.reader(), bucket)
         raise NoSuchKey(f"{bucket}/{key} does not exist", bucket=bucket, key=key)
@@ -803,6 +1113,12 @@ class Engine:
             old = w.execute("SELECT blob_id FROM objects WHERE bucket=? AND key=?", (bucket, key)).fetchall()
             if old:
                 w.execute("DELETE FROM objects WHERE bucket=? AND key=?", (bucket, key))
+                st = self._kv.get(bucket)
+                if st is not None:
+                    def dropped() -> None:
+                        with self._kv_lock:
+                            st.drop(key)
+                    self._cat.on_commit(dropped)
         if old:
             remove_quietly(self._files.blob_path(old[0][0]))
 
@@ -934,6 +1250,8 @@ class Engine:
         prefixes: list[str] = []
         last: tuple[str, str] | None = None
         truncated = False
+        st = self._kv.get(bucket)
+        cutoff = time.time() - st.ttl_s if st is not None and st.ttl_s else None
         with self._cat.snapshot() as c:
             self._require_bucket(c, bucket)
             if max_keys == 0:
@@ -949,6 +1267,9 @@ class Engine:
                     for row in cur:
                         seen += 1
                         key = row[0]
+                        if cutoff is not None and row[3] <= cutoff:
+                            last = ("k", key)  # expired: invisible (deleted at the next eviction pass)
+                            continue
                         if dlen:
                             i = key.find(delimiter, plen)
                             if i >= 0:

@@ -9,10 +9,23 @@ __all__ = ["BucketInfo", "ObjectInfo", "ListResult", "UploadInfo", "PartInfo"]
 
 @dataclass(frozen=True, slots=True)
 class BucketInfo:
-    """A bucket. ``created`` is Unix time in seconds."""
+    """A bucket.
+
+    Attributes:
+        name: bucket name.
+        created: Unix time in seconds.
+        kind: ``"standard"`` (objects stay until deleted) or ``"kv"`` (a cache:
+            objects are evicted least-recently-used first to stay within
+            ``capacity_bytes``, and expire ``ttl_s`` after their last write).
+        capacity_bytes: kv: the most bytes of object data the bucket holds; 0 = unlimited.
+        ttl_s: kv: seconds an object stays visible after its last write; 0 = forever.
+    """
 
     name: str
     created: float
+    kind: str = "standard"
+    capacity_bytes: int = 0
+    ttl_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -696,7 +696,17 @@ class S3Front:
             doc = parse_xml(data)
             if local(doc.tag) != "CreateBucketConfiguration":
                 raise MalformedXML("expected CreateBucketConfiguration")
-        await self.call(self.engine.create_bucket, ctx.bucket)
+        # gpufeed extension: x-gpufeed-bucket-kind: kv (+ capacity/TTL) makes an evicting KV-cache bucket.
+        h = ctx.request.headers
+        try:
+            policy = {
+                "kind": h.get("x-gpufeed-bucket-kind", "standard"),
+                "capacity_bytes": int(h.get("x-gpufeed-capacity-bytes", "0")),
+                "ttl_s": float(h.get("x-gpufeed-ttl-s", "0")),
+            }
+        except ValueError as exc:
+            raise InvalidArgument(f"bad x-gpufeed bucket policy header: {exc}") from exc
+        await self.call(self.engine.create_bucket, ctx.bucket, **policy)
         return web.Response(status=200, headers={"Location": f"/{ctx.bucket}"})
 
     async def delete_bucket(self, ctx: _Ctx) -> web.Response:

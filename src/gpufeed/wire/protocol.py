@@ -31,7 +31,7 @@ __all__ = [
     "MAGIC", "VERSION", "HEADER", "HEADER_SIZE", "MAX_META", "Op", "REPLY", "ERROR_OP",
     "Hello", "HelloReply", "Register", "Unregister", "Head", "Get", "GetV", "Put", "Delete",
     "List", "BucketReq", "Empty", "ObjectMeta", "GetReply", "GetVReply", "ListReply",
-    "BucketsReply", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
+    "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
 ]
 
 MAGIC = b"GF"
@@ -58,6 +58,7 @@ class Op(IntEnum):
     CREATE_BUCKET = 16
     LIST_BUCKETS = 17
     DELETE_BUCKET = 18
+    BUCKET_STATS = 19
 
 
 # --- metadata structs (msgpack arrays, field order is the wire order) -----------
@@ -137,7 +138,14 @@ class List(msgspec.Struct, array_like=True, frozen=True):
 
 
 class BucketReq(msgspec.Struct, array_like=True, frozen=True):
+    """A bucket op. CREATE_BUCKET reads the optional trailing policy fields
+    (``kind`` ``"standard"``/``"kv"``, ``capacity_bytes``, ``ttl_s`` seconds);
+    a request of just ``[bucket]`` makes a standard bucket."""
+
     bucket: str
+    kind: str = "standard"
+    capacity_bytes: int = 0
+    ttl_s: float = 0.0
 
 
 class Empty(msgspec.Struct, array_like=True, frozen=True):
@@ -190,6 +198,19 @@ class BucketsReply(msgspec.Struct, array_like=True, frozen=True):
     buckets: list[str]
 
 
+class BucketStats(msgspec.Struct, array_like=True, frozen=True):
+    """A bucket's policy and counters (``Engine.bucket_stats``): live object
+    ``bytes`` and ``objects``; objects dropped for room / by TTL since the node started."""
+
+    kind: str
+    capacity_bytes: int
+    ttl_s: float
+    bytes: int
+    objects: int
+    evictions: int
+    expirations: int
+
+
 class ErrorReply(msgspec.Struct, array_like=True, frozen=True):
     code: str
     message: str
@@ -199,12 +220,13 @@ REQUEST_TYPES: dict[int, type] = {
     Op.HELLO: Hello, Op.REGISTER: Register, Op.UNREGISTER: Unregister, Op.HEAD: Head,
     Op.GET: Get, Op.GETV: GetV, Op.PUT: Put, Op.DELETE: Delete, Op.LIST: List,
     Op.CREATE_BUCKET: BucketReq, Op.LIST_BUCKETS: Empty, Op.DELETE_BUCKET: BucketReq,
+    Op.BUCKET_STATS: BucketReq,
 }
 REPLY_TYPES: dict[int, type] = {
     Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
     Op.GET: GetReply, Op.GETV: GetVReply, Op.PUT: ObjectMeta, Op.DELETE: Empty,
     Op.LIST: ListReply, Op.CREATE_BUCKET: Empty, Op.LIST_BUCKETS: BucketsReply,
-    Op.DELETE_BUCKET: Empty,
+    Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats,
 }
 
 _encoder = msgspec.msgpack.Encoder()

@@ -383,6 +383,7 @@ class WireServer:
             p.Op.CREATE_BUCKET: self._create_bucket,
             p.Op.LIST_BUCKETS: self._list_buckets,
             p.Op.DELETE_BUCKET: self._delete_bucket,
+            p.Op.BUCKET_STATS: self._bucket_stats,
         }
 
     # --- lifecycle ---------------------------------------------------------------
@@ -640,8 +641,12 @@ class WireServer:
                                                 res.is_truncated, res.next_token))
 
     def _create_bucket(self, conn: _Conn, rid: int, req: p.BucketReq) -> None:
-        self.engine.create_bucket(req.bucket)
+        self.engine.create_bucket(req.bucket, kind=req.kind, capacity_bytes=req.capacity_bytes,
+                                  ttl_s=req.ttl_s)
         conn.reply(p.Op.CREATE_BUCKET, rid, p.Empty())
+
+    def _bucket_stats(self, conn: _Conn, rid: int, req: p.BucketReq) -> None:
+        conn.reply(p.Op.BUCKET_STATS, rid, p.BucketStats(**self.engine.bucket_stats(req.bucket)))
 
     def _list_buckets(self, conn: _Conn, rid: int, req: p.Empty) -> None:
         conn.reply(p.Op.LIST_BUCKETS, rid, p.BucketsReply([b.name for b in self.engine.list_buckets()]))

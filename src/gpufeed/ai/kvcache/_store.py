@@ -202,6 +202,9 @@ class KVCacheStore:
     def _create_bucket(self, client: Client) -> None:
         kind, capacity, ttl = self._bucket_args
         try:
+            if kind == "kv" and not (capacity or ttl):
+                client.create_bucket(self.bucket)  # no limits given: the node needs one for a kv bucket
+                return
             try:
                 client.create_bucket(self.bucket, kind=kind, capacity_bytes=capacity, ttl_s=ttl)
             except TypeError:  # an SDK without KV buckets
