@@ -1,7 +1,10 @@
 """AI integrations on top of the fast-path client.
 
 * model loading: :func:`load_safetensors`, :func:`load_safetensors_url`
-  (safetensors straight into tensor memory);
+  (safetensors straight into tensor memory; ``keys=``, ``shard=`` for tensor
+  parallelism, CUDA through pinned staging), :func:`load_pretrained` (a Hugging
+  Face folder into an ``nn.Module``, with :func:`empty_weights`) and
+  :func:`iterate_weights` (vLLM-style, shard by shard);
 * checkpoints: :func:`save`, :func:`load`, :func:`checkpoints` (content-addressed,
   deduplicated across steps) and ``gpufeed.ai.dcp.Writer`` / ``Reader`` for
   ``torch.distributed.checkpoint``;
@@ -13,8 +16,15 @@ Each module here uses :mod:`gpufeed.client`; none reaches into the engine.
 
 import importlib
 
-from ._models import find_safetensors, load_safetensors, load_safetensors_url, read_headers
+from ._models import (
+    find_safetensors,
+    gds_status,
+    load_safetensors,
+    load_safetensors_url,
+    read_headers,
+)
 from ._safetensors import SafetensorsError, SafetensorsHeader, TensorInfo, parse_header
+from ._weights import StateDictMismatch, empty_weights, iterate_weights, load_pretrained
 from .checkpoint import (
     CheckpointError,
     CheckpointNotFound,
@@ -33,6 +43,11 @@ __all__ = [
     "load_safetensors_url",
     "find_safetensors",
     "read_headers",
+    "load_pretrained",
+    "iterate_weights",
+    "empty_weights",
+    "StateDictMismatch",
+    "gds_status",
     "parse_header",
     "SafetensorsError",
     "SafetensorsHeader",
