@@ -100,7 +100,7 @@ _OVERLAP_BYTES = 1 << 20  # 1 MiB: from here, MD5 runs on a helper thread while 
 _DEFAULT_TYPE = "application/octet-stream"
 _UPLOAD_ID_RE = re.compile(r"[0-9a-f]{32}")
 _OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
-_READ_RETRIES = 3  # a version replaced between lookup and open is looked up again this often
+_READ_RETRIES = 64  # a version replaced between lookup and open is looked up again this often
 
 _OBJ_COLS = "key, size, etag, last_modified, content_type, metadata, checksums, blob_id, headers"
 _SQL_HEAD = (
@@ -1056,7 +1056,7 @@ class Engine:
                 return data
             finally:
                 os.close(fd)
-        raise NoSuchKey(f"{bucket}/{key} kept changing while being read", bucket=bucket, key=key)
+        raise InternalError(f"{bucket}/{key} kept changing while being read")
 
     def read_into(self, info: ObjectInfo, buffer, offset: int = 0) -> int:
         """Read object version ``info`` from ``offset`` straight into ``buffer``.
