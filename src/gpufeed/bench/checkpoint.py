@@ -131,7 +131,7 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
     from ..testing.node import start_node
 
     paths = paths or ["gpufeed", "gpufeed_tcp", "dcp_fs"]
-    console = Console(quiet=quiet)
+    console = Console(quiet=quiet, width=max(Console().width, 110))
     tmp = tempfile.TemporaryDirectory(prefix="gpufeed-bench-ckpt-") if data_dir is None else None
     root = Path(tmp.name if tmp else data_dir)
     root.mkdir(parents=True, exist_ok=True)

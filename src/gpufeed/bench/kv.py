@@ -117,7 +117,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
     from ..client import Client
     from ..testing.node import start_node
 
-    console = Console(quiet=quiet)
+    console = Console(quiet=quiet, width=max(Console().width, 140))
     cached = (tokens - chunk_tokens) // chunk_tokens * chunk_tokens if cached is None else cached
     tdtype = getattr(torch, dtype)
     tmp = tempfile.TemporaryDirectory(prefix="gpufeed-bench-kv-") if data_dir is None else None
