@@ -1,6 +1,7 @@
 """The ``gpufeed`` command line: parse, call the library, print.
 
-Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``bench io``, ``bench kv``, ``demo``.
+Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``bench io``, ``bench kv``,
+``bench checkpoint``, ``bench model``, ``demo``.
 """
 
 from __future__ import annotations
@@ -265,6 +266,26 @@ def bench_checkpoint(size, versions, lora_rank, repeat, json_path, paths, data_d
 
     run_checkpoint_bench(size=size, versions=versions, lora_rank=lora_rank, repeat=repeat,
                          json_path=json_path, paths=paths.split(","), data_dir=data_dir)
+
+
+@bench.command("model")
+@click.option("--size", type=click.Choice(["small", "1gb"]), default="1gb",
+              help="The demo's model: 1gb (~1 GB bf16 Llama) or small (~60 MB).")
+@click.option("--workdir", type=click.Path(file_okay=False), default=".gpufeed-demo",
+              help="The demo's work folder (model cached there; node data in a temp folder inside).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+@click.option("--paths", default=None, help="Comma-separated subset of shm,tcp,s3,local_load_file,"
+              "local_load_file_lazy,runai,runai_s3,fastsafetensors,readinto.")
+@click.option("--repeat", type=int, default=3, help="Warm runs per path (best is kept).")
+@click.option("--cold-repeat", type=int, default=2, help="Cold runs per path (pages dropped before each).")
+@click.option("--no-cold", is_flag=True, help="Skip the cold rows.")
+def bench_model(size, workdir, json_path, paths, repeat, cold_repeat, no_cold) -> None:
+    """Model load GB/s per path (gpufeed shm/tcp, S3, safetensors, runai, fastsafetensors), warm and cold."""
+    from .bench.model import run_model_bench
+
+    run_model_bench(size=size, workdir=workdir, json_path=json_path, repeat=repeat,
+                    cold_repeat=cold_repeat, cold=not no_cold,
+                    paths=paths.split(",") if paths else None)
 
 
 @main.command()

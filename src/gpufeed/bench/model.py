@@ -1,0 +1,346 @@
+"""``gpufeed bench model``: load the demo's Llama every way, page-cached and cold.
+
+The model is the demo's (``gpufeed demo``: a random bf16 Llama saved by
+transformers as sharded safetensors plus an index, cached in the work folder),
+stored in a fresh node. Every path loads every tensor into CPU memory:
+
+* ``shm`` / ``tcp``: :func:`gpufeed.ai.load_safetensors` over
+  ``gpufeed+shm://`` / ``gpufeed+tcp://`` (one client per path, as a serving
+  process keeps);
+* ``s3``: boto3 ``get_object().read()`` per shard, 4 at a time, then
+  ``safetensors.torch.load`` (the demo's S3 path);
+* ``local_load_file``: ``safetensors.torch.load_file`` of the local files with
+  every tensor resident (the faster of ``backend="pread"`` and mmap +
+  ``.clone()``); ``local_load_file_lazy``: plain ``load_file`` (mmap: returns
+  before reading anything, listed for reference, not a peer);
+* ``runai``: runai-model-streamer ``SafetensorsStreamer().stream_files(files,
+  device="cpu")`` over the local files; ``runai_s3``: the same against the
+  node's S3 endpoint (``s3://`` paths, custom endpoint, path-style);
+* ``fastsafetensors``: ``SafeTensorsFileLoader(device="cpu", nogds=True)``;
+* ``readinto``: plain ``readinto`` of the files into a preallocated, touched
+  buffer (the physical limit of the host).
+
+``warm``: every file page-cached first; best of ``repeat``. ``cold``: before
+each run the pages of the local files and of the node's blob files are
+dropped with ``posix_fadvise(POSIX_FADV_DONTNEED)``; best of ``cold_repeat``.
+The first warm run of each path is checked bit for bit against the files.
+Peers that are not installed (the ``bench`` extra) are skipped with a note.
+
+JSON (the shape of ``bench io``)::
+
+    {"benchmark": "model", "machine": {...}, "model": {...}, "params": {...},
+     "results": [{"path", "cache": "warm"|"cold", "seconds", "gbps",
+                  "cpu_s_per_gb", "runs_s", "verified", "method"}],  # warm first
+     "targets": [...], "notes": [...]}
+
+GB means 10**9 bytes (of tensor data).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .demo import (  # the demo's model, upload and loaders: one definition of each
+    BUCKET,
+    MODEL_SIZES,
+    PathResult,
+    _build_model,
+    _load_local_clone,
+    _load_local_pread,
+    _load_s3,
+    _machine,
+    _Meter,
+    _readinto,
+    _same_tensors,
+    _shard_files,
+    _upload,
+)
+from .io import drop_cache
+
+__all__ = ["run_model_bench", "PATHS"]
+
+#: Every path, in table order.
+PATHS = ["shm", "tcp", "s3", "local_load_file", "local_load_file_lazy", "runai", "runai_s3",
+         "fastsafetensors", "readinto"]
+#: Paths compared with shm for the "fastest local peer" target.
+LOCAL_PEERS = ("local_load_file", "runai", "fastsafetensors")
+
+
+def _load_lazy(files: list[Path]) -> dict:
+    from safetensors.torch import load_file
+
+    out: dict = {}
+    for f in files:
+        out.update(load_file(f))
+    return out
+
+
+def _runai(paths: list[str], credentials=None) -> dict:
+    from runai_model_streamer import SafetensorsStreamer
+
+    out: dict = {}
+    with SafetensorsStreamer() as streamer:
+        streamer.stream_files(paths, s3_credentials=credentials, device="cpu")
+        for name, tensor in streamer.get_tensors():
+            out[name] = tensor
+    return out
+
+
+class _FastSafetensors:
+    """fastsafetensors on CPU without GDS; tensors view its buffer until close()."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.files = [str(f) for f in files]
+        self.open: list = []
+
+    def __call__(self) -> dict:
+        from fastsafetensors import SafeTensorsFileLoader, SingleGroup
+
+        loader = SafeTensorsFileLoader(SingleGroup(), "cpu", nogds=True)
+        loader.add_filenames({0: self.files})
+        fb = loader.copy_files_to_device()
+        self.open.append((fb, loader))
+        return {k: fb.get_tensor(k) for k in fb.key_to_rank_lidx}
+
+    def close(self) -> None:
+        for fb, loader in self.open:
+            fb.close()
+            loader.close()
+        self.open.clear()
+
+
+def _peer_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in ("runai-model-streamer", "fastsafetensors", "boto3"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _missing(module: str) -> str | None:
+    import importlib.util
+
+    return None if importlib.util.find_spec(module) else module
+
+
+def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
+                    json_path: str | os.PathLike | None = None, *, repeat: int = 3,
+                    cold_repeat: int = 2, cold: bool = True, paths: list[str] | None = None,
+                    console=None) -> dict:
+    """Load the demo model through every path, warm and cold; print a table, return JSON.
+
+    Args:
+        size: the demo's model size, ``"1gb"`` or ``"small"``.
+        workdir: the demo's work folder (the model is built there once and
+            reused); the node's data goes to a temporary folder inside it.
+        json_path: also write the report here.
+        repeat: warm runs per path (the fastest is kept).
+        cold_repeat: cold runs per path, each after dropping the pages.
+        cold: measure the cold rows.
+        paths: a subset of :data:`PATHS`.
+        console: a ``rich.console.Console`` (default: a new one).
+
+    Returns:
+        The report (see the module docstring).
+
+    Raises:
+        ValueError: unknown size or path.
+        RuntimeError: a path returned tensors that differ from the files.
+    """
+    if size not in MODEL_SIZES:
+        raise ValueError(f"size must be one of {sorted(MODEL_SIZES)}, not {size!r}")
+    paths = list(paths or PATHS)
+    unknown = set(paths) - set(PATHS)
+    if unknown:
+        raise ValueError(f"unknown paths {sorted(unknown)}; choose from {PATHS}")
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..ai import gds_status, load_safetensors
+    from ..client import Client
+    from ..testing.node import start_node
+
+    console = console or Console()
+    say = console.print
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = workdir / f"model-{size}"
+    spec = _build_model(size, model_dir, say)
+    files = _shard_files(model_dir)
+    from safetensors.torch import load_file
+
+    reference: dict = {}
+    for f in files:
+        reference.update(load_file(f))  # mmap: for checking only
+    nbytes = sum(t.numel() * t.element_size() for t in reference.values())
+    file_bytes = sum(f.stat().st_size for f in files)
+    notes: list[str] = [f"GPUDirect Storage: {gds_status()}"]
+    for path, module in (("runai", "runai_model_streamer"), ("runai_s3", "runai_model_streamer_s3"),
+                         ("fastsafetensors", "fastsafetensors")):
+        gone = _missing(module) or (_missing("runai_model_streamer") if path == "runai_s3" else None)
+        if path in paths and gone:
+            paths.remove(path)
+            notes.append(f"{path}: skipped, {gone} is not installed (pip install 'gpufeed[bench]')")
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-model-", dir=workdir))
+    node = start_node(tmp / "node")
+    results: list[PathResult] = []
+    caches: list[str] = []
+    fst = _FastSafetensors(files)
+    try:
+        prefix = f"llama-{size}/"
+        with Client(node.shm_url) as up:
+            _upload(up, model_dir, prefix)
+        blobs = [str(p) for p in (tmp / "node" / "blobs").rglob("*") if p.is_file()]
+        meter = _Meter(node.pid)
+        scratch = memoryview(bytearray(file_bytes))
+        clients = {"shm": Client(node.shm_url), "tcp": Client(node.tcp_url)}
+        s3 = node.boto3_client()
+        s3_paths = [f"s3://{BUCKET}/{prefix}{f.name}" for f in files]
+        runai_creds = None
+        if "runai_s3" in paths:
+            # path-style addressing and no instance metadata: a local endpoint
+            os.environ.setdefault("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", "0")
+            os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+            from runai_model_streamer.s3_utils.s3_utils import S3Credentials
+
+            runai_creds = S3Credentials(access_key_id=node.access_key,
+                                        secret_access_key=node.secret_key,
+                                        endpoint=node.s3_url, region_name="us-east-1")
+
+        def check(out: dict) -> bool:
+            if not _same_tensors(reference, out):
+                raise RuntimeError("loaded tensors differ from the model files")
+            return True
+
+        loaders = {
+            "shm": ("gpufeed.ai.load_safetensors over gpufeed+shm, one client",
+                    lambda: load_safetensors(clients["shm"], BUCKET, prefix), nbytes),
+            "tcp": ("gpufeed.ai.load_safetensors over gpufeed+tcp, one client",
+                    lambda: load_safetensors(clients["tcp"], BUCKET, prefix), nbytes),
+            "s3": ("boto3 get_object().read() per shard (4 at a time) + safetensors.torch.load",
+                   lambda: _load_s3(s3, prefix), nbytes),
+            "local_load_file": (None, None, nbytes),  # two variants, the faster kept
+            "local_load_file_lazy": ("safetensors load_file (mmap; reads nothing until used)",
+                                     lambda: _load_lazy(files), nbytes),
+            "runai": ('runai-model-streamer SafetensorsStreamer.stream_files(device="cpu")',
+                      lambda: _runai([str(f) for f in files]), nbytes),
+            "runai_s3": ("runai-model-streamer from the node's S3 endpoint (s3:// paths)",
+                         lambda: _runai(s3_paths, runai_creds), nbytes),
+            "fastsafetensors": ('fastsafetensors SafeTensorsFileLoader(device="cpu", nogds=True)',
+                                fst, nbytes),
+            "readinto": ("readinto into one preallocated touched buffer, 64 MiB calls",
+                         lambda: _readinto(files, scratch), file_bytes),
+        }
+
+        def measure(path: str, cache: str) -> None:
+            runs = repeat if cache == "warm" else cold_repeat
+            prepare = (lambda: drop_cache([*map(str, files), *blobs])) if cache == "cold" else None
+            verify = check if cache == "warm" and path != "readinto" else None
+            cleanup = fst.close if path == "fastsafetensors" else None
+            say(f"  {cache} {path} ...")
+            if path == "local_load_file":
+                a = meter.measure(path, 'safetensors load_file(backend="pread")', nbytes, runs,
+                                  lambda: _load_local_pread(files), check=verify, prepare=prepare)
+                b = meter.measure(path, "safetensors load_file (mmap) + .clone()", nbytes, runs,
+                                  lambda: _load_local_clone(files), check=verify, prepare=prepare)
+                best, other = (a, b) if a.seconds <= b.seconds else (b, a)
+                best.method += f" (faster than {other.method}: {other.gbps:.2f} GB/s)"
+                results.append(best)
+            else:
+                method, run, n = loaders[path]
+                results.append(meter.measure(path, method, n, runs, run, check=verify,
+                                             prepare=prepare, cleanup=cleanup))
+            caches.append(cache)
+
+        # warm-up: every file and blob page-cached, clients connected
+        _readinto(files, scratch)
+        for f in files:
+            clients["tcp"].get_into(BUCKET, prefix + f.name, scratch[:f.stat().st_size])
+        say(f"[bold]gpufeed bench model[/]: {nbytes / 1e9:.2f} GB, {len(files)} shards")
+        ntensors = len(reference)
+        for cache in ("warm", "cold") if cold else ("warm",):
+            if cache == "cold":
+                # the reference maps the files: pages still mapped cannot be dropped
+                reference.clear()
+                gc.collect()
+            for path in paths:
+                try:
+                    measure(path, cache)
+                except Exception as exc:  # a peer failing is a finding, not a crash
+                    if path in ("shm", "tcp", "s3"):
+                        raise
+                    notes.append(f"{path} ({cache}): failed: {type(exc).__name__}: {exc}")
+                    fst.close()
+        for c in clients.values():
+            c.close()
+        s3.close()
+        del scratch
+    finally:
+        fst.close()
+        node.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    rows = [{"path": r.path, "cache": c, "seconds": round(r.seconds, 4),
+             "gbps": round(r.gbps, 3), "cpu_s_per_gb": round(r.cpu_s_per_gb, 3),
+             "runs_s": [round(s, 4) for s in r.runs_s], "verified": r.verified,
+             "method": r.method} for r, c in zip(results, caches)]
+    targets = []
+    for cache in ("warm", "cold") if cold else ("warm",):
+        by = {r["path"]: r for r in rows if r["cache"] == cache}
+        if "shm" not in by:
+            continue
+        peers = [by[p] for p in LOCAL_PEERS if p in by]
+        if peers:
+            fastest = max(peers, key=lambda r: r["gbps"])
+            got = by["shm"]["gbps"] / fastest["gbps"]
+            targets.append({"target": f"shm vs fastest local peer ({fastest['path']}), {cache}",
+                            "want": 1.5, "got": round(got, 2), "met": got >= 1.5})
+        if "s3" in by:
+            got = by["shm"]["gbps"] / by["s3"]["gbps"]
+            targets.append({"target": f"shm vs s3, {cache}", "want": 3.0, "got": round(got, 2),
+                            "met": got >= 3.0})
+
+    table = Table(title=f"gpufeed bench model: {nbytes / 1e9:.2f} GB bf16 Llama, {len(files)} "
+                        f"shards (warm best of {repeat}, cold best of {cold_repeat})")
+    for col in ("path", "cache", "seconds", "GB/s", "CPU s/GB", "identical"):
+        table.add_column(col, justify="left" if col in ("path", "cache") else "right")
+    for r in rows:
+        ok = "n/a" if r["verified"] is None else ("yes" if r["verified"] else "NO")
+        table.add_row(r["path"], r["cache"], f"{r['seconds']:.3f}", f"{r['gbps']:.2f}",
+                      f"{r['cpu_s_per_gb']:.2f}", ok)
+    console.print(table)
+    for t in targets:
+        say(f"target {t['target']}: want >= {t['want']}x, got {t['got']}x: "
+            f"{'[green]met[/]' if t['met'] else '[red]not met[/]'}")
+    for n in notes:
+        say(f"note: {n}", soft_wrap=True)
+    report = {
+        "benchmark": "model",
+        "command": f"gpufeed bench model --size {size}" + ("" if cold else " --no-cold"),
+        "machine": {**_machine(), **_peer_versions()},
+        "model": {"architecture": "LlamaForCausalLM", "size": size, "dtype": "bfloat16",
+                  "config": spec["config"], "tensors": ntensors, "bytes": nbytes,
+                  "file_bytes": file_bytes, "shards": len(files)},
+        "params": {"repeat": repeat, "cold_repeat": cold_repeat, "keep": "fastest run",
+                   "cold": "posix_fadvise(DONTNEED) of the local files and node blobs before "
+                           "each run"},
+        "results": rows,
+        "targets": targets,
+        "notes": notes,
+    }
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+        say(f"wrote {json_path}")
+    gc.collect()
+    return report

@@ -1,0 +1,35 @@
+"""``gpufeed bench model --size small``: its own node, the demo's ~57 MB model,
+warm rows then cold rows in the JSON shape of ``bench io``."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from gpufeed.bench.model import run_model_bench
+
+
+@pytest.mark.slow
+def test_small_model_bench(tmp_path):
+    out = io.StringIO()
+    paths = ["shm", "tcp", "s3", "local_load_file", "local_load_file_lazy", "runai",
+             "fastsafetensors", "readinto"]
+    report = run_model_bench(size="small", workdir=tmp_path, json_path=tmp_path / "m.json",
+                             repeat=1, cold_repeat=1, paths=paths,
+                             console=Console(file=out, width=120))
+    assert json.loads((tmp_path / "m.json").read_text()) == json.loads(json.dumps(report))
+    rows = report["results"]
+    caches = [r["cache"] for r in rows]
+    assert caches == sorted(caches, key=lambda c: c != "warm") and "cold" in caches
+    measured = [r["path"] for r in rows if r["cache"] == "warm"]
+    skipped = [n for n in report["notes"] if "skipped" in n]
+    assert len(measured) + len(skipped) == len(paths)
+    for r in rows:
+        assert {"path", "cache", "seconds", "gbps"} <= set(r)
+        assert r["seconds"] > 0 and r["gbps"] > 0
+        assert r["verified"] in (True, None)
+    assert {t["target"].split(",")[0] for t in report["targets"]} >= {"shm vs s3"}
+    assert not list(tmp_path.glob("bench-model-*"))  # node data removed
