@@ -652,11 +652,25 @@ class Client:
                 if remaining[0]:
                     return
             try:
-                result.set_result(finish())
+                value = finish()
             except BaseException as exc:
-                result.set_exception(exc)
+                value, error = None, exc
+            else:
+                error = None
+            # Break the closures' hold on the caller's buffers (futures keep their
+            # callbacks), so pooled alloc() memory is reusable without a GC pass.
+            reqs.clear()
+            dests.clear()
+            side.clear()
+            parts.clear()
+            batch_out.clear()
+            staged.clear()
+            if error is None:
+                result.set_result(value)
+            else:
+                result.set_exception(error)
 
-        for f in parts:
+        for f in list(parts):
             f.add_done_callback(part_done)
         return result
 

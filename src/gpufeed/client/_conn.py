@@ -194,6 +194,9 @@ class Connection:
                                 self._recv_exact(scratch[:k])
                                 n -= k
                 pend.future.set_result(reply)
+                # drop references now: an idle connection must not keep the last
+                # request's destination buffers (pooled alloc() memory) alive
+                pend = reply = meta = dests = None
         except (OSError, GpufeedError) as exc:
             self._fail(exc)
 
