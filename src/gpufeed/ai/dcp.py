@@ -98,7 +98,38 @@ class WriteStats:
         return f"WriteStats(step={self.step}, bytes_total={self.bytes_total}, bytes_written={self.bytes_written})"
 
 
-class Writer(StorageWriter, AsyncStager):
+class _Located:
+    """What Writer and Reader share: a checkpoint location, a lazily opened
+    client (not pickled: DCP may ship the object to other processes) and the
+    ``checkpoint_id`` / ``reset`` bookkeeping."""
+
+    _unpicklable = ("_client",)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for name in self._unpicklable:
+            state[name] = None
+        return state
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = _open(self.loc, None, None, None)[1]
+        return self._client
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(self.loc) if self.step is None else f"{self.loc}@{self.step}"
+
+    def _reset_location(self, checkpoint_id) -> None:
+        loc, step = _checkpoint_id(checkpoint_id, self.loc)
+        if loc is not self.loc:
+            self.loc, self._client = loc, None
+        if step is not None:
+            self.step = step
+
+
+class Writer(_Located, StorageWriter, AsyncStager):
     """A DCP ``StorageWriter`` that stores a step as content-addressed chunks.
 
     Args:
@@ -136,29 +167,11 @@ class Writer(StorageWriter, AsyncStager):
         self.result: WriteStats | None = None
 
     # pickling (async_save with a process executor) drops the connection and the cache
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_client"] = None
-        state["_stage_cache"] = None
-        return state
-
-    @property
-    def client(self) -> Client:
-        if self._client is None:
-            self._client = _open(self.loc, None, None, None)[1]
-        return self._client
-
-    @property
-    def checkpoint_id(self) -> str:
-        return str(self.loc) if self.step is None else f"{self.loc}@{self.step}"
+    _unpicklable = ("_client", "_stage_cache")
 
     # --- StorageWriter ---------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | int | None = None) -> None:
-        loc, step = _checkpoint_id(checkpoint_id, self.loc)
-        if loc is not self.loc:
-            self.loc, self._client = loc, None
-        if step is not None:
-            self.step = step
+        self._reset_location(checkpoint_id)
         self.save_id = uuid.uuid4().hex
         self.result = None
 
@@ -323,7 +336,7 @@ def _fast_copy(src, dst):
     return src
 
 
-class Reader(StorageReader):
+class Reader(_Located, StorageReader):
     """A DCP ``StorageReader`` for steps written by :class:`Writer` (or ``gpufeed.ai.save``).
 
     Args:
@@ -349,27 +362,8 @@ class Reader(StorageReader):
         self.manifest: Manifest | None = None
         self.load_id = uuid.uuid4().hex
 
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_client"] = None
-        return state
-
-    @property
-    def client(self) -> Client:
-        if self._client is None:
-            self._client = _open(self.loc, None, None, None)[1]
-        return self._client
-
-    @property
-    def checkpoint_id(self) -> str:
-        return str(self.loc) if self.step is None else f"{self.loc}@{self.step}"
-
     def reset(self, checkpoint_id: str | os.PathLike | int | None = None) -> None:
-        loc, step = _checkpoint_id(checkpoint_id, self.loc)
-        if loc is not self.loc:
-            self.loc, self._client = loc, None
-        if step is not None:
-            self.step = step
+        self._reset_location(checkpoint_id)
         self.storage_data = {}
         self.load_id = uuid.uuid4().hex
 
