@@ -23,9 +23,11 @@ Source followed: ``torch/distributed/checkpoint/storage.py`` and
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import os
 import pickle
+import threading
 import time
 import uuid
 from collections import deque
@@ -145,29 +147,46 @@ class Writer(_Located, StorageWriter, AsyncStager):
         cache_staged_state_dict: for ``dcp.async_save``: keep the CPU staging copy
             between saves so staging is one memcpy into touched pages (costs one
             state dict of host memory; reuse the same Writer).
+        background_staging: for ``dcp.async_save``: copy in a background thread;
+            :meth:`stage` returns a ``concurrent.futures.Future`` and ``async_save``
+            returns at once with an ``AsyncSaveResponse`` (torch >= 2.9's DCP; on
+            older DCP staging stays blocking). The caller must wait for
+            ``response.staging_completion.result()`` (or :meth:`synchronize_staging`)
+            before mutating the state dict (``optimizer.step()``), and for
+            ``response.upload_completion`` for the save itself. Off by default:
+            ``async_save`` then returns a plain Future as before.
 
     Raises:
         InvalidArgument: a malformed URL.
     """
 
-    _synchronize_after_execute: bool = False  # staging is blocking: nothing to wait for
+    _synchronize_after_execute: bool = False  # async_save must not wait: the caller does
 
     def __init__(self, url: str | Location, *, step: int | None = None, client: Client | None = None,
                  bucket: str | None = None, prefix: str | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, workers: int = DEFAULT_WORKERS,
-                 overwrite: bool = True, cache_staged_state_dict: bool = True) -> None:
+                 overwrite: bool = True, cache_staged_state_dict: bool = True,
+                 background_staging: bool = False) -> None:
         self.loc = url if isinstance(url, Location) else parse_checkpoint_url(url, bucket=bucket, prefix=prefix)
         self._client = client
         self.step = step
         self.chunk_bytes, self.workers, self.overwrite = chunk_bytes, workers, overwrite
         self.cache_staged_state_dict = cache_staged_state_dict
         self._stage_cache = None
+        self.background_staging = background_staging and _dcp_accepts_staging_future()
+        self._stage_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._stage_future: concurrent.futures.Future | None = None
+        self._stage_lock = threading.Lock()
         self.is_coordinator, self.rank = True, 0
         self.save_id = uuid.uuid4().hex
         self.result: WriteStats | None = None
 
     # pickling (async_save with a process executor) drops the connection and the cache
-    _unpicklable = ("_client", "_stage_cache")
+    _unpicklable = ("_client", "_stage_cache", "_stage_executor", "_stage_future", "_stage_lock")
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._stage_lock = threading.Lock()
 
     # --- StorageWriter ---------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | int | None = None) -> None:
@@ -275,7 +294,22 @@ class Writer(_Located, StorageWriter, AsyncStager):
 
     # --- AsyncStager -----------------------------------------------------------------------
     def stage(self, state_dict):
-        """A CPU copy of ``state_dict`` for ``dcp.async_save`` (blocking; pinned when CUDA exists)."""
+        """A CPU copy of ``state_dict`` for ``dcp.async_save`` (pinned when CUDA exists).
+
+        Blocking by default; with ``background_staging`` a ``concurrent.futures.Future``
+        of the copy (DCP then uploads once it resolves)."""
+        if not self.background_staging:
+            return self._stage(state_dict)
+        with self._stage_lock:
+            if self._stage_future is not None:  # one at a time: they share the buffers
+                concurrent.futures.wait([self._stage_future])  # its error went to its own caller
+            if self._stage_executor is None:
+                self._stage_executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="gpufeed-dcp-stage")
+            self._stage_future = self._stage_executor.submit(self._stage, state_dict)
+            return self._stage_future
+
+    def _stage(self, state_dict):
         # torch's own stagers use these helpers; they copy DTensor/ShardedTensor correctly
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
@@ -295,10 +329,27 @@ class Writer(_Located, StorageWriter, AsyncStager):
         return _copy_state_dict(state_dict, cache)
 
     def synchronize_staging(self) -> None:
-        """Nothing to wait for: :meth:`stage` blocks until the copy is done."""
+        """Wait until the last :meth:`stage` copy is complete (at once when staging
+        blocks); re-raises its error."""
+        fut = self._stage_future
+        if fut is not None:
+            fut.result()
 
     def close(self) -> None:
+        ex, self._stage_executor = self._stage_executor, None
+        if ex is not None:
+            ex.shutdown(wait=True)
+        self._stage_future = None
         self._stage_cache = None
+
+
+def _dcp_accepts_staging_future() -> bool:
+    """Whether this torch's ``dcp.async_save`` takes a Future from ``stage()``."""
+    try:
+        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse  # noqa: F401
+    except ImportError:  # pragma: no cover - older torch
+        return False
+    return True
 
 
 class _Mismatch(Exception):

@@ -14,8 +14,16 @@ Rows (``results``):
   (defaults: ``sync_files=True`` fsyncs each file; ``thread_count=1``).
 
 ``save_gbps`` = state-dict bytes / best synchronous save seconds (``sync_s``);
-``async_block_s`` = how long ``dcp.async_save`` blocks the caller (staging
-copy), best of the repetitions after a warm-up save. gpufeed's Writer keeps its
+``async_block_s`` = how long one training step that checkpoints is stalled by
+the save: ``async_save`` at the top of the step (``async_return_s``, until it
+returns), forward and backward on a batch of 8 (``step_compute_s``), then the wait
+for the staging copy before ``optimizer.step()`` may mutate the state dict
+(``staging_wait_s``); best of the repetitions after a warm-up save. gpufeed's
+Writer stages in a background thread (``background_staging=True``), so the copy
+overlaps forward/backward; ``dcp_fs`` stages blocking inside ``async_save`` (its
+default), so its stall is ``async_return_s``. The stall does not count how much
+the background copy and upload slow the step's compute on a small machine
+(``step_compute_s``, per step in ``async_steps``). gpufeed's Writer keeps its
 staging buffers between saves (``cache_staged_state_dict=True``);
 ``FileSystemWriter``'s cached staging pins memory and fails without CUDA, so it
 stages into fresh memory each time (its default).
@@ -31,7 +39,9 @@ JSON::
     {"benchmark": "checkpoint", "machine": {...},
      "params": {"size_bytes", "memcpy_gbps", ...},
      "results": [{"path": "gpufeed"|"gpufeed_tcp"|"dcp_fs", "save_gbps", "sync_s",
-                  "async_block_s", "async_block_first_s"}],
+                  "async_block_s", "async_return_s", "staging_wait_s", "step_compute_s",
+                  "async_block_first_s", "background_staging", "sync_all_s",
+                  "async_steps": [{"return_s", "compute_s", "wait_s", "stall_s", ...}]}],
      "dedup": {"versions", "physical_ratio", "last_save_written_ratio",
                "version_bytes", "physical_bytes", "written_bytes"}}
 
@@ -148,7 +158,9 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
         memcpy_gbps = _memcpy_gbps()
         counter = iter(range(1 << 30))
 
-        def fresh_writer(path: str):
+        x = torch.randn(8, model[0].in_features, generator=torch.Generator().manual_seed(2))
+
+        def fresh_writer(path: str, background: bool = False):
             if path == "dcp_fs":
                 folder = root / f"fs-{next(counter)}"
                 w = dcp.FileSystemWriter(folder)
@@ -156,7 +168,7 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
                 return w, lambda: shutil.rmtree(folder, ignore_errors=True)
             client = clients[path]
             url = f"{node.tcp_url}/{BUCKET}/{path}-{next(counter)}"
-            w = Writer(url, client=client, step=0)
+            w = Writer(url, client=client, step=0, background_staging=background)
 
             def cleanup() -> None:
                 cps = checkpoints(url, client=client)
@@ -175,27 +187,32 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
                     dcp.save(sd, storage_writer=w, no_dist=True)
                     sync.append(time.perf_counter() - t0)
                     cleanup()
-                console.print(f"  {path}: async saves ...")
-                blocks = []
-                w, cleanup = fresh_writer(path)
+                console.print(f"  {path}: async saves inside training steps ...")
+                rows = []
+                w, cleanup = fresh_writer(path, background=True)
                 for i in range(repeat + 1):  # the first stages into new memory
                     if path != "dcp_fs":
                         w.reset(i)  # same Writer (keeps its staging buffers), next step
                     else:
                         cleanup()
                         w, cleanup = fresh_writer(path)
-                    t0 = time.perf_counter()
-                    fut = dcp.async_save(sd, storage_writer=w, no_dist=True)
-                    blocks.append(time.perf_counter() - t0)
-                    fut.result()
+                    rows.append(_train_step_with_async_save(dcp, sd, w, model, opt, x))
                     if path != "dcp_fs":
                         # a fresh prefix for the next one: all chunks are written again
                         cleanup()
                 cleanup()
+                if path != "dcp_fs":
+                    w.close()
                 best = min(sync)
+                steady = min(rows[1:], key=lambda r: r["stall_s"]) if len(rows) > 1 else rows[0]
                 results.append({"path": path, "save_gbps": total / best / GB, "sync_s": best,
-                                "async_block_s": min(blocks[1:]) if len(blocks) > 1 else blocks[0],
-                                "async_block_first_s": blocks[0], "sync_all_s": sync})
+                                "async_block_s": steady["stall_s"],
+                                "async_return_s": steady["return_s"],
+                                "staging_wait_s": steady["wait_s"],
+                                "step_compute_s": steady["compute_s"],
+                                "async_block_first_s": rows[0]["stall_s"],
+                                "background_staging": steady["background"],
+                                "sync_all_s": sync, "async_steps": rows})
 
             console.print(f"  LoRA: {versions} versions, rank {lora_rank} ...")
             dedup = _lora_versions(model, versions, lora_rank, f"{node.tcp_url}/{BUCKET}/lora",
@@ -221,8 +238,9 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
                       f"{r['async_block_s'] / r['sync_s']:.1%}",
                       f"{r['save_gbps'] / fs['save_gbps']:.2f}" if fs else "—")
     console.print(table)
-    console.print(f"memcpy on this machine now: {memcpy_gbps:.1f} GB/s (async_save blocks for one "
-                  f"staging copy of the state dict)")
+    console.print(f"memcpy on this machine now: {memcpy_gbps:.1f} GB/s (blocking staging: async_save "
+                  f"blocks for one copy of the state dict; background staging overlaps it with "
+                  f"forward/backward)")
     if dedup:
         console.print(f"LoRA versions: {dedup['versions']}, one version {dedup['version_bytes'] / GB:.3f} GB; "
                       f"stored {dedup['physical_ratio']:.3f} × one version; "
@@ -232,6 +250,32 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
         Path(json_path).write_text(json.dumps(out, indent=2))
         console.print(f"wrote {json_path}")
     return out
+
+
+def _train_step_with_async_save(dcp, sd, writer, model, opt, x) -> dict:
+    """One training step that checkpoints: ``async_save`` at the top, forward and
+    backward, then (background staging) wait for the staging copy before
+    ``optimizer.step()`` mutates the state dict; the upload is awaited after.
+
+    ``stall_s`` = ``return_s`` (until ``async_save`` returns) + ``wait_s`` (waiting
+    for staging before the step): the time the loop is held up by the save."""
+    from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+
+    t0 = time.perf_counter()
+    resp = dcp.async_save(sd, storage_writer=writer, no_dist=True)
+    t1 = time.perf_counter()
+    model(x).square().mean().backward()
+    t2 = time.perf_counter()
+    background = isinstance(resp, AsyncSaveResponse)
+    if background:
+        resp.staging_completion.result()
+        writer.synchronize_staging()  # re-raises a staging error torch's future may miss
+    t3 = time.perf_counter()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    (resp.upload_completion if background else resp).result()
+    return {"return_s": t1 - t0, "compute_s": t2 - t1, "wait_s": t3 - t2,
+            "stall_s": (t1 - t0) + (t3 - t2), "background": background}
 
 
 def _lora_versions(base, versions: int, rank: int, url: str, client) -> dict:
