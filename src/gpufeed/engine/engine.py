@@ -1020,6 +1020,30 @@ class Engine:
         self._require_bucket(self._cat.reader(), bucket)
         raise NoSuchKey(f"{bucket}/{key} does not exist", bucket=bucket, key=key)
 
+    def open_object(self, bucket: str, key: str) -> tuple[ObjectInfo, int]:
+        """Look up the current version of an object and open its immutable data file.
+
+        A version replaced between the lookup and the open is looked up again, so
+        a reader racing overwriters gets the old or the new version, never a
+        spurious NoSuchKey. The file stays readable after later overwrites or
+        deletes (POSIX keeps an open file's data).
+
+        Returns:
+            ``(info, fd)``: the version's metadata and a read-only descriptor the
+            caller must ``os.close``.
+
+        Raises:
+            NoSuchBucket, NoSuchKey: the bucket or key does not exist.
+            InternalError: the key was replaced on every one of many attempts.
+        """
+        for _ in range(_READ_RETRIES):
+            info = self.head_object(bucket, key)
+            try:
+                return info, os.open(info.path, _OPEN_READ)
+            except FileNotFoundError:
+                continue  # replaced between lookup and open: look it up again
+        raise InternalError(f"{bucket}/{key} kept changing while being opened")
+
     def get_object(self, bucket: str, key: str, byte_range: ByteRequest | None = None) -> bytes:
         """Read an object (or a range) into memory. Large reads should use
         ``open(info.path)`` / :meth:`read_into` instead.
@@ -1034,29 +1058,23 @@ class Engine:
             NoSuchBucket, NoSuchKey: missing bucket or key.
             InvalidRange: the range is unsatisfiable (see :func:`gpufeed.store.resolve_range`).
         """
-        for _ in range(_READ_RETRIES):
-            info = self.head_object(bucket, key)
+        info, fd = self.open_object(bucket, key)
+        try:
             start, length = resolve_range(byte_range, info.size)
-            try:
-                fd = os.open(info.path, _OPEN_READ)
-            except FileNotFoundError:
-                continue  # replaced between lookup and open: look it up again
-            try:
-                data = os.pread(fd, length, start)
-                if len(data) < length:  # only on reads over ~2 GiB
-                    parts = [data]
-                    got = len(data)
-                    while got < length:
-                        more = os.pread(fd, length - got, start + got)
-                        if not more:
-                            raise InternalError(f"blob of {bucket}/{key} is shorter than its catalog size")
-                        parts.append(more)
-                        got += len(more)
-                    data = b"".join(parts)
-                return data
-            finally:
-                os.close(fd)
-        raise InternalError(f"{bucket}/{key} kept changing while being read")
+            data = os.pread(fd, length, start)
+            if len(data) < length:  # only on reads over ~2 GiB
+                parts = [data]
+                got = len(data)
+                while got < length:
+                    more = os.pread(fd, length - got, start + got)
+                    if not more:
+                        raise InternalError(f"blob of {bucket}/{key} is shorter than its catalog size")
+                    parts.append(more)
+                    got += len(more)
+                data = b"".join(parts)
+            return data
+        finally:
+            os.close(fd)
 
     def read_into(self, info: ObjectInfo, buffer, offset: int = 0) -> int:
         """Read object version ``info`` from ``offset`` straight into ``buffer``.
@@ -1146,35 +1164,28 @@ class Engine:
         """
         check_key(dst_key)
         self._require_bucket(self._cat.reader(), dst_bucket)
-        for _ in range(_READ_RETRIES):
-            src = self.head_object(src_bucket, src_key)
-            try:
-                sfd = os.open(src.path, _OPEN_READ)
-            except FileNotFoundError:
-                continue
-            try:
-                pw = PendingWrite(self, None, None)
-                with pw:
-                    pw.write_from_fd(sfd, 0, src.size)
-                    if pw.size != src.size:
-                        raise InternalError(f"blob of {src_bucket}/{src_key} is shorter than its catalog size")
-            finally:
-                os.close(sfd)
-            if metadata is None and content_type is None and headers is None:
-                md, ct, hd = src.metadata, src.content_type, src.headers
-            else:
-                md, ct, hd = metadata or {}, content_type, headers or {}
+        src, sfd = self.open_object(src_bucket, src_key)
+        try:
+            pw = PendingWrite(self, None, None)
+            with pw:
+                pw.write_from_fd(sfd, 0, src.size)
+                if pw.size != src.size:
+                    raise InternalError(f"blob of {src_bucket}/{src_key} is shorter than its catalog size")
+        finally:
+            os.close(sfd)
+        if metadata is None and content_type is None and headers is None:
+            md, ct, hd = src.metadata, src.content_type, src.headers
+        else:
+            md, ct, hd = metadata or {}, content_type, headers or {}
 
-            def finish(pw, tmp, _etag, _md5, **_kw):
-                return self._publish_object(
-                    dst_bucket, dst_key, tmp, pw.size, src.etag,
-                    content_type=ct, metadata=md, checksums=src.checksums, headers=hd,
-                )
+        def finish(pw, tmp, _etag, _md5, **_kw):
+            return self._publish_object(
+                dst_bucket, dst_key, tmp, pw.size, src.etag,
+                content_type=ct, metadata=md, checksums=src.checksums, headers=hd,
+            )
 
-            pw._finish = finish
-            return pw.commit()
-        raise NoSuchKey(f"{src_bucket}/{src_key} kept changing while being copied",
-                        bucket=src_bucket, key=src_key)
+        pw._finish = finish
+        return pw.commit()
 
     def list_objects(
         self,

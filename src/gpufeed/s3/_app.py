@@ -19,6 +19,7 @@ import functools
 import hashlib
 import ipaddress
 import logging
+import os
 import uuid
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
@@ -881,24 +882,20 @@ class S3Front:
             headers[f"x-amz-checksum-{alg}"] = v
         return web.Response(status=200, headers=headers)
 
-    async def _open(self, ctx: _Ctx, info: ObjectInfo):
-        """Open the object's data file. If that version vanished (overwritten
-        between the lookup and the open), look the key up again: the reader gets
-        the old or the new version, never a spurious 404. Returns ``(info, file)``.
-        Raises NoSuchKey only when the key itself is gone."""
-        for _attempt in range(64):
-            try:
-                return info, await self.call(open, info.path, "rb")
-            except FileNotFoundError:
-                info = await self.call(self.engine.head_object, ctx.bucket, ctx.key)
-        raise InternalError(f"{ctx.key!r} kept changing while being opened")
+    async def _open(self, bucket: str, key: str):
+        """The current version and its data file opened for reading (the engine
+        retries a version replaced between lookup and open, so a reader racing
+        overwriters never sees a spurious 404). Returns ``(info, file)``."""
+        info, fd = await self.call(self.engine.open_object, bucket, key)
+        return info, os.fdopen(fd, "rb")
 
     async def get_object(self, ctx: _Ctx, *, head: bool) -> web.StreamResponse:
         h = ctx.request.headers
-        info = await self.call(self.engine.head_object, ctx.bucket, ctx.key)
         fobj = None
-        if not head:
-            info, fobj = await self._open(ctx, info)
+        if head:
+            info = await self.call(self.engine.head_object, ctx.bucket, ctx.key)
+        else:
+            info, fobj = await self._open(ctx.bucket, ctx.key)
         try:
             _check_conditions(h, info)
             rng = parse_range(h.get("Range"), info.size)
@@ -1001,19 +998,22 @@ class S3Front:
         h = ctx.request.headers
         upload_id, number = self._part_number(ctx)
         src_bucket, src_key = _parse_copy_source(h["x-amz-copy-source"])
-        src = await self.call(self.engine.head_object, src_bucket, src_key)
-        _check_conditions(h, src, copy_source=True)
-        offset, count = 0, src.size
-        rng = h.get("x-amz-copy-source-range")
-        if rng is not None:
-            first, _, last = rng.strip().removeprefix("bytes=").partition("-")
-            if not (first.isdigit() and last.isdigit()):
-                raise InvalidArgument("The x-amz-copy-source-range value must be of the form bytes=first-last")
-            offset, end = int(first), int(last)
-            if end < offset or end >= src.size:
-                raise InvalidArgument(f"Range specified is not valid for source object of size: {src.size}")
-            count = end - offset + 1
-        src, fobj = await self._open(ctx, src)
+        src, fobj = await self._open(src_bucket, src_key)
+        try:
+            _check_conditions(h, src, copy_source=True)
+            offset, count = 0, src.size
+            rng = h.get("x-amz-copy-source-range")
+            if rng is not None:
+                first, _, last = rng.strip().removeprefix("bytes=").partition("-")
+                if not (first.isdigit() and last.isdigit()):
+                    raise InvalidArgument("The x-amz-copy-source-range value must be of the form bytes=first-last")
+                offset, end = int(first), int(last)
+                if end < offset or end >= src.size:
+                    raise InvalidArgument(f"Range specified is not valid for source object of size: {src.size}")
+                count = end - offset + 1
+        except BaseException:
+            fobj.close()
+            raise
 
         def run():
             with fobj:

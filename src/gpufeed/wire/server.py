@@ -67,22 +67,26 @@ class _FdCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, list] = OrderedDict()  # blob_id -> [fd, refs, evicted]
 
-    def acquire(self, info: ObjectInfo) -> list:
+    def acquire(self, blob_id: str) -> list | None:
+        """The cached entry of ``blob_id`` with a reference taken, or ``None``."""
         with self._lock:
-            ent = self._entries.get(info.blob_id)
+            ent = self._entries.get(blob_id)
             if ent is not None:
                 ent[1] += 1
-                self._entries.move_to_end(info.blob_id)
-                return ent
-        fd = os.open(info.path, os.O_RDONLY | os.O_CLOEXEC)  # FileNotFoundError if replaced
+                self._entries.move_to_end(blob_id)
+            return ent
+
+    def add(self, blob_id: str, fd: int) -> list:
+        """Cache an open descriptor (taking a reference); if another thread cached
+        the same blob meanwhile, ``fd`` is closed and that entry is used."""
         with self._lock:
-            ent = self._entries.get(info.blob_id)
-            if ent is not None:  # raced with another opener
+            ent = self._entries.get(blob_id)
+            if ent is not None:
                 os.close(fd)
                 ent[1] += 1
                 return ent
             ent = [fd, 1, False]
-            self._entries[info.blob_id] = ent
+            self._entries[blob_id] = ent
             while len(self._entries) > self.capacity:
                 _, old = self._entries.popitem(last=False)
                 old[2] = True
@@ -515,19 +519,16 @@ class WireServer:
         conn.reply(p.Op.HEAD, rid, _meta(self.engine.head_object(req.bucket, req.key)))
 
     def _open(self, bucket: str, key: str, cache: dict | None = None) -> tuple[ObjectInfo, list]:
-        """Look up an object and acquire its open file (retrying once if the
-        version was replaced between the lookup and the open)."""
+        """Look up an object and acquire its open file: from the cache when this
+        version's file is open already, else opened by the engine (which retries a
+        version replaced between lookup and open)."""
         if cache is not None and (bucket, key) in cache:
             return cache[(bucket, key)]  # acquired once for the whole batch
-        for _attempt in range(64):  # the version may be replaced between lookup and open
-            info = self.engine.head_object(bucket, key)
-            try:
-                ent = self.fds.acquire(info)
-                break
-            except FileNotFoundError:
-                continue
-        else:
-            raise InternalError(f"{bucket}/{key} kept changing while being opened")
+        info = self.engine.head_object(bucket, key)
+        ent = self.fds.acquire(info.blob_id)
+        if ent is None:
+            info, fd = self.engine.open_object(bucket, key)
+            ent = self.fds.add(info.blob_id, fd)
         if cache is not None:
             cache[(bucket, key)] = (info, ent)
         return info, ent
