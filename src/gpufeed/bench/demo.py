@@ -36,8 +36,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import platform
-import resource
 import shutil
 import sys
 import time
@@ -45,6 +43,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from .io import CpuMeter, machine_info
 
 __all__ = ["run_demo", "MODEL_SIZES", "PathResult"]
 
@@ -100,24 +100,11 @@ class PathResult:
     extra: dict = field(default_factory=dict)
 
 
-def _cpu_self_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
 class _Meter:
     """Times runs of a loader and keeps the fastest with its CPU seconds."""
 
     def __init__(self, server_pid: int | None) -> None:
-        import psutil
-
-        self._server = psutil.Process(server_pid) if server_pid else None
-
-    def _server_s(self) -> float:
-        if self._server is None:
-            return 0.0
-        t = self._server.cpu_times()
-        return t.user + t.system
+        self._cpu = CpuMeter(server_pid)
 
     def measure(self, name: str, method: str, nbytes: int, repeat: int, run: Callable[[], object],
                 check: Callable[[object], bool] | None = None,
@@ -132,9 +119,9 @@ class _Meter:
             if prepare:
                 prepare()
             gc.collect()
-            c0, s0, t0 = _cpu_self_s(), self._server_s(), time.perf_counter()
+            c0, s0, t0 = self._cpu.self_s(), self._cpu.server_s(), time.perf_counter()
             out = run()
-            t1, c1, s1 = time.perf_counter(), _cpu_self_s(), self._server_s()
+            t1, c1, s1 = time.perf_counter(), self._cpu.self_s(), self._cpu.server_s()
             if i == 0 and check is not None:
                 verified = check(out)
             del out
@@ -269,26 +256,6 @@ def _readinto(files: list[Path], buf: memoryview) -> int:
 
 
 # --- report --------------------------------------------------------------------------
-def _machine() -> dict:
-    import psutil
-    import safetensors
-    import torch
-    import transformers
-
-    from .. import __version__
-
-    return {
-        "cpu_count": os.cpu_count(),
-        "memory_gb": round(psutil.virtual_memory().total / 1e9, 1),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "safetensors": safetensors.__version__,
-        "transformers": transformers.__version__,
-        "gpufeed": __version__,
-    }
-
-
 def _print_table(console, results: list[PathResult], repeat: int, model: dict) -> None:
     from rich.table import Table
 
@@ -483,7 +450,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
     report = {
         "benchmark": "demo",
         "command": f"gpufeed demo --size {size}",
-        "machine": _machine(),
+        "machine": machine_info(),
         "model": model,
         "repeat": repeat,
         "keep": "fastest run per path",

@@ -42,15 +42,19 @@ BUCKET = "bench-io"
 
 
 def machine_info() -> dict:
-    """CPU, memory, OS and library versions, for benchmark JSON."""
+    """CPU, memory, OS and library versions, for every benchmark's JSON."""
     import sys
+
+    from .. import __version__
 
     info = {
         "cpus": os.cpu_count(),
         "cpu_model": platform.processor() or platform.machine(),
         "mem_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
         "kernel": platform.release(),
+        "platform": platform.platform(),
         "python": sys.version.split()[0],
+        "gpufeed": __version__,
     }
     try:
         for line in open("/proc/cpuinfo"):
@@ -59,6 +63,10 @@ def machine_info() -> dict:
                 break
     except OSError:
         pass
+    for lib in ("torch", "safetensors", "transformers"):  # versions of those loaded
+        mod = sys.modules.get(lib)
+        if mod is not None:
+            info[lib] = getattr(mod, "__version__", "?")
     return info
 
 
@@ -68,13 +76,21 @@ class CpuMeter:
     def __init__(self, server_pid: int | None = None) -> None:
         self.server = psutil.Process(server_pid) if server_pid else None
 
-    def sample(self) -> float:
+    def self_s(self) -> float:
+        """CPU seconds of this process (all threads)."""
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        total = ru.ru_utime + ru.ru_stime
-        if self.server is not None:
-            t = self.server.cpu_times()
-            total += t.user + t.system
-        return total
+        return ru.ru_utime + ru.ru_stime
+
+    def server_s(self) -> float:
+        """CPU seconds of the server process (0 without one)."""
+        if self.server is None:
+            return 0.0
+        t = self.server.cpu_times()
+        return t.user + t.system
+
+    def sample(self) -> float:
+        """Client + server CPU seconds."""
+        return self.self_s() + self.server_s()
 
 
 def drop_cache(paths) -> None:

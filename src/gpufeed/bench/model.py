@@ -53,14 +53,13 @@ from .demo import (  # the demo's model, upload and loaders: one definition of e
     _load_local_clone,
     _load_local_pread,
     _load_s3,
-    _machine,
     _Meter,
     _readinto,
     _same_tensors,
     _shard_files,
     _upload,
 )
-from .io import drop_cache
+from .io import drop_cache, machine_info
 
 __all__ = ["run_model_bench", "PATHS"]
 
@@ -327,7 +326,7 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
     report = {
         "benchmark": "model",
         "command": f"gpufeed bench model --size {size}" + ("" if cold else " --no-cold"),
-        "machine": {**_machine(), **_peer_versions()},
+        "machine": {**machine_info(), **_peer_versions()},
         "model": {"architecture": "LlamaForCausalLM", "size": size, "dtype": "bfloat16",
                   "config": spec["config"], "tensors": ntensors, "bytes": nbytes,
                   "file_bytes": file_bytes, "shards": len(files)},
