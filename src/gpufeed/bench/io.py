@@ -57,10 +57,11 @@ def machine_info() -> dict:
         "gpufeed": __version__,
     }
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
     except OSError:
         pass
     for lib in ("torch", "safetensors", "transformers"):  # versions of those loaded
