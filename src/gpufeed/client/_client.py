@@ -551,7 +551,7 @@ class Client:
         if self.transport == "tcp":
             items = [p.Get(r.bucket, r.key, r.offset, len(d)) for r, d in zip(reqs, dests)]
             fut = self._conn().request(p.Op.GETV, p.GetV(items), dests=dests)
-            return _then(fut, lambda reply: self._batch_result(reqs, reply, set()))
+            return _then(fut, lambda reply: self._batch_result(reqs, reply))
 
         # shm: destinations in registered regions are written directly; others are
         # packed into staging slots (acquired all at once: no hold-and-wait), and
@@ -608,7 +608,7 @@ class Client:
             # it waits for anything else (no hold-and-wait, no deadlock).
             try:
                 reply = f.result()
-                sub = self._batch_result([reqs[i] for i in index], reply, set())
+                sub = self._batch_result([reqs[i] for i in index], reply)
                 out = [0] * len(reqs)
                 for j, i in enumerate(index):
                     out[i] = sub[j]
@@ -675,11 +675,11 @@ class Client:
         return result
 
     @staticmethod
-    def _batch_result(reqs: list[ReadRequest], reply: p.GetVReply, ignore: set[int]) -> list[int]:
+    def _batch_result(reqs: list[ReadRequest], reply: p.GetVReply) -> list[int]:
         """Bytes per item, or the typed error of the first failed item."""
-        for i, (code, msg) in sorted(reply.errors.items()):
-            if i not in ignore:
-                raise error_from_code(code, f"request {i} ({reqs[i].bucket}/{reqs[i].key}): {msg}")
+        if reply.errors:
+            i, (code, msg) = min(reply.errors.items())
+            raise error_from_code(code, f"request {i} ({reqs[i].bucket}/{reqs[i].key}): {msg}")
         return list(reply.n)
 
     def get_many_into(self, requests: Sequence[ReadRequest | tuple]) -> list[int]:
