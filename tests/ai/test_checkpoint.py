@@ -181,6 +181,8 @@ def test_delete_keeps_chunks_other_steps_use(url, client):
     freed = cps.delete(0)
     assert freed > 0 and cps.steps() == [1, 2]
     assert torch.equal(ck.load(url, step=1)["frozen"], frozen)
+    with pytest.raises(InvalidArgument):
+        cps.keep_last(0)  # would silently delete every step
     assert cps.keep_last(1) == [1] and cps.steps() == [2]
     back = ck.load(url)
     assert torch.equal(back["frozen"], frozen) and back["v"][0].item() == 2.0

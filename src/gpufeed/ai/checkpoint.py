@@ -604,9 +604,14 @@ class Checkpoints:
         return freed
 
     def keep_last(self, n: int) -> list[int]:
-        """Delete all but the newest ``n`` steps; returns the steps deleted."""
-        if n < 0:
-            raise InvalidArgument("n must be >= 0")
+        """Delete all but the newest ``n`` steps; returns the steps deleted.
+
+        Raises:
+            InvalidArgument: ``n < 1`` (keeping nothing is almost always a bug;
+                delete steps one by one with :meth:`delete` to empty a prefix).
+        """
+        if type(n) is not int or n < 1:
+            raise InvalidArgument(f"keep_last needs n >= 1, got {n!r}")
         steps = self.steps()
         gone = steps[: max(0, len(steps) - n)]
         for s in gone:
