@@ -263,6 +263,26 @@ def test_get_layers_reports_vanished_chunk(node):
                 pass
 
 
+def test_get_layers_detects_corruption(url):
+    """A flipped byte in one block stops the layer stream at that layer (over shm the
+    check uses the server's digests, over TCP the reader hashes)."""
+    tokens = list(range(4500, 4500 + 2 * CT))
+    kv = rand_kv(len(tokens), seed=10)
+    with make_store(url, "kvt-lcorrupt") as st, Client(url) as c:
+        st.put(tokens, kv).result()
+        key = st.keys(tokens)[1].key
+        raw = bytearray(c.get("kvt-lcorrupt", key))
+        block = CT * H * D * 4
+        raw[st.header_len + (L + 1) * block + 7] ^= 0x10  # values of layer 1
+        c.put("kvt-lcorrupt", key, raw)
+        got = []
+        with pytest.raises(ChunkUnavailable, match="checksum"):
+            for layer, k, v in st.get_layers(tokens, depth=2):
+                assert torch.equal(k, kv[0, layer]) and torch.equal(v, kv[1, layer])
+                got.append(layer)
+        assert got == [0] and st.metrics.corrupt_chunks == 1
+
+
 def test_bad_destination_rejected(node):
     with make_store(node.tcp_url, "kvt-bad") as st:
         with pytest.raises(ValueError):

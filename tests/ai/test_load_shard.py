@@ -23,12 +23,12 @@ class CountingClient(Client):
         super().__init__(url)
         self.reads: list[tuple[str, int, int]] = []
 
-    def submit_get_many_into(self, requests):
+    def submit_get_many_into(self, requests, **kw):
         for r in requests:
             r = r if isinstance(r, ReadRequest) else ReadRequest(*r)
             self.reads.append((r.key, r.offset, r.length if r.length is not None
                                else len(memoryview(r.dest).cast("B"))))
-        return super().submit_get_many_into(requests)
+        return super().submit_get_many_into(requests, **kw)
 
     def submit_get_into(self, bucket, key, buffer, *, offset=0, length=None):
         n = length if length is not None else len(memoryview(buffer).cast("B"))

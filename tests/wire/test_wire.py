@@ -311,6 +311,46 @@ def test_get_many_into_mixed_sizes_shm(node, bucket):
         assert all(f.result(timeout=60) == ns for f in futs)
 
 
+def test_get_many_into_server_digests(node, bucket):
+    """Piece digests: over shm the server hashes what it delivered (registered,
+    staged and large batches alike); over TCP none come back; bad sizes are refused."""
+    import xxhash
+
+    data = _data(9 << 20, seed=12)
+
+    def pieces(buf, size):
+        mv = memoryview(buf)
+        return [xxhash.xxh3_64_intdigest(mv[o:o + size]) for o in range(0, len(mv), size)]
+
+    with Client(node.shm_url, staging_bytes=8 << 20, slot_bytes=1 << 20) as c:
+        c.put(bucket, "dig", data)
+        region = c.alloc(8 << 20)
+        reqs = [ReadRequest(bucket, "dig", region[:5 << 20], 3, digest=1 << 20),   # registered, split
+                ReadRequest(bucket, "dig", bytearray(300_000), 11, digest=4096),   # staged, short tail
+                ReadRequest(bucket, "dig", bytearray(1000), 0),                    # no digest asked
+                ReadRequest(bucket, "dig", bytearray(3 << 20), 5, digest=1 << 20),  # side read: None
+                ReadRequest(bucket, "dig", region[5 << 20:6 << 20], len(data) - 100, digest=64)]
+        sums: list = []
+        ns = c.get_many_into(reqs, digests_out=sums)
+        assert ns == [5 << 20, 300_000, 1000, 3 << 20, 100]
+        for r, n in zip(reqs, ns):
+            assert bytes(memoryview(r.dest)[:n]) == data[r.offset:r.offset + n]
+        assert sums[0] == pieces(region[:5 << 20], 1 << 20) and len(sums[0]) == 5
+        assert sums[1] == pieces(reqs[1].dest, 4096) and len(sums[1]) == 74  # 73 full + 1 short
+        assert sums[2] is None and sums[3] is None
+        assert sums[4] == pieces(data[-100:], 64)
+        # a failed item carries no digests; the batch raises its typed error
+        with pytest.raises(NoSuchKey):
+            c.get_many_into([(bucket, "dig", region[:64], 0, 64, 16), (bucket, "nope", bytearray(4))],
+                            digests_out=sums)
+        with pytest.raises(InvalidArgument):
+            c.get_many_into([(bucket, "dig", bytearray(8), 0, 8, -1)])
+    with Client(node.tcp_url) as c:
+        sums = []
+        assert c.get_many_into([(bucket, "dig", bytearray(4096), 0, 4096, 1024)], digests_out=sums) == [4096]
+        assert sums == [None]
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_alloc_memory_is_reused_after_its_views_die(node, bucket, transport):
     import gc

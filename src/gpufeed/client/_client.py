@@ -47,13 +47,18 @@ SPLIT_BYTES = 64 << 20  # 64 MiB
 @dataclass(frozen=True, slots=True)
 class ReadRequest:
     """One read of a batch: bytes ``[offset, offset + length)`` of ``bucket/key``
-    into ``dest`` (a writable contiguous buffer; ``length`` defaults to ``len(dest)``)."""
+    into ``dest`` (a writable contiguous buffer; ``length`` defaults to ``len(dest)``).
+
+    ``digest`` > 0 asks the server for the XXH3-64 of each consecutive
+    ``digest``-byte piece of the delivered bytes (see ``digests_out`` of
+    :meth:`Client.submit_get_many_into`)."""
 
     bucket: str
     key: str
     dest: object
     offset: int = 0
     length: int | None = None
+    digest: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,13 +538,31 @@ class Client:
                 pool.release(s_off)
         return total
 
-    def submit_get_many_into(self, requests: Sequence[ReadRequest | tuple]) -> Future:
+    def submit_get_many_into(self, requests: Sequence[ReadRequest | tuple], *,
+                             digests_out: list | None = None) -> Future:
         """Start a batch read in one round trip; the Future resolves to the list of
-        bytes read per request (see :meth:`get_many_into`)."""
+        bytes read per request (see :meth:`get_many_into`).
+
+        Args:
+            requests: :class:`ReadRequest` or ``(bucket, key, dest, offset, length,
+                digest)`` tuples (trailing fields optional).
+            digests_out: a list that, before the Future resolves, holds one entry per
+                request: the server's XXH3-64 digests (``int``, seed 0) of each
+                ``digest``-byte piece of the bytes delivered into ``dest``, or ``None``
+                where none were computed (``digest`` 0, the TCP transport, a request
+                too large for one batch). The server hashes each piece right after it
+                lands, on its own threads, while it is still in the CPU cache: a
+                reader that checks stored checksums compares against these instead of
+                hashing the bytes again, and hashes the ``None`` entries itself.
+        """
         reqs = [r if isinstance(r, ReadRequest) else ReadRequest(*r) for r in requests]
+        if digests_out is not None:
+            digests_out[:] = [None] * len(reqs)
         dests: list[memoryview] = []
         for r in reqs:
             _check(r.bucket, r.key, r.offset, r.length)
+            if r.digest < 0:
+                raise InvalidArgument(f"digest piece size must be >= 0, not {r.digest}")
             dest = _mv(r.dest)
             if dest.readonly:
                 raise InvalidArgument("a destination buffer is read-only")
@@ -565,7 +588,8 @@ class Client:
             found = self._find_region(dest)
             if found is not None:
                 region, off = found
-                items[i] = p.Get(r.bucket, r.key, r.offset, len(dest), region.region_id, off)
+                items[i] = p.Get(r.bucket, r.key, r.offset, len(dest), region.region_id, off,
+                                 r.digest)
                 continue
             if pool is None:
                 pool = self._staging_pool()
@@ -587,7 +611,7 @@ class Client:
             for i, at in members:
                 r = reqs[i]
                 items[i] = p.Get(r.bucket, r.key, r.offset, len(dests[i]), pool.region.region_id,
-                                 slot + at)
+                                 slot + at, r.digest)
                 staged.append((i, slot + at))
         batch = [it for it in items if it is not None]
         index = [i for i, it in enumerate(items) if it is not None]
@@ -615,6 +639,9 @@ class Client:
                 for i, at in staged:
                     n = out[i]
                     dests[i][:n] = pool.region.view(at, n)
+                if digests_out is not None:
+                    for j, sums in reply.digests.items():
+                        digests_out[index[j]] = sums
                 batch_out.append(out)
             except BaseException as exc:
                 batch_out.append(exc)
@@ -682,12 +709,16 @@ class Client:
             raise error_from_code(code, f"request {i} ({reqs[i].bucket}/{reqs[i].key}): {msg}")
         return list(reply.n)
 
-    def get_many_into(self, requests: Sequence[ReadRequest | tuple]) -> list[int]:
+    def get_many_into(self, requests: Sequence[ReadRequest | tuple], *,
+                      digests_out: list | None = None) -> list[int]:
         """Read a batch of ranges, each into its own buffer, in one round trip;
         the server serves the items concurrently.
 
         Args:
-            requests: :class:`ReadRequest` or ``(bucket, key, dest, offset, length)`` tuples.
+            requests: :class:`ReadRequest` or ``(bucket, key, dest, offset, length,
+                digest)`` tuples (trailing fields optional).
+            digests_out: filled with server-computed piece digests (see
+                :meth:`submit_get_many_into`).
 
         Returns:
             Bytes read per request, in order.
@@ -695,7 +726,7 @@ class Client:
         Raises:
             The typed error of the first request that failed (its index in the message).
         """
-        return self.submit_get_many_into(requests).result()
+        return self.submit_get_many_into(requests, digests_out=digests_out).result()
 
     def delete(self, bucket: str, key: str) -> None:
         """Delete a key; a missing key is not an error. Raises NoSuchBucket."""

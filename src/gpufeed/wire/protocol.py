@@ -94,6 +94,12 @@ class Get(msgspec.Struct, array_like=True, frozen=True):
 
     ``region`` -1: the bytes come back as the reply payload (TCP). Otherwise the
     server writes them into registered region ``region`` at ``region_offset``.
+
+    ``digest`` > 0 (a GETV item written into a region): the server also returns
+    the XXH3-64 (seed 0) of each consecutive ``digest``-byte piece of the bytes it
+    delivered (the last piece may be shorter), computed right after each piece
+    lands, while it is still in the CPU cache. 0: no digests. Ignored on payload
+    (``region`` -1) reads, whose bytes the client hashes as they arrive.
     """
 
     bucket: str
@@ -102,6 +108,7 @@ class Get(msgspec.Struct, array_like=True, frozen=True):
     length: int = -1
     region: int = -1
     region_offset: int = 0
+    digest: int = 0
 
 
 class GetV(msgspec.Struct, array_like=True, frozen=True):
@@ -174,10 +181,13 @@ class GetReply(msgspec.Struct, array_like=True, frozen=True):
 
 
 class GetVReply(msgspec.Struct, array_like=True, frozen=True):
-    """Per item: bytes delivered (>= 0), or -1 with ``errors[i]`` = [code, message]."""
+    """Per item: bytes delivered (>= 0), or -1 with ``errors[i]`` = [code, message].
+    ``digests[i]``: the piece digests of item ``i`` when it asked for them (``Get.digest``)
+    and the server computed them."""
 
     n: list[int]
     errors: dict[int, tuple[str, str]] = {}
+    digests: dict[int, list[int]] = {}
 
 
 class ListEntry(msgspec.Struct, array_like=True, frozen=True):

@@ -28,8 +28,10 @@ import socket
 import stat
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
+
+import xxhash
 
 from .. import __version__
 from ..config import NodeConfig
@@ -55,6 +57,11 @@ INLINE_BYTES = 256 << 10  # 256 KiB
 SPLIT_BYTES = 32 << 20  # 32 MiB
 #: Size of one piece of a split read.
 PIECE_BYTES = 16 << 20  # 16 MiB
+#: A GETV batch of at least this many bytes is served by the split pool in parallel.
+GETV_PARALLEL_BYTES = 4 << 20  # 4 MiB
+#: Target bytes of one read task of a GETV item that asks for digests: whole
+#: digest pieces, each hashed right after it lands (while it is in the CPU cache).
+DIGEST_TASK_BYTES = 4 << 20  # 4 MiB
 #: Receive buffer for TCP PUT payloads.
 RECV_CHUNK = 4 << 20  # 4 MiB
 
@@ -147,6 +154,15 @@ def _pread_full(fd: int, mv: memoryview, offset: int) -> int:
             break
         total += got
     return total
+
+
+def _read_task(fd: int, dest: memoryview, offset: int, digest: int) -> tuple[int, list[int] | None]:
+    """Read into ``dest``; with ``digest`` > 0 also hash each ``digest``-byte piece
+    of what arrived (XXH3-64, GIL released) while it is still in the CPU cache."""
+    got = _pread_full(fd, dest, offset)
+    if digest <= 0:
+        return got, None
+    return got, [xxhash.xxh3_64_intdigest(dest[o:min(got, o + digest)]) for o in range(0, got, digest)]
 
 
 class _Conn:
@@ -574,9 +590,13 @@ class WireServer:
         acquired: list[list] = []
         results: list[int] = []
         errors: dict[int, tuple[str, str]] = {}
+        digests: dict[int, list[int]] = {}
         extents: list[tuple[int, int, int]] = []  # (fd, start, n) for TCP sends
+        # region reads become tasks (index, fd, dest, start, digest piece bytes);
+        # an item that asks for digests is cut into whole pieces of ~DIGEST_TASK_BYTES
+        tasks: list[tuple[int, int, memoryview, int, int]] = []
+        views: list[memoryview] = []
         try:
-            work: list[tuple[int, int, memoryview, int]] = []  # (index, fd, dest, start)
             for i, item in enumerate(req.items):
                 try:
                     fresh = (item.bucket, item.key) not in cache
@@ -588,30 +608,45 @@ class WireServer:
                         extents.append((ent[0], start, n))
                     else:
                         dest = self._region(conn, item.region).view(item.region_offset, n)
-                        work.append((i, ent[0], dest, start))
+                        views.append(dest)
+                        if item.digest > 0:
+                            digests[i] = []
+                            step = item.digest * max(1, DIGEST_TASK_BYTES // item.digest)
+                            for o in range(0, max(n, 1), step):
+                                tasks.append((i, ent[0], dest[o:o + step], start + o, item.digest))
+                        else:
+                            tasks.append((i, ent[0], dest, start, 0))
                     results.append(n)
                 except GpufeedError as exc:
                     results.append(-1)
                     errors[i] = (exc.code, exc.message)
-            if work:
-                total = sum(len(w[2]) for w in work)
-                if total >= SPLIT_BYTES and len(work) > 1:
-                    futs = [(w[0], self.split_pool.submit(_pread_full, w[1], w[2], w[3]))
-                            for w in work]
-                    for i, f in futs:
-                        results[i] = f.result()
+            if tasks:
+                for i, _fd, _dest, _start, _d in tasks:
+                    results[i] = 0
+                total = sum(len(t[2]) for t in tasks)
+                if total >= GETV_PARALLEL_BYTES and len(tasks) > 1:
+                    done = [(t[0], self.split_pool.submit(_read_task, *t[1:])) for t in tasks]
+                    wait([f for _i, f in done])  # every task ends before its views are released
+                    outs = [(i, f.result()) for i, f in done]
                 else:
-                    for i, fd, dest, start in work:
-                        results[i] = _pread_full(fd, dest, start)
-                for w in work:
-                    w[2].release()
+                    outs = [(t[0], _read_task(*t[1:])) for t in tasks]
+                for i, (got, sums) in outs:  # tasks of an item are in order
+                    results[i] += got
+                    if sums is not None:
+                        digests[i] += sums
+            for v in [t[2] for t in tasks] + views:
+                v.release()
+            tasks.clear()
+            views.clear()
             payload = sum(e[2] for e in extents)
-            meta = p.encode(p.GetVReply(results, errors))
+            meta = p.encode(p.GetVReply(results, errors, digests))
             with conn.send_lock:
                 conn.sock.sendall(p.pack_header(p.Op.GETV | p.REPLY, len(meta), rid, payload) + meta)
                 for fd, start, n in extents:
                     conn.sendfile_all(fd, start, n)
         finally:
+            for v in [t[2] for t in tasks] + views:
+                v.release()
             for ent in acquired:
                 self.fds.release(ent)
 

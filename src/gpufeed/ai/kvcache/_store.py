@@ -329,31 +329,43 @@ class KVCacheStore:
     def _read_objects(self, client: Client, jobs):
         """Whole-object reads, ``chunks_per_request`` per batch, all batches in flight;
         yields ``(ck, obj)`` of the leading valid chunks, verifying each batch while the
-        next ones are still arriving. Waits for every read it started."""
+        next ones are still arriving. Each chunk is two ranges (header, payload); with
+        ``verify`` the payload asks for per-block server digests. Waits for every read
+        it started."""
         per = self.chunks_per_request
         groups = [jobs[i:i + per] for i in range(0, len(jobs), per)]
         futs = []
+        sums_of: list[list] = []
+        hl = self.header_len
         try:
             for g in groups:
-                futs.append(client.submit_get_many_into(
-                    [(self.bucket, ck.key, _u8(obj)) for ck, obj in g]))
+                items = []
+                for ck, obj in g:
+                    items.append((self.bucket, ck.key, _u8(obj[:hl]), 0, hl))
+                    items.append((self.bucket, ck.key, _u8(obj[hl:]), hl, obj.numel() - hl,
+                                  self._block_bytes(ck.tokens) if self.verify else 0))
+                sums_of.append([])
+                futs.append(client.submit_get_many_into(items, digests_out=sums_of[-1]))
         except (GpufeedError, OSError) as exc:
             self._failed(exc)
         ok = True
         try:
-            for g, fut in zip(groups, futs):
+            for g, fut, sums in zip(groups, futs, sums_of):
                 if not ok:
                     break
                 try:
                     ns = fut.result()
+                    ns = [ns[2 * j] + ns[2 * j + 1] for j in range(len(g))]
                 except _CHUNK_ERRORS:
                     ns = [self._read_one(client, ck, obj) for ck, obj in g]
+                    sums = []
                 except (GpufeedError, OSError) as exc:
                     self._failed(exc)
                     ok = False
                     break
-                for (ck, obj), n in zip(g, ns):
-                    if n != obj.numel() or not self._verify_object(ck, obj):
+                for j, ((ck, obj), n) in enumerate(zip(g, ns)):
+                    got = sums[2 * j + 1] if sums else None
+                    if n != obj.numel() or not self._verify_object(ck, obj, got):
                         ok = False
                         break
                     self.metrics.add(chunks_read=1, bytes_read=n)
@@ -375,10 +387,10 @@ class KVCacheStore:
             self.metrics.add(corrupt_chunks=1)
             return -1
 
-    def _verify_object(self, ck: ChunkKey, obj: torch.Tensor) -> bool:
+    def _verify_object(self, ck: ChunkKey, obj: torch.Tensor, sums: list[int] | None = None) -> bool:
         payload = obj[self.header_len:].view(self.torch_dtype).view(self._chunk_shape(ck.tokens))
         try:
-            self._check(ck, payload, memoryview(_u8(obj[:self.header_len])))
+            self._check(ck, payload, memoryview(_u8(obj[:self.header_len])), sums=sums)
         except _Miss as exc:
             log.warning("kvcache: %s; treated as a miss", exc)
             self.metrics.add(corrupt_chunks=1)
@@ -389,19 +401,41 @@ class KVCacheStore:
         return True
 
     # --- reads ------------------------------------------------------------------------
-    def _items(self, ck: ChunkKey, dst: torch.Tensor, hdr: memoryview) -> list[tuple]:
-        """Batch-read items of one chunk: its header into ``hdr``, each block into ``dst[kv, l]``."""
+    def _block_bytes(self, ntok: int) -> int:
+        """Bytes of one ``[kv][layer]`` block of a chunk of ``ntok`` tokens."""
         lay = self.layout
-        block = ck.tokens * lay.num_kv_heads * lay.head_dim * lay.itemsize
+        return ntok * lay.num_kv_heads * lay.head_dim * lay.itemsize
+
+    def _items(self, ck: ChunkKey, dst: torch.Tensor, hdr: memoryview) -> list[tuple]:
+        """Batch-read items of one chunk: its header into ``hdr``, each block into
+        ``dst[kv, l]`` (asking for the block's server digest when verifying)."""
+        lay = self.layout
+        block = self._block_bytes(ck.tokens)
         items = [(self.bucket, ck.key, hdr, 0, self.header_len)]
         for kv in range(2):
             for layer in range(lay.num_layers):
                 off = self.header_len + (kv * lay.num_layers + layer) * block
-                items.append((self.bucket, ck.key, _u8(dst[kv, layer]), off, block))
+                items.append((self.bucket, ck.key, _u8(dst[kv, layer]), off, block,
+                              block if self.verify else 0))
         return items
 
-    def _check(self, ck: ChunkKey, dst: torch.Tensor, hdr: memoryview, layers=None) -> None:
-        """Raise _Miss unless ``hdr`` is chunk ``ck``'s header and the blocks match it."""
+    @staticmethod
+    def _block_sums(digests: list, at: int, count: int) -> list[int] | None:
+        """Server digests of ``count`` one-block items from ``digests[at]`` (one piece
+        each), or None if any is missing (the caller then hashes the blocks itself)."""
+        out = []
+        for d in digests[at:at + count]:
+            if not d or len(d) != 1:
+                return None
+            out.append(d[0])
+        return out
+
+    def _check(self, ck: ChunkKey, dst: torch.Tensor, hdr: memoryview, layers=None,
+               sums: list[int] | None = None) -> None:
+        """Raise _Miss unless ``hdr`` is chunk ``ck``'s header and the blocks match it.
+
+        ``sums``: XXH3-64 of blocks ``[kv][layer]`` (kv-major, all layers) as the
+        server computed them when it delivered the bytes; None hashes ``dst`` here."""
         try:
             h = ChunkHeader.unpack(hdr)
             h.check(self.layout, ck.digest, ck.tokens)
@@ -410,9 +444,12 @@ class KVCacheStore:
         if not self.verify:
             return
         L = self.layout.num_layers
+        if sums is not None and len(sums) != 2 * L:
+            sums = None
         for kv in range(2):
             for layer in (range(L) if layers is None else layers):
-                if block_checksum(_u8(dst[kv, layer])) != h.checksums[kv * L + layer]:
+                got = sums[kv * L + layer] if sums is not None else block_checksum(_u8(dst[kv, layer]))
+                if got != h.checksums[kv * L + layer]:
                     raise _Miss(f"checksum mismatch in {ck.key} block [{kv}][{layer}]")
 
     def _read_chunks(self, client: Client, jobs: list[tuple[ChunkKey, torch.Tensor]]) -> int:
@@ -425,16 +462,20 @@ class KVCacheStore:
         per = self.chunks_per_request
         groups = [list(range(i, min(i + per, len(jobs)))) for i in range(0, len(jobs), per)]
         futs: list[Future | None] = []
+        digests: list[list] = []
         try:
             for g in groups:
                 items = [it for j in g for it in self._items(jobs[j][0], jobs[j][1], hv[j])]
-                futs.append(client.submit_get_many_into(items))
+                digests.append([])
+                futs.append(client.submit_get_many_into(items, digests_out=digests[-1]))
         except (GpufeedError, OSError) as exc:
             self._failed(exc)
             futs += [None] * (len(groups) - len(futs))
         valid = 0
         stop = False
-        for g, fut in zip(groups, futs):
+        per_chunk = 1 + 2 * self.layout.num_layers
+        for gi, (g, fut) in enumerate(zip(groups, futs)):
+            sums = digests[gi] if gi < len(digests) else []
             if fut is None:
                 stop = True
                 continue
@@ -451,12 +492,14 @@ class KVCacheStore:
             if stop:
                 continue
             if ok is None:  # some chunk of the group is gone: find which, one request each
-                ok = self._read_each(client, [jobs[j] for j in g], [hv[j] for j in g])
-            for j, good in zip(g, ok):
+                sums = []
+                ok = self._read_each(client, [jobs[j] for j in g], [hv[j] for j in g], sums)
+            for pos, (j, good) in enumerate(zip(g, ok)):
                 ck, dst = jobs[j]
                 if good:
                     try:
-                        self._check(ck, dst, hv[j])
+                        self._check(ck, dst, hv[j],
+                                    sums=self._block_sums(sums, pos * per_chunk + 1, per_chunk - 1))
                     except _Miss as exc:
                         log.warning("kvcache: %s; treated as a miss", exc)
                         self.metrics.add(corrupt_chunks=1)
@@ -469,16 +512,23 @@ class KVCacheStore:
                 self.metrics.add(chunks_read=1, bytes_read=dst.numel() * dst.element_size())
         return valid
 
-    def _read_each(self, client: Client, jobs, hv) -> list[bool]:
-        futs = [client.submit_get_many_into(self._items(ck, dst, h)) for (ck, dst), h in zip(jobs, hv)]
+    def _read_each(self, client: Client, jobs, hv, sums_out: list) -> list[bool]:
+        """Re-read each chunk of a failed group on its own; ``sums_out`` gets the
+        digests of every item, in the group's item order."""
+        per = [[] for _ in jobs]
+        futs = [client.submit_get_many_into(self._items(ck, dst, h), digests_out=d)
+                for ((ck, dst), h), d in zip(zip(jobs, hv), per)]
         out = []
-        for (ck, _dst), f in zip(jobs, futs):
+        for (ck, _dst), f, d in zip(jobs, futs, per):
+            n_items = 1 + 2 * self.layout.num_layers
             try:
                 complete = f.result() == [it[4] for it in self._items_len(ck)]
+                sums_out += d if len(d) == n_items else [None] * n_items
                 if not complete:
                     self.metrics.add(corrupt_chunks=1)
                 out.append(complete)
             except _CHUNK_ERRORS as exc:
+                sums_out += [None] * n_items
                 self.metrics.add(**({"missing_chunks": 1} if isinstance(exc, NotFoundError)
                                     else {"corrupt_chunks": 1}))
                 out.append(False)
@@ -851,9 +901,11 @@ class LayerStream:
             block = ck.tokens * lay.num_kv_heads * lay.head_dim * lay.itemsize
             for kv in range(2):
                 off = s.header_len + (kv * lay.num_layers + layer) * block
-                items.append((s.bucket, ck.key, _u8(out[kv, ck.start:ck.end]), off, block))
-        fut = self._client.submit_get_many_into(items) if items else None
-        return out, fut
+                items.append((s.bucket, ck.key, _u8(out[kv, ck.start:ck.end]), off, block,
+                              block if s.verify else 0))
+        sums: list = []
+        fut = self._client.submit_get_many_into(items, digests_out=sums) if items else None
+        return out, (fut, sums)
 
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         s, L = self._s, self._s.layout.num_layers
@@ -866,7 +918,7 @@ class LayerStream:
                 while nxt < L and len(inflight) < self._depth:
                     inflight.append((nxt, *self._submit(nxt)))
                     nxt += 1
-                layer, out, fut = inflight.pop(0)
+                layer, out, (fut, sums) = inflight.pop(0)
                 if fut is not None:
                     try:
                         fut.result()
@@ -875,9 +927,11 @@ class LayerStream:
                             s._failed(exc)
                         raise ChunkUnavailable(f"layer {layer}: {exc}", self._valid(layer, out)) from exc
                     if s.verify:
-                        for ck, h in zip(self._node_cks, self._hdrs):
+                        for j, (ck, h) in enumerate(zip(self._node_cks, self._hdrs)):
                             for kv in range(2):
-                                got = block_checksum(_u8(out[kv, ck.start:ck.end]))
+                                d = sums[2 * j + kv] if len(sums) > 2 * j + kv else None
+                                got = (d[0] if d and len(d) == 1
+                                       else block_checksum(_u8(out[kv, ck.start:ck.end])))
                                 if got != h.checksums[kv * L + layer]:
                                     s.metrics.add(corrupt_chunks=1)
                                     raise ChunkUnavailable(
@@ -885,7 +939,7 @@ class LayerStream:
                 s.metrics.add(bytes_read=out.numel() * out.element_size())
                 yield layer, out[0], out[1]
         finally:
-            for _l, _o, f in inflight:
+            for _l, _o, (f, _s) in inflight:
                 if f is not None:
                     try:
                         f.result()
