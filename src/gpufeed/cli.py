@@ -79,7 +79,11 @@ def main() -> None:
 @click.option("--access-key", default=None, help="S3 access key id (env GPUFEED_ACCESS_KEY).")
 @click.option("--secret-key", default=None, help="S3 secret key (env GPUFEED_SECRET_KEY).")
 @click.option("--no-fsync", is_flag=True, help="Acknowledge writes before they are durable (faster, unsafe).")
-def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no_fsync) -> None:
+@click.option("--region-pool", "region_pool", type=SizeType(), default=None,
+              help="Shared memory kept for reuse by the next shm client (default 4GiB; 0 disables; "
+                   "env GPUFEED_REGION_POOL_BYTES).")
+def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no_fsync,
+          region_pool) -> None:
     """Run a storage node: S3 endpoint plus the fast data path.
 
     Prints the endpoints as one JSON line on stdout, then serves until
@@ -95,6 +99,7 @@ def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no
     cfg = NodeConfig.from_env(
         data_dir=data_dir, host=host, s3_port=s3_port, port=port, socket_path=socket_path,
         access_key=access_key, secret_key=secret_key, fsync=False if no_fsync else None,
+        region_pool_bytes=region_pool,
     )
     node = Node(cfg)
     endpoints = node.start()
@@ -279,13 +284,15 @@ def bench_checkpoint(size, versions, lora_rank, repeat, json_path, paths, data_d
 @click.option("--repeat", type=int, default=3, help="Warm runs per path (best is kept).")
 @click.option("--cold-repeat", type=int, default=2, help="Cold runs per path (pages dropped before each).")
 @click.option("--no-cold", is_flag=True, help="Skip the cold rows.")
-def bench_model(size, workdir, json_path, paths, repeat, cold_repeat, no_cold) -> None:
+@click.option("--first-loads", type=int, default=3,
+              help="Fresh-process loads per way (shm with/without the region pool, load_file); 0 skips.")
+def bench_model(size, workdir, json_path, paths, repeat, cold_repeat, no_cold, first_loads) -> None:
     """Model load GB/s per path (gpufeed shm/tcp, S3, safetensors, runai, fastsafetensors), warm and cold."""
     from .bench.model import run_model_bench
 
     run_model_bench(size=size, workdir=workdir, json_path=json_path, repeat=repeat,
                     cold_repeat=cold_repeat, cold=not no_cold,
-                    paths=paths.split(",") if paths else None)
+                    paths=paths.split(",") if paths else None, first_loads=first_loads)
 
 
 @main.command()

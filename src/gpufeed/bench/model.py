@@ -131,10 +131,76 @@ def _missing(module: str) -> str | None:
     return None if importlib.util.find_spec(module) else module
 
 
+# One load in a fresh interpreter: what a serving process that starts and loads its
+# model once pays (fresh memory included). Prints seconds, bytes, regions reused.
+_FRESH = r"""
+import sys, time
+mode, target = sys.argv[1], sys.argv[2]
+if mode == "shm":
+    from gpufeed.ai import load_safetensors
+    from gpufeed.client import Client
+    c = Client(target)
+    t0 = time.perf_counter()
+    out = load_safetensors(c, sys.argv[3], sys.argv[4])
+    dt = time.perf_counter() - t0
+    reused = c.regions_reused
+else:
+    import torch
+    from safetensors.torch import load_file
+    files = sys.argv[2:]
+    t0 = time.perf_counter()
+    out = {}
+    for f in files:
+        out.update({k: v.clone() for k, v in load_file(f).items()})
+    dt = time.perf_counter() - t0
+    reused = 0
+n = sum(t.numel() * t.element_size() for t in out.values())
+print(dt, n, reused)
+"""
+
+
+def _fresh_load(args: list[str]) -> tuple[float, int, int]:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FRESH, *args], capture_output=True, text=True,
+                         timeout=600, check=True).stdout.split()
+    return float(out[0]), int(out[1]), int(out[2])
+
+
+def _first_loads(files: list[Path], model_dir: Path, prefix: str, tmp: Path, node, runs: int,
+                 say) -> list[dict]:
+    """``runs`` fresh-process loads per way: shm with the node's region pool, shm from a
+    node without one (every load populates fresh shared memory), and safetensors
+    ``load_file`` + ``.clone()`` of the local files (fresh anonymous memory)."""
+    from ..client import Client
+    from ..testing.node import start_node
+
+    rows = []
+    nopool = start_node(tmp / "node-nopool", extra_args=["--region-pool", "0"])
+    try:
+        with Client(nopool.shm_url) as up:
+            _upload(up, model_dir, prefix)
+        ways = [("shm", "on", [node.shm_url, BUCKET, prefix]),
+                ("shm", "off", [nopool.shm_url, BUCKET, prefix]),
+                ("local_load_file", None, [str(f) for f in files])]
+        for path, pool, args in ways:
+            say(f"  first load in a fresh process: {path}" + (f" (region pool {pool})" if pool else "")
+                + " ...")
+            for i in range(runs):
+                seconds, n, reused = _fresh_load([path if path == "shm" else "local", *args])
+                rows.append({"path": path, "region_pool": pool, "process": i + 1,
+                             "seconds": round(seconds, 4), "gbps": round(n / seconds / 1e9, 3),
+                             "regions_reused": reused})
+    finally:
+        nopool.stop()
+    return rows
+
+
 def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
                     json_path: str | os.PathLike | None = None, *, repeat: int = 3,
                     cold_repeat: int = 2, cold: bool = True, paths: list[str] | None = None,
-                    console=None) -> dict:
+                    first_loads: int = 3, console=None) -> dict:
     """Load the demo model through every path, warm and cold; print a table, return JSON.
 
     Args:
@@ -146,6 +212,7 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
         cold_repeat: cold runs per path, each after dropping the pages.
         cold: measure the cold rows.
         paths: a subset of :data:`PATHS`.
+        first_loads: fresh-process loads per way for the ``first_load`` rows (0 skips).
         console: a ``rich.console.Console`` (default: a new one).
 
     Returns:
@@ -284,6 +351,7 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
             c.close()
         s3.close()
         del scratch
+        first = _first_loads(files, model_dir, prefix, tmp, node, first_loads, say) if first_loads else []
     finally:
         fst.close()
         node.stop()
@@ -318,6 +386,14 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
         table.add_row(r["path"], r["cache"], f"{r['seconds']:.3f}", f"{r['gbps']:.2f}",
                       f"{r['cpu_s_per_gb']:.2f}", ok)
     console.print(table)
+    if first:
+        ft = Table(title="first load in a fresh process (page cache warm; includes fresh memory)")
+        for col in ("path", "region pool", "process", "seconds", "GB/s", "regions reused"):
+            ft.add_column(col, justify="left" if col in ("path", "region pool") else "right")
+        for r in first:
+            ft.add_row(r["path"], r["region_pool"] or "", str(r["process"]), f"{r['seconds']:.3f}",
+                       f"{r['gbps']:.2f}", str(r["regions_reused"]))
+        console.print(ft)
     for t in targets:
         say(f"target {t['target']}: want >= {t['want']}x, got {t['got']}x: "
             f"{'[green]met[/]' if t['met'] else '[red]not met[/]'}")
@@ -334,6 +410,7 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
                    "cold": "posix_fadvise(DONTNEED) of the local files and node blobs before "
                            "each run"},
         "results": rows,
+        "first_load": first,
         "targets": targets,
         "notes": notes,
     }

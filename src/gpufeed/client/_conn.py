@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import socket
 import threading
 from concurrent.futures import Future
@@ -76,6 +77,7 @@ class Connection:
         self._ids = itertools.count(1)
         self._closed = False
         self._error: BaseException | None = None
+        self._fds_in: list[int] = []  # shm: descriptors that arrived with reply frames
         self._receiver = threading.Thread(target=self._receive_loop, name="gpufeed-recv", daemon=True)
         self._receiver.start()
 
@@ -133,7 +135,15 @@ class Connection:
         pos, n = 0, len(mv)
         while pos < n:
             try:
-                got = self.sock.recv_into(mv[pos:])
+                if self.transport == "shm":
+                    got, anc, _flags, _addr = self.sock.recvmsg_into(
+                        [mv[pos:]], socket.CMSG_SPACE(4 * 4), socket.MSG_CMSG_CLOEXEC)
+                    for level, typ, data in anc:
+                        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                            self._fds_in.extend(int.from_bytes(data[i:i + 4], "little")
+                                                for i in range(0, len(data) - len(data) % 4, 4))
+                else:
+                    got = self.sock.recv_into(mv[pos:])
             except TimeoutError:
                 if self._closed:
                     raise TransportError("the client closed the connection") from None
@@ -172,6 +182,14 @@ class Connection:
                 except ProtocolError as exc:
                     pend.future.set_exception(exc)
                     raise
+                if isinstance(reply, p.AllocRegionReply):  # its memfd came with the frame
+                    if not self._fds_in:
+                        exc = ProtocolError("ALLOC_REGION reply arrived without a descriptor")
+                        pend.future.set_exception(exc)
+                        raise exc
+                    pend.future.set_result((reply, self._fds_in.pop(0)))
+                    continue
+                self._close_fds()  # nothing else carries descriptors
                 if pend.alloc:
                     buf = bytearray(payload_len)
                     if payload_len:
@@ -212,7 +230,15 @@ class Connection:
             raise ProtocolError(f"payload of {payload_len} bytes does not match the reply")
         return sizes
 
+    def _close_fds(self) -> None:
+        while self._fds_in:
+            try:
+                os.close(self._fds_in.pop())
+            except OSError:
+                pass
+
     def _fail(self, exc: BaseException) -> None:
+        self._close_fds()
         if self._error is None:
             self._error = exc
         self._closed = True

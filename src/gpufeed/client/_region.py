@@ -27,21 +27,36 @@ def address_of(buf) -> tuple[int, int]:
 class Region:
     """A memfd-backed memory region.
 
+    Args:
+        region_id: id the server knows it by.
+        size: bytes.
+        name: memfd name (fresh regions).
+        fd: map this memfd instead of creating one: a region the server lent
+            (``ALLOC_REGION``). The region takes ownership of the descriptor;
+            lent regions are mapped ``MADV_DONTFORK`` (a forked child cannot
+            keep a view of memory the server may lend again once this process
+            has exited).
+
     Attributes:
         region_id: id the server knows it by.
         size: bytes.
         mm: the ``mmap`` object.
         address: base address in this process.
+        lent: the server allocated it.
     """
 
-    def __init__(self, region_id: int, size: int, name: str = "gpufeed") -> None:
+    def __init__(self, region_id: int, size: int, name: str = "gpufeed", fd: int | None = None) -> None:
         self.region_id = region_id
         self.size = size
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        self.lent = fd is not None
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC) if fd is None else fd
         try:
-            os.ftruncate(self.fd, max(size, 1))
+            if not self.lent:
+                os.ftruncate(self.fd, max(size, 1))
             self.mm = mmap.mmap(self.fd, max(size, 1), flags=mmap.MAP_SHARED,
                                 prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            if self.lent and hasattr(mmap, "MADV_DONTFORK"):
+                self.mm.madvise(mmap.MADV_DONTFORK)
         except BaseException:
             os.close(self.fd)
             raise
@@ -55,6 +70,10 @@ class Region:
         except OSError:
             pass
 
+    def drop_fd(self) -> None:
+        """Close the descriptor now (the mapping stays)."""
+        self._finalizer()
+
     def contains(self, address: int, nbytes: int) -> bool:
         return self.address <= address and address + nbytes <= self.address + self.size
 
@@ -62,13 +81,16 @@ class Region:
         length = self.size - offset if length is None else length
         return memoryview(self.mm)[offset : offset + length]
 
-    def close(self) -> None:
-        """Close the fd; the mapping goes when the last buffer over it is gone."""
+    def close(self) -> bool:
+        """Close the fd and unmap; returns True if unmapped. While buffers over it
+        are alive the mapping stays (it goes with the last of them) and this
+        returns False."""
         self._finalizer()
         try:
             self.mm.close()
         except BufferError:  # buffers over it are still alive: they own the mapping now
-            pass
+            return False
+        return True
 
 
 class StagingPool:

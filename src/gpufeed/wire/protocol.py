@@ -29,7 +29,8 @@ from ..errors import ProtocolError
 
 __all__ = [
     "MAGIC", "VERSION", "HEADER", "HEADER_SIZE", "MAX_META", "Op", "REPLY", "ERROR_OP",
-    "Hello", "HelloReply", "Register", "Unregister", "Head", "Get", "GetV", "Put", "Delete",
+    "Hello", "HelloReply", "Register", "Unregister", "AllocRegion", "AllocRegionReply", "Head",
+    "Get", "GetV", "Put", "Delete",
     "List", "BucketReq", "Empty", "ObjectMeta", "GetReply", "GetVReply", "ListReply",
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
 ]
@@ -49,6 +50,7 @@ class Op(IntEnum):
     HELLO = 1
     REGISTER = 2  # shm only: an fd travels with this frame (SCM_RIGHTS)
     UNREGISTER = 3
+    ALLOC_REGION = 4  # shm only: an fd travels with the reply frame (SCM_RIGHTS)
     HEAD = 10
     GET = 11
     GETV = 12
@@ -68,9 +70,12 @@ class Hello(msgspec.Struct, array_like=True, frozen=True):
 
 
 class HelloReply(msgspec.Struct, array_like=True, frozen=True):
+    """``features``: optional ops this server supports (``"alloc_region"``)."""
+
     server: str
     version: int
     transport: str  # "tcp" | "shm"
+    features: list[str] = []
 
 
 class Register(msgspec.Struct, array_like=True, frozen=True):
@@ -81,7 +86,29 @@ class Register(msgspec.Struct, array_like=True, frozen=True):
 
 
 class Unregister(msgspec.Struct, array_like=True, frozen=True):
+    """Forget a region. ``unmapped``: the client has unmapped it and holds no
+    descriptor of it, so a server-allocated region may be reused (zeroed) for
+    another client once this connection has closed."""
+
     region_id: int
+    unmapped: bool = False
+
+
+class AllocRegion(msgspec.Struct, array_like=True, frozen=True):
+    """Ask the server for a memory region of at least ``size`` bytes, registered
+    on this connection as ``region_id``; the reply frame carries its memfd
+    (``SCM_RIGHTS``). shm only."""
+
+    region_id: int
+    size: int
+
+
+class AllocRegionReply(msgspec.Struct, array_like=True, frozen=True):
+    """``size``: bytes of the memfd (>= the request); ``reused``: it came from the
+    server's pool of zeroed, already-populated regions."""
+
+    size: int
+    reused: bool = False
 
 
 class Head(msgspec.Struct, array_like=True, frozen=True):
@@ -230,13 +257,13 @@ REQUEST_TYPES: dict[int, type] = {
     Op.HELLO: Hello, Op.REGISTER: Register, Op.UNREGISTER: Unregister, Op.HEAD: Head,
     Op.GET: Get, Op.GETV: GetV, Op.PUT: Put, Op.DELETE: Delete, Op.LIST: List,
     Op.CREATE_BUCKET: BucketReq, Op.LIST_BUCKETS: Empty, Op.DELETE_BUCKET: BucketReq,
-    Op.BUCKET_STATS: BucketReq,
+    Op.BUCKET_STATS: BucketReq, Op.ALLOC_REGION: AllocRegion,
 }
 REPLY_TYPES: dict[int, type] = {
     Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
     Op.GET: GetReply, Op.GETV: GetVReply, Op.PUT: ObjectMeta, Op.DELETE: Empty,
     Op.LIST: ListReply, Op.CREATE_BUCKET: Empty, Op.LIST_BUCKETS: BucketsReply,
-    Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats,
+    Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats, Op.ALLOC_REGION: AllocRegionReply,
 }
 
 _encoder = msgspec.msgpack.Encoder()

@@ -24,6 +24,7 @@ import errno
 import logging
 import mmap
 import os
+import select
 import socket
 import stat
 import threading
@@ -46,6 +47,7 @@ from ..errors import (
 )
 from ..store import OffsetByteRequest, RangeByteRequest, resolve_range
 from . import protocol as p
+from ._regions import RegionPool, ServerRegion, peer_process
 
 __all__ = ["WireServer"]
 
@@ -57,6 +59,9 @@ INLINE_BYTES = 256 << 10  # 256 KiB
 SPLIT_BYTES = 32 << 20  # 32 MiB
 #: Size of one piece of a split read.
 PIECE_BYTES = 16 << 20  # 16 MiB
+#: Largest region a client may register or ask for: the server maps regions
+#: populated, so an absurd size must not exhaust the host's memory.
+MAX_REGION_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 #: A GETV batch of at least this many bytes is served by the split pool in parallel.
 GETV_PARALLEL_BYTES = 4 << 20  # 4 MiB
 #: Target bytes of one read task of a GETV item that asks for digests: whole
@@ -117,11 +122,17 @@ class _FdCache:
 
 
 class _Region:
-    """A client memory region mapped into the server."""
+    """A client memory region mapped into the server: the client's memfd, or a
+    :class:`ServerRegion` the server lent (``owned``; its mapping is reused)."""
 
-    __slots__ = ("mm", "mv", "size")
+    __slots__ = ("mm", "mv", "size", "owned")
 
-    def __init__(self, fd: int, size: int) -> None:
+    def __init__(self, fd: int | None, size: int, owned: ServerRegion | None = None) -> None:
+        self.owned = owned
+        if owned is not None:
+            self.mm, self.size = owned.mm, size
+            self.mv = memoryview(self.mm)
+            return
         st = os.fstat(fd)
         if st.st_size < size:
             raise InvalidArgument(f"region of {size} bytes is larger than its memfd ({st.st_size})")
@@ -138,9 +149,11 @@ class _Region:
         return self.mv[offset : offset + length]
 
     def close(self) -> None:
+        """Drop this connection's view; a lent region's mapping stays with its owner."""
         try:
             self.mv.release()
-            self.mm.close()
+            if self.owned is None:
+                self.mm.close()
         except BufferError:  # a worker still holds a slice; the GC closes it later
             pass
 
@@ -175,6 +188,10 @@ class _Conn:
         self.send_lock = threading.Lock()
         self.regions: dict[int, _Region] = {}
         self.fds_in: list[int] = []
+        # shm: the peer process (to learn when it exits) and requests still running
+        # on the pool (lent regions are reused only when none can touch them)
+        self.peer_pid, self.pidfd = peer_process(sock) if transport == "shm" else (0, None)
+        self.busy = 0
         self.closed = False
         self._hdr = bytearray(p.HEADER_SIZE)
         self._recv_buf: bytearray | None = None
@@ -258,9 +275,13 @@ class _Conn:
         for fd in self.fds_in:
             os.close(fd)
         self.fds_in.clear()
+        lent = []
         for region in self.regions.values():
             region.close()
+            if region.owned is not None:
+                lent.append(region.owned)
         self.regions.clear()
+        self.server._closed_with_regions(self, lent)
         try:
             self.sock.close()
         except OSError:
@@ -279,9 +300,21 @@ class _Conn:
         if payload_len:
             raise ProtocolError(f"op {op} carries no payload")
         if op in (p.Op.GET, p.Op.GETV, p.Op.PUT) and not self._small(op, req):
-            self.server.pool.submit(self._run, op, rid, req)
+            with self.server._busy_lock:
+                self.busy += 1
+            try:
+                self.server.pool.submit(self._run_pooled, op, rid, req)
+            except BaseException:
+                self.server._request_done(self)
+                raise
         else:
             self._run(op, rid, req)
+
+    def _run_pooled(self, op: int, rid: int, req) -> None:
+        try:
+            self._run(op, rid, req)
+        finally:
+            self.server._request_done(self)
 
     @staticmethod
     def _small(op: int, req) -> bool:
@@ -298,8 +331,8 @@ class _Conn:
         except GpufeedError as exc:
             self.reply_error(rid, exc)
         except OSError as exc:
-            if self.closed:
-                return
+            if self.closed or isinstance(exc, (BrokenPipeError, ConnectionResetError)):
+                return  # the client went away; nobody to tell
             if isinstance(exc, FileNotFoundError):
                 self.reply_error(rid, NoSuchKey(str(exc)))
             else:
@@ -384,6 +417,14 @@ class WireServer:
         self.split_pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2),
                                              thread_name_prefix="gpufeed-split")
         self.fds = _FdCache()
+        self.regions = RegionPool(config.region_pool_bytes)
+        self._busy_lock = threading.Condition()
+        self._parked: list[tuple[_Conn, ServerRegion]] = []  # unmapped, waiting for idle
+        self._zeroer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-zero")
+        # closed connections' lent regions, until their process exits: (pidfd, conn, regions)
+        self._waiting: list[tuple[int, _Conn, list[ServerRegion]]] = []
+        self._reaper: threading.Thread | None = None
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._listeners: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._conns: set[_Conn] = set()
@@ -394,6 +435,7 @@ class WireServer:
             p.Op.HELLO: self._hello,
             p.Op.REGISTER: self._register,
             p.Op.UNREGISTER: self._unregister,
+            p.Op.ALLOC_REGION: self._alloc_region,
             p.Op.HEAD: self._head,
             p.Op.GET: self._get,
             p.Op.GETV: self._getv,
@@ -500,6 +542,19 @@ class WireServer:
         self.split_pool.shutdown(wait=True)
         for conn in conns:
             conn.close()
+        os.write(self._wake_w, b"x")
+        if self._reaper is not None:
+            self._reaper.join(timeout=5)
+        with self._busy_lock:
+            waiting, self._waiting = self._waiting, []
+        for pidfd, _c, lent in waiting:
+            os.close(pidfd)
+            for r in lent:
+                r.close()
+        self._zeroer.shutdown(wait=True)
+        self.regions.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         self.fds.close()
         if self.socket_path:
             try:
@@ -509,7 +564,9 @@ class WireServer:
 
     # --- handlers (run inline or on the pool) -------------------------------------
     def _hello(self, conn: _Conn, rid: int, req: p.Hello) -> None:
-        conn.reply(p.Op.HELLO, rid, p.HelloReply(f"gpufeed/{__version__}", p.VERSION, conn.transport))
+        features = ["alloc_region"] if conn.transport == "shm" else []
+        conn.reply(p.Op.HELLO, rid, p.HelloReply(f"gpufeed/{__version__}", p.VERSION, conn.transport,
+                                                 features))
 
     def _register(self, conn: _Conn, rid: int, req: p.Register) -> None:
         if conn.transport != "shm":
@@ -518,6 +575,9 @@ class WireServer:
             raise ProtocolError("REGISTER arrived without a file descriptor")
         fd = conn.fds_in.pop(0)
         try:
+            if not 0 <= req.size <= MAX_REGION_BYTES:  # the server populates what it maps
+                raise InvalidArgument(f"region size {req.size} is out of range (at most half the "
+                                      f"host's memory, {MAX_REGION_BYTES} bytes)")
             if req.region_id in conn.regions:
                 raise InvalidArgument(f"region {req.region_id} is already registered")
             conn.regions[req.region_id] = _Region(fd, req.size)
@@ -529,7 +589,127 @@ class WireServer:
         region = conn.regions.pop(req.region_id, None)
         if region is not None:
             region.close()
+            if region.owned is not None:
+                if req.unmapped:  # reusable once no request of this client can touch it
+                    with self._busy_lock:
+                        self._parked.append((conn, region.owned))
+                    self._flush_parked()
+                else:  # the client may still map it: free it, never lend it again
+                    region.owned.close()
         conn.reply(p.Op.UNREGISTER, rid, p.Empty())
+
+    def _alloc_region(self, conn: _Conn, rid: int, req: p.AllocRegion) -> None:
+        """Lend a region (pooled if one fits, else fresh) and send its memfd."""
+        if conn.transport != "shm":
+            raise InvalidArgument("memory regions can only be allocated over the shm transport")
+        if req.region_id in conn.regions:
+            raise InvalidArgument(f"region {req.region_id} is already registered")
+        if not 0 <= req.size <= MAX_REGION_BYTES:
+            raise InvalidArgument(f"region size {req.size} is out of range (at most half the "
+                                  f"host's memory, {MAX_REGION_BYTES} bytes)")
+        try:
+            owned, reused = self.regions.take(req.size)
+        except OSError as exc:
+            raise InternalError(f"cannot allocate a {req.size}-byte region: {exc}") from exc
+        conn.regions[req.region_id] = _Region(None, owned.size, owned)
+        meta = p.encode(p.AllocRegionReply(owned.size, reused))
+        frame = p.pack_header(p.Op.ALLOC_REGION | p.REPLY, len(meta), rid, 0) + meta
+        with conn.send_lock:
+            socket.send_fds(conn.sock, [frame], [owned.fd])
+
+    # --- lent-region reuse (see _regions.py for the rules) ----------------------------
+    def _request_done(self, conn: _Conn) -> None:
+        with self._busy_lock:
+            conn.busy -= 1
+            idle = conn.busy == 0
+            self._busy_lock.notify_all()
+        if idle and self._parked:
+            self._flush_parked()
+
+    def _flush_parked(self) -> None:
+        """Zero and pool parked regions whose client has nothing running."""
+        with self._busy_lock:
+            with self._lock:
+                conns = list(self._conns)
+            busy_peers = {self._peer_of(c) for c in conns if c.busy}
+            ready = [(c, r) for c, r in self._parked if self._peer_of(c) not in busy_peers]
+            self._parked = [(c, r) for c, r in self._parked if self._peer_of(c) in busy_peers]
+        if ready:
+            self._give_back([r for _c, r in ready])
+
+    @staticmethod
+    def _peer_of(conn: _Conn):
+        """Connections of one client process share a key (its pid via the pidfd's
+        target, else the connection itself)."""
+        return conn.peer_pid or id(conn)
+
+    def _give_back(self, regions: list[ServerRegion]) -> None:
+        try:
+            self._zeroer.submit(self.regions.give_back, regions)
+        except RuntimeError:  # stopping
+            for r in regions:
+                r.close()
+
+    def _closed_with_regions(self, conn: _Conn, lent: list[ServerRegion]) -> None:
+        """A connection closed. What it lent stays allocated (its process may still
+        use it) until that process exits, then is zeroed and pooled; without a way
+        to watch the process (no pidfd) it is freed now."""
+        pidfd, conn.pidfd = conn.pidfd, None
+        if lent and pidfd is not None and not self._stopping.is_set():
+            with self._busy_lock:
+                self._waiting.append((pidfd, conn, lent))
+                held = sum(r.size for _f, _c, rs in self._waiting for r in rs)
+                drop = []
+                while held > self.regions.capacity_bytes and self._waiting:
+                    old_fd, _c, old = self._waiting.pop(0)  # oldest first: freed, not pooled
+                    held -= sum(r.size for r in old)
+                    drop.append((old_fd, old))
+            for old_fd, old in drop:
+                os.close(old_fd)
+                for r in old:
+                    r.close()
+            self._start_reaper()
+            os.write(self._wake_w, b"x")
+        else:
+            for r in lent:
+                r.close()
+            if pidfd is not None:
+                os.close(pidfd)
+        if self._parked:
+            self._flush_parked()
+
+    def _start_reaper(self) -> None:
+        with self._busy_lock:
+            if self._reaper is not None:
+                return
+            self._reaper = threading.Thread(target=self._reap_loop, name="gpufeed-reap", daemon=True)
+            self._reaper.start()
+
+    def _reap_loop(self) -> None:
+        """Watch the pidfds of clients whose closed connections lent regions; pool
+        those regions when the process exits (all its mappings are gone then)."""
+        while not self._stopping.is_set():
+            with self._busy_lock:
+                watch = list(self._waiting)
+            poller = select.poll()
+            poller.register(self._wake_r, select.POLLIN)
+            for pidfd, _c, _r in watch:
+                poller.register(pidfd, select.POLLIN)
+            ready = {fd for fd, _ev in poller.poll(1000)}
+            if self._wake_r in ready:
+                try:
+                    os.read(self._wake_r, 4096)
+                except OSError:
+                    pass
+            done = []
+            with self._busy_lock:
+                for entry in list(self._waiting):
+                    if entry[0] in ready and entry[1].busy == 0:
+                        self._waiting.remove(entry)
+                        done.append(entry)
+            for pidfd, _conn, lent in done:
+                os.close(pidfd)
+                self._give_back(lent)
 
     def _head(self, conn: _Conn, rid: int, req: p.Head) -> None:
         conn.reply(p.Op.HEAD, rid, _meta(self.engine.head_object(req.bucket, req.key)))

@@ -1,0 +1,139 @@
+"""Server-lent shared memory (ALLOC_REGION) and its pool: reused only when no
+process can still see it, always zeroed, never under a live buffer."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from gpufeed.client import Client
+from gpufeed.testing.node import start_node
+
+SIZE = 8 << 20
+
+# A client process that allocates, fills with a pattern, optionally reads an
+# object into the region, then exits *without* closing (its buffers alive).
+CHILD = """
+import sys
+import numpy as np
+import pytest
+from gpufeed.client import Client
+c = Client(sys.argv[1])
+buf = c.alloc(int(sys.argv[2]))
+a = np.frombuffer(buf, np.uint8)
+print(c.regions_reused, int(np.count_nonzero(a)), flush=True)
+a[:] = 0xAB
+"""
+
+
+def _child(url: str, size: int = SIZE) -> tuple[int, int]:
+    out = subprocess.run([sys.executable, "-c", CHILD, url, str(size)], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    return int(out[0]), int(out[1])
+
+
+def _wait_reuse(url: str, size: int = SIZE, timeout_s: float = 10.0) -> tuple[int, int]:
+    """Run children until one gets a pooled region (the previous child's exit is
+    noticed asynchronously); returns its (reused, nonzero bytes)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reused, nonzero = _child(url, size)
+        if reused or time.monotonic() > deadline:
+            return reused, nonzero
+
+
+def test_exited_process_memory_is_zeroed_and_lent_again(fresh_node):
+    url = fresh_node.shm_url
+    reused, nonzero = _child(url)
+    assert (reused, nonzero) == (0, 0)  # fresh memory
+    reused, nonzero = _wait_reuse(url)
+    assert reused == 1, "the exited child's region never came back to the pool"
+    assert nonzero == 0, "a lent region still held the previous client's bytes"
+
+
+def test_live_buffers_survive_their_client_closing(fresh_node):
+    url = fresh_node.shm_url
+    c1 = Client(url)
+    buf = c1.alloc(SIZE)
+    a = np.frombuffer(buf, np.uint8)
+    a[:] = 0x5A
+    c1.close()  # this process lives on and so does buf: the region must not be lent again
+    with Client(url) as c2:
+        for _ in range(3):
+            other = np.frombuffer(c2.alloc(SIZE), np.uint8)
+            other[:] = 0x11
+        assert c2.regions_reused == 0
+    for _ in range(3):  # later clients may get c2's released regions, never c1's live one
+        assert _child(url)[1] == 0
+    assert int(np.count_nonzero(a != 0x5A)) == 0, "a live buffer was overwritten"
+
+
+def test_unmapped_regions_are_pooled_on_close(fresh_node):
+    url = fresh_node.shm_url
+    c1 = Client(url)
+    buf = c1.alloc(SIZE)
+    np.frombuffer(buf, np.uint8)[:] = 0xCD
+    del buf
+    gc.collect()
+    c1.close()  # no buffer left: the client unmaps and says so
+    deadline = time.monotonic() + 10
+    while True:
+        with Client(url) as c2:
+            got = np.frombuffer(c2.alloc(SIZE), np.uint8)
+            if c2.regions_reused or time.monotonic() > deadline:
+                assert c2.regions_reused == 1
+                assert int(np.count_nonzero(got)) == 0
+                break
+        time.sleep(0.1)
+
+
+def test_reads_land_in_lent_regions(node):
+    """The whole read path works on server-lent memory (and a pooled region
+    from an earlier client carries none of its bytes)."""
+    data = np.random.default_rng(3).integers(0, 256, SIZE, dtype=np.uint8).tobytes()
+    with Client(node.shm_url) as c:
+        c.create_bucket("lent-regions")
+        c.put("lent-regions", "obj", data)
+        buf = c.alloc(SIZE)
+        assert c.get_into("lent-regions", "obj", buf) == SIZE
+        assert bytes(buf) == data
+        out = bytearray(100_000)  # not in a region: staged through a lent staging region
+        assert c.get_into("lent-regions", "obj", out, offset=5) == 100_000
+        assert bytes(out) == data[5:100_005]
+
+
+def test_pool_disabled_still_lends_memory(tmp_path):
+    proc = start_node(tmp_path / "data", extra_args=["--region-pool", "0"])
+    try:
+        _child(proc.shm_url)
+        time.sleep(0.5)
+        assert _child(proc.shm_url) == (0, 0)  # nothing kept, nothing reused
+    finally:
+        proc.stop()
+
+
+def test_alloc_region_bad_requests(node):
+    from gpufeed.errors import InvalidArgument
+    from gpufeed.wire import protocol as p
+
+    with Client(node.tcp_url) as c, pytest.raises(InvalidArgument):  # shm only
+        c._conns[0].call(p.Op.ALLOC_REGION, p.AllocRegion(1, 4096))
+    with Client(node.shm_url) as c:
+        conn = c._conns[0]
+        with pytest.raises(InvalidArgument):  # larger than the host could populate
+            conn.call(p.Op.ALLOC_REGION, p.AllocRegion(900, 1 << 50))
+        reply, fd = conn.call(p.Op.ALLOC_REGION, p.AllocRegion(901, 4096))
+        try:
+            assert reply.size >= 4096
+            with pytest.raises(InvalidArgument):  # the id is taken
+                conn.call(p.Op.ALLOC_REGION, p.AllocRegion(901, 4096))
+        finally:
+            import os
+            os.close(fd)
+        buf = c.alloc(1000)  # the connection still serves
+        assert len(buf) == 1000
