@@ -137,3 +137,39 @@ def test_alloc_region_bad_requests(node):
             os.close(fd)
         buf = c.alloc(1000)  # the connection still serves
         assert len(buf) == 1000
+
+
+FORKER = """
+import os, sys, time
+import numpy as np
+from gpufeed.client import Client
+c = Client(sys.argv[1])
+a = np.frombuffer(c.alloc(int(sys.argv[2])), np.uint8)
+a[:] = 0xEE
+pid = os.fork()
+if pid == 0:  # the child outlives its parent and keeps reading the inherited memory
+    time.sleep(3)
+    ok = int(np.count_nonzero(a != 0xEE)) == 0
+    with open(sys.argv[3], "w") as f:
+        f.write("ok" if ok else "overwritten")
+    os._exit(0)
+print(pid, flush=True)
+"""
+
+
+def test_forked_child_keeps_inherited_memory_after_parent_exits(fresh_node, tmp_path):
+    """The parent exits while its forked child still maps the lent region: the
+    region must not go to another client (the child can read it, unchanged)."""
+    url, report = fresh_node.shm_url, tmp_path / "child.txt"
+    subprocess.run([sys.executable, "-c", FORKER, url, str(SIZE), str(report)], check=True,
+                   timeout=60, capture_output=True)
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:  # other clients try hard to get that region
+        with Client(url) as c:
+            np.frombuffer(c.alloc(SIZE), np.uint8)[:] = 0x11
+        _child(url)
+    for _ in range(100):
+        if report.exists() and report.read_text():
+            break
+        time.sleep(0.1)
+    assert report.read_text() == "ok"

@@ -167,8 +167,23 @@ class _AnonRegion:
             pass
 
 
+def _watch_forks(client: "Client") -> None:
+    """Call ``client._forked()`` in the parent after every ``os.fork()`` (the
+    client is held weakly; ``subprocess`` does not run these hooks and exec drops
+    the mappings anyway)."""
+    ref = weakref.ref(client)
+
+    def after_in_parent() -> None:
+        c = ref()
+        if c is not None:
+            c._forked()
+
+    os.register_at_fork(after_in_parent=after_in_parent)
+
+
 class Client:
-    """Fast-path client of one gpufeed node. Thread-safe.
+    """Fast-path client of one gpufeed node. Thread-safe; not usable in a forked
+    child (create a new one there).
 
     Args:
         url: ``gpufeed+tcp://HOST:PORT`` or ``gpufeed+shm:///path/gpufeed.sock``.
@@ -192,6 +207,7 @@ class Client:
                  staging_bytes: int = 64 << 20, slot_bytes: int = 4 << 20,
                  max_idle_bytes: int = 4 << 30) -> None:
         self._closed = False
+        self._pid = os.getpid()
         self.url = url
         self.transport, address = parse_url(url)
         n = connections or (4 if self.transport == "tcp" else 1)
@@ -221,6 +237,8 @@ class Client:
         self.max_idle_bytes = max_idle_bytes
         self._staging_lock = threading.Lock()
         self._exec: ThreadPoolExecutor | None = None
+        if "alloc_region" in self._features:
+            _watch_forks(self)
 
     # --- plumbing ----------------------------------------------------------------
     def _conn(self) -> Connection:
@@ -784,9 +802,24 @@ class Client:
             token = page.next_token
 
     # --- lifecycle -----------------------------------------------------------------
+    def _forked(self) -> None:
+        """In the parent after ``os.fork()``: the child may map the regions lent so
+        far, so tell the node never to lend them again (see ``FORKED``)."""
+        if self._closed or not any(r.lent for r in self._regions):
+            return
+        for conn in self._conns:
+            try:
+                conn.request(p.Op.FORKED, p.Empty())
+            except GpufeedError:
+                pass
+
     def close(self) -> None:
-        """Close connections and release regions. Idempotent."""
+        """Close connections and release regions. Idempotent. In a forked child it
+        does nothing (the connections belong to the parent; use a new Client)."""
         if getattr(self, "_closed", False):
+            return
+        if getattr(self, "_pid", os.getpid()) != os.getpid():
+            self._closed = True
             return
         self._closed = True
         if getattr(self, "_exec", None) is not None:

@@ -32,10 +32,7 @@ class Region:
         size: bytes.
         name: memfd name (fresh regions).
         fd: map this memfd instead of creating one: a region the server lent
-            (``ALLOC_REGION``). The region takes ownership of the descriptor;
-            lent regions are mapped ``MADV_DONTFORK`` (a forked child cannot
-            keep a view of memory the server may lend again once this process
-            has exited).
+            (``ALLOC_REGION``). The region takes ownership of the descriptor.
 
     Attributes:
         region_id: id the server knows it by.
@@ -55,8 +52,6 @@ class Region:
                 os.ftruncate(self.fd, max(size, 1))
             self.mm = mmap.mmap(self.fd, max(size, 1), flags=mmap.MAP_SHARED,
                                 prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            if self.lent and hasattr(mmap, "MADV_DONTFORK"):
-                self.mm.madvise(mmap.MADV_DONTFORK)
         except BaseException:
             os.close(self.fd)
             raise

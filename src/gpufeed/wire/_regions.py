@@ -24,9 +24,8 @@ Regions waiting for their process count against the pool's capacity (the
 oldest are freed first: the server unmaps them and the memory goes when the
 client unmaps it); a client the server cannot watch (another PID namespace,
 or an in-process node) gets its regions freed when its connection closes. Regions are zeroed before reuse, so no
-client sees another's bytes. The client maps server regions with
-``MADV_DONTFORK`` and closes its descriptor, so a forked child cannot keep a
-view past its parent's exit.
+client sees another's bytes. A client that forks says so (``FORKED``): its
+children may map what it was lent so far, so none of that is reused.
 
 Our own code because it is the fast path's memory management.
 """

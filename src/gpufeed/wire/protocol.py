@@ -51,6 +51,7 @@ class Op(IntEnum):
     REGISTER = 2  # shm only: an fd travels with this frame (SCM_RIGHTS)
     UNREGISTER = 3
     ALLOC_REGION = 4  # shm only: an fd travels with the reply frame (SCM_RIGHTS)
+    FORKED = 5  # shm: the client process forked; what it was lent so far is never reused
     HEAD = 10
     GET = 11
     GETV = 12
@@ -257,13 +258,14 @@ REQUEST_TYPES: dict[int, type] = {
     Op.HELLO: Hello, Op.REGISTER: Register, Op.UNREGISTER: Unregister, Op.HEAD: Head,
     Op.GET: Get, Op.GETV: GetV, Op.PUT: Put, Op.DELETE: Delete, Op.LIST: List,
     Op.CREATE_BUCKET: BucketReq, Op.LIST_BUCKETS: Empty, Op.DELETE_BUCKET: BucketReq,
-    Op.BUCKET_STATS: BucketReq, Op.ALLOC_REGION: AllocRegion,
+    Op.BUCKET_STATS: BucketReq, Op.ALLOC_REGION: AllocRegion, Op.FORKED: Empty,
 }
 REPLY_TYPES: dict[int, type] = {
     Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
     Op.GET: GetReply, Op.GETV: GetVReply, Op.PUT: ObjectMeta, Op.DELETE: Empty,
     Op.LIST: ListReply, Op.CREATE_BUCKET: Empty, Op.LIST_BUCKETS: BucketsReply,
     Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats, Op.ALLOC_REGION: AllocRegionReply,
+    Op.FORKED: Empty,
 }
 
 _encoder = msgspec.msgpack.Encoder()

@@ -192,6 +192,8 @@ class _Conn:
         # on the pool (lent regions are reused only when none can touch them)
         self.peer_pid, self.pidfd = peer_process(sock) if transport == "shm" else (0, None)
         self.busy = 0
+        # lent regions a forked child of the client may map: never lent again
+        self.no_reuse: set[int] = set()
         self.closed = False
         self._hdr = bytearray(p.HEADER_SIZE)
         self._recv_buf: bytearray | None = None
@@ -279,7 +281,10 @@ class _Conn:
         for region in self.regions.values():
             region.close()
             if region.owned is not None:
-                lent.append(region.owned)
+                if id(region.owned) in self.no_reuse:
+                    region.owned.close()
+                else:
+                    lent.append(region.owned)
         self.regions.clear()
         self.server._closed_with_regions(self, lent)
         try:
@@ -436,6 +441,7 @@ class WireServer:
             p.Op.REGISTER: self._register,
             p.Op.UNREGISTER: self._unregister,
             p.Op.ALLOC_REGION: self._alloc_region,
+            p.Op.FORKED: self._forked,
             p.Op.HEAD: self._head,
             p.Op.GET: self._get,
             p.Op.GETV: self._getv,
@@ -590,13 +596,20 @@ class WireServer:
         if region is not None:
             region.close()
             if region.owned is not None:
-                if req.unmapped:  # reusable once no request of this client can touch it
+                if req.unmapped and id(region.owned) not in conn.no_reuse:
+                    # reusable once no request of this client can touch it
                     with self._busy_lock:
                         self._parked.append((conn, region.owned))
                     self._flush_parked()
                 else:  # the client may still map it: free it, never lend it again
                     region.owned.close()
         conn.reply(p.Op.UNREGISTER, rid, p.Empty())
+
+    def _forked(self, conn: _Conn, rid: int, req: p.Empty) -> None:
+        """The client forked: a child may map what was lent so far, and the parent's
+        exit or unmap says nothing about the child, so none of it is reused."""
+        conn.no_reuse.update(id(r.owned) for r in conn.regions.values() if r.owned is not None)
+        conn.reply(p.Op.FORKED, rid, p.Empty())
 
     def _alloc_region(self, conn: _Conn, rid: int, req: p.AllocRegion) -> None:
         """Lend a region (pooled if one fits, else fresh) and send its memfd."""
