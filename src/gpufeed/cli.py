@@ -16,34 +16,22 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .config import parse_size
 
 __all__ = ["main"]
-
-
-def _parse_size(text: str) -> int:
-    """``"1GiB"``, ``"256MiB"``, ``"4k"``, ``"1000000"`` -> bytes."""
-    s = text.strip().lower().replace(" ", "")
-    units = {
-        "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-        "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-        "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "b": 1,
-    }
-    for unit in sorted(units, key=len, reverse=True):
-        if s.endswith(unit):
-            return int(float(s[: -len(unit)]) * units[unit])
-    return int(s)
 
 
 class SizeType(click.ParamType):
     name = "size"
 
     def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
         try:
-            return _parse_size(value)
+            size = value if isinstance(value, int) else parse_size(value)
         except ValueError:
             self.fail(f"{value!r} is not a size like 256MiB or 1GiB", param, ctx)
+        if size < 0:
+            self.fail(f"{value!r} is negative", param, ctx)
+        return size
 
 
 class _Group(click.Group):

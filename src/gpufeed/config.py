@@ -27,9 +27,35 @@ def default_data_dir() -> Path:
     return Path.home() / ".local" / "share" / "gpufeed"
 
 
+def parse_size(text: str) -> int:
+    """``"1GiB"``, ``"256MiB"``, ``"4k"``, ``"1000000"`` -> bytes. Raises ValueError."""
+    s = str(text).strip().lower().replace(" ", "")
+    units = {
+        "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+        "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+        "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "b": 1,
+    }
+    for unit in sorted(units, key=len, reverse=True):
+        if s.endswith(unit):
+            return int(float(s[: -len(unit)]) * units[unit])
+    return int(s)
+
+
+def _size(text: str) -> int:
+    size = parse_size(text)
+    if size < 0:
+        raise ValueError("a size cannot be negative")
+    return size
+
+
 def _env(name: str, cast, default):
     raw = os.environ.get(name)
-    return default if raw is None or raw == "" else cast(raw)
+    if raw is None or raw == "":
+        return default
+    try:
+        return cast(raw)
+    except ValueError as exc:
+        raise ValueError(f"environment variable {name}={raw!r}: {exc}") from None
 
 
 @dataclass
@@ -53,7 +79,8 @@ class NodeConfig:
             the server handed to clients that have since exited (or unmapped them)
             are zeroed and kept, already populated, for the next client's ``alloc``
             (fresh shared memory costs ~0.5-1.3 s/GB to populate on small VMs).
-            0 disables the pool. Env ``GPUFEED_REGION_POOL_BYTES``.
+            0 disables the pool. Env ``GPUFEED_REGION_POOL_BYTES`` (bytes or a size
+            like ``4GiB``).
         max_object_bytes: largest single object accepted, bytes (5 TiB like S3).
     """
 
@@ -85,7 +112,7 @@ class NodeConfig:
             region=_env("GPUFEED_REGION", str, cls.region),
             fsync=_env("GPUFEED_FSYNC", lambda s: s not in ("0", "false", "no"), True),
             io_threads=_env("GPUFEED_IO_THREADS", int, cls.io_threads),
-            region_pool_bytes=_env("GPUFEED_REGION_POOL_BYTES", int, cls.region_pool_bytes),
+            region_pool_bytes=_env("GPUFEED_REGION_POOL_BYTES", _size, cls.region_pool_bytes),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

@@ -36,6 +36,9 @@ def test_same_tokens_cold_warm_and_after_eviction(model, node, transport):
                          bucket="kvt-hf", cpu_tier_bytes=0) as st, torch.no_grad():
         out, stats = generate_with_cache(model, ids, st, max_new_tokens=8, return_stats=True)
         assert torch.equal(out, ref) and stats["cached_tokens"] == 0
+        # a full miss is counted: one lookup, every whole chunk of the prompt missed
+        m = st.metrics.snapshot()
+        assert (m["lookups"], m["hit_tokens"], m["miss_tokens"]) == (1, 0, 64)
         st.flush()
         out, stats = generate_with_cache(model, ids, st, max_new_tokens=8, return_stats=True)
         assert torch.equal(out, ref) and stats["cached_tokens"] == 64

@@ -173,3 +173,82 @@ def test_forked_child_keeps_inherited_memory_after_parent_exits(fresh_node, tmp_
             break
         time.sleep(0.1)
     assert report.read_text() == "ok"
+
+
+VICTIM = """
+import sys, time
+from gpufeed.client import Client
+c = Client(sys.argv[1], connections=2)
+buf = c.alloc(int(sys.argv[2]))
+futs = [c.submit_get_into("victim", "obj", buf) for _ in range(8)]  # on both connections
+print("reading", flush=True)
+time.sleep(100)
+"""
+
+
+def test_killed_multi_connection_client_never_leaks_into_reused_memory(fresh_node):
+    """A client with two connections is killed while reads into its lent region
+    run on both: the region is reused only after every one of them is done, and
+    arrives zeroed (and stays so)."""
+    url, size = fresh_node.shm_url, 256 << 20
+    with Client(url) as c:
+        c.create_bucket("victim")
+        src = c.alloc(size)
+        np.frombuffer(src, np.uint8)[:] = 0xEE
+        c.put("victim", "obj", src)
+        del src
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", VICTIM, url, str(size)],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "reading"
+        proc.kill()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with Client(url) as c:
+                got = np.frombuffer(c.alloc(size), np.uint8)
+                if c.regions_reused:
+                    assert int(np.count_nonzero(got)) == 0, "reused memory held a dead client's bytes"
+                    time.sleep(0.5)  # no late write from the dead client's reads either
+                    assert int(np.count_nonzero(got)) == 0, "a dead client's read wrote into reused memory"
+                    break
+            time.sleep(0.05)
+
+
+FORK_USER = """
+import os, sys
+import numpy as np
+from gpufeed.client import Client
+from gpufeed.errors import TransportError
+c = Client(sys.argv[1])
+a = np.frombuffer(c.alloc(1 << 20), np.uint8)
+a[:] = 7
+pid = os.fork()
+if pid == 0:
+    try:
+        c.head("nope", "x")
+        code = 3
+    except TransportError:
+        code = 0 if int(a.sum()) == 7 << 20 else 4  # the inherited buffer reads fine
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), c.list_buckets() is not None, flush=True)
+"""
+
+
+def test_client_in_forked_child_fails_fast(node):
+    out = subprocess.run([sys.executable, "-c", FORK_USER, node.shm_url], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    assert out == ["0", "True"]  # child: TransportError at once; parent: still works
+
+
+def test_alloc_refuses_absurd_sizes(node):
+    from gpufeed.errors import InvalidArgument
+
+    for url in (node.tcp_url, node.shm_url):
+        with Client(url) as c:
+            for n in (1 << 62, 2**64):
+                with pytest.raises(InvalidArgument):
+                    c.alloc(n)
+            assert len(c.alloc(10)) == 10

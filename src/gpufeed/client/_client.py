@@ -40,6 +40,8 @@ __all__ = ["Client", "AsyncClient", "ReadRequest", "ListEntry", "ObjectMeta", "p
 
 ObjectMeta = p.ObjectMeta
 
+#: Largest single alloc(): half of physical memory (the node refuses larger regions too).
+MAX_ALLOC_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 #: Reads at least this large are split across TCP connections.
 SPLIT_BYTES = 64 << 20  # 64 MiB
 
@@ -167,6 +169,18 @@ class _AnonRegion:
             pass
 
 
+#: Bumped in every forked child: a Client made before the fork must not touch the
+#: parent's connections (its receive threads do not exist in the child).
+_FORK_GENERATION = [0]
+
+
+def _bump_fork_generation() -> None:
+    _FORK_GENERATION[0] += 1
+
+
+os.register_at_fork(after_in_child=_bump_fork_generation)
+
+
 def _watch_forks(client: "Client") -> None:
     """Call ``client._forked()`` in the parent after every ``os.fork()`` (the
     client is held weakly; ``subprocess`` does not run these hooks and exec drops
@@ -208,6 +222,7 @@ class Client:
                  max_idle_bytes: int = 4 << 30) -> None:
         self._closed = False
         self._pid = os.getpid()
+        self._generation = _FORK_GENERATION[0]
         self.url = url
         self.transport, address = parse_url(url)
         n = connections or (4 if self.transport == "tcp" else 1)
@@ -244,9 +259,15 @@ class Client:
     def _conn(self) -> Connection:
         if self._closed:
             raise TransportError("the client is closed")
+        self._check_process()
         if len(self._conns) == 1:
             return self._conns[0]
         return min(self._conns, key=lambda c: (c.inflight, next(self._rr) % 7))
+
+    def _check_process(self) -> None:
+        if self._generation != _FORK_GENERATION[0]:
+            raise TransportError("this Client was created before os.fork(); its connections "
+                                 "belong to the parent process: create a new Client in the child")
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._closed:
@@ -329,13 +350,19 @@ class Client:
             owning ``numpy`` array).
 
         Raises:
-            InvalidArgument: ``nbytes`` is not an int >= 0.
-            TransportError: the client is closed.
+            InvalidArgument: ``nbytes`` is not an int >= 0, is more than half the
+                host's memory, or the memory cannot be had (the node's limit on
+                shared memory lent to all clients, or the kernel's).
+            TransportError: the client is closed, or was created before ``os.fork()``.
         """
         if type(nbytes) is not int or nbytes < 0:
             raise InvalidArgument("nbytes must be an int >= 0")
+        if nbytes > MAX_ALLOC_BYTES:
+            raise InvalidArgument(f"cannot allocate {nbytes} bytes: at most half of this host's "
+                                  f"memory ({MAX_ALLOC_BYTES} bytes) in one buffer")
         if self._closed:
             raise TransportError("the client is closed")
+        self._check_process()
         if self._retire:
             self._retire_regions()
         region = self._take_idle(nbytes)
@@ -343,7 +370,10 @@ class Client:
             if self.transport == "shm":
                 region = self._new_region(nbytes)
             else:
-                region = _AnonRegion(nbytes)
+                try:
+                    region = _AnonRegion(nbytes)
+                except OSError as exc:
+                    raise InvalidArgument(f"cannot allocate {nbytes} bytes: {exc}") from exc
         owner = np.frombuffer(region.mm, dtype=np.uint8, count=nbytes)
         weakref.finalize(owner, self._recycle, region)
         return memoryview(owner)

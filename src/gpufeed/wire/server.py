@@ -62,6 +62,8 @@ PIECE_BYTES = 16 << 20  # 16 MiB
 #: Largest region a client may register or ask for: the server maps regions
 #: populated, so an absurd size must not exhaust the host's memory.
 MAX_REGION_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+#: Most shared memory lent to all clients together (regions are populated when lent).
+MAX_LENT_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
 #: A GETV batch of at least this many bytes is served by the split pool in parallel.
 GETV_PARALLEL_BYTES = 4 << 20  # 4 MiB
 #: Target bytes of one read task of a GETV item that asks for digests: whole
@@ -304,22 +306,29 @@ class _Conn:
             return
         if payload_len:
             raise ProtocolError(f"op {op} carries no payload")
-        if op in (p.Op.GET, p.Op.GETV, p.Op.PUT) and not self._small(op, req):
+        # every request is counted until it is done (inline ones too): a region lent
+        # to this client is reused only when nothing of its process is running
+        if self.transport == "shm":
             with self.server._busy_lock:
                 self.busy += 1
+                key = self.server._peer_of(self)
+                self.server._peer_busy[key] = self.server._peer_busy.get(key, 0) + 1
+        if op in (p.Op.GET, p.Op.GETV, p.Op.PUT) and not self._small(op, req):
             try:
                 self.server.pool.submit(self._run_pooled, op, rid, req)
             except BaseException:
-                self.server._request_done(self)
+                if self.transport == "shm":
+                    self.server._request_done(self)
                 raise
         else:
-            self._run(op, rid, req)
+            self._run_pooled(op, rid, req)
 
     def _run_pooled(self, op: int, rid: int, req) -> None:
         try:
             self._run(op, rid, req)
         finally:
-            self.server._request_done(self)
+            if self.transport == "shm":
+                self.server._request_done(self)
 
     @staticmethod
     def _small(op: int, req) -> bool:
@@ -424,6 +433,7 @@ class WireServer:
         self.fds = _FdCache()
         self.regions = RegionPool(config.region_pool_bytes)
         self._busy_lock = threading.Condition()
+        self._peer_busy: dict[int, int] = {}  # pool-run requests per client pid (any connection)
         self._parked: list[tuple[_Conn, ServerRegion]] = []  # unmapped, waiting for idle
         self._zeroer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-zero")
         # closed connections' lent regions, until their process exits: (pidfd, conn, regions)
@@ -605,6 +615,23 @@ class WireServer:
                     region.owned.close()
         conn.reply(p.Op.UNREGISTER, rid, p.Empty())
 
+    def _lent_bytes(self) -> int:
+        """Bytes of lent regions not back in the pool: registered, parked, waiting."""
+        with self._lock:
+            conns = list(self._conns)
+        total = 0
+        for c in conns:
+            for _ in range(3):  # the connection's thread may change its dict meanwhile
+                try:
+                    total += sum(r.size for r in list(c.regions.values()) if r.owned is not None)
+                    break
+                except RuntimeError:
+                    continue
+        with self._busy_lock:
+            total += sum(r.size for _f, _c, rs in self._waiting for r in rs)
+            total += sum(r.size for _c, r in self._parked)
+        return total
+
     def _forked(self, conn: _Conn, rid: int, req: p.Empty) -> None:
         """The client forked: a child may map what was lent so far, and the parent's
         exit or unmap says nothing about the child, so none of it is reused."""
@@ -620,6 +647,10 @@ class WireServer:
         if not 0 <= req.size <= MAX_REGION_BYTES:
             raise InvalidArgument(f"region size {req.size} is out of range (at most half the "
                                   f"host's memory, {MAX_REGION_BYTES} bytes)")
+        lent = self._lent_bytes()
+        if lent + req.size > MAX_LENT_BYTES:
+            raise InvalidArgument(f"the node has lent {lent} bytes of shared memory; {req.size} more "
+                                  f"would pass its limit of {MAX_LENT_BYTES} (3/4 of the host's memory)")
         try:
             owned, reused = self.regions.take(req.size)
         except OSError as exc:
@@ -634,27 +665,31 @@ class WireServer:
     def _request_done(self, conn: _Conn) -> None:
         with self._busy_lock:
             conn.busy -= 1
-            idle = conn.busy == 0
+            key = self._peer_of(conn)
+            left = self._peer_busy.get(key, 1) - 1
+            if left:
+                self._peer_busy[key] = left
+            else:
+                self._peer_busy.pop(key, None)
+            idle = left == 0
             self._busy_lock.notify_all()
         if idle and self._parked:
             self._flush_parked()
 
     def _flush_parked(self) -> None:
-        """Zero and pool parked regions whose client has nothing running."""
+        """Zero and pool parked regions whose client process has nothing running on
+        any of its connections (open or closed: a region is mapped on each)."""
         with self._busy_lock:
-            with self._lock:
-                conns = list(self._conns)
-            busy_peers = {self._peer_of(c) for c in conns if c.busy}
-            ready = [(c, r) for c, r in self._parked if self._peer_of(c) not in busy_peers]
-            self._parked = [(c, r) for c, r in self._parked if self._peer_of(c) in busy_peers]
+            ready = [(c, r) for c, r in self._parked if self._peer_of(c) not in self._peer_busy]
+            self._parked = [(c, r) for c, r in self._parked if self._peer_of(c) in self._peer_busy]
         if ready:
             self._give_back([r for _c, r in ready])
 
     @staticmethod
     def _peer_of(conn: _Conn):
-        """Connections of one client process share a key (its pid via the pidfd's
-        target, else the connection itself)."""
-        return conn.peer_pid or id(conn)
+        """Connections of one client process share a key: its pid (0 when unknown:
+        then every such connection shares the key 0, which only makes reuse wait)."""
+        return conn.peer_pid
 
     def _give_back(self, regions: list[ServerRegion]) -> None:
         try:
@@ -714,15 +749,24 @@ class WireServer:
                     os.read(self._wake_r, 4096)
                 except OSError:
                     pass
-            done = []
+            done, pending = [], False
             with self._busy_lock:
                 for entry in list(self._waiting):
-                    if entry[0] in ready and entry[1].busy == 0:
-                        self._waiting.remove(entry)
-                        done.append(entry)
+                    if entry[0] not in ready:
+                        continue
+                    # the process has exited; its reads (on any of its connections)
+                    # may still be running on the pool: wait for them
+                    if self._peer_of(entry[1]) in self._peer_busy:
+                        pending = True
+                        continue
+                    self._waiting.remove(entry)
+                    done.append(entry)
             for pidfd, _conn, lent in done:
                 os.close(pidfd)
                 self._give_back(lent)
+            if pending:
+                with self._busy_lock:
+                    self._busy_lock.wait(0.05)
 
     def _head(self, conn: _Conn, rid: int, req: p.Head) -> None:
         conn.reply(p.Op.HEAD, rid, _meta(self.engine.head_object(req.bucket, req.key)))

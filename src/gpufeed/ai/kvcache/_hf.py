@@ -54,7 +54,9 @@ def _load_cache(model, input_ids: torch.Tensor, store: KVCacheStore):
     tokens = input_ids[0]
     T = tokens.shape[0]
     n = store.lookup(tokens[: T - 1]) if T > 1 else 0
-    if n == 0:
+    if n == 0:  # a full miss still counts: one lookup, every cacheable token missed
+        cks = store.keys(tokens[: T - 1]) if T > 1 else []
+        store.metrics.add(lookups=1, miss_tokens=cks[-1].end if cks else 0)
         return None, 0
     with store.chunk_landing(n) as buf:
         # one read per chunk object into registered memory; may come back shorter
