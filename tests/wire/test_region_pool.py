@@ -252,3 +252,40 @@ def test_alloc_refuses_absurd_sizes(node):
                 with pytest.raises(InvalidArgument):
                     c.alloc(n)
             assert len(c.alloc(10)) == 10
+
+
+def test_other_connections_cannot_write_a_released_region(fresh_node):
+    """A region lent on connection 0 and registered again on connection 1: once
+    it is released for reuse (here: unmapped on connection 0 only), connection 1
+    can neither write nor read it, so the next client's memory is safe."""
+    from gpufeed.errors import InvalidArgument
+    from gpufeed.wire import protocol as p
+
+    url = fresh_node.shm_url
+    with Client(url) as c:
+        c.create_bucket("alias")
+        c.put("alias", "obj", b"\xee" * SIZE)
+    c = Client(url, connections=2)
+    try:
+        buf = c.alloc(SIZE)
+        reg, _off = c._find_region(buf)
+        assert reg.lent
+        conn0, conn1 = c._conns
+        assert conn1.call(p.Op.GET, p.Get("alias", "obj", 0, SIZE, reg.region_id, 0)).n == SIZE
+        conn0.call(p.Op.UNREGISTER, p.Unregister(reg.region_id, True))  # a client bug or a race
+        deadline = time.monotonic() + 10
+        while True:  # the next client gets that very region (zeroed)
+            with Client(url) as other:
+                got = np.frombuffer(other.alloc(SIZE), np.uint8)
+                if other.regions_reused:
+                    break
+            assert time.monotonic() < deadline, "the released region never came back"
+            time.sleep(0.05)
+        with pytest.raises(InvalidArgument, match="released"):
+            conn1.call(p.Op.GET, p.Get("alias", "obj", 0, SIZE, reg.region_id, 0))
+        with pytest.raises(InvalidArgument, match="released"):
+            conn1.call(p.Op.PUT, p.Put("alias", "leak", SIZE, reg.region_id, 0))
+        assert int(np.count_nonzero(got)) == 0
+    finally:
+        del buf
+        c.close()

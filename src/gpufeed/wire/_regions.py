@@ -56,10 +56,12 @@ class ServerRegion:
         size: bytes.
     """
 
-    __slots__ = ("fd", "mm", "size")
+    __slots__ = ("fd", "mm", "size", "key", "lends", "live")
 
     def __init__(self, size: int) -> None:
         self.size = max(size, 1)
+        self.lends = 0      # times lent; a registration made under another number is stale
+        self.live = False   # lent and not yet released for reuse
         self.fd = os.memfd_create("gpufeed-region", os.MFD_CLOEXEC)
         try:
             os.ftruncate(self.fd, self.size)
@@ -68,6 +70,8 @@ class ServerRegion:
         except BaseException:
             os.close(self.fd)
             raise
+        st = os.fstat(self.fd)
+        self.key = (st.st_dev, st.st_ino)  # how a REGISTER of this memfd is recognised
 
     def zero(self) -> None:
         """Overwrite every byte with 0 (``memset`` with the GIL released)."""

@@ -124,17 +124,23 @@ class _FdCache:
 
 
 class _Region:
-    """A client memory region mapped into the server: the client's memfd, or a
-    :class:`ServerRegion` the server lent (``owned``; its mapping is reused)."""
+    """A client memory region mapped into the server: the client's memfd, a
+    :class:`ServerRegion` the server lent on this connection (``owned``), or a
+    lent region the client registered again on another of its connections
+    (``alias``, valid only while that lending lasts). Lent ones share the
+    ServerRegion's mapping."""
 
-    __slots__ = ("mm", "mv", "size", "owned")
+    __slots__ = ("mm", "mv", "size", "owned", "alias", "lend_no")
 
-    def __init__(self, fd: int | None, size: int, owned: ServerRegion | None = None) -> None:
-        self.owned = owned
-        if owned is not None:
-            self.mm, self.size = owned.mm, size
+    def __init__(self, fd: int | None, size: int, owned: ServerRegion | None = None,
+                 alias: ServerRegion | None = None) -> None:
+        self.owned, self.alias = owned, alias
+        lent = owned or alias
+        if lent is not None:
+            self.mm, self.size, self.lend_no = lent.mm, size, lent.lends
             self.mv = memoryview(self.mm)
             return
+        self.lend_no = 0
         st = os.fstat(fd)
         if st.st_size < size:
             raise InvalidArgument(f"region of {size} bytes is larger than its memfd ({st.st_size})")
@@ -142,6 +148,11 @@ class _Region:
         self.mm = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self.mv = memoryview(self.mm)
         self.size = size
+
+    def stale(self) -> bool:
+        """An alias whose lending has ended (the region went back for reuse)."""
+        a = self.alias
+        return a is not None and (not a.live or a.lends != self.lend_no)
 
     def view(self, offset: int, length: int) -> memoryview:
         if offset < 0 or length < 0 or offset + length > self.size:
@@ -154,7 +165,7 @@ class _Region:
         """Drop this connection's view; a lent region's mapping stays with its owner."""
         try:
             self.mv.release()
-            if self.owned is None:
+            if self.owned is None and self.alias is None:
                 self.mm.close()
         except BufferError:  # a worker still holds a slice; the GC closes it later
             pass
@@ -284,7 +295,7 @@ class _Conn:
             region.close()
             if region.owned is not None:
                 if id(region.owned) in self.no_reuse:
-                    region.owned.close()
+                    self.server._free_lent(region.owned)
                 else:
                     lent.append(region.owned)
         self.regions.clear()
@@ -434,6 +445,7 @@ class WireServer:
         self.regions = RegionPool(config.region_pool_bytes)
         self._busy_lock = threading.Condition()
         self._peer_busy: dict[int, int] = {}  # pool-run requests per client pid (any connection)
+        self._lent_by_key: dict[tuple[int, int], ServerRegion] = {}  # (st_dev, st_ino) -> lent region
         self._parked: list[tuple[_Conn, ServerRegion]] = []  # unmapped, waiting for idle
         self._zeroer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-zero")
         # closed connections' lent regions, until their process exits: (pidfd, conn, regions)
@@ -566,7 +578,7 @@ class WireServer:
         for pidfd, _c, lent in waiting:
             os.close(pidfd)
             for r in lent:
-                r.close()
+                self._free_lent(r)
         self._zeroer.shutdown(wait=True)
         self.regions.close()
         os.close(self._wake_r)
@@ -596,7 +608,16 @@ class WireServer:
                                       f"host's memory, {MAX_REGION_BYTES} bytes)")
             if req.region_id in conn.regions:
                 raise InvalidArgument(f"region {req.region_id} is already registered")
-            conn.regions[req.region_id] = _Region(fd, req.size)
+            st = os.fstat(fd)
+            with self._busy_lock:
+                lent = self._lent_by_key.get((st.st_dev, st.st_ino))
+            if lent is not None and lent.live:  # a lent region, on another connection
+                if req.size > lent.size:
+                    raise InvalidArgument(f"region of {req.size} bytes is larger than its memfd "
+                                          f"({lent.size})")
+                conn.regions[req.region_id] = _Region(None, req.size, alias=lent)
+            else:
+                conn.regions[req.region_id] = _Region(fd, req.size)
         finally:
             os.close(fd)
         conn.reply(p.Op.REGISTER, rid, p.Empty())
@@ -612,7 +633,7 @@ class WireServer:
                         self._parked.append((conn, region.owned))
                     self._flush_parked()
                 else:  # the client may still map it: free it, never lend it again
-                    region.owned.close()
+                    self._free_lent(region.owned)
         conn.reply(p.Op.UNREGISTER, rid, p.Empty())
 
     def _lent_bytes(self) -> int:
@@ -655,6 +676,10 @@ class WireServer:
             owned, reused = self.regions.take(req.size)
         except OSError as exc:
             raise InternalError(f"cannot allocate a {req.size}-byte region: {exc}") from exc
+        with self._busy_lock:
+            owned.lends += 1
+            owned.live = True
+            self._lent_by_key[owned.key] = owned
         conn.regions[req.region_id] = _Region(None, owned.size, owned)
         meta = p.encode(p.AllocRegionReply(owned.size, reused))
         frame = p.pack_header(p.Op.ALLOC_REGION | p.REPLY, len(meta), rid, 0) + meta
@@ -682,8 +707,22 @@ class WireServer:
         with self._busy_lock:
             ready = [(c, r) for c, r in self._parked if self._peer_of(c) not in self._peer_busy]
             self._parked = [(c, r) for c, r in self._parked if self._peer_of(c) in self._peer_busy]
+            for _c, r in ready:  # from here on, registrations elsewhere are stale
+                self._retire_locked(r)
         if ready:
             self._give_back([r for _c, r in ready])
+
+    def _retire_locked(self, region: ServerRegion) -> None:
+        """End a lending (under ``_busy_lock``): aliases of it stop resolving."""
+        region.live = False
+        if self._lent_by_key.get(region.key) is region:
+            del self._lent_by_key[region.key]
+
+    def _free_lent(self, region: ServerRegion) -> None:
+        """A lent region that is never lent again: retire it and drop our mapping."""
+        with self._busy_lock:
+            self._retire_locked(region)
+        region.close()
 
     @staticmethod
     def _peer_of(conn: _Conn):
@@ -696,7 +735,7 @@ class WireServer:
             self._zeroer.submit(self.regions.give_back, regions)
         except RuntimeError:  # stopping
             for r in regions:
-                r.close()
+                self._free_lent(r)
 
     def _closed_with_regions(self, conn: _Conn, lent: list[ServerRegion]) -> None:
         """A connection closed. What it lent stays allocated (its process may still
@@ -715,12 +754,12 @@ class WireServer:
             for old_fd, old in drop:
                 os.close(old_fd)
                 for r in old:
-                    r.close()
+                    self._free_lent(r)
             self._start_reaper()
             os.write(self._wake_w, b"x")
         else:
             for r in lent:
-                r.close()
+                self._free_lent(r)
             if pidfd is not None:
                 os.close(pidfd)
         if self._parked:
@@ -760,6 +799,8 @@ class WireServer:
                         pending = True
                         continue
                     self._waiting.remove(entry)
+                    for r in entry[2]:
+                        self._retire_locked(r)
                     done.append(entry)
             for pidfd, _conn, lent in done:
                 os.close(pidfd)
@@ -820,6 +861,8 @@ class WireServer:
         region = conn.regions.get(region_id)
         if region is None:
             raise InvalidArgument(f"region {region_id} is not registered on this connection")
+        if region.stale():
+            raise InvalidArgument(f"region {region_id} was released (its memory went back to the node)")
         return region
 
     def _getv(self, conn: _Conn, rid: int, req: p.GetV) -> None:
