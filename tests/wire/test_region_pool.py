@@ -289,3 +289,97 @@ def test_other_connections_cannot_write_a_released_region(fresh_node):
     finally:
         del buf
         c.close()
+
+
+def test_fork_after_close_keeps_childs_memory(fresh_node, tmp_path):
+    """Close the Client, keep the buffer, fork, let the parent exit: the region
+    must not be lent again while the child still maps it."""
+    code = FORKER.replace("a[:] = 0xEE\n", "a[:] = 0xEE\nc.close()\n")
+    assert code != FORKER
+    url, report = fresh_node.shm_url, tmp_path / "child.txt"
+    subprocess.run([sys.executable, "-c", code, url, str(SIZE), str(report)], check=True,
+                   timeout=60, capture_output=True)
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        with Client(url) as c:
+            np.frombuffer(c.alloc(SIZE), np.uint8)[:] = 0x11
+        _child(url)
+    for _ in range(100):
+        if report.exists() and report.read_text():
+            break
+        time.sleep(0.1)
+    assert report.read_text() == "ok"
+
+
+def test_hostile_descriptors_and_shrinking_memfds(node):
+    """Unsealed memfds are refused (shrinking one would SIGBUS the node), lent
+    ones cannot be shrunk, and descriptors sent with other frames are closed."""
+    import os
+    import socket
+
+    from gpufeed.errors import InvalidArgument, ProtocolError, TransportError
+    from gpufeed.wire import protocol as p
+
+    def fd_count() -> int:
+        return len(os.listdir(f"/proc/{node.pid}/fd"))
+
+    with Client(node.shm_url) as c:
+        conn = c._conns[0]
+        raw = os.memfd_create("unsealed")
+        os.ftruncate(raw, 1 << 20)
+        try:
+            with pytest.raises(InvalidArgument, match="sealed"):
+                conn.call(p.Op.REGISTER, p.Register(777, 1 << 20), fds=[raw])
+        finally:
+            os.close(raw)
+        reply, fd = conn.call(p.Op.ALLOC_REGION, p.AllocRegion(778, 1 << 20))
+        try:
+            with pytest.raises(PermissionError):
+                os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+    before = fd_count()
+    for _ in range(20):
+        with Client(node.shm_url) as c:
+            fds = [os.memfd_create("junk") for _ in range(4)]
+            try:
+                with pytest.raises((ProtocolError, TransportError)):
+                    c._conns[0].call(p.Op.LIST_BUCKETS, p.Empty(), fds=fds)
+            finally:
+                for f in fds:
+                    os.close(f)
+    time.sleep(0.5)
+    assert fd_count() <= before + 4, "descriptors sent with other frames leaked in the node"
+    with Client(node.shm_url) as c:
+        assert isinstance(c.list_buckets(), list)
+
+
+def test_client_that_stops_reading_cannot_stall_others(tmp_path):
+    """A client pipelines thousands of requests and never reads a reply: once a
+    reply cannot be sent for GPUFEED_SEND_TIMEOUT_S the node drops that client,
+    and everyone else keeps being served."""
+    import os
+    import socket
+
+    from gpufeed.wire import protocol as p
+
+    proc = start_node(tmp_path / "data", env={**os.environ, "GPUFEED_SEND_TIMEOUT_S": "2"})
+    try:
+        with Client(proc.tcp_url) as c:
+            c.create_bucket("stall")
+            c.put("stall", "obj", b"x" * (1 << 20))
+        host, port = proc.tcp_url.split("//")[1].rsplit(":", 1)
+        hog = socket.create_connection((host, int(port)))
+        hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        meta = p.encode(p.Get("stall", "obj"))
+        frame = b"".join(p.pack_header(p.Op.GET, len(meta), i + 1, 0) + meta for i in range(64))
+        hog.sendall(frame)  # 64 MiB of replies that nobody reads
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        with Client(proc.tcp_url, request_timeout_s=30) as c:
+            for _ in range(16):  # more than the node's worker threads
+                assert len(c.get("stall", "obj")) == 1 << 20
+        assert time.monotonic() - t0 < 25
+        hog.close()
+    finally:
+        proc.stop()

@@ -180,6 +180,27 @@ def _bump_fork_generation() -> None:
 
 os.register_at_fork(after_in_child=_bump_fork_generation)
 
+#: Nodes (shm URLs) whose closed Clients left lent memory in use in this process:
+#: the node keeps it until this process exits, so a fork must be reported there
+#: (a child may map it) on a connection of its own.
+_CLOSED_WITH_LENT: set[str] = set()
+
+
+def _report_fork_after_close() -> None:
+    for url in list(_CLOSED_WITH_LENT):
+        try:
+            conn = Connection(connect("shm", parse_url(url)[1], 5.0), "shm", 5.0)
+            try:
+                conn.call(p.Op.HELLO, p.Hello("gpufeed-python"))
+                conn.call(p.Op.FORKED, p.Empty())
+            finally:
+                conn.close()
+        except Exception:  # noqa: BLE001 - the node may be gone; nothing to protect then
+            pass
+
+
+os.register_at_fork(after_in_parent=_report_fork_after_close)
+
 
 def _watch_forks(client: "Client") -> None:
     """Call ``client._forked()`` in the parent after every ``os.fork()`` (the
@@ -415,19 +436,20 @@ class Client:
             else:
                 region.close()
 
-    def _release_region(self, region: Region) -> None:
+    def _release_region(self, region: Region) -> bool:
         """Unmap ``region`` and unregister it everywhere, telling the server it is
         unmapped (a lent region can then be zeroed and lent to another client). A
         lent region that buffers still use stays registered: the server keeps it
         until this process exits."""
         unmapped = region.close()
         if region.lent and not unmapped:
-            return
+            return False
         for conn in self._conns:
             try:
                 conn.request(p.Op.UNREGISTER, p.Unregister(region.region_id, unmapped))
             except GpufeedError:
                 pass
+        return True
 
     # --- buckets -------------------------------------------------------------------
     def create_bucket(self, bucket: str, *, kind: str = "standard", capacity_bytes: int = 0,
@@ -861,11 +883,14 @@ class Client:
                 self._regions, self._idle, self._retire = [], [], []
             # unmap what no buffer uses any more (and say so: the server may lend
             # it again); regions under live buffers stay mapped until those go
+            kept = False
             for region in regions:
                 if isinstance(region, Region):
-                    self._release_region(region)
+                    kept |= not self._release_region(region)
                 else:
                     region.close()
+            if kept:  # lent memory still in use after close: a later fork must be reported
+                _CLOSED_WITH_LENT.add(self.url)
         for conn in self._conns:
             conn.close()
 

@@ -8,6 +8,7 @@ lands in its final place in one copy.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import threading
@@ -46,10 +47,12 @@ class Region:
         self.region_id = region_id
         self.size = size
         self.lent = fd is not None
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC) if fd is None else fd
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING) if fd is None else fd
         try:
             if not self.lent:
                 os.ftruncate(self.fd, max(size, 1))
+                # the node maps it: it requires a memfd that cannot shrink under it
+                fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
             self.mm = mmap.mmap(self.fd, max(size, 1), flags=mmap.MAP_SHARED,
                                 prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:

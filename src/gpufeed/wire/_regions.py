@@ -33,6 +33,7 @@ Our own code because it is the fast path's memory management.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import logging
 import mmap
 import os
@@ -62,9 +63,12 @@ class ServerRegion:
         self.size = max(size, 1)
         self.lends = 0      # times lent; a registration made under another number is stale
         self.live = False   # lent and not yet released for reuse
-        self.fd = os.memfd_create("gpufeed-region", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create("gpufeed-region", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, self.size)
+            # a client must not shrink it under the server's mapping (SIGBUS) or seal it
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self.mm = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
                                 prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:

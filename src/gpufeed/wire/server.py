@@ -21,13 +21,16 @@ Our own code because this is the product's hot path. Design for the hardware:
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import mmap
 import os
 import select
 import socket
 import stat
+import struct
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
@@ -59,6 +62,9 @@ INLINE_BYTES = 256 << 10  # 256 KiB
 SPLIT_BYTES = 32 << 20  # 32 MiB
 #: Size of one piece of a split read.
 PIECE_BYTES = 16 << 20  # 16 MiB
+#: Seconds a reply may make no progress (the client stopped reading) before the
+#: connection is closed, so one stuck client cannot hold the worker threads.
+SEND_TIMEOUT_S = int(os.environ.get("GPUFEED_SEND_TIMEOUT_S", "30"))
 #: Largest region a client may register or ask for: the server maps regions
 #: populated, so an absurd size must not exhaust the host's memory.
 MAX_REGION_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
@@ -182,6 +188,13 @@ def _pread_full(fd: int, mv: memoryview, offset: int) -> int:
     return total
 
 
+def _exited(pidfd: int) -> bool:
+    """The process behind ``pidfd`` has exited (no waiting)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return any(ev & select.POLLIN for _fd, ev in poller.poll(0))
+
+
 def _read_task(fd: int, dest: memoryview, offset: int, digest: int) -> tuple[int, list[int] | None]:
     """Read into ``dest``; with ``digest`` > 0 also hash each ``digest``-byte piece
     of what arrived (XXH3-64, GIL released) while it is still in the CPU cache."""
@@ -283,13 +296,26 @@ class _Conn:
         finally:
             self.close()
 
+    def close_fds_in(self) -> None:
+        while self.fds_in:
+            try:
+                os.close(self.fds_in.pop())
+            except OSError:
+                pass
+
+    def abort(self) -> None:
+        """Shut the socket down: the reader sees EOF and closes the connection, and
+        senders blocked on it fail at once."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        for fd in self.fds_in:
-            os.close(fd)
-        self.fds_in.clear()
+        self.close_fds_in()
         lent = []
         for region in self.regions.values():
             region.close()
@@ -311,6 +337,9 @@ class _Conn:
         tp = p.REQUEST_TYPES.get(op)
         if tp is None:
             raise ProtocolError(f"unknown op {op}")
+        if self.fds_in and op != p.Op.REGISTER:
+            self.close_fds_in()
+            raise ProtocolError("file descriptors are accepted only with REGISTER")
         req = p.decode(tp, meta)
         if op == p.Op.PUT and req.region == -1:
             self.put_from_socket(rid, req, payload_len)
@@ -356,6 +385,11 @@ class _Conn:
         except GpufeedError as exc:
             self.reply_error(rid, exc)
         except OSError as exc:
+            if isinstance(exc, BlockingIOError):  # SO_SNDTIMEO: the client stopped reading
+                log.info("closing a %s connection whose client stopped reading replies",
+                         self.transport)
+                self.abort()
+                return
             if self.closed or isinstance(exc, (BrokenPipeError, ConnectionResetError)):
                 return  # the client went away; nobody to tell
             if isinstance(exc, FileNotFoundError):
@@ -533,7 +567,12 @@ class WireServer:
             except OSError:
                 if self._stopping.is_set():
                     return
+                time.sleep(0.05)  # e.g. EMFILE: do not spin while descriptors are short
                 continue
+            # a send that makes no progress for SEND_TIMEOUT_S fails (the socket stays
+            # blocking: recv waits forever, sendfile keeps working)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                            struct.pack("ll", SEND_TIMEOUT_S, 0))
             if transport == "tcp":
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(self, sock, transport)
@@ -602,6 +641,7 @@ class WireServer:
         if not conn.fds_in:
             raise ProtocolError("REGISTER arrived without a file descriptor")
         fd = conn.fds_in.pop(0)
+        conn.close_fds_in()  # one descriptor per REGISTER
         try:
             if not 0 <= req.size <= MAX_REGION_BYTES:  # the server populates what it maps
                 raise InvalidArgument(f"region size {req.size} is out of range (at most half the "
@@ -617,6 +657,13 @@ class WireServer:
                                           f"({lent.size})")
                 conn.regions[req.region_id] = _Region(None, req.size, alias=lent)
             else:
+                try:
+                    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+                except OSError:
+                    seals = 0
+                if not seals & fcntl.F_SEAL_SHRINK:  # else shrinking it would SIGBUS the server
+                    raise InvalidArgument("a region must be a memfd sealed against shrinking "
+                                          "(MFD_ALLOW_SEALING, then F_ADD_SEALS F_SEAL_SHRINK)")
                 conn.regions[req.region_id] = _Region(fd, req.size)
         finally:
             os.close(fd)
@@ -657,6 +704,16 @@ class WireServer:
         """The client forked: a child may map what was lent so far, and the parent's
         exit or unmap says nothing about the child, so none of it is reused."""
         conn.no_reuse.update(id(r.owned) for r in conn.regions.values() if r.owned is not None)
+        mine = []
+        if conn.peer_pid:  # and what earlier, closed connections of this process left waiting
+            with self._busy_lock:
+                mine = [e for e in self._waiting if e[1].peer_pid == conn.peer_pid]
+                for e in mine:
+                    self._waiting.remove(e)
+        for pidfd, _c, lent in mine:
+            os.close(pidfd)
+            for r in lent:
+                self._free_lent(r)
         conn.reply(p.Op.FORKED, rid, p.Empty())
 
     def _alloc_region(self, conn: _Conn, rid: int, req: p.AllocRegion) -> None:
@@ -782,7 +839,7 @@ class WireServer:
             poller.register(self._wake_r, select.POLLIN)
             for pidfd, _c, _r in watch:
                 poller.register(pidfd, select.POLLIN)
-            ready = {fd for fd, _ev in poller.poll(1000)}
+            ready = {fd for fd, ev in poller.poll(1000) if ev & select.POLLIN}
             if self._wake_r in ready:
                 try:
                     os.read(self._wake_r, 4096)
@@ -791,7 +848,9 @@ class WireServer:
             done, pending = [], False
             with self._busy_lock:
                 for entry in list(self._waiting):
-                    if entry[0] not in ready:
+                    # re-check this very pidfd: a number seen ready may have been
+                    # closed and reused for another process's pidfd meanwhile
+                    if entry[0] not in ready or not _exited(entry[0]):
                         continue
                     # the process has exited; its reads (on any of its connections)
                     # may still be running on the pool: wait for them
