@@ -27,6 +27,11 @@ def default_data_dir() -> Path:
     return Path.home() / ".local" / "share" / "gpufeed"
 
 
+def host_memory_bytes() -> int:
+    """Physical memory of this host, bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def parse_size(text: str) -> int:
     """``"1GiB"``, ``"256MiB"``, ``"4k"``, ``"1000000"`` -> bytes. Raises ValueError."""
     s = str(text).strip().lower().replace(" ", "")

@@ -157,14 +157,13 @@ print(pid, flush=True)
 """
 
 
-def test_forked_child_keeps_inherited_memory_after_parent_exits(fresh_node, tmp_path):
-    """The parent exits while its forked child still maps the lent region: the
-    region must not go to another client (the child can read it, unchanged)."""
-    url, report = fresh_node.shm_url, tmp_path / "child.txt"
-    subprocess.run([sys.executable, "-c", FORKER, url, str(SIZE), str(report)], check=True,
+def _fork_and_compete(code: str, url: str, report) -> None:
+    """Run a FORKER-style script, let other clients try hard to get its region while
+    the orphaned child holds it, and check the child's report."""
+    subprocess.run([sys.executable, "-c", code, url, str(SIZE), str(report)], check=True,
                    timeout=60, capture_output=True)
     deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:  # other clients try hard to get that region
+    while time.monotonic() < deadline:
         with Client(url) as c:
             np.frombuffer(c.alloc(SIZE), np.uint8)[:] = 0x11
         _child(url)
@@ -173,6 +172,13 @@ def test_forked_child_keeps_inherited_memory_after_parent_exits(fresh_node, tmp_
             break
         time.sleep(0.1)
     assert report.read_text() == "ok"
+
+
+def test_forked_child_keeps_inherited_memory_after_parent_exits(fresh_node, tmp_path):
+    """The parent exits while its forked child still maps the lent region: the
+    region must not go to another client (the child can read it, unchanged)."""
+    url, report = fresh_node.shm_url, tmp_path / "child.txt"
+    _fork_and_compete(FORKER, url, report)
 
 
 VICTIM = """
@@ -297,18 +303,7 @@ def test_fork_after_close_keeps_childs_memory(fresh_node, tmp_path):
     code = FORKER.replace("a[:] = 0xEE\n", "a[:] = 0xEE\nc.close()\n")
     assert code != FORKER
     url, report = fresh_node.shm_url, tmp_path / "child.txt"
-    subprocess.run([sys.executable, "-c", code, url, str(SIZE), str(report)], check=True,
-                   timeout=60, capture_output=True)
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
-        with Client(url) as c:
-            np.frombuffer(c.alloc(SIZE), np.uint8)[:] = 0x11
-        _child(url)
-    for _ in range(100):
-        if report.exists() and report.read_text():
-            break
-        time.sleep(0.1)
-    assert report.read_text() == "ok"
+    _fork_and_compete(code, url, report)
 
 
 def test_hostile_descriptors_and_shrinking_memfds(node):

@@ -31,6 +31,7 @@ import numpy as np
 
 import msgspec
 
+from ..config import host_memory_bytes
 from ..errors import GpufeedError, InvalidArgument, InvalidRange, TransportError, error_from_code
 from ..wire import protocol as p
 from ._conn import Connection, connect
@@ -41,7 +42,7 @@ __all__ = ["Client", "AsyncClient", "ReadRequest", "ListEntry", "ObjectMeta", "p
 ObjectMeta = p.ObjectMeta
 
 #: Largest single alloc(): half of physical memory (the node refuses larger regions too).
-MAX_ALLOC_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+MAX_ALLOC_BYTES = host_memory_bytes() // 2
 #: Reads at least this large are split across TCP connections.
 SPLIT_BYTES = 64 << 20  # 64 MiB
 
@@ -199,21 +200,20 @@ def _report_fork_after_close() -> None:
             pass
 
 
-os.register_at_fork(after_in_parent=_report_fork_after_close)
+#: Open Clients whose node lends memory: told about every fork in this process.
+_OPEN_LENDING: "weakref.WeakSet[Client]" = weakref.WeakSet()
 
 
-def _watch_forks(client: "Client") -> None:
-    """Call ``client._forked()`` in the parent after every ``os.fork()`` (the
-    client is held weakly; ``subprocess`` does not run these hooks and exec drops
-    the mappings anyway)."""
-    ref = weakref.ref(client)
+def _after_fork_in_parent() -> None:
+    """Report a fork to every node that lent this process memory: open Clients
+    on their own connections, closed ones on a connection of its own
+    (``subprocess`` does not run fork hooks, and exec drops the mappings)."""
+    for c in list(_OPEN_LENDING):
+        c._forked()
+    _report_fork_after_close()
 
-    def after_in_parent() -> None:
-        c = ref()
-        if c is not None:
-            c._forked()
 
-    os.register_at_fork(after_in_parent=after_in_parent)
+os.register_at_fork(after_in_parent=_after_fork_in_parent)
 
 
 class Client:
@@ -242,7 +242,6 @@ class Client:
                  staging_bytes: int = 64 << 20, slot_bytes: int = 4 << 20,
                  max_idle_bytes: int = 4 << 30) -> None:
         self._closed = False
-        self._pid = os.getpid()
         self._generation = _FORK_GENERATION[0]
         self.url = url
         self.transport, address = parse_url(url)
@@ -274,7 +273,7 @@ class Client:
         self._staging_lock = threading.Lock()
         self._exec: ThreadPoolExecutor | None = None
         if "alloc_region" in self._features:
-            _watch_forks(self)
+            _OPEN_LENDING.add(self)
 
     # --- plumbing ----------------------------------------------------------------
     def _conn(self) -> Connection:
@@ -870,7 +869,7 @@ class Client:
         does nothing (the connections belong to the parent; use a new Client)."""
         if getattr(self, "_closed", False):
             return
-        if getattr(self, "_pid", os.getpid()) != os.getpid():
+        if getattr(self, "_generation", _FORK_GENERATION[0]) != _FORK_GENERATION[0]:
             self._closed = True
             return
         self._closed = True

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
-import logging
 import mmap
 import os
 import socket
@@ -45,7 +44,6 @@ import numpy as np
 
 __all__ = ["ServerRegion", "RegionPool", "peer_process"]
 
-log = logging.getLogger("gpufeed.wire")
 
 
 class ServerRegion:

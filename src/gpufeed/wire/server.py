@@ -38,7 +38,7 @@ from pathlib import Path
 import xxhash
 
 from .. import __version__
-from ..config import NodeConfig
+from ..config import NodeConfig, host_memory_bytes
 from ..engine import Engine, ObjectInfo
 from ..errors import (
     GpufeedError,
@@ -67,9 +67,9 @@ PIECE_BYTES = 16 << 20  # 16 MiB
 SEND_TIMEOUT_S = int(os.environ.get("GPUFEED_SEND_TIMEOUT_S", "30"))
 #: Largest region a client may register or ask for: the server maps regions
 #: populated, so an absurd size must not exhaust the host's memory.
-MAX_REGION_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+MAX_REGION_BYTES = host_memory_bytes() // 2
 #: Most shared memory lent to all clients together (regions are populated when lent).
-MAX_LENT_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+MAX_LENT_BYTES = host_memory_bytes() * 3 // 4
 #: A GETV batch of at least this many bytes is served by the split pool in parallel.
 GETV_PARALLEL_BYTES = 4 << 20  # 4 MiB
 #: Target bytes of one read task of a GETV item that asks for digests: whole
@@ -188,6 +188,13 @@ def _pread_full(fd: int, mv: memoryview, offset: int) -> int:
     return total
 
 
+def _check_region_size(size: int) -> None:
+    """The server maps regions populated: refuse sizes that could exhaust the host."""
+    if not 0 <= size <= MAX_REGION_BYTES:
+        raise InvalidArgument(f"region size {size} is out of range (at most half the "
+                              f"host's memory, {MAX_REGION_BYTES} bytes)")
+
+
 def _exited(pidfd: int) -> bool:
     """The process behind ``pidfd`` has exited (no waiting)."""
     poller = select.poll()
@@ -217,7 +224,6 @@ class _Conn:
         # shm: the peer process (to learn when it exits) and requests still running
         # on the pool (lent regions are reused only when none can touch them)
         self.peer_pid, self.pidfd = peer_process(sock) if transport == "shm" else (0, None)
-        self.busy = 0
         # lent regions a forked child of the client may map: never lent again
         self.no_reuse: set[int] = set()
         self.closed = False
@@ -350,7 +356,6 @@ class _Conn:
         # to this client is reused only when nothing of its process is running
         if self.transport == "shm":
             with self.server._busy_lock:
-                self.busy += 1
                 key = self.server._peer_of(self)
                 self.server._peer_busy[key] = self.server._peer_busy.get(key, 0) + 1
         if op in (p.Op.GET, p.Op.GETV, p.Op.PUT) and not self._small(op, req):
@@ -643,9 +648,7 @@ class WireServer:
         fd = conn.fds_in.pop(0)
         conn.close_fds_in()  # one descriptor per REGISTER
         try:
-            if not 0 <= req.size <= MAX_REGION_BYTES:  # the server populates what it maps
-                raise InvalidArgument(f"region size {req.size} is out of range (at most half the "
-                                      f"host's memory, {MAX_REGION_BYTES} bytes)")
+            _check_region_size(req.size)
             if req.region_id in conn.regions:
                 raise InvalidArgument(f"region {req.region_id} is already registered")
             st = os.fstat(fd)
@@ -722,9 +725,7 @@ class WireServer:
             raise InvalidArgument("memory regions can only be allocated over the shm transport")
         if req.region_id in conn.regions:
             raise InvalidArgument(f"region {req.region_id} is already registered")
-        if not 0 <= req.size <= MAX_REGION_BYTES:
-            raise InvalidArgument(f"region size {req.size} is out of range (at most half the "
-                                  f"host's memory, {MAX_REGION_BYTES} bytes)")
+        _check_region_size(req.size)
         lent = self._lent_bytes()
         if lent + req.size > MAX_LENT_BYTES:
             raise InvalidArgument(f"the node has lent {lent} bytes of shared memory; {req.size} more "
@@ -746,7 +747,6 @@ class WireServer:
     # --- lent-region reuse (see _regions.py for the rules) ----------------------------
     def _request_done(self, conn: _Conn) -> None:
         with self._busy_lock:
-            conn.busy -= 1
             key = self._peer_of(conn)
             left = self._peer_busy.get(key, 1) - 1
             if left:

@@ -536,9 +536,8 @@ class KVCacheStore:
 
     def _items_len(self, ck: ChunkKey) -> list[tuple]:
         """The ``(.., length)`` shape of :meth:`_items` without destinations (expected byte counts)."""
-        lay = self.layout
-        block = ck.tokens * lay.num_kv_heads * lay.head_dim * lay.itemsize
-        return [(None,) * 4 + (self.header_len,)] + [(None,) * 4 + (block,)] * (2 * lay.num_layers)
+        block = self._block_bytes(ck.tokens)
+        return [(None,) * 4 + (self.header_len,)] + [(None,) * 4 + (block,)] * (2 * self.layout.num_layers)
 
     def _drop_corrupt(self, client: Client, key: str) -> None:
         try:
@@ -898,7 +897,7 @@ class LayerStream:
             out[:, ck.start:ck.end].copy_(s.tier.get(ck.key)[:, layer])
         items = []
         for ck in self._node_cks:
-            block = ck.tokens * lay.num_kv_heads * lay.head_dim * lay.itemsize
+            block = s._block_bytes(ck.tokens)
             for kv in range(2):
                 off = s.header_len + (kv * lay.num_layers + layer) * block
                 items.append((s.bucket, ck.key, _u8(out[kv, ck.start:ck.end]), off, block,
@@ -929,9 +928,8 @@ class LayerStream:
                     if s.verify:
                         for j, (ck, h) in enumerate(zip(self._node_cks, self._hdrs)):
                             for kv in range(2):
-                                d = sums[2 * j + kv] if len(sums) > 2 * j + kv else None
-                                got = (d[0] if d and len(d) == 1
-                                       else block_checksum(_u8(out[kv, ck.start:ck.end])))
+                                d = s._block_sums(sums, 2 * j + kv, 1)
+                                got = d[0] if d else block_checksum(_u8(out[kv, ck.start:ck.end]))
                                 if got != h.checksums[kv * L + layer]:
                                     s.metrics.add(corrupt_chunks=1)
                                     raise ChunkUnavailable(
