@@ -294,11 +294,14 @@ def test_bad_destination_rejected(node):
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_get_chunks_whole_objects(node, transport):
+@pytest.mark.parametrize("per_request", [2, None])
+def test_get_chunks_whole_objects(node, transport, per_request):
+    """get_chunks needs no lookup first: one batch per transport default (or 2 chunks
+    per batch), and a missing, short or corrupt chunk ends the prefix."""
     url = node.shm_url if transport == "shm" else node.tcp_url
     tokens = list(range(5000, 5000 + 4 * CT))
     kv = rand_kv(len(tokens), seed=11)
-    with make_store(url, "kvt-chunks", chunks_per_request=2) as st, Client(url) as c:
+    with make_store(url, "kvt-chunks", chunks_per_request=per_request) as st, Client(url) as c:
         st.put(tokens, kv).result()
         with st.chunk_landing(len(tokens)) as buf:
             chunks = st.get_chunks(tokens, buf)
@@ -310,4 +313,15 @@ def test_get_chunks_whole_objects(node, transport):
             c.put("kvt-chunks", st.keys(tokens)[2].key, raw)
             assert len(st.get_chunks(tokens, buf)) == 2 and st.metrics.corrupt_chunks == 1
             c.delete("kvt-chunks", st.keys(tokens)[1].key)
-            assert len(st.get_chunks(tokens, buf)) == 1
+            assert len(st.get_chunks(tokens, buf)) == 1 and st.metrics.missing_chunks == 1
+            st.put(tokens, kv).result()
+            c.put("kvt-chunks", st.keys(tokens)[1].key, raw[: st.header_len + 100])  # short
+            st.tier.clear()
+            assert len(st.get_chunks(tokens, buf)) == 1 and st.metrics.corrupt_chunks == 2
+            # a prompt none of which is cached: nothing read, every chunk a miss
+            other = list(range(90_000, 90_000 + 2 * CT))
+            before = st.metrics.snapshot()
+            assert st.get_chunks(other, buf) == []
+            after = st.metrics.snapshot()
+            assert after["miss_tokens"] - before["miss_tokens"] == 2 * CT
+            assert after["missing_chunks"] - before["missing_chunks"] == 1

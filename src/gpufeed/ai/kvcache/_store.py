@@ -48,6 +48,11 @@ log = logging.getLogger("gpufeed.kvcache")
 #: Errors that mean "this chunk is unusable" (gone, or shorter than its layout), not "node down".
 _CHUNK_ERRORS = (NotFoundError, InvalidRange)
 
+#: Default bytes of chunks per batch read on shm (see ``chunks_per_request``).
+SHM_BATCH_BYTES = 256 << 20  # 256 MiB
+#: Default chunks per batch read on TCP.
+TCP_BATCH_CHUNKS = 4
+
 
 class ChunkUnavailable(LookupError):
     """A chunk became unavailable (evicted, corrupt, node down) during a layer-wise read.
@@ -122,7 +127,12 @@ class KVCacheStore:
         partial_chunks: also store/find a last chunk shorter than ``chunk_tokens``.
         cpu_tier_bytes: capacity of the local CPU tier (0 disables it).
         populate_tier: copy chunks read from the node into the CPU tier.
-        chunks_per_request: chunks per batch read (each is ``1 + 2 * layers`` ranges).
+        chunks_per_request: chunks per batch read (each is ``1 + 2 * layers`` ranges);
+            default: on shm as many as fit in :data:`SHM_BATCH_BYTES` (the node
+            checksums the blocks as they land, so the client has nothing to overlap
+            and fewer round trips win: 0.72 vs 0.63 x the large-read GB/s measured
+            with 31 chunks), on TCP 4 (the client verifies one batch while the
+            next is still arriving).
         verify: check block checksums on reads from the node.
         bucket_kind, bucket_capacity_bytes, bucket_ttl_s: how the bucket is created
             when the node supports KV buckets (eviction by capacity / TTL).
@@ -142,7 +152,7 @@ class KVCacheStore:
                  tp_size: int = 1, bucket: str = "kvcache", key_prefix: str = "kv",
                  chunk_tokens: int = 256, partial_chunks: bool = False,
                  cpu_tier_bytes: int = 1 << 30, populate_tier: bool = True,
-                 chunks_per_request: int = 4, verify: bool = True, bucket_kind: str = "kv",
+                 chunks_per_request: int | None = None, verify: bool = True, bucket_kind: str = "kv",
                  bucket_capacity_bytes: int = 0, bucket_ttl_s: float = 0.0,
                  retry_interval_s: float = 5.0, connections: int | None = None) -> None:
         self.layout = KVLayout(model_id, dtype, num_layers, num_kv_heads, head_dim, tp_rank,
@@ -152,7 +162,7 @@ class KVCacheStore:
         self.partial_chunks = partial_chunks
         self.tier = CpuTier(cpu_tier_bytes)
         self.populate_tier = populate_tier
-        self.chunks_per_request = max(1, chunks_per_request)
+        self.chunks_per_request = None if chunks_per_request is None else max(1, chunks_per_request)
         self.verify = verify
         self.metrics = KVMetrics()
         self.header_len = header_len(num_layers)
@@ -326,16 +336,26 @@ class KVCacheStore:
         self.metrics.add(hit_tokens=got, miss_tokens=(cks[-1].end if cks else 0) - got)
         return result
 
+    def _per_request(self, client: Client, ntok: int) -> int:
+        """Chunks of ``ntok`` tokens per batch read on ``client``'s transport."""
+        if self.chunks_per_request is not None:
+            return self.chunks_per_request
+        if client.transport == "shm":
+            return max(1, SHM_BATCH_BYTES // self._object_bytes(ntok))
+        return TCP_BATCH_CHUNKS
+
     def _read_objects(self, client: Client, jobs):
         """Whole-object reads, ``chunks_per_request`` per batch, all batches in flight;
         yields ``(ck, obj)`` of the leading valid chunks, verifying each batch while the
         next ones are still arriving. Each chunk is two ranges (header, payload); with
-        ``verify`` the payload asks for per-block server digests. Waits for every read
-        it started."""
-        per = self.chunks_per_request
+        ``verify`` the payload asks for per-block server digests. A chunk that is gone
+        or short ends the prefix (the batch still returns the others: no lookup round
+        trip is needed first). Waits for every read it started."""
+        per = self._per_request(client, self.layout.chunk_tokens)
         groups = [jobs[i:i + per] for i in range(0, len(jobs), per)]
         futs = []
         sums_of: list[list] = []
+        errs_of: list[list] = []
         hl = self.header_len
         try:
             for g in groups:
@@ -345,30 +365,25 @@ class KVCacheStore:
                     items.append((self.bucket, ck.key, _u8(obj[hl:]), hl, obj.numel() - hl,
                                   self._block_bytes(ck.tokens) if self.verify else 0))
                 sums_of.append([])
-                futs.append(client.submit_get_many_into(items, digests_out=sums_of[-1]))
+                errs_of.append([])
+                futs.append(client.submit_get_many_into(items, digests_out=sums_of[-1],
+                                                        errors_out=errs_of[-1]))
         except (GpufeedError, OSError) as exc:
             self._failed(exc)
-        ok = True
         try:
-            for g, fut, sums in zip(groups, futs, sums_of):
-                if not ok:
-                    break
+            for g, fut, sums, errs in zip(groups, futs, sums_of, errs_of):
                 try:
                     ns = fut.result()
-                    ns = [ns[2 * j] + ns[2 * j + 1] for j in range(len(g))]
-                except _CHUNK_ERRORS:
-                    ns = [self._read_one(client, ck, obj) for ck, obj in g]
-                    sums = []
                 except (GpufeedError, OSError) as exc:
                     self._failed(exc)
-                    ok = False
-                    break
-                for j, ((ck, obj), n) in enumerate(zip(g, ns)):
-                    got = sums[2 * j + 1] if sums else None
-                    if n != obj.numel() or not self._verify_object(ck, obj, got):
-                        ok = False
-                        break
-                    self.metrics.add(chunks_read=1, bytes_read=n)
+                    return
+                for j, (ck, obj) in enumerate(g):
+                    if not self._complete(ck, errs[2 * j:2 * j + 2], ns[2 * j:2 * j + 2],
+                                          [hl, obj.numel() - hl]):
+                        return
+                    if not self._verify_object(ck, obj, sums[2 * j + 1]):
+                        return
+                    self.metrics.add(chunks_read=1, bytes_read=obj.numel())
                     yield ck, obj
         finally:
             for f in futs:
@@ -377,15 +392,24 @@ class KVCacheStore:
                 except Exception:
                     pass
 
-    def _read_one(self, client: Client, ck: ChunkKey, obj: torch.Tensor) -> int:
-        try:
-            return client.get_into(self.bucket, ck.key, _u8(obj))
-        except NotFoundError:
-            self.metrics.add(missing_chunks=1)
-            return -1
-        except InvalidRange:
+    def _complete(self, ck: ChunkKey, errs: list, ns: list[int], want: list[int]) -> bool:
+        """Whether the items of chunk ``ck`` all arrived whole; counts the miss (and
+        reports a node failure) otherwise."""
+        for e in errs:
+            if e is None:
+                continue
+            if isinstance(e, NotFoundError):
+                self.metrics.add(missing_chunks=1)
+            elif isinstance(e, InvalidRange):
+                self.metrics.add(corrupt_chunks=1)
+            else:
+                self._failed(e)
+            return False
+        if ns != want:  # the object is shorter than its header says: corrupt
+            log.warning("kvcache: %s is %s bytes short; treated as a miss", ck.key, sum(want) - sum(ns))
             self.metrics.add(corrupt_chunks=1)
-            return -1
+            return False
+        return True
 
     def _verify_object(self, ck: ChunkKey, obj: torch.Tensor, sums: list[int] | None = None) -> bool:
         payload = obj[self.header_len:].view(self.torch_dtype).view(self._chunk_shape(ck.tokens))
@@ -459,31 +483,26 @@ class KVCacheStore:
             return 0
         hdrs = memoryview(bytearray(self.header_len * len(jobs)))
         hv = [hdrs[i * self.header_len:(i + 1) * self.header_len] for i in range(len(jobs))]
-        per = self.chunks_per_request
+        per = self._per_request(client, self.layout.chunk_tokens)
         groups = [list(range(i, min(i + per, len(jobs)))) for i in range(0, len(jobs), per)]
-        futs: list[Future | None] = []
+        futs: list[Future] = []
         digests: list[list] = []
+        errors: list[list] = []
         try:
             for g in groups:
                 items = [it for j in g for it in self._items(jobs[j][0], jobs[j][1], hv[j])]
                 digests.append([])
-                futs.append(client.submit_get_many_into(items, digests_out=digests[-1]))
+                errors.append([])
+                futs.append(client.submit_get_many_into(items, digests_out=digests[-1],
+                                                        errors_out=errors[-1]))
         except (GpufeedError, OSError) as exc:
             self._failed(exc)
-            futs += [None] * (len(groups) - len(futs))
         valid = 0
         stop = False
         per_chunk = 1 + 2 * self.layout.num_layers
-        for gi, (g, fut) in enumerate(zip(groups, futs)):
-            sums = digests[gi] if gi < len(digests) else []
-            if fut is None:
-                stop = True
-                continue
+        for g, fut, sums, errs in zip(groups, futs, digests, errors):
             try:
                 ns = fut.result()
-                ok = None if ns != [it[4] for j in g for it in self._items_len(jobs[j][0])] else [True] * len(g)
-            except _CHUNK_ERRORS:
-                ok = None
             except (GpufeedError, OSError) as exc:
                 if not stop:
                     self._failed(exc)
@@ -491,15 +510,14 @@ class KVCacheStore:
                 continue
             if stop:
                 continue
-            if ok is None:  # some chunk of the group is gone: find which, one request each
-                sums = []
-                ok = self._read_each(client, [jobs[j] for j in g], [hv[j] for j in g], sums)
-            for pos, (j, good) in enumerate(zip(g, ok)):
+            for pos, j in enumerate(g):
                 ck, dst = jobs[j]
+                at = pos * per_chunk
+                good = self._complete(ck, errs[at:at + per_chunk], ns[at:at + per_chunk],
+                                      [it[4] for it in self._items_len(ck)])
                 if good:
                     try:
-                        self._check(ck, dst, hv[j],
-                                    sums=self._block_sums(sums, pos * per_chunk + 1, per_chunk - 1))
+                        self._check(ck, dst, hv[j], sums=self._block_sums(sums, at + 1, per_chunk - 1))
                     except _Miss as exc:
                         log.warning("kvcache: %s; treated as a miss", exc)
                         self.metrics.add(corrupt_chunks=1)
@@ -511,28 +529,6 @@ class KVCacheStore:
                 valid += 1
                 self.metrics.add(chunks_read=1, bytes_read=dst.numel() * dst.element_size())
         return valid
-
-    def _read_each(self, client: Client, jobs, hv, sums_out: list) -> list[bool]:
-        """Re-read each chunk of a failed group on its own; ``sums_out`` gets the
-        digests of every item, in the group's item order."""
-        per = [[] for _ in jobs]
-        futs = [client.submit_get_many_into(self._items(ck, dst, h), digests_out=d)
-                for ((ck, dst), h), d in zip(zip(jobs, hv), per)]
-        out = []
-        for (ck, _dst), f, d in zip(jobs, futs, per):
-            n_items = 1 + 2 * self.layout.num_layers
-            try:
-                complete = f.result() == [it[4] for it in self._items_len(ck)]
-                sums_out += d if len(d) == n_items else [None] * n_items
-                if not complete:
-                    self.metrics.add(corrupt_chunks=1)
-                out.append(complete)
-            except _CHUNK_ERRORS as exc:
-                sums_out += [None] * n_items
-                self.metrics.add(**({"missing_chunks": 1} if isinstance(exc, NotFoundError)
-                                    else {"corrupt_chunks": 1}))
-                out.append(False)
-        return out
 
     def _items_len(self, ck: ChunkKey) -> list[tuple]:
         """The ``(.., length)`` shape of :meth:`_items` without destinations (expected byte counts)."""
@@ -645,36 +641,33 @@ class KVCacheStore:
 
     def _probe(self, client: Client, cks: list[ChunkKey]) -> int:
         """Leading chunks of ``cks`` present on the node with a matching header."""
+        return len(self._probe_headers(client, cks))
+
+    def _probe_headers(self, client: Client, cks: list[ChunkKey]) -> list[ChunkHeader]:
+        """Headers of the leading chunks of ``cks`` present on the node with a matching
+        header: one batch read of every header (a missing one ends the prefix)."""
         H = self.header_len
         hdrs = memoryview(bytearray(H * len(cks)))
         views = [hdrs[j * H:(j + 1) * H] for j in range(len(cks))]
+        errs: list = []
         try:
-            try:
-                ns = client.get_many_into([(self.bucket, ck.key, v, 0, H) for ck, v in zip(cks, views)])
-                present = [n == H for n in ns]
-            except _CHUNK_ERRORS:
-                futs = [client.submit_get_many_into([(self.bucket, ck.key, v, 0, H)])
-                        for ck, v in zip(cks, views)]
-                present = []
-                for f in futs:
-                    try:
-                        present.append(f.result() == [H])
-                    except _CHUNK_ERRORS:
-                        present.append(False)
+            ns = client.get_many_into([(self.bucket, ck.key, v, 0, H) for ck, v in zip(cks, views)],
+                                      errors_out=errs)
         except (GpufeedError, OSError) as exc:
             self._failed(exc)
-            return 0
-        n = 0
-        for ck, v, ok in zip(cks, views, present):
-            if not ok:
+            return []
+        out: list[ChunkHeader] = []
+        for ck, v, n, e in zip(cks, views, ns, errs):
+            if not self._complete(ck, [e], [n], [H]):
                 break
             try:
-                ChunkHeader.unpack(v).check(self.layout, ck.digest, ck.tokens)
+                h = ChunkHeader.unpack(v)
+                h.check(self.layout, ck.digest, ck.tokens)
             except ChunkFormatError:
                 self.metrics.add(corrupt_chunks=1)
                 break
-            n += 1
-        return n
+            out.append(h)
+        return out
 
     def prefetch(self, tokens) -> Future:
         """Start loading the cached prefix of ``tokens`` into the CPU tier; the Future
@@ -875,20 +868,8 @@ class LayerStream:
         self.tokens = found[-1].end if found else 0
 
     def _headers(self, cks):
-        s, H = self._s, self._s.header_len
-        n = s._probe(self._client, cks)
-        if n == 0:
-            return [], []
-        buf = memoryview(bytearray(H * n))
-        try:
-            self._client.get_many_into([(s.bucket, ck.key, buf[j * H:(j + 1) * H], 0, H)
-                                        for j, ck in enumerate(cks[:n])])
-        except _CHUNK_ERRORS:
-            return [], []
-        except (GpufeedError, OSError) as exc:
-            s._failed(exc)
-            return [], []
-        return cks[:n], [ChunkHeader.unpack(buf[j * H:(j + 1) * H]) for j in range(n)]
+        hdrs = self._s._probe_headers(self._client, cks)
+        return cks[:len(hdrs)], hdrs
 
     def _submit(self, layer: int):
         s, lay = self._s, self._s.layout
