@@ -731,6 +731,10 @@ def _restore(skeleton, tensors: dict[str, object]):
 
 _save_pool: ThreadPoolExecutor | None = None
 _save_pool_lock = threading.Lock()
+#: Staging copies kept between async plain saves, per checkpoint location:
+#: ``(node_url, bucket, prefix) -> (flat CPU tensors, Future of the save using them)``.
+_staging: dict[tuple[str, str, str], tuple[dict, Future]] = {}
+_staging_lock = threading.Lock()
 
 
 def _background() -> ThreadPoolExecutor:
@@ -742,9 +746,43 @@ def _background() -> ThreadPoolExecutor:
         return _save_pool
 
 
+def _stage(flat: dict, loc: Location, reuse: bool) -> dict:
+    """CPU copies of ``flat``'s tensors for an async save to ``loc``.
+
+    With ``reuse``, the copies made for the previous save to the same location are
+    written over when that save is done and the tensors have the same names,
+    shapes and dtypes: one memcpy into pages already touched (a copy into fresh
+    memory pays a page fault per 4 KiB: measured 0.3-0.9 s for 1 GiB here,
+    against about 0.1 s reused). Pinned when CUDA is available."""
+    import torch
+
+    from .dcp import _fast_copy, _Mismatch, _NotPlain
+
+    key = (loc.node_url, loc.bucket, loc.prefix)
+    with _staging_lock:
+        cached, busy = _staging.get(key, (None, None))
+        if not reuse:
+            _staging.pop(key, None)
+    if reuse and cached is not None and busy.done() and cached.keys() == flat.keys():
+        try:
+            return _fast_copy(flat, cached)
+        except (_Mismatch, _NotPlain):
+            pass
+    pin = torch.cuda.is_available()
+    out = {}
+    for k, v in flat.items():
+        t = v.detach()
+        if type(t) is torch.Tensor and t.layout == torch.strided:
+            dst = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
+            out[k] = _fast_copy(t, dst)
+        else:  # DTensor, sparse, ...: torch's own copy
+            out[k] = t.to("cpu", copy=True)
+    return out
+
+
 def save(state_dict, url: str | Location, *, step: int | None = None, async_: bool = True,
          client: Client | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-         overwrite: bool = True) -> Future:
+         overwrite: bool = True, reuse_staging: bool = True) -> Future:
     """Save a nested state dict as one checkpoint step; no process group needed.
 
     Tensors (any dtype, CPU or CUDA) anywhere inside dicts, lists and tuples
@@ -754,9 +792,12 @@ def save(state_dict, url: str | Location, *, step: int | None = None, async_: bo
     chunks the node lacks are written. The step is stored through
     :class:`gpufeed.ai.dcp.Writer`, so ``dcp.load`` can read it too (flat keys).
 
-    With ``async_=True`` the tensors are first copied to fresh CPU memory
-    (the call blocks for that copy only) and the upload runs in a background
-    thread; saves from one process commit in call order.
+    With ``async_=True`` the tensors are first copied to CPU memory (the call
+    blocks for that copy only) and the upload runs in a background thread; saves
+    from one process commit in call order. The copy goes into the buffers of the
+    previous async save to the same URL when that save is done and the tensors
+    have the same names, shapes and dtypes (``reuse_staging``): such saves block
+    for one memcpy of the state dict into memory already touched.
 
     Args:
         state_dict: e.g. ``{"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3}``.
@@ -766,6 +807,8 @@ def save(state_dict, url: str | Location, *, step: int | None = None, async_: bo
         client: an open :class:`Client` to use.
         chunk_bytes: chunk size for large tensors, bytes.
         overwrite: replace an existing step of the same number.
+        reuse_staging: keep this save's CPU copy for the next async save to the same
+            URL (costs one state dict of host memory while kept; ``False`` frees it).
 
     Returns:
         A ``Future`` resolving to a :class:`SaveResult` once the step is committed
@@ -781,10 +824,12 @@ def save(state_dict, url: str | Location, *, step: int | None = None, async_: bo
     if step is not None and step < 0:
         raise InvalidArgument("step must be >= 0")
     flat, skeleton = _flatten(state_dict)
-    if async_:
-        flat = {k: (v.detach().to("cpu", copy=True)) for k, v in flat.items()}
-    flat[SKELETON_KEY] = skeleton
     writer = Writer(url, step=step, client=client, chunk_bytes=chunk_bytes, overwrite=overwrite)
+    staged = None
+    if async_:
+        flat = staged = _stage(flat, writer.loc, reuse_staging)
+        flat = dict(flat)
+    flat[SKELETON_KEY] = skeleton
 
     def run() -> SaveResult:
         from torch.distributed.checkpoint.api import CheckpointException
@@ -801,7 +846,11 @@ def save(state_dict, url: str | Location, *, step: int | None = None, async_: bo
         return SaveResult(res.step, res.bytes_total, res.bytes_written, time.perf_counter() - t0)
 
     if async_:
-        return _background().submit(run)
+        fut = _background().submit(run)
+        if reuse_staging:
+            with _staging_lock:
+                _staging[(writer.loc.node_url, writer.loc.bucket, writer.loc.prefix)] = (staged, fut)
+        return fut
     fut: Future = Future()
     fut.set_result(run())
     return fut
