@@ -95,6 +95,28 @@ def test_large_object_round_trip(client, bucket, registered):
     assert np.array_equal(np.frombuffer(dst, np.uint8)[:n], np.frombuffer(src, np.uint8))
 
 
+def test_large_unregistered_puts_over_shm_reuse_pooled_memory(node, bucket):
+    """A put from plain memory larger than a staging slot is copied into pooled
+    registered memory (not sent through the socket); later puts of a similar size
+    reuse it rather than registering more."""
+    import gc
+
+    with Client(node.shm_url, slot_bytes=1 << 20) as c:
+        datas = [_data(8 << 20, seed=30 + i) for i in range(6)]
+        c.put(bucket, "pooled-0", bytearray(datas[0]))
+        gc.collect()
+        regions = len(c._regions)
+        for i, d in enumerate(datas[1:], 1):
+            c.put(bucket, f"pooled-{i}", bytearray(d))
+            gc.collect()
+        assert len(c._regions) == regions
+        futs = [c.submit_put(bucket, f"pooled-c{i}", bytearray(d)) for i, d in enumerate(datas)]
+        assert all(f.result(timeout=60).size == 8 << 20 for f in futs)
+        for i, d in enumerate(datas):
+            assert bytes(c.get(bucket, f"pooled-{i}")) == d
+            assert bytes(c.get(bucket, f"pooled-c{i}")) == d
+
+
 def test_get_many_into(client, bucket):
     data = _data(1 << 20, seed=4)
     client.put(bucket, "x", data)

