@@ -3,6 +3,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# LMCache for its plugin's tests, in a folder of its own (never in the venv: see the
+# requirements file), found by the test through GPUFEED_LMCACHE_PATH.
+LMCACHE := .lmcache
+LMCACHE_REQS := tests/ai/lmcache-requirements.txt
+LMCACHE_STAMP := $(LMCACHE)/.installed
 # Local wheels (the CPU build of torch on these machines), when present.
 export PIP_FIND_LINKS := $(or $(PIP_FIND_LINKS),$(wildcard /opt/wheels))
 
@@ -14,16 +19,21 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[ai,dev,bench]'
 	touch $(STAMP)
 
+$(LMCACHE_STAMP): $(LMCACHE_REQS) $(STAMP)
+	rm -rf $(LMCACHE)
+	$(BIN)/python -m pip install -q --no-deps --target $(LMCACHE) -r $(LMCACHE_REQS)
+	touch $(LMCACHE_STAMP)
+
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/gpufeed demo
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q
+test: $(STAMP) $(LMCACHE_STAMP)
+	GPUFEED_LMCACHE_PATH=$(abspath $(LMCACHE)) GPUFEED_REQUIRE_LMCACHE=1 $(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/gpufeed bench io --size 1GiB --cold --json docs/bench/io-1gib.json
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LMCACHE) .pytest_cache .hypothesis

@@ -1,6 +1,8 @@
 """KV-cache tier: attention KV stored and reloaded by token prefix (issue 4).
 
-Formats: ``docs/kvcache-format.md``.
+Formats: ``docs/kvcache-format.md``. The LMCache remote-storage plugin is
+:mod:`gpufeed.ai.kvcache.lmcache` (not imported here: it imports LMCache;
+``docs/kvcache-lmcache.md``).
 """
 
 from ._format import ChunkFormatError, ChunkHeader
