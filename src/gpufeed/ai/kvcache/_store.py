@@ -324,10 +324,7 @@ class KVCacheStore:
         rest = cks[i:]
         client = self._node() if rest else None
         if client is not None:
-            jobs = [(ck, out[j * slot:j * slot + self._object_bytes(ck.tokens)])
-                    for j, ck in enumerate(rest)]
-            for ck, obj in self._read_objects(client, jobs):
-                payload = obj[self.header_len:].view(self.torch_dtype).view(self._chunk_shape(ck.tokens))
+            for ck, payload in self._read_objects(client, out, [(ck, j * slot) for j, ck in enumerate(rest)]):
                 result.append(payload)
                 if self.populate_tier and self.tier.capacity_bytes:
                     buf = self.tier.empty(payload.shape, payload.dtype)
@@ -345,25 +342,29 @@ class KVCacheStore:
             return max(1, SHM_BATCH_BYTES // self._object_bytes(ntok))
         return TCP_BATCH_CHUNKS
 
-    def _read_objects(self, client: Client, jobs):
-        """Whole-object reads, ``chunks_per_request`` per batch, all batches in flight;
-        yields ``(ck, obj)`` of the leading valid chunks, verifying each batch while the
-        next ones are still arriving. Each chunk is two ranges (header, payload); with
-        ``verify`` the payload asks for per-block server digests. A chunk that is gone
-        or short ends the prefix (the batch still returns the others: no lookup round
+    def _read_objects(self, client: Client, out: torch.Tensor, jobs: list[tuple[ChunkKey, int]]):
+        """Whole-object reads into ``out`` (flat ``uint8``; chunk ``ck`` at byte ``at``
+        for each ``(ck, at)`` of ``jobs``), ``chunks_per_request`` per batch, all
+        batches in flight; yields ``(ck, payload)`` of the leading valid chunks
+        (``payload`` a view of ``out``), verifying each batch while the next ones are
+        still arriving. Each chunk is two ranges (header, payload); with ``verify`` the
+        payload asks for per-block server digests. A chunk that is gone, short or
+        corrupt ends the prefix (the batch still returns the others: no lookup round
         trip is needed first). Waits for every read it started."""
         per = self._per_request(client, self.layout.chunk_tokens)
         groups = [jobs[i:i + per] for i in range(0, len(jobs), per)]
+        raw = _u8(out)  # numpy slices are cheaper than torch views, item by item
+        hl = self.header_len
         futs = []
         sums_of: list[list] = []
         errs_of: list[list] = []
-        hl = self.header_len
         try:
             for g in groups:
                 items = []
-                for ck, obj in g:
-                    items.append((self.bucket, ck.key, _u8(obj[:hl]), 0, hl))
-                    items.append((self.bucket, ck.key, _u8(obj[hl:]), hl, obj.numel() - hl,
+                for ck, at in g:
+                    n = self._object_bytes(ck.tokens)
+                    items.append((self.bucket, ck.key, raw[at:at + hl], 0, hl))
+                    items.append((self.bucket, ck.key, raw[at + hl:at + n], hl, n - hl,
                                   self._block_bytes(ck.tokens) if self.verify else 0))
                 sums_of.append([])
                 errs_of.append([])
@@ -371,6 +372,7 @@ class KVCacheStore:
                                                         errors_out=errs_of[-1]))
         except (GpufeedError, OSError) as exc:
             self._failed(exc)
+        chunks = nbytes = 0
         try:
             for g, fut, sums, errs in zip(groups, futs, sums_of, errs_of):
                 try:
@@ -378,15 +380,20 @@ class KVCacheStore:
                 except (GpufeedError, OSError) as exc:
                     self._failed(exc)
                     return
-                for j, (ck, obj) in enumerate(g):
-                    if not self._complete(ck, errs[2 * j:2 * j + 2], ns[2 * j:2 * j + 2],
-                                          [hl, obj.numel() - hl]):
+                for j, (ck, at) in enumerate(g):
+                    n = self._object_bytes(ck.tokens)
+                    if not self._complete(ck, errs[2 * j:2 * j + 2], ns[2 * j:2 * j + 2], [hl, n - hl]):
                         return
-                    if not self._verify_object(ck, obj, sums[2 * j + 1]):
+                    payload = out[at + hl:at + n].view(self.torch_dtype).view(self._chunk_shape(ck.tokens))
+                    try:
+                        self._check(ck, payload, raw[at:at + hl].data, sums=sums[2 * j + 1])
+                    except _Miss as exc:
+                        self._corrupt(ck, exc)
                         return
-                    self.metrics.add(chunks_read=1, bytes_read=obj.numel())
-                    yield ck, obj
+                    chunks, nbytes = chunks + 1, nbytes + n
+                    yield ck, payload
         finally:
+            self.metrics.add(chunks_read=chunks, bytes_read=nbytes)
             for f in futs:
                 try:
                     f.result()
@@ -412,18 +419,13 @@ class KVCacheStore:
             return False
         return True
 
-    def _verify_object(self, ck: ChunkKey, obj: torch.Tensor, sums: list[int] | None = None) -> bool:
-        payload = obj[self.header_len:].view(self.torch_dtype).view(self._chunk_shape(ck.tokens))
-        try:
-            self._check(ck, payload, memoryview(_u8(obj[:self.header_len])), sums=sums)
-        except _Miss as exc:
-            log.warning("kvcache: %s; treated as a miss", exc)
-            self.metrics.add(corrupt_chunks=1)
-            client = self._node()
-            if client is not None:
-                self._drop_corrupt(client, ck.key)
-            return False
-        return True
+    def _corrupt(self, ck: ChunkKey, exc: Exception) -> None:
+        """Count and log a corrupt chunk and delete it, so the next writer replaces it."""
+        log.warning("kvcache: %s; treated as a miss", exc)
+        self.metrics.add(corrupt_chunks=1)
+        client = self._node()
+        if client is not None:
+            self._drop_corrupt(client, ck.key)
 
     # --- reads ------------------------------------------------------------------------
     def _block_bytes(self, ntok: int) -> int:
@@ -520,9 +522,7 @@ class KVCacheStore:
                     try:
                         self._check(ck, dst, hv[j], sums=self._block_sums(sums, at + 1, per_chunk - 1))
                     except _Miss as exc:
-                        log.warning("kvcache: %s; treated as a miss", exc)
-                        self.metrics.add(corrupt_chunks=1)
-                        self._drop_corrupt(client, ck.key)
+                        self._corrupt(ck, exc)
                         good = False
                 if not good:
                     stop = True
