@@ -283,6 +283,59 @@ def test_get_layers_detects_corruption(url):
         assert got == [0] and st.metrics.corrupt_chunks == 1
 
 
+def test_get_layers_keeps_the_prefix_before_a_short_chunk(url):
+    """A later chunk truncated under its key: the stream reports the chunks before
+    it as valid (not 0 tokens), and drops the short object so a writer replaces it;
+    get_into and get_chunks drop it too."""
+    tokens = list(range(4700, 4700 + 3 * CT))
+    kv = rand_kv(len(tokens), seed=12)
+    with make_store(url, "kvt-lshort") as st, Client(url) as c:
+        for cut in ("layers", "get_into", "get_chunks"):
+            st.put(tokens, kv).result()
+            key = st.keys(tokens)[2].key
+            raw = bytes(c.get("kvt-lshort", key))
+            c.put("kvt-lshort", key, raw[: len(raw) // 2])
+            if cut == "layers":
+                with pytest.raises(ChunkUnavailable) as err:
+                    for layer, k, v in st.get_layers(tokens, depth=2):
+                        assert torch.equal(k, kv[0, layer]) and torch.equal(v, kv[1, layer])
+                assert err.value.tokens == 2 * CT
+            elif cut == "get_into":
+                assert st.get_into(tokens, torch.zeros_like(kv)) == 2 * CT
+            else:
+                with st.chunk_landing(len(tokens)) as buf:
+                    assert len(st.get_chunks(tokens, buf)) == 2
+            assert st.lookup(tokens) == 2 * CT  # the short object is gone
+            assert key not in [e.key for e in c.list("kvt-lshort")]
+        assert st.metrics.corrupt_chunks == 3
+
+
+def test_stuck_node_is_a_miss_after_request_timeout(fresh_node):
+    """A node that stops answering (SIGSTOP): reads give up after the store's
+    request_timeout_s and serve misses, instead of waiting the client's 60 s."""
+    import os
+    import signal
+    import time
+
+    tokens = list(range(2 * CT))
+    kv = rand_kv(len(tokens), seed=13)
+    st = make_store(fresh_node.tcp_url, "kvt-stuck", request_timeout_s=1.0, retry_interval_s=0.0)
+    try:
+        st.put(tokens, kv).result()
+        os.kill(fresh_node.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            assert st.get_into(tokens, torch.zeros_like(kv)) == 0
+            assert time.monotonic() - t0 < 10
+            assert st.metrics.node_errors >= 1
+        finally:
+            os.kill(fresh_node.pid, signal.SIGCONT)
+        out = torch.zeros_like(kv)
+        assert st.get_into(tokens, out) == 2 * CT and torch.equal(out, kv)  # reconnected
+    finally:
+        st.close()
+
+
 def test_bad_destination_rejected(node):
     with make_store(node.tcp_url, "kvt-bad") as st:
         with pytest.raises(ValueError):

@@ -83,3 +83,12 @@ def test_mismatched_store_refused(model, node):
             generate_with_cache(model, torch.zeros((1, 4), dtype=torch.long), st)
     with pytest.raises(ValueError):
         store_for_model(node.tcp_url, model)  # a random model has no name
+
+
+def test_bad_prompts_refused(model, node):
+    with store_for_model(node.tcp_url, model, model_id="tiny-bad", chunk_tokens=CT,
+                         bucket="kvt-hf") as st:
+        for ids in (torch.zeros((1, 0), dtype=torch.long), torch.zeros(4, dtype=torch.long),
+                    torch.zeros((2, 4), dtype=torch.long)):
+            with pytest.raises(ValueError, match=r"\[1, T\]"):
+                generate_with_cache(model, ids, st)

@@ -360,3 +360,21 @@ def test_adapter_serves_two_nodes_each_with_its_settings(node):
         release(o)
     finally:
         env.close()
+
+
+def test_existing_standard_bucket_is_used_with_a_warning(node, caplog):
+    """A bucket of the configured name that already exists as a standard bucket never
+    evicts: the plugin still uses it, and says so."""
+    name = f"lmc-std-{next(_buckets)}"
+    with Client(node.tcp_url) as c:
+        c.create_bucket(name)
+    env = Lmc(node.tcp_url, bucket=name)
+    try:
+        o = env.obj(7)
+        env.put(key(70), o)
+        got = env.remote.get_blocking(key(70))
+        assert got is not None and raw(got) == raw(o)
+        release(o, got)
+        assert any("not a kv bucket" in r.message for r in caplog.records)
+    finally:
+        env.close()

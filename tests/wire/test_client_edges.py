@@ -105,3 +105,46 @@ def test_stalled_server_times_out(fresh_node):
             os.kill(fresh_node.pid, signal.SIGCONT)
     with Client(fresh_node.tcp_url) as c:  # the node is fine afterwards
         assert bytes(c.get("stall", "k")) == b"x" * 100
+
+
+def test_reply_cut_off_mid_payload_fails_its_request():
+    """A server that dies while it sends a reply's payload: the request being
+    received fails with TransportError at once, like every other one in flight
+    (it was once left waiting forever: its entry had already left the table)."""
+    import socket
+    import threading
+
+    from gpufeed.wire import protocol as p
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            for _ in range(2):  # HELLO, then the batch read
+                hdr = b""
+                while len(hdr) < p.HEADER_SIZE:
+                    hdr += conn.recv(p.HEADER_SIZE - len(hdr))
+                op, meta_len, rid, _plen = p.unpack_header(hdr)
+                meta = b""
+                while len(meta) < meta_len:
+                    meta += conn.recv(meta_len - len(meta))
+                if op == p.Op.HELLO:
+                    reply = p.encode(p.HelloReply("fake", p.VERSION, "tcp"))
+                    conn.sendall(p.pack_header(op | p.REPLY, len(reply), rid) + reply)
+                else:  # promise 2 x 1 MiB, send 100 KiB, then die
+                    reply = p.encode(p.GetVReply([1 << 20, 1 << 20]))
+                    conn.sendall(p.pack_header(op | p.REPLY, len(reply), rid, 2 << 20) + reply)
+                    conn.sendall(b"x" * 100_000)
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    with Client(f"gpufeed+tcp://127.0.0.1:{port}", connections=1, request_timeout_s=30) as c:
+        fut = c.submit_get_many_into([("b", "k", bytearray(1 << 20)), ("b", "k", bytearray(1 << 20))])
+        t0 = time.monotonic()
+        with pytest.raises(TransportError):
+            fut.result(timeout=20)
+        assert time.monotonic() - t0 < 10
+    t.join(timeout=5)

@@ -160,6 +160,7 @@ class Connection:
         hdr = bytearray(p.HEADER_SIZE)
         hmv = memoryview(hdr)
         scratch = None
+        pend = None
         try:
             while True:
                 self._recv_exact(hmv)
@@ -215,8 +216,15 @@ class Connection:
                 # drop references now: an idle connection must not keep the last
                 # request's destination buffers (pooled alloc() memory) alive
                 pend = reply = meta = dests = None
-        except (OSError, GpufeedError) as exc:
+        except Exception as exc:  # whatever broke the loop, no waiter may be left hanging
+            # The request whose reply was being received is no longer in _pending
+            # (its payload may have been cut off by the server's death): fail it here.
+            if pend is not None and not pend.future.done():
+                pend.future.set_exception(exc if isinstance(exc, GpufeedError)
+                                          else TransportError(f"connection lost: {exc}"))
             self._fail(exc)
+            if not isinstance(exc, (OSError, GpufeedError)):
+                raise
 
     @staticmethod
     def _payload_sizes(reply, payload_len: int) -> list[int]:

@@ -120,10 +120,11 @@ def generate_with_cache(model, input_ids: torch.Tensor, store: KVCacheStore, *,
         ``[1, T + new]`` token ids (and the stats dict if asked).
 
     Raises:
-        ValueError: a batch larger than 1, or a store whose layout does not fit the model.
+        ValueError: a batch larger than 1, an empty prompt, or a store whose layout does
+            not fit the model.
     """
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-        raise ValueError(f"input_ids must be [1, T], not {tuple(input_ids.shape)}")
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be [1, T] with T >= 1, not {tuple(input_ids.shape)}")
     if kv_shape_of(model.config) != (store.layout.num_layers, store.layout.num_kv_heads,
                                      store.layout.head_dim):
         raise ValueError(f"store layout {store.layout} does not fit the model's config")

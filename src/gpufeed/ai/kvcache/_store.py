@@ -45,9 +45,6 @@ __all__ = ["KVCacheStore", "KVMetrics", "ChunkUnavailable", "LayerStream"]
 
 log = logging.getLogger("gpufeed.kvcache")
 
-#: Errors that mean "this chunk is unusable" (gone, or shorter than its layout), not "node down".
-_CHUNK_ERRORS = (NotFoundError, InvalidRange)
-
 #: Default bytes of chunks per batch read on shm (see ``chunks_per_request``).
 SHM_BATCH_BYTES = 256 << 20  # 256 MiB
 #: Default chunks per batch read on TCP.
@@ -139,6 +136,11 @@ class KVCacheStore:
             when the node supports KV buckets (eviction by capacity / TTL).
         retry_interval_s: after a node failure, seconds before reconnecting.
         connections: fast-path connections when given a URL.
+        request_timeout_s: when given a URL: a node request that makes no progress
+            for this long fails (seconds), and the store serves misses (recompute)
+            and reconnects after ``retry_interval_s``. A reload moves hundreds of MB
+            in tens of ms, so a few seconds of silence means a stuck node; a TTFT
+            would rather recompute than wait the client's default 60 s.
 
     Raises:
         ValueError: a bad layout (see :class:`KVLayout`).
@@ -155,7 +157,8 @@ class KVCacheStore:
                  cpu_tier_bytes: int = 1 << 30, populate_tier: bool = True,
                  chunks_per_request: int | None = None, verify: bool = True, bucket_kind: str = "kv",
                  bucket_capacity_bytes: int = 0, bucket_ttl_s: float = 0.0,
-                 retry_interval_s: float = 5.0, connections: int | None = None) -> None:
+                 retry_interval_s: float = 5.0, connections: int | None = None,
+                 request_timeout_s: float = 5.0) -> None:
         self.layout = KVLayout(model_id, dtype, num_layers, num_kv_heads, head_dim, tp_rank,
                                tp_size, chunk_tokens)
         self.torch_dtype: torch.dtype = getattr(torch, self.layout.dtype)
@@ -184,7 +187,9 @@ class KVCacheStore:
             self.url, self._owns_client = url_or_client, True
             self._client = None
             self._bucket_ready = False
-            self._connect_kw = {"connections": connections} if connections else {}
+            self._connect_kw = {"request_timeout_s": request_timeout_s}
+            if connections:
+                self._connect_kw["connections"] = connections
         self._node()  # connect now if we can (a failure is only counted)
 
     # --- node plumbing ------------------------------------------------------------
@@ -401,27 +406,28 @@ class KVCacheStore:
                     pass
 
     def _complete(self, ck: ChunkKey, errs: list, ns: list[int], want: list[int]) -> bool:
-        """Whether the items of chunk ``ck`` all arrived whole; counts the miss (and
-        reports a node failure) otherwise."""
+        """Whether the items of chunk ``ck`` all arrived whole. Otherwise counts the
+        miss: a missing object, a short one (dropped as corrupt, so the next writer
+        replaces it), or a node failure."""
         for e in errs:
             if e is None:
                 continue
             if isinstance(e, NotFoundError):
                 self.metrics.add(missing_chunks=1)
             elif isinstance(e, InvalidRange):
-                self.metrics.add(corrupt_chunks=1)
+                self._corrupt(ck, f"{ck.key} is shorter than its layout")
             else:
                 self._failed(e)
             return False
-        if ns != want:  # the object is shorter than its header says: corrupt
-            log.warning("kvcache: %s is %s bytes short; treated as a miss", ck.key, sum(want) - sum(ns))
-            self.metrics.add(corrupt_chunks=1)
+        if ns != want:
+            self._corrupt(ck, f"{ck.key} is {sum(want) - sum(ns)} bytes short")
             return False
         return True
 
-    def _corrupt(self, ck: ChunkKey, exc: Exception) -> None:
-        """Count and log a corrupt chunk and delete it, so the next writer replaces it."""
-        log.warning("kvcache: %s; treated as a miss", exc)
+    def _corrupt(self, ck: ChunkKey, why) -> None:
+        """Count and log a corrupt chunk (``why``: an exception or a message) and
+        delete it, so the next writer replaces it."""
+        log.warning("kvcache: %s; treated as a miss", why)
         self.metrics.add(corrupt_chunks=1)
         client = self._node()
         if client is not None:
@@ -885,8 +891,9 @@ class LayerStream:
                 items.append((s.bucket, ck.key, _u8(out[kv, ck.start:ck.end]), off, block,
                               block if s.verify else 0))
         sums: list = []
-        fut = self._client.submit_get_many_into(items, digests_out=sums) if items else None
-        return out, (fut, sums)
+        errs: list = []
+        fut = self._client.submit_get_many_into(items, digests_out=sums, errors_out=errs) if items else None
+        return out, (fut, sums, errs)
 
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         s, L = self._s, self._s.layout.num_layers
@@ -899,27 +906,31 @@ class LayerStream:
                 while nxt < L and len(inflight) < self._depth:
                     inflight.append((nxt, *self._submit(nxt)))
                     nxt += 1
-                layer, out, (fut, sums) = inflight.pop(0)
+                layer, out, (fut, sums, errs) = inflight.pop(0)
                 if fut is not None:
                     try:
-                        fut.result()
+                        ns = fut.result()
                     except (GpufeedError, OSError) as exc:
-                        if not isinstance(exc, _CHUNK_ERRORS):
-                            s._failed(exc)
+                        s._failed(exc)
                         raise ChunkUnavailable(f"layer {layer}: {exc}", self._valid(layer, out)) from exc
-                    if s.verify:
-                        for j, (ck, h) in enumerate(zip(self._node_cks, self._hdrs)):
-                            for kv in range(2):
-                                d = s._block_sums(sums, 2 * j + kv, 1)
-                                got = d[0] if d else block_checksum(_u8(out[kv, ck.start:ck.end]))
-                                if got != h.checksums[kv * L + layer]:
-                                    s.metrics.add(corrupt_chunks=1)
-                                    raise ChunkUnavailable(
-                                        f"checksum mismatch in {ck.key} layer {layer}", ck.start)
+                    for j, (ck, h) in enumerate(zip(self._node_cks, self._hdrs)):
+                        # chunks before this one are whole in every layer read so far
+                        block = s._block_bytes(ck.tokens)
+                        if not s._complete(ck, errs[2 * j:2 * j + 2], ns[2 * j:2 * j + 2], [block, block]):
+                            raise ChunkUnavailable(f"{ck.key} is gone or short at layer {layer}", ck.start)
+                        if not s.verify:
+                            continue
+                        for kv in range(2):
+                            d = s._block_sums(sums, 2 * j + kv, 1)
+                            got = d[0] if d else block_checksum(_u8(out[kv, ck.start:ck.end]))
+                            if got != h.checksums[kv * L + layer]:
+                                s._corrupt(ck, f"checksum mismatch in {ck.key} layer {layer}")
+                                raise ChunkUnavailable(
+                                    f"checksum mismatch in {ck.key} layer {layer}", ck.start)
                 s.metrics.add(bytes_read=out.numel() * out.element_size())
                 yield layer, out[0], out[1]
         finally:
-            for _l, _o, (f, _s) in inflight:
+            for _l, _o, (f, _s, _e) in inflight:
                 if f is not None:
                     try:
                         f.result()

@@ -294,13 +294,27 @@ class GpufeedConnector(RemoteConnector):
                 client.create_bucket(s.bucket, kind="kv", capacity_bytes=s.capacity_bytes,
                                      ttl_s=s.ttl_s)
             except BucketAlreadyOwnedByYou:
-                pass
+                self._check_bucket(client)
             except (GpufeedError, OSError) as exc:
                 client.close()
                 self._down_locked(None, exc)
                 return None
             self._client = client
             return client
+
+    def _check_bucket(self, client: Client) -> None:
+        """Warn when the bucket exists but is not a kv bucket: it never evicts, so puts
+        start failing when the node's disk fills (``capacity_bytes`` applies only to a
+        bucket this plugin creates)."""
+        try:
+            kind = client.bucket_stats(self.settings.bucket).get("kind", "standard")
+        except (GpufeedError, OSError):
+            return
+        if kind != "kv":
+            log.warning("lmcache plugin: bucket %s on %s is a %s bucket, not a kv bucket: it "
+                        "never evicts, so puts fail once the node's disk is full; use a new "
+                        "bucket name to let the plugin create a kv bucket", self.settings.bucket,
+                        self.settings.url, kind)
 
     async def _anode(self) -> Client | None:
         """:meth:`_node` without blocking the event loop on a (re)connect."""
