@@ -313,8 +313,6 @@ def test_get_layers_keeps_the_prefix_before_a_short_chunk(url):
 def test_stuck_node_is_a_miss_after_request_timeout(fresh_node):
     """A node that stops answering (SIGSTOP): reads give up after the store's
     request_timeout_s and serve misses, instead of waiting the client's 60 s."""
-    import os
-    import signal
     import time
 
     tokens = list(range(2 * CT))
@@ -322,14 +320,14 @@ def test_stuck_node_is_a_miss_after_request_timeout(fresh_node):
     st = make_store(fresh_node.tcp_url, "kvt-stuck", request_timeout_s=1.0, retry_interval_s=0.0)
     try:
         st.put(tokens, kv).result()
-        os.kill(fresh_node.pid, signal.SIGSTOP)
+        fresh_node.pause()
         try:
             t0 = time.monotonic()
             assert st.get_into(tokens, torch.zeros_like(kv)) == 0
             assert time.monotonic() - t0 < 10
             assert st.metrics.node_errors >= 1
         finally:
-            os.kill(fresh_node.pid, signal.SIGCONT)
+            fresh_node.resume()
         out = torch.zeros_like(kv)
         assert st.get_into(tokens, out) == 2 * CT and torch.equal(out, kv)  # reconnected
     finally:

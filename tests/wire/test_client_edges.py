@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import time
 import uuid
 
@@ -95,14 +94,14 @@ def test_stalled_server_times_out(fresh_node):
     with Client(fresh_node.tcp_url, request_timeout_s=1.5) as c:
         c.create_bucket("stall")
         c.put("stall", "k", b"x" * 100)
-        os.kill(fresh_node.pid, signal.SIGSTOP)
+        fresh_node.pause()
         try:
             t0 = time.monotonic()
             with pytest.raises(TransportError, match="no reply"):
                 c.get("stall", "k")
             assert time.monotonic() - t0 < 10
         finally:
-            os.kill(fresh_node.pid, signal.SIGCONT)
+            fresh_node.resume()
     with Client(fresh_node.tcp_url) as c:  # the node is fine afterwards
         assert bytes(c.get("stall", "k")) == b"x" * 100
 

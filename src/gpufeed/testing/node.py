@@ -70,6 +70,25 @@ class NodeProcess:
         """SIGKILL, like a crash."""
         self.stop(signal.SIGKILL)
 
+    def pause(self, timeout_s: float = 10.0) -> None:
+        """SIGSTOP, like a hung node; returns once the process is stopped (the signal
+        lands asynchronously, so a request sent right after ``kill`` may still be served).
+
+        Raises:
+            TimeoutError: the process did not stop within ``timeout_s``.
+        """
+        self.proc.send_signal(signal.SIGSTOP)
+        stat = Path(f"/proc/{self.pid}/stat")
+        deadline = time.monotonic() + timeout_s
+        while stat.read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {self.pid} did not stop within {timeout_s} s")
+            time.sleep(0.01)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        self.proc.send_signal(signal.SIGCONT)
+
 
 def start_node(data_dir: str | Path, *, extra_args: list[str] | None = None,
                timeout_s: float = 30.0, env: dict | None = None) -> NodeProcess:
