@@ -378,3 +378,30 @@ def test_existing_standard_bucket_is_used_with_a_warning(node, caplog):
         assert any("not a kv bucket" in r.message for r in caplog.records)
     finally:
         env.close()
+
+
+def test_hostile_layout_is_corrupt_before_any_allocation(lmc, url):
+    """A header with the right key and checksum that declares an absurd layout: a
+    corrupt object (dropped), never an allocation that makes LMCache evict its cache."""
+    from gpufeed.ai.kvcache._lmcache_format import ObjectHeader, payload_checksum
+
+    held = [lmc.obj(i) for i in range(3)]
+    for i, o in enumerate(held):
+        lmc.cpu.submit_put_task(key(1000 + i), o)
+    release(*held)
+    deadline = time.monotonic() + 10
+    while len(lmc.cpu.hot_cache) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    k = key(77)
+    kstr = k.to_string()
+    payload = os.urandom(64)
+    h = ObjectHeader(1, ((1 << 20, 1 << 12, 2, 2),), (torch.bfloat16,), kstr, len(payload),
+                     payload_checksum(payload))
+    okey = lmc.conn._object_key(kstr)
+    with Client(url) as c:
+        c.put(lmc.bucket, okey, h.pack() + payload)
+        assert lmc.run(lmc.conn.get(k)) is None
+        assert len(lmc.cpu.hot_cache) == 3  # nothing evicted
+        m = lmc.conn.metrics.snapshot()
+        assert m["corrupt"] == 1 and m["alloc_failures"] == 0
+        assert okey not in [e.key for e in c.list(lmc.bucket)]

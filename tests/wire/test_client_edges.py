@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gpufeed.client import AsyncClient, Client
-from gpufeed.errors import InvalidArgument, KeyTooLong, NoSuchBucket, TransportError
+from gpufeed.errors import InvalidArgument, KeyTooLong, NoSuchBucket, NoSuchKey, TransportError
 
 
 @pytest.fixture(params=["tcp", "shm"])
@@ -147,3 +147,52 @@ def test_reply_cut_off_mid_payload_fails_its_request():
             fut.result(timeout=20)
         assert time.monotonic() - t0 < 10
     t.join(timeout=5)
+
+
+def test_requests_given_up_on_never_touch_shared_memory_later(fresh_node):
+    """A node stopped while shm requests are queued: the clients time out and may
+    reuse that memory; once the node runs again it must neither write a get's bytes
+    into it nor store a put from memory that now holds other bytes."""
+    n = 16 << 20
+    with Client(fresh_node.shm_url, connections=1, request_timeout_s=1.0) as g, \
+            Client(fresh_node.shm_url, connections=2, request_timeout_s=1.0) as w:
+        g.create_bucket("late")
+        g.put("late", "src", b"s" * n)
+        w.put("late", "warm", os.urandom(n))  # leaves n bytes of pooled memory in w
+        dest = g.alloc(n)
+        fresh_node.pause()
+        try:
+            with pytest.raises(TransportError):
+                g.get_into("late", "src", dest)
+            dest[:] = b"x" * n  # the caller reuses its buffer after the failure
+            with pytest.raises(TransportError):
+                w.put("late", "keyA", b"A" * n)
+            try:  # on w's other connection: its copy must not land in keyA's memory
+                w.put("late", "keyB", b"B" * n)
+            except TransportError:
+                pass
+        finally:
+            fresh_node.resume()
+        time.sleep(1.0)  # let the node drain what was queued
+        assert bytes(dest) == b"x" * n
+    with Client(fresh_node.shm_url) as c:
+        try:
+            stored = bytes(c.get("late", "keyA"))
+        except NoSuchKey:
+            stored = None
+        assert stored in (None, b"A" * n)
+
+
+@pytest.mark.parametrize("size", [100, 8 << 20])  # staged, and a side read past a slot
+def test_errors_out_still_raises_transport_errors(fresh_node, size):
+    """``errors_out`` collects per-item errors of the node; a lost or stuck
+    connection still raises, for staged items and side reads alike."""
+    with Client(fresh_node.shm_url, request_timeout_s=1.0) as c:
+        c.create_bucket("side")
+        c.put("side", "k", os.urandom(8 << 20))
+        fresh_node.pause()
+        try:
+            with pytest.raises(TransportError):
+                c.get_many_into([("side", "k", bytearray(size))], errors_out=[])
+        finally:
+            fresh_node.resume()

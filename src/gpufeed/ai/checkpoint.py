@@ -761,9 +761,13 @@ def _stage(flat: dict, loc: Location, reuse: bool) -> dict:
     key = (loc.node_url, loc.bucket, loc.prefix)
     with _staging_lock:
         cached, busy = _staging.get(key, (None, None))
-        if not reuse:
+        if not reuse or (cached is not None and busy.done()):
+            # claim it: another thread saving to this URL now stages into new memory
+            # (save() puts the buffers back with this save's Future)
             _staging.pop(key, None)
-    if reuse and cached is not None and busy.done() and cached.keys() == flat.keys():
+        else:
+            cached = None  # still uploading: never written over
+    if reuse and cached is not None and cached.keys() == flat.keys():
         try:
             return _fast_copy(flat, cached)
         except (_Mismatch, _NotPlain):

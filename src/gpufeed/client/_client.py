@@ -32,7 +32,14 @@ import numpy as np
 import msgspec
 
 from ..config import host_memory_bytes
-from ..errors import GpufeedError, InvalidArgument, InvalidRange, TransportError, error_from_code
+from ..errors import (
+    GpufeedError,
+    InvalidArgument,
+    InvalidRange,
+    ProtocolError,
+    TransportError,
+    error_from_code,
+)
 from ..wire import protocol as p
 from ._conn import Connection, connect
 from ._region import Region, StagingPool, address_of
@@ -267,6 +274,7 @@ class Client:
         self._staging_bytes, self._slot_bytes = staging_bytes, slot_bytes
         self._staging: StagingPool | None = None
         self._idle: list = []    # alloc() regions whose buffers are gone, for reuse
+        self._quarantine: list = []  # memory of requests that failed without a reply
         self._retire: list = []  # regions over the idle cap, to unregister
         #: Bytes of idle alloc() memory kept for reuse.
         self.max_idle_bytes = max_idle_bytes
@@ -398,8 +406,16 @@ class Client:
         weakref.finalize(owner, self._recycle, region)
         return memoryview(owner)
 
+    def _lost_connection(self) -> bool:
+        """A connection failed (timeout, node gone): requests of it got no reply, so
+        the node may still write into memory they named; pooled memory is then not
+        handed out again."""
+        return any(conn.closed for conn in self._conns)
+
     def _take_idle(self, nbytes: int):
         """A pooled region of at least ``nbytes`` and at most about twice that."""
+        if self._lost_connection():
+            return None
         with self._regions_lock:
             fits = [r for r in self._idle if nbytes <= r.size <= max(2 * nbytes, 1 << 20)]
             if not fits:
@@ -410,7 +426,7 @@ class Client:
 
     def _recycle(self, region) -> None:
         """Finalizer of an alloc() buffer: keep the region for reuse (bounded)."""
-        if self._closed:
+        if self._closed or self._lost_connection():
             region.close()
             return
         with self._regions_lock:
@@ -521,7 +537,15 @@ class Client:
             fut = self._conn().request(p.Op.PUT, p.Put(bucket, key, len(mv), region.region_id, off,
                                                        content_type, meta))
             hold = [tmp]  # until the node has the bytes; then back to the pool
-            fut.add_done_callback(lambda _f: hold.clear())
+
+            def done(f: Future) -> None:
+                if isinstance(f.exception(), TransportError):
+                    # no reply: the node may still read this memory, so it must not
+                    # hold another put's bytes (kept until the client closes)
+                    self._quarantine.append(hold[0])
+                hold.clear()
+
+            fut.add_done_callback(done)
             return fut
         return self._conn().request(p.Op.PUT, p.Put(bucket, key, len(mv), -1, 0, content_type, meta),
                                     payload=mv)
@@ -793,8 +817,10 @@ class Client:
                     raise batch_out[0]
                 out = batch_out[0]
             for i, f in zip(fallback, side):  # already done: finish runs after every part
-                if errors_out is not None and isinstance(f.exception(), GpufeedError):
-                    out[i], errors_out[i] = -1, f.exception()
+                exc = f.exception()
+                if (errors_out is not None and isinstance(exc, GpufeedError)
+                        and not isinstance(exc, (TransportError, ProtocolError))):
+                    out[i], errors_out[i] = -1, exc
                 else:
                     out[i] = f.result()
             return out

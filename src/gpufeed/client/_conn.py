@@ -85,6 +85,11 @@ class Connection:
     def inflight(self) -> int:
         return len(self._pending)
 
+    @property
+    def closed(self) -> bool:
+        """Closed by :meth:`close` or by a failure (timeout, lost connection)."""
+        return self._closed
+
     def request(self, op: int, meta_obj, *, dests: list[memoryview] | None = None,
                 payload=None, fds: list[int] | None = None, alloc: bool = False) -> Future:
         """Send one request; the Future resolves to the decoded reply struct or

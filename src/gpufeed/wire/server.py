@@ -410,7 +410,24 @@ class _Conn:
             return len(req.items) <= 64 and all(0 <= it.length <= 16 << 10 for it in req.items)
         return False
 
+    def _peer_gone(self) -> bool:
+        """The client has closed its end (a request it gave up on, e.g. after its
+        timeout while this node was stopped, is still queued here)."""
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLRDHUP)
+        try:
+            return any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+                       for _fd, ev in poller.poll(0))
+        except OSError:
+            return True
+
     def _run(self, op: int, rid: int, req) -> None:
+        if (self.transport == "shm" and op in (p.Op.GET, p.Op.GETV, p.Op.PUT)
+                and self._peer_gone()):
+            # Its shared memory may already hold something else (the client reused
+            # it after giving up): neither write into it nor store from it.
+            log.info("skipping op %s of a shm client that has closed its connection", op)
+            return
         try:
             handler = self.server.handlers[op]
             handler(self, rid, req)

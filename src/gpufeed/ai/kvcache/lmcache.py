@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -492,6 +493,12 @@ class GpufeedConnector(RemoteConnector):
             fmt = MemoryFormat(h.fmt)
         except ValueError:
             raise ObjectFormatError(f"unknown LMCache memory format {h.fmt}") from None
+        # check the declared layout before asking LMCache's allocator for it: a hostile
+        # header must not make it evict its whole cache to fit an absurd size
+        declared = sum(math.prod(s) * dt.itemsize for s, dt in zip(h.shapes, h.dtypes))
+        if declared != h.payload_len or h.payload_len > self.full_chunk_size_bytes:
+            raise ObjectFormatError(f"layout {h.shapes} {h.dtypes} is {declared} bytes, the payload "
+                                    f"{h.payload_len} (a chunk holds at most {self.full_chunk_size_bytes})")
         new = self._allocate([torch.Size(s) for s in h.shapes], list(h.dtypes), fmt)
         if new is None:
             self.metrics.add(alloc_failures=1)
@@ -653,9 +660,13 @@ class GpufeedConnector(RemoteConnector):
                     self.metrics.add(put_errors=1)
             return out
 
+        def encode_and_submit():
+            # off the event loop: over TCP a put sends its payload inline (sendall)
+            return [(buf, client.submit_put(self.settings.bucket, okey, buf))
+                    for okey, buf in encode_all()]
+
         try:
-            encoded = await asyncio.to_thread(encode_all)
-            futs = [(buf, client.submit_put(self.settings.bucket, okey, buf)) for okey, buf in encoded]
+            futs = await asyncio.to_thread(encode_and_submit)
         except (GpufeedError, OSError) as exc:
             self.metrics.add(put_errors=len(keys))
             self._failed(client, exc)
