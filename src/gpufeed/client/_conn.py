@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import socket
 import threading
 from concurrent.futures import Future
@@ -244,11 +243,7 @@ class Connection:
         return sizes
 
     def _close_fds(self) -> None:
-        while self._fds_in:
-            try:
-                os.close(self._fds_in.pop())
-            except OSError:
-                pass
+        p.close_fds(self._fds_in)
 
     def _fail(self, exc: BaseException) -> None:
         self._close_fds()

@@ -20,6 +20,7 @@ Every frame, in both directions::
 
 from __future__ import annotations
 
+import os
 import struct
 from enum import IntEnum
 
@@ -33,6 +34,7 @@ __all__ = [
     "Get", "GetV", "Put", "Delete",
     "List", "BucketReq", "Empty", "ObjectMeta", "GetReply", "GetVReply", "ListReply",
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
+    "close_fds",
 ]
 
 MAGIC = b"GF"
@@ -310,3 +312,13 @@ def unpack_header(buf) -> tuple[int, int, int, int]:
     if meta_len > MAX_META:
         raise ProtocolError(f"metadata of {meta_len} bytes exceeds {MAX_META}")
     return op, meta_len, rid, payload_len
+
+
+def close_fds(fds: list[int]) -> None:
+    """Close and forget descriptors that arrived with frames (``SCM_RIGHTS``) and
+    will not be used; an already-closed one is skipped."""
+    while fds:
+        try:
+            os.close(fds.pop())
+        except OSError:
+            pass

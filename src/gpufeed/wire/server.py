@@ -198,11 +198,16 @@ def _check_region_size(size: int) -> None:
                               f"host's memory, {MAX_REGION_BYTES} bytes)")
 
 
+def _polled(fd: int, events: int) -> int:
+    """The events of ``events`` (plus POLLHUP/POLLERR) that ``fd`` has now (no waiting)."""
+    poller = select.poll()
+    poller.register(fd, events)
+    return sum(ev for _fd, ev in poller.poll(0))
+
+
 def _exited(pidfd: int) -> bool:
     """The process behind ``pidfd`` has exited (no waiting)."""
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return any(ev & select.POLLIN for _fd, ev in poller.poll(0))
+    return bool(_polled(pidfd, select.POLLIN) & select.POLLIN)
 
 
 def _read_task(fd: int, dest: memoryview, offset: int, digest: int) -> tuple[int, list[int] | None]:
@@ -330,11 +335,7 @@ class _Conn:
             self.close()
 
     def close_fds_in(self) -> None:
-        while self.fds_in:
-            try:
-                os.close(self.fds_in.pop())
-            except OSError:
-                pass
+        p.close_fds(self.fds_in)
 
     def abort(self) -> None:
         """Shut the socket down: the reader sees EOF and closes the connection, and
@@ -413,12 +414,10 @@ class _Conn:
     def _peer_gone(self) -> bool:
         """The client has closed its end (a request it gave up on, e.g. after its
         timeout while this node was stopped, is still queued here)."""
-        poller = select.poll()
-        poller.register(self.sock.fileno(), select.POLLRDHUP)
         try:
-            return any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)
-                       for _fd, ev in poller.poll(0))
-        except OSError:
+            return bool(_polled(self.sock.fileno(), select.POLLRDHUP)
+                        & (select.POLLRDHUP | select.POLLHUP | select.POLLERR))
+        except (OSError, ValueError):  # already closed here
             return True
 
     def _run(self, op: int, rid: int, req) -> None:

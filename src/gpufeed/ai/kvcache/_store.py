@@ -63,8 +63,25 @@ class ChunkUnavailable(LookupError):
         self.tokens = tokens
 
 
+class Counters:
+    """Base of a ``@dataclass`` of ``int`` counters: thread-safe :meth:`add` and a
+    consistent :meth:`snapshot`."""
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for k, v in deltas.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 @dataclass
-class KVMetrics:
+class KVMetrics(Counters):
     """Counters of one store (monotonic; read with :meth:`snapshot`).
 
     ``node_errors`` is the warning metric: node calls that failed because the
@@ -83,18 +100,6 @@ class KVMetrics:
     corrupt_chunks: int = 0
     node_errors: int = 0
     put_errors: int = 0
-
-    def __post_init__(self) -> None:
-        self._lock = threading.Lock()
-
-    def add(self, **deltas: int) -> None:
-        with self._lock:
-            for k, v in deltas.items():
-                setattr(self, k, getattr(self, k) + v)
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def _u8(t: torch.Tensor) -> np.ndarray:

@@ -65,7 +65,7 @@ import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -88,6 +88,7 @@ from ...errors import (
     NotFoundError,
 )
 from ._lmcache_format import ObjectFormatError, ObjectHeader, header_len, payload_checksum
+from ._store import Counters
 
 __all__ = ["GpufeedConnector", "GpufeedConnectorAdapter", "PluginSettings", "ConnectorMetrics",
            "PLUGIN_TYPE"]
@@ -157,7 +158,7 @@ class PluginSettings:
 
 
 @dataclass
-class ConnectorMetrics:
+class ConnectorMetrics(Counters):
     """Counters of one connector (thread-safe ``add``).
 
     ``node_errors`` is the warning metric: node calls that failed because the
@@ -174,16 +175,6 @@ class ConnectorMetrics:
     bytes_read: int = 0      # payload bytes returned
     node_digests: int = 0    # payloads checked against the node's digest (shm) instead of hashed here
     bytes_written: int = 0   # object bytes written
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, **deltas: int) -> None:
-        with self._lock:
-            for name, n in deltas.items():
-                setattr(self, name, getattr(self, name) + n)
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
 
 
 def _plugin_name(config) -> str:
