@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import sys
 import threading
 from collections import deque
@@ -54,8 +53,6 @@ __all__ = ["load_safetensors", "load_safetensors_url", "find_safetensors", "read
 ALIGN_BYTES = 64
 #: First read of each shard; most headers fit (a 1 GB Llama shard's is ~10 KiB).
 HEAD_PROBE_BYTES = 64 << 10  # 64 KiB
-#: ``madvise`` advice that maps every page of a range writable (Linux >= 5.14).
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 #: Name transformers gives the shard index.
 INDEX_NAME = "model.safetensors.index.json"
 #: Most ranges in one batched request (strided slices make many small ones).
@@ -448,30 +445,6 @@ def _read_all(client: Client, bucket: str, buf: memoryview, pieces: Sequence[_Ra
         _drain(f for _b, _n, f in inflight)
 
 
-def _start_prefault(buf: memoryview) -> threading.Thread | None:
-    """Map the buffer's pages into this process while the server fills them.
-
-    On the shm transport the server writes into pages this process has not
-    mapped yet; without this, the first touch of the loaded tensors pays a
-    minor fault per 4 KiB page (measured 0.2-0.3 s per GB on the 2-core VM),
-    which would only move cost out of the load. Runs in a thread (``madvise``
-    releases the GIL) concurrently with the reads. A no-op for other buffers.
-    """
-    owner = buf.obj
-    if not isinstance(owner, mmap.mmap) or len(buf) != len(owner):
-        return None
-
-    def populate() -> None:
-        try:
-            owner.madvise(MADV_POPULATE_WRITE)
-        except (OSError, ValueError):  # old kernel or closed map: faults happen on first use
-            pass
-
-    thread = threading.Thread(target=populate, name="gpufeed-prefault", daemon=True)
-    thread.start()
-    return thread
-
-
 # --- reading through host staging into device memory ----------------------------------------
 class _SyncCopier:
     """Copies staging slices into the destination with ``Tensor.copy_``, blocking.
@@ -795,7 +768,8 @@ def _load_planned(client: Client, bucket: str, shard_keys: Sequence[str],
             _read_gathers(client, bucket, base, gathers, progress=bar)
         else:
             buf = client.alloc(total) if total else memoryview(bytearray(0))
-            prefault = _start_prefault(buf) if client.transport == "shm" else None
+            # map the pages in while the node fills them (no faults on first use)
+            prefault = client.map_ahead(buf) if total else None
             try:
                 _read_all(client, bucket, buf, _pieces(ranges, chunk_bytes),
                           batch_bytes=batch_bytes, max_inflight_bytes=max_inflight_bytes,

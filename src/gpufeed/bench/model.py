@@ -135,6 +135,7 @@ def _missing(module: str) -> str | None:
 # model once pays (fresh memory included). Prints seconds, bytes, regions reused.
 _FRESH = r"""
 import sys, time
+from gpufeed.bench.demo import _touch
 mode, target = sys.argv[1], sys.argv[2]
 if mode == "shm":
     from gpufeed.ai import load_safetensors
@@ -142,6 +143,7 @@ if mode == "shm":
     c = Client(target)
     t0 = time.perf_counter()
     out = load_safetensors(c, sys.argv[3], sys.argv[4])
+    _touch(out)
     dt = time.perf_counter() - t0
     reused = c.regions_reused
 else:
@@ -150,6 +152,7 @@ else:
     files = sys.argv[2:]
     t0 = time.perf_counter()
     out = _load_local_clone(files)
+    _touch(out)
     dt = time.perf_counter() - t0
     reused = 0
 n = sum(t.numel() * t.element_size() for t in out.values())
@@ -334,7 +337,8 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
             else:
                 method, run, n = loaders[path]
                 results.append(meter.measure(path, method, n, runs, run, check=verify,
-                                             prepare=prepare, cleanup=cleanup))
+                                             prepare=prepare, cleanup=cleanup,
+                                             touch=path != "local_load_file_lazy"))
             caches.append(cache)
 
         # warm-up: every file and blob page-cached, clients connected

@@ -31,6 +31,7 @@ import numpy as np
 
 import msgspec
 
+from .._memory import populate_range
 from ..config import host_memory_bytes
 from ..errors import (
     GpufeedError,
@@ -405,6 +406,44 @@ class Client:
         owner = np.frombuffer(region.mm, dtype=np.uint8, count=nbytes)
         weakref.finalize(owner, self._recycle, region)
         return memoryview(owner)
+
+    def map_ahead(self, buf: memoryview) -> threading.Thread | None:
+        """Start mapping the pages of an :meth:`alloc` buffer into this process, in
+        a background thread, while the node fills them.
+
+        On shm the node writes into pages this process may not have mapped yet
+        (a region it just lent): the first touch of each 4 KiB page would then
+        take a minor fault (measured 0.36 s per GiB for first writes on the
+        2-core VM). This maps them ahead with ``MADV_POPULATE_READ`` (the pages
+        exist; shared writable mappings get them writable), with the GIL
+        released, concurrently with the reads. Join the returned thread before
+        handing the data on.
+
+        Args:
+            buf: a buffer from :meth:`alloc` (or a slice of one).
+
+        Returns:
+            The started thread, or ``None`` when there is nothing to do: TCP,
+            a buffer outside the client's regions, or pages this client already
+            mapped ahead (a reused buffer; re-walking mapped pages costs
+            0.05-0.08 s per GiB for nothing).
+        """
+        found = self._find_region(buf)
+        if found is None:
+            return None
+        region, offset = found
+        end = offset + len(buf)
+        with self._regions_lock:
+            if offset >= region.mapped_from and end <= region.mapped_to:
+                return None
+            region.mapped_from = min(region.mapped_from, offset)
+            region.mapped_to = max(region.mapped_to, end)
+        address = region.address + offset
+        thread = threading.Thread(target=populate_range, args=(address, len(buf)),
+                                  kwargs={"threads": 1, "write": False},
+                                  name="gpufeed-map-ahead", daemon=True)
+        thread.start()
+        return thread
 
     def _lost_connection(self) -> bool:
         """A connection failed (timeout, node gone): requests of it got no reply, so

@@ -47,6 +47,8 @@ class Region:
         self.region_id = region_id
         self.size = size
         self.lent = fd is not None
+        #: byte range Client.map_ahead already mapped in (one span: alloc buffers start at 0)
+        self.mapped_from, self.mapped_to = size, 0
         self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING) if fd is None else fd
         try:
             if not self.lent:

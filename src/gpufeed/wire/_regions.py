@@ -42,6 +42,8 @@ import threading
 
 import numpy as np
 
+from .._memory import populate
+
 __all__ = ["ServerRegion", "RegionPool", "peer_process"]
 
 
@@ -67,8 +69,9 @@ class ServerRegion:
             # a client must not shrink it under the server's mapping (SIGBUS) or seal it
             fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS,
                         fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-            self.mm = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+            self.mm = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED,
                                 prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            populate(self.mm)  # in parallel, GIL released (MAP_POPULATE is one thread)
         except BaseException:
             os.close(self.fd)
             raise

@@ -1,0 +1,104 @@
+"""Populating shared memory: page faults taken up front, in parallel, without the GIL.
+
+Why our own code: fresh shared memory (``memfd``) costs far more to fault in
+than to fill: every 4 KiB page is allocated, zeroed and mapped, measured at
+0.6 s per GiB on one core of the 2-core VM, against 0.13 s to ``preadv`` a
+GiB of page-cached data into it. ``MAP_POPULATE`` and
+``mmap.madvise(MADV_POPULATE_WRITE)`` do that work on one thread, and
+CPython's ``mmap.madvise`` holds the GIL while it runs (measured: a Python
+thread made no progress during a 0.59 s ``madvise``). :func:`populate` calls
+``madvise(2)`` through ``ctypes`` (which releases the GIL) on slices of the
+range from several threads at once: page faults on one mapping run in
+parallel under the kernel's per-VMA locks (measured 0.37-0.41 s per GiB on
+two threads against 0.59 s on one).
+
+``MADV_POPULATE_WRITE`` (Linux 5.14) faults pages in writable without
+changing their contents; on older kernels :func:`populate` returns ``False``
+and the pages are faulted in on first use instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import threading
+
+__all__ = ["populate", "populate_range", "address_of_mmap"]
+
+#: ``MADV_POPULATE_READ`` / ``MADV_POPULATE_WRITE`` from ``<sys/mman.h>`` (Linux 5.14+).
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+#: Slices below this size are not worth a thread.
+_MIN_SLICE_BYTES = 64 << 20
+
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _madvise = _libc.madvise
+    _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _madvise.restype = ctypes.c_int
+except (OSError, AttributeError):  # not glibc/musl: fall back to faults on first use
+    _madvise = None
+
+
+def address_of_mmap(mm: mmap.mmap) -> int:
+    """Base address of a writable ``mmap`` in this process."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(mm))
+
+
+def _populate_range(address: int, length: int, advice: int, failed: list[int]) -> None:
+    if _madvise(address, length, advice) != 0:
+        failed.append(ctypes.get_errno())
+
+
+def populate(mm: mmap.mmap, threads: int | None = None, *, write: bool = True) -> bool:
+    """Fault in every page of a writable shared mapping, contents unchanged.
+
+    Args:
+        mm: a ``MAP_SHARED`` mapping opened with ``PROT_WRITE``.
+        threads: most threads to split the range over; default the CPU count
+            (at most 8). Each gets at least 64 MiB.
+        write: fault pages in for writing (``MADV_POPULATE_WRITE``: allocates
+            fresh pages). ``False`` maps pages that already exist for reading
+            (``MADV_POPULATE_READ``): half the cost for shared memory another
+            process filled (measured 0.10 against 0.19 s per GiB), and for a
+            shared writable mapping the pages are then writable too.
+
+    Returns:
+        ``True`` when every page is now mapped; ``False`` when the kernel or C
+        library cannot do it (``EINVAL`` before Linux 5.14) or memory ran short
+        (``ENOMEM``): the pages are then faulted in on first touch, as usual.
+        Never raises for those; ``ValueError`` if ``mm`` is closed.
+    """
+    if len(mm) == 0:
+        return False
+    return populate_range(address_of_mmap(mm), len(mm), threads, write=write)
+
+
+def populate_range(address: int, length: int, threads: int | None = None, *,
+                   write: bool = True) -> bool:
+    """:func:`populate` for ``length`` bytes at ``address`` of this process (any
+    writable mapping; the range is widened to whole pages)."""
+    if _madvise is None or length <= 0:
+        return False
+    page = mmap.PAGESIZE
+    start = address - address % page
+    size = -(-(address + length - start) // page) * page
+    want = threads or min(os.cpu_count() or 1, 8)
+    n = max(1, min(want, size // _MIN_SLICE_BYTES))
+    step = -(-size // n // page) * page
+    advice = MADV_POPULATE_WRITE if write else MADV_POPULATE_READ
+    failed: list[int] = []
+    if n == 1:
+        _populate_range(start, size, advice, failed)
+        return not failed
+    workers = [threading.Thread(target=_populate_range,
+                                args=(start + off, min(step, size - off), advice, failed),
+                                name="gpufeed-populate", daemon=True)
+               for off in range(step, size, step)]
+    for w in workers:
+        w.start()
+    _populate_range(start, min(step, size), advice, failed)
+    for w in workers:
+        w.join()
+    return not failed

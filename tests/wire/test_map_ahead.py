@@ -1,0 +1,120 @@
+"""Mapping shared memory in ahead of use: gpufeed._memory.populate and
+Client.map_ahead (pages the node fills are mapped into the client before the
+first touch, and never walked twice)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+import pytest
+
+from gpufeed._memory import address_of_mmap, populate, populate_range
+from gpufeed.client import Client
+from gpufeed.client._region import address_of
+
+SIZE = 24 << 20
+
+
+def _rss_bytes(address: int) -> int:
+    """Resident bytes this process has mapped in the VMA holding ``address``."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def _memfd_map(size: int) -> tuple[int, mmap.mmap]:
+    fd = os.memfd_create("test-populate")
+    os.ftruncate(fd, size)
+    return fd, mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_populate_maps_every_page_and_keeps_contents(threads):
+    size = 200 << 20  # 3 threads get >= 64 MiB each
+    fd, mm = _memfd_map(size)
+    try:
+        mm[:5] = b"hello"
+        base = address_of_mmap(mm)
+        assert _rss_bytes(base) < size // 2
+        assert populate(mm, threads=threads) is True
+        assert _rss_bytes(base) >= size
+        assert mm[:5] == b"hello" and mm[size - 1] == 0
+    finally:
+        mm.close()
+        os.close(fd)
+
+
+def test_populate_read_maps_pages_another_mapping_filled():
+    fd, writer = _memfd_map(SIZE)
+    reader = mmap.mmap(fd, SIZE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    try:
+        np.frombuffer(writer, np.uint8)[:] = 7  # "the node" fills the pages
+        base = address_of_mmap(reader)
+        assert _rss_bytes(base) == 0
+        assert populate(reader, write=False) is True
+        assert _rss_bytes(base) >= SIZE
+        arr = np.frombuffer(reader, np.uint8)
+        assert int(arr.min()) == int(arr.max()) == 7
+        arr[:] = 9  # read-populated shared pages are writable
+        assert writer[SIZE - 1] == 9
+        del arr
+    finally:
+        reader.close()
+        writer.close()
+        os.close(fd)
+
+
+def test_populate_edge_cases():
+    assert populate_range(0, 0) is False
+    fd, mm = _memfd_map(4096)
+    mm.close()
+    with pytest.raises(ValueError):
+        populate(mm)
+    os.close(fd)
+    # an unaligned range is widened to whole pages
+    fd, mm = _memfd_map(3 * mmap.PAGESIZE)
+    try:
+        assert populate_range(address_of_mmap(mm) + 100, mmap.PAGESIZE) is True
+        assert _rss_bytes(address_of_mmap(mm)) == 2 * mmap.PAGESIZE
+    finally:
+        mm.close()
+        os.close(fd)
+
+
+def test_map_ahead_maps_lent_pages_once(node):
+    data = np.random.default_rng(5).integers(0, 256, SIZE, dtype=np.uint8).tobytes()
+    with Client(node.tcp_url) as up:  # an shm put would leave mapped memory in c's pool
+        up.create_bucket("map-ahead")
+        up.put("map-ahead", "obj", data)
+    with Client(node.shm_url) as c:
+        buf = c.alloc(SIZE)
+        address, _ = address_of(buf)
+        before = _rss_bytes(address)
+        thread = c.map_ahead(buf)
+        assert thread is not None
+        assert c.get_into("map-ahead", "obj", buf) == SIZE
+        thread.join()
+        assert before < SIZE // 2 <= SIZE <= _rss_bytes(address)
+        assert bytes(buf) == data
+        assert c.map_ahead(buf) is None  # already mapped: nothing to walk
+        assert c.map_ahead(buf[4096:8192]) is None
+        assert c.map_ahead(memoryview(bytearray(SIZE))) is None  # not in a region
+        del buf
+        again = c.alloc(SIZE)  # the same region from the client's pool
+        assert address_of(again)[0] == address
+        assert c.map_ahead(again) is None
+
+
+def test_map_ahead_is_a_no_op_over_tcp(node):
+    with Client(node.tcp_url) as c:
+        buf = c.alloc(SIZE)
+        assert c.map_ahead(buf) is None
