@@ -18,7 +18,7 @@ def test_small_model_bench(tmp_path):
     paths = ["shm", "tcp", "s3", "local_load_file", "local_load_file_lazy", "runai",
              "fastsafetensors", "readinto"]
     report = run_model_bench(size="small", workdir=tmp_path, json_path=tmp_path / "m.json",
-                             repeat=1, cold_repeat=1, paths=paths,
+                             repeat=1, cold_repeat=1, paths=paths, first_loads=1,
                              console=Console(file=out, width=120))
     assert json.loads((tmp_path / "m.json").read_text()) == json.loads(json.dumps(report))
     rows = report["results"]
@@ -32,4 +32,12 @@ def test_small_model_bench(tmp_path):
         assert r["seconds"] > 0 and r["gbps"] > 0
         assert r["verified"] in (True, None)
     assert {t["target"].split(",")[0] for t in report["targets"]} >= {"shm vs s3"}
+    # one fresh-process load per way, each of the whole model
+    ways = {r["way"] for r in report["first_load"]}
+    assert {"shm, region pool on", "shm, region pool off", "tcp", "load_file + clone",
+            "load_file pread"} <= ways
+    model_bytes = report["model"]["bytes"]
+    assert {r["bytes"] for r in report["first_load"]} == {model_bytes}  # every tensor, every way
+    fresh = [t for t in report["targets"] if "fresh process" in t["target"]]
+    assert {t["target"].split(")")[0] for t in fresh} == {"shm (region pool on", "shm (region pool off"}
     assert not list(tmp_path.glob("bench-model-*"))  # node data removed
