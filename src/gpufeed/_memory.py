@@ -23,8 +23,9 @@ import ctypes
 import mmap
 import os
 import threading
+import weakref
 
-__all__ = ["populate", "populate_range", "address_of_mmap"]
+__all__ = ["populate", "populate_range", "map_file_private", "prefetch_range", "address_of_mmap"]
 
 #: ``MADV_POPULATE_READ`` / ``MADV_POPULATE_WRITE`` from ``<sys/mman.h>`` (Linux 5.14+).
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
@@ -32,13 +33,21 @@ MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 #: Slices below this size are not worth a thread.
 _MIN_SLICE_BYTES = 64 << 20
 
+_MAP_FAILED = ctypes.c_void_p(-1).value
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
     _madvise = _libc.madvise
     _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     _madvise.restype = ctypes.c_int
+    _mmap = _libc.mmap
+    _mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_long]
+    _mmap.restype = ctypes.c_void_p
+    _munmap = _libc.munmap
+    _munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    _munmap.restype = ctypes.c_int
 except (OSError, AttributeError):  # not glibc/musl: fall back to faults on first use
-    _madvise = None
+    _madvise = _mmap = _munmap = None
 
 
 def address_of_mmap(mm: mmap.mmap) -> int:
@@ -102,3 +111,46 @@ def populate_range(address: int, length: int, threads: int | None = None, *,
     for w in workers:
         w.join()
     return not failed
+
+
+def map_file_private(fd: int, size: int) -> memoryview:
+    """Map ``size`` bytes of file ``fd`` ``MAP_PRIVATE`` (copy-on-write),
+    readable and writable, without keeping a descriptor.
+
+    Why not ``mmap.mmap``: CPython's mmap object keeps a ``dup`` of the
+    descriptor for as long as it lives (before Python 3.13's ``trackfd``), so
+    every mapped object would hold an open file, and a process holding many
+    loaded tensors would run into its descriptor limit.
+
+    Returns:
+        A writable byte ``memoryview``; the mapping is removed (``munmap``) when
+        the last view of it (tensors made from it included) is gone.
+
+    Raises:
+        OSError: ``mmap(2)`` failed (``errno`` set); ``ValueError``: ``size`` <= 0.
+    """
+    if size <= 0:
+        raise ValueError("size must be > 0")
+    if _mmap is None:
+        raise OSError("mmap(2) is not reachable through ctypes here")
+    address = _mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
+    if address in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
+    owner = (ctypes.c_char * size).from_address(address)
+    weakref.finalize(owner, _munmap, address, size)
+    return memoryview(owner).cast("B")
+
+
+def prefetch_range(address: int, length: int, threads: int | None = None) -> bool:
+    """Map ``length`` bytes at ``address`` of a file mapping in for reading: start
+    readahead of the whole range (``MADV_WILLNEED``: pages not cached yet are
+    read from disk in large asynchronous requests), then map every page
+    (``MADV_POPULATE_READ``, in parallel). Returns what :func:`populate_range`
+    returns."""
+    if length <= 0 or _madvise is None:
+        return False
+    page = mmap.PAGESIZE
+    start = address - address % page
+    _madvise(start, address + length - start, mmap.MADV_WILLNEED)  # advice only
+    return populate_range(address, length, threads, write=False)

@@ -262,3 +262,99 @@ def test_same_tensor_in_two_shards(client, bucket, tmp_path):
     with pytest.raises(SafetensorsError, match="also in") as info:
         load_safetensors(client, bucket, f"{client.transport}/dup")
     assert info.value.tensor == "a"
+
+
+# --- zero_copy=True: tensors view the node's mapped data files -----------------------
+
+@pytest.fixture(scope="module")
+def shm_client(node):
+    with Client(node.shm_url) as c:
+        yield c
+
+
+def _resident_bytes(t: torch.Tensor) -> int:
+    """Rss of the mapping that holds ``t``'s data, from /proc/self/smaps."""
+    address = t.data_ptr()
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError("tensor data is in no mapping")
+
+
+def test_zero_copy_every_dtype_is_bit_identical(shm_client, bucket, tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file(all_dtypes(), path, metadata={"format": "pt"})
+    key = "zero-copy/dtypes.safetensors"
+    upload(shm_client, bucket, key, path)
+    got = load_safetensors(shm_client, bucket, key, zero_copy=True)
+    assert_same(got, load_file(path))
+    for name, t in got.items():  # aligned views, or copies where the file is not aligned
+        assert t.data_ptr() % t.element_size() == 0, name
+
+
+def test_zero_copy_sharded_model_subset_and_cast(shm_client, bucket, tiny_llama, uploaded_llama):
+    want = reference(tiny_llama)
+    assert_same(load_safetensors(shm_client, bucket, "llama", zero_copy=True), want)
+    names = ["lm_head.weight", "model.norm.weight"]
+    got = load_safetensors(shm_client, bucket, "llama", keys=names, zero_copy=True)
+    assert_same(got, {k: want[k] for k in names})
+    cast = load_safetensors(shm_client, bucket, "llama", keys=names, dtype=torch.float32,
+                            zero_copy=True)
+    assert all(t.dtype == torch.float32 for t in cast.values())
+    assert torch.equal(cast["lm_head.weight"], want["lm_head.weight"].float())
+
+
+def test_zero_copy_tensors_are_mapped_in_and_copy_on_write(shm_client, bucket):
+    big = torch.arange(6 << 20, dtype=torch.float32)  # 24 MiB
+    key = "zero-copy/big.safetensors"
+    from safetensors.torch import save
+    shm_client.put(bucket, key, save({"big": big}))
+    got = load_safetensors(shm_client, bucket, key, zero_copy=True)["big"]
+    assert _resident_bytes(got) >= big.numel() * 4  # every page mapped before return
+    got[:10] = -1.0  # private pages: the stored object is untouched
+    again = load_safetensors(shm_client, bucket, key, zero_copy=True)["big"]
+    assert torch.equal(again, big)
+    # a snapshot: overwriting and deleting the object leaves loaded tensors as they were
+    shm_client.put(bucket, key, save({"big": torch.zeros(4)}))
+    assert torch.equal(again, big)
+    shm_client.delete(bucket, key)
+    assert torch.equal(again, big) and got[10].item() == 10.0
+
+
+def test_zero_copy_refusals(node, shm_client, bucket, uploaded_llama):
+    for kw in ({"device": "meta"}, {"shard": (0, 2, 0)}, {"staging_bytes": 1 << 20}):
+        with pytest.raises(InvalidArgument):
+            load_safetensors(shm_client, bucket, "llama", zero_copy=True, **kw)
+    with Client(node.tcp_url) as tcp, pytest.raises(InvalidArgument, match="shm"):
+        load_safetensors(tcp, bucket, "llama", zero_copy=True)
+    with pytest.raises(NoSuchKey):
+        load_safetensors(shm_client, bucket, "no-such.safetensors", zero_copy=True)
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_zero_copy_hostile_object_raises_typed_error(shm_client, bucket, case):
+    blob, text, tensor = HOSTILE[case]
+    key = f"zero-copy/evil/{case}.safetensors"
+    shm_client.put(bucket, key, blob)
+    with pytest.raises(SafetensorsError) as info:
+        load_safetensors(shm_client, bucket, key, zero_copy=True)
+    assert f"{bucket}/{key}" in str(info.value) and text in str(info.value)
+    assert info.value.tensor == tensor
+
+
+def test_zero_copy_misaligned_tensor_is_copied_aligned(shm_client, bucket):
+    f32 = struct.pack("<2f", 1.5, -2.25)
+    blob = raw({"a": entry("U8", [3], 0, 3), "b": entry("F32", [2], 3, 11)}, b"\x01\x02\x03" + f32)
+    hlen = struct.unpack_from("<Q", blob)[0]
+    assert (8 + hlen + 3) % 4  # "b" starts off its 4-byte alignment in the object
+    key = "zero-copy/misaligned.safetensors"
+    shm_client.put(bucket, key, blob)
+    got = load_safetensors(shm_client, bucket, key, zero_copy=True)
+    assert got["a"].tolist() == [1, 2, 3]
+    assert got["b"].tolist() == [1.5, -2.25] and got["b"].data_ptr() % 4 == 0

@@ -96,6 +96,22 @@ def test_load_pretrained_into_meta_model(url, bucket, stored):
     assert torch.equal(logits(model), logits(reference))
 
 
+def test_load_pretrained_zero_copy_into_meta_model(node, bucket, stored):
+    """zero_copy + assign: two models share the mapped weights; a fine-tuning write
+    to one (copy-on-write) reaches neither the other nor the store."""
+    reference, _ref, _ = stored
+    with empty_weights():
+        a, b = llama(seed=5), llama(seed=6)
+    with Client(node.shm_url) as client:
+        load_pretrained(client, bucket, "llama", a, zero_copy=True)
+        load_pretrained(client, bucket, "llama", b, zero_copy=True)
+    assert torch.equal(logits(a), logits(reference)) and torch.equal(logits(b), logits(reference))
+    with torch.no_grad():
+        a.lm_head.weight.mul_(2)
+    assert not torch.equal(logits(a), logits(reference))
+    assert torch.equal(logits(b), logits(reference))
+
+
 def test_meta_buffers_left_are_an_error(node, bucket, stored):
     with torch.device("meta"):
         model = llama(seed=5)

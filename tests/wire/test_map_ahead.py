@@ -1,6 +1,6 @@
-"""Mapping shared memory in ahead of use: gpufeed._memory.populate and
-Client.map_ahead (pages the node fills are mapped into the client before the
-first touch, and never walked twice)."""
+"""Mapping memory in ahead of use: gpufeed._memory.populate, Client.map_ahead
+(pages the node fills are mapped into the client before the first touch, and
+never walked twice) and Client.map_object (zero-copy maps of stored objects)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from gpufeed._memory import address_of_mmap, populate, populate_range
 from gpufeed.client import Client
 from gpufeed.client._region import address_of
+from gpufeed.errors import InvalidArgument, NoSuchBucket, NoSuchKey
 
 SIZE = 24 << 20
 
@@ -118,3 +119,34 @@ def test_map_ahead_is_a_no_op_over_tcp(node):
     with Client(node.tcp_url) as c:
         buf = c.alloc(SIZE)
         assert c.map_ahead(buf) is None
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_map_object_is_a_private_snapshot(node):
+    data = np.random.default_rng(9).integers(0, 256, SIZE, dtype=np.uint8).tobytes()
+    with Client(node.shm_url) as c:
+        c.create_bucket("map-object")
+        c.put("map-object", "obj", data)
+        fds = _open_fds()
+        view = c.map_object("map-object", "obj")
+        assert _open_fds() == fds  # the descriptor is closed once mapped
+        assert len(view) == SIZE and bytes(view) == data
+        assert _rss_bytes(address_of(view)[0]) >= SIZE  # populated before return
+        lazy = c.map_object("map-object", "obj", populate=False)
+        assert _rss_bytes(address_of(lazy)[0]) < SIZE // 2 and bytes(lazy) == data
+        view[:4] = b"\0\0\0\0"  # copy-on-write: the object is unchanged
+        assert bytes(c.get("map-object", "obj")[:4]) == data[:4]
+        c.put("map-object", "obj", b"replaced")
+        c.delete("map-object", "obj")
+        assert bytes(lazy) == data and bytes(view[4:]) == data[4:]
+        c.put("map-object", "empty", b"")
+        assert len(c.map_object("map-object", "empty")) == 0
+        with pytest.raises(NoSuchKey):
+            c.map_object("map-object", "obj")
+        with pytest.raises(NoSuchBucket):
+            c.map_object("no-such-bucket", "obj")
+    with Client(node.tcp_url) as c, pytest.raises(InvalidArgument, match="shm"):
+        c.map_object("map-object", "empty")

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ..client import Client, ReadRequest
+from ..client._region import address_of
 from ..errors import InvalidArgument, NoSuchKey
 from ._safetensors import (
     HEADER_PREFIX_BYTES,
@@ -644,7 +645,8 @@ def load_safetensors(client: Client, bucket: str, key: str | Sequence[str], *,
                      device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                      progress: bool | None = None, staging_bytes: int | None = None,
                      strided: str = "auto", chunk_bytes: int = 16 << 20, batch_bytes: int = 64 << 20,
-                     max_inflight_bytes: int = 256 << 20) -> dict[str, torch.Tensor]:
+                     max_inflight_bytes: int = 256 << 20, zero_copy: bool = False
+                     ) -> dict[str, torch.Tensor]:
     """Load safetensors object(s) from a gpufeed node into tensors.
 
     On the CPU, every selected tensor lands in one buffer from
@@ -694,6 +696,16 @@ def load_safetensors(client: Client, bucket: str, key: str | Sequence[str], *,
         chunk_bytes: largest single read, bytes (default 16 MiB).
         batch_bytes: bytes per batched request (default 64 MiB).
         max_inflight_bytes: bytes requested but not yet read (default 256 MiB).
+        zero_copy: ``gpufeed+shm://`` and ``device="cpu"`` only: map each shard
+            (:meth:`Client.map_object`) instead of copying it, and return
+            tensors that view the mapping, every page mapped in before return.
+            Nothing is copied, and processes loading the same model share its
+            pages (the node's page cache). Tensors are writable copy-on-write
+            (writes never reach the store). They are not anonymous memory:
+            under memory pressure the kernel may drop their clean pages and
+            read them back from disk later. A tensor whose offset in the file is
+            not a multiple of its element size is copied. ``dtype`` casts copy
+            as usual; ``shard=`` and ``staging_bytes`` are refused.
 
     Returns:
         Tensor name -> tensor (shape and dtype from the header, or the
@@ -720,8 +732,18 @@ def load_safetensors(client: Client, bucket: str, key: str | Sequence[str], *,
                               "must be > 0")
     dev = _check_device(device)
     shard = _check_shard(shard) if shard is not None else None
+    if zero_copy:
+        if dev.type != "cpu" or shard is not None or staging_bytes is not None:
+            raise InvalidArgument("zero_copy=True maps whole tensors into CPU memory: it takes no "
+                                  "device other than 'cpu', no shard= and no staging_bytes")
+        if client.transport != "shm":
+            raise InvalidArgument("zero_copy=True needs a gpufeed+shm:// client")
     shard_keys, weight_map = find_safetensors(client, bucket, key)
-    headers = read_headers(client, bucket, shard_keys)
+    if zero_copy:
+        maps = [client.map_object(bucket, k, populate=False) for k in shard_keys]
+        headers = [_mapped_header(bucket, k, m) for k, m in zip(shard_keys, maps)]
+    else:
+        headers = read_headers(client, bucket, shard_keys)
     _check_names(bucket, shard_keys, headers, weight_map)
     names = keys if keys is not None else tensors
     wanted = None
@@ -730,10 +752,54 @@ def load_safetensors(client: Client, bucket: str, key: str | Sequence[str], *,
         missing = wanted - {t.name for h in headers for t in h.tensors}
         if missing:
             raise InvalidArgument(f"tensors not in {_join(bucket, str(key))}: {sorted(missing)}")
+    if zero_copy:
+        return _load_mapped(maps, headers, wanted, dtype)
     return _load_planned(client, bucket, shard_keys, headers, wanted, shard, dev, dtype,
                          progress=progress, staging_bytes=staging_bytes, strided=strided,
                          chunk_bytes=chunk_bytes,
                          batch_bytes=batch_bytes, max_inflight_bytes=max_inflight_bytes)
+
+
+def _mapped_header(bucket: str, key: str, view: memoryview) -> SafetensorsHeader:
+    """The header of a mapped shard, parsed from the mapping (the version mapped)."""
+    name = _join(bucket, key)
+    n = header_length(name, view[:HEADER_PREFIX_BYTES], len(view))
+    return parse_header(name, view[:HEADER_PREFIX_BYTES + n], len(view))
+
+
+def _load_mapped(maps: Sequence[memoryview], headers: Sequence[SafetensorsHeader],
+                 wanted: set[str] | None, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Tensors viewing mapped shards (zero_copy=True), their pages mapped in first."""
+    from .._memory import prefetch_range
+
+    out: dict[str, torch.Tensor] = {}
+    for view, h in zip(maps, headers):
+        chosen = [t for t in h.tensors if wanted is None or t.name in wanted]
+        spans: list[list[int]] = []  # byte ranges to map in, adjacent tensors merged
+        for t in sorted(chosen, key=lambda t: t.begin):
+            lo, hi = h.data_start + t.begin, h.data_start + t.end
+            if hi <= lo:
+                continue
+            if spans and lo <= spans[-1][1]:
+                spans[-1][1] = max(spans[-1][1], hi)
+            else:
+                spans.append([lo, hi])
+        base = address_of(view)[0] if len(view) else 0
+        for lo, hi in spans:
+            prefetch_range(base + lo, hi - lo)
+        for t in chosen:
+            if t.nbytes == 0:
+                x = torch.empty(t.shape, dtype=t.torch_dtype)
+            else:
+                raw = torch.frombuffer(view, dtype=torch.uint8, count=t.nbytes,
+                                       offset=h.data_start + t.begin)
+                if (h.data_start + t.begin) % t.torch_dtype.itemsize:
+                    raw = raw.clone()  # misaligned for its dtype: a copy is aligned
+                x = raw.view(t.torch_dtype).reshape(t.shape)
+            if dtype is not None and x.is_floating_point() and x.dtype != dtype:
+                x = x.to(dtype)
+            out[t.name] = x
+    return out
 
 
 def _check_device(device: str | torch.device) -> torch.device:

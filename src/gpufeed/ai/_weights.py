@@ -187,7 +187,9 @@ def load_pretrained(client_or_url: Client | str, bucket: str, prefix: str | Sequ
         shard: ``(rank, world_size, dim)`` as for :func:`load_safetensors`
             (the model's parameters must then have the slices' shapes).
         **kwargs: ``progress``, ``staging_bytes``, ``strided``,
-            ``chunk_bytes``, ``batch_bytes``, ``max_inflight_bytes``.
+            ``chunk_bytes``, ``batch_bytes``, ``max_inflight_bytes``,
+            ``zero_copy`` (with ``assign=True`` the parameters then view the
+            node's page cache, shared by every process that loads the model).
 
     Returns:
         ``model``, loaded (tied weights re-tied with ``model.tie_weights()``

@@ -31,10 +31,11 @@ import numpy as np
 
 import msgspec
 
-from .._memory import populate_range
+from .._memory import map_file_private, populate_range, prefetch_range
 from ..config import host_memory_bytes
 from ..errors import (
     GpufeedError,
+    InternalError,
     InvalidArgument,
     InvalidRange,
     ProtocolError,
@@ -536,6 +537,65 @@ class Client:
         _check(bucket, key)
         return self._call(p.Op.HEAD, p.Head(bucket, key))
 
+    def map_object(self, bucket: str, key: str, *, populate: bool = True) -> memoryview:
+        """Map an object's stored bytes into this process: zero-copy, shm only.
+
+        The node sends the current version's data file (opened read-only, with
+        ``SCM_RIGHTS``) and this process maps it ``MAP_PRIVATE``: the view's
+        pages *are* the node's page cache, so nothing is copied and processes
+        that map the same object share one copy of it in memory. Writes to the
+        view are copy-on-write: they change this process's pages only, never
+        the stored object.
+
+        The view is a snapshot of that version: a later overwrite (a new file)
+        or delete (an unlink) does not change it; a deleted version's disk
+        space is freed when the last mapping goes. The pages stay page cache:
+        under memory pressure the kernel may drop clean ones and read them back
+        from disk on the next touch (a copy from :meth:`get_into` into
+        :meth:`alloc` memory never goes back to disk). Objects are not
+        verified against their checksums on this path (reads of page-cached
+        bytes, like ``get_into``).
+
+        Args:
+            bucket, key: the object.
+            populate: map every page in now (``MADV_POPULATE_READ`` on up to 8
+                threads, GIL released; pages not yet cached are read from disk,
+                with readahead started first), so first touches take no page
+                faults. ``False``: pages are mapped as they are touched.
+
+        Returns:
+            A writable byte ``memoryview`` of ``size`` bytes; the mapping goes
+            when the last view of it (tensors made from it too) is gone, and no
+            file descriptor is held meanwhile. An empty object gives an empty
+            view.
+
+        Raises:
+            InvalidArgument: not the shm transport (``gpufeed+shm://``), a
+                node without the MAP operation, or the mapping failed (address
+                space or ``vm.max_map_count``).
+            NoSuchBucket, NoSuchKey: nothing there.
+            InternalError: the data file is shorter than the object.
+            TransportError: the node went away.
+        """
+        _check(bucket, key)
+        if self.transport != "shm" or "map" not in self._features:
+            raise InvalidArgument("map_object needs gpufeed+shm:// to a node that supports MAP")
+        reply, fd = self._conn().call(p.Op.MAP, p.Head(bucket, key))
+        try:
+            if reply.size == 0:
+                return memoryview(bytearray(0))
+            if os.fstat(fd).st_size < reply.size:
+                raise InternalError(f"{bucket}/{key}: data file is shorter than the object "
+                                    f"({reply.size} bytes)")
+            view = map_file_private(fd, reply.size)
+        except OSError as exc:
+            raise InvalidArgument(f"cannot map {bucket}/{key} ({reply.size} bytes): {exc}") from exc
+        finally:
+            os.close(fd)
+        if populate:
+            prefetch_range(address_of(view)[0], reply.size)
+        return view
+
     def submit_put(self, bucket: str, key: str, data, *, content_type: str | None = None,
                    metadata: dict[str, str] | None = None) -> Future:
         """Start a put; the Future resolves to the new :class:`ObjectMeta`.
@@ -1035,6 +1095,9 @@ class AsyncClient:
     @classmethod
     async def connect(cls, url: str, **kw) -> "AsyncClient":
         return cls(await asyncio.to_thread(Client, url, **kw))
+
+    async def map_object(self, bucket: str, key: str, **kw) -> memoryview:
+        return await asyncio.to_thread(self.sync.map_object, bucket, key, **kw)
 
     async def head(self, bucket: str, key: str) -> ObjectMeta:
         return await asyncio.wrap_future(self.sync._conn().request(p.Op.HEAD, p.Head(bucket, key)))

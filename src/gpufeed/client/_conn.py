@@ -187,9 +187,10 @@ class Connection:
                 except ProtocolError as exc:
                     pend.future.set_exception(exc)
                     raise
-                if isinstance(reply, p.AllocRegionReply):  # its memfd came with the frame
+                if isinstance(reply, (p.AllocRegionReply, p.MapReply)):  # an fd came with it
                     if not self._fds_in:
-                        exc = ProtocolError("ALLOC_REGION reply arrived without a descriptor")
+                        exc = ProtocolError(f"{p.Op(op & ~p.REPLY).name} reply arrived without "
+                                            f"a descriptor")
                         pend.future.set_exception(exc)
                         raise exc
                     pend.future.set_result((reply, self._fds_in.pop(0)))

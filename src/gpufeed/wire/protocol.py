@@ -64,6 +64,7 @@ class Op(IntEnum):
     LIST_BUCKETS = 17
     DELETE_BUCKET = 18
     BUCKET_STATS = 19
+    MAP = 20  # shm only: the object's read-only data file travels with the reply (SCM_RIGHTS)
 
 
 # --- metadata structs (msgpack arrays, field order is the wire order) -----------
@@ -117,6 +118,15 @@ class AllocRegionReply(msgspec.Struct, array_like=True, frozen=True):
 class Head(msgspec.Struct, array_like=True, frozen=True):
     bucket: str
     key: str
+
+
+class MapReply(msgspec.Struct, array_like=True, frozen=True):
+    """MAP's reply: the version whose data file came with the frame (opened
+    read-only): ``size`` bytes (the file's first ``size`` bytes are the object),
+    ``etag`` (no quotes)."""
+
+    size: int
+    etag: str
 
 
 class Get(msgspec.Struct, array_like=True, frozen=True):
@@ -261,13 +271,14 @@ REQUEST_TYPES: dict[int, type] = {
     Op.GET: Get, Op.GETV: GetV, Op.PUT: Put, Op.DELETE: Delete, Op.LIST: List,
     Op.CREATE_BUCKET: BucketReq, Op.LIST_BUCKETS: Empty, Op.DELETE_BUCKET: BucketReq,
     Op.BUCKET_STATS: BucketReq, Op.ALLOC_REGION: AllocRegion, Op.FORKED: Empty,
+    Op.MAP: Head,
 }
 REPLY_TYPES: dict[int, type] = {
     Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
     Op.GET: GetReply, Op.GETV: GetVReply, Op.PUT: ObjectMeta, Op.DELETE: Empty,
     Op.LIST: ListReply, Op.CREATE_BUCKET: Empty, Op.LIST_BUCKETS: BucketsReply,
     Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats, Op.ALLOC_REGION: AllocRegionReply,
-    Op.FORKED: Empty,
+    Op.FORKED: Empty, Op.MAP: MapReply,
 }
 
 _encoder = msgspec.msgpack.Encoder()

@@ -564,6 +564,7 @@ class WireServer:
             p.Op.LIST_BUCKETS: self._list_buckets,
             p.Op.DELETE_BUCKET: self._delete_bucket,
             p.Op.BUCKET_STATS: self._bucket_stats,
+            p.Op.MAP: self._map,
         }
 
     # --- lifecycle ---------------------------------------------------------------
@@ -687,7 +688,7 @@ class WireServer:
 
     # --- handlers (run inline or on the pool) -------------------------------------
     def _hello(self, conn: _Conn, rid: int, req: p.Hello) -> None:
-        features = ["alloc_region"] if conn.transport == "shm" else []
+        features = ["alloc_region", "map"] if conn.transport == "shm" else []
         conn.reply(p.Op.HELLO, rid, p.HelloReply(f"gpufeed/{__version__}", p.VERSION, conn.transport,
                                                  features))
 
@@ -936,6 +937,22 @@ class WireServer:
         if cache is not None:
             cache[(bucket, key)] = (info, ent)
         return info, ent
+
+    def _map(self, conn: _Conn, rid: int, req: p.Head) -> None:
+        """Send the current version's data file, read-only, for the client to map
+        (zero-copy: its pages are the page cache's). Blob files are immutable and
+        never truncated (a new version is a new file), so a mapping of one stays
+        valid and unchanged, after overwrites and deletes too."""
+        if conn.transport != "shm":
+            raise InvalidArgument("MAP needs the shm transport (a descriptor cannot cross TCP)")
+        info, fd = self.engine.open_object(req.bucket, req.key)
+        try:
+            meta = p.encode(p.MapReply(info.size, info.etag))
+            frame = p.pack_header(p.Op.MAP | p.REPLY, len(meta), rid, 0) + meta
+            with conn.send_lock:
+                socket.send_fds(conn.sock, [frame], [fd])
+        finally:
+            os.close(fd)
 
     def _get(self, conn: _Conn, rid: int, req: p.Get) -> None:
         info, ent = self._open(req.bucket, req.key)
