@@ -307,3 +307,77 @@ def test_shm_transport_round_trip(node):
     ck.save(sd, url, async_=False).result()
     back = ck.load(url)
     assert all(torch.equal(back[k], v) for k, v in sd.items())
+
+
+# --- fixes from a fresh-user trial ----------------------------------------------------------
+def test_pooled_client_survives_a_node_restart(tmp_path):
+    """URL-based calls share one pooled client per node: a lost connection must not
+    fail every later call of the process."""
+    from gpufeed.testing.node import start_node
+
+    node = start_node(tmp_path / "data")
+    url = f"{node.shm_url}/{BUCKET}/restart"
+    try:
+        with Client(node.shm_url) as c:
+            c.create_bucket(BUCKET)
+        ck.save({"w": torch.arange(4.0)}, url, async_=False)
+        node.stop()
+        node = start_node(tmp_path / "data")  # same socket path: the same URL
+        assert node.shm_url in url
+        ck.save({"w": torch.arange(5.0)}, url, async_=False)
+        assert torch.equal(ck.load(url)["w"], torch.arange(5.0))
+        assert ck.checkpoints(url).steps() == [0, 1]
+    finally:
+        node.stop()
+
+
+def test_keep_last_right_after_an_async_save_keeps_the_new_step_whole(url):
+    a, b = torch.full((1000,), 1.0), torch.full((1000,), 2.0)
+    ck.save({"flag": a}, url, async_=False)  # step 0 holds A's chunk
+    ck.save({"flag": b}, url, async_=False)  # step 1
+    for _ in range(3):
+        fut = ck.save({"flag": a}, url)  # skips A's chunk: step 0 has it
+        ck.checkpoints(url).keep_last(1)  # waits for the save, then deletes older steps
+        step = fut.result().step
+        assert torch.equal(ck.load(url, step=step)["flag"], a)
+        ck.save({"flag": b}, url, async_=False)
+        ck.save({"flag": a}, url, async_=False)
+
+
+def test_async_save_in_a_forked_child(url):
+    import multiprocessing
+
+    ck.save({"w": torch.ones(3)}, url).result()  # the parent's save thread exists now
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+
+    def child() -> None:
+        try:
+            q.put(ck.save({"w": torch.zeros(3)}, url).result(timeout=30).step)
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            q.put(repr(exc))
+
+    p = ctx.Process(target=child)
+    p.start()
+    try:
+        got = q.get(timeout=60)
+    finally:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+    assert got == 1, got
+    assert torch.equal(ck.load(url)["w"], torch.zeros(3))
+
+
+@pytest.mark.parametrize("step", [-5, True, 1.5, "3"])
+def test_bad_steps_are_refused(url, step):
+    from gpufeed.ai import dcp
+
+    with pytest.raises(InvalidArgument, match="step"):
+        ck.save({"w": torch.ones(1)}, url, step=step, async_=False)
+    with pytest.raises(InvalidArgument, match="step"):
+        dcp.Writer(url, step=step)
+    with pytest.raises(InvalidArgument, match="step"):
+        dcp.Reader(url, step=step)
+    with pytest.raises(InvalidArgument, match="step"):
+        ck.load(url, step=step)

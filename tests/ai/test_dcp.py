@@ -237,3 +237,23 @@ def test_a_rank_dying_mid_save_leaves_the_previous_step_latest(url, tmp_path):
     with Client(parse_checkpoint_url(url).node_url) as c:
         left = {e.key.rsplit("/", 1)[-1] for e in c.list(loc.bucket, prefix=loc.key("chunks/"))}
     assert left == {ch.hash for e in cps.manifest(1).entries for ch in e.chunks}
+
+
+def test_ranks_that_resolved_different_latest_steps_are_refused(url):
+    """Each rank finds "latest" on its own; the coordinator refuses a load whose
+    ranks saw different steps (a save committed between their reads)."""
+    from torch.distributed.checkpoint.planner import LoadPlan
+
+    from gpufeed.ai.checkpoint import CheckpointError
+
+    for step in (0, 1):
+        dcp.save({"x": torch.full((4,), float(step))}, storage_writer=Writer(url), no_dist=True)
+    early, late = Reader(url, step=0), Reader(url)
+    early.read_metadata()
+    late.read_metadata()
+    plans = [early.prepare_local_plan(LoadPlan([])), late.prepare_local_plan(LoadPlan([]))]
+    assert [p.storage_data for p in plans] == [0, 1]
+    with pytest.raises(CheckpointError, match="different steps"):
+        late.prepare_global_plan(plans)
+    same = [late.prepare_local_plan(LoadPlan([]))] * 2
+    assert late.prepare_global_plan(same) == same

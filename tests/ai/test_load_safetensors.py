@@ -358,3 +358,12 @@ def test_zero_copy_misaligned_tensor_is_copied_aligned(shm_client, bucket):
     got = load_safetensors(shm_client, bucket, key, zero_copy=True)
     assert got["a"].tolist() == [1, 2, 3]
     assert got["b"].tolist() == [1.5, -2.25] and got["b"].data_ptr() % 4 == 0
+
+
+def test_empty_index_and_string_dtype_are_typed_errors(shm_client, bucket, uploaded_llama):
+    shm_client.put(bucket, "empty-index/model.safetensors.index.json",
+                   json.dumps({"metadata": {}, "weight_map": {}}).encode())
+    with pytest.raises(SafetensorsError, match="empty"):
+        load_safetensors(shm_client, bucket, "empty-index")
+    with pytest.raises(InvalidArgument, match="torch.dtype"):
+        load_safetensors(shm_client, bucket, "llama", dtype="float16")

@@ -158,6 +158,8 @@ def _read_index(client: Client, bucket: str, key: str) -> tuple[list[str], dict[
     if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
         raise SafetensorsError(name, "the index has no weight_map of tensor name -> file name")
+    if not weight_map:
+        raise SafetensorsError(name, "the index's weight_map is empty: it names no tensors")
     folder = _folder(key)
     shards = list(dict.fromkeys(folder + f for f in weight_map.values()))
     return shards, {t: folder + f for t, f in weight_map.items()}
@@ -731,6 +733,8 @@ def load_safetensors(client: Client, bucket: str, key: str | Sequence[str], *,
         raise InvalidArgument("chunk_bytes, batch_bytes, max_inflight_bytes and staging_bytes "
                               "must be > 0")
     dev = _check_device(device)
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise InvalidArgument(f"dtype must be a torch.dtype (e.g. torch.bfloat16), not {dtype!r}")
     shard = _check_shard(shard) if shard is not None else None
     if zero_copy:
         if dev.type != "cpu" or shard is not None or staging_bytes is not None:

@@ -36,7 +36,7 @@ import pickle
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -193,11 +193,23 @@ _clients: dict[tuple[int, str], Client] = {}
 _clients_lock = threading.Lock()
 
 
+def _check_step(step: object) -> None:
+    """``None`` or an int >= 0 (not a bool), else ``InvalidArgument``."""
+    if step is not None and (type(step) is not int or step < 0):
+        raise InvalidArgument(f"step must be an int >= 0 (or None for the next/latest), not {step!r}")
+
+
 def _client_for(node_url: str) -> Client:
-    """One pooled :class:`Client` per node URL and process (safe across fork)."""
+    """One pooled :class:`Client` per node URL and process (safe across fork).
+
+    A pooled client that lost a connection (node restarted, a request timed out
+    while the node was stopped) is closed and replaced, so one failure does not
+    fail every later save and load of the process."""
     k = (os.getpid(), node_url)
     with _clients_lock:
         c = _clients.get(k)
+        if c is not None and not c._closed and c._lost_connection():
+            c.close()  # its buffers stay valid; its requests already failed
         if c is None or c._closed:
             c = _clients[k] = Client(node_url)
         return c
@@ -537,7 +549,9 @@ class Checkpoints:
         Raises:
             CheckpointNotFound: no such committed step.
             CorruptCheckpoint: the manifest's size or hash differs from the commit.
+            InvalidArgument: ``step`` is not an int >= 0.
         """
+        _check_step(step)
         if step is None:
             step = self.latest()
             if step is None:
@@ -592,6 +606,7 @@ class Checkpoints:
         Raises:
             CheckpointNotFound: no such committed step.
         """
+        _wait_for_saves(self.loc)
         man = self.manifest(step)
         keep = self._referenced(exclude=step)
         self.client.delete(self.loc.bucket, self.loc.step_key(step, "commit"))
@@ -612,6 +627,7 @@ class Checkpoints:
         """
         if type(n) is not int or n < 1:
             raise InvalidArgument(f"keep_last needs n >= 1, got {n!r}")
+        _wait_for_saves(self.loc)
         steps = self.steps()
         gone = steps[: max(0, len(steps) - n)]
         for s in gone:
@@ -620,7 +636,12 @@ class Checkpoints:
 
     def gc(self) -> int:
         """Remove chunks no committed step references and objects of uncommitted
-        steps (left by crashed saves). Returns bytes freed."""
+        steps (left by crashed saves). Returns bytes freed.
+
+        Waits for this process's async saves to the same location first; saves
+        from other processes MUST NOT run meanwhile (their chunks are not yet
+        referenced by any committed step)."""
+        _wait_for_saves(self.loc)
         keep = self._referenced()
         committed = set(self.steps())
         freed = 0
@@ -737,6 +758,49 @@ _staging: dict[tuple[str, str, str], tuple[dict, Future]] = {}
 _staging_lock = threading.Lock()
 
 
+#: Async plain saves of this process not yet done, per location ``(node_url, bucket, prefix)``:
+#: deletes there wait for them (a save skips chunks already stored, so deleting a step
+#: while it runs could remove a chunk the new step is about to commit).
+_inflight: dict[tuple[str, str, str], set[Future]] = {}
+_inflight_lock = threading.Lock()
+
+
+def _track(key: tuple[str, str, str], fut: Future) -> None:
+    with _inflight_lock:
+        _inflight.setdefault(key, set()).add(fut)
+
+    def done(f: Future) -> None:
+        with _inflight_lock:
+            pending = _inflight.get(key)
+            if pending is not None:
+                pending.discard(f)
+                if not pending:
+                    _inflight.pop(key, None)
+    fut.add_done_callback(done)
+
+
+def _wait_for_saves(loc: Location) -> None:
+    """Block until this process's async saves to ``loc`` are done (their errors stay
+    in their Futures)."""
+    if threading.current_thread().name.startswith("gpufeed-save"):
+        return  # called from a save itself: waiting would deadlock
+    with _inflight_lock:
+        pending = list(_inflight.get((loc.node_url, loc.bucket, loc.prefix), ()))
+    if pending:
+        wait(pending)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child inherits the save thread's queue but not the thread."""
+    global _save_pool
+    _save_pool = None
+    _inflight.clear()
+    _staging.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _background() -> ThreadPoolExecutor:
     """One thread: plain saves of a process commit in the order they were asked."""
     global _save_pool
@@ -825,8 +889,7 @@ def save(state_dict, url: str | Location, *, step: int | None = None, async_: bo
 
     from .dcp import Writer
 
-    if step is not None and step < 0:
-        raise InvalidArgument("step must be >= 0")
+    _check_step(step)
     flat, skeleton = _flatten(state_dict)
     writer = Writer(url, step=step, client=client, chunk_bytes=chunk_bytes, overwrite=overwrite)
     staged = None
@@ -851,6 +914,7 @@ def save(state_dict, url: str | Location, *, step: int | None = None, async_: bo
 
     if async_:
         fut = _background().submit(run)
+        _track((writer.loc.node_url, writer.loc.bucket, writer.loc.prefix), fut)
         if reuse_staging:
             with _staging_lock:
                 _staging[(writer.loc.node_url, writer.loc.bucket, writer.loc.prefix)] = (staged, fut)

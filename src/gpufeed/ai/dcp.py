@@ -24,6 +24,7 @@ Source followed: ``torch/distributed/checkpoint/storage.py`` and
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import io
 import os
 import pickle
@@ -55,12 +56,14 @@ from .checkpoint import (
     DEFAULT_WORKERS,
     FORMAT,
     FORMAT_VERSION,
+    CheckpointError,
     Checkpoints,
     Chunk,
     CorruptCheckpoint,
     Entry,
     Location,
     Manifest,
+    _check_step,
     _dtype,
     _dtype_name,
     _open,
@@ -82,7 +85,8 @@ def _checkpoint_id(checkpoint_id, loc: Location | None) -> tuple[Location | None
     """``reset(checkpoint_id)``: an int (or digits) names the step; a URL the location."""
     if checkpoint_id is None:
         return loc, None
-    if isinstance(checkpoint_id, int) or (isinstance(checkpoint_id, str) and checkpoint_id.isdigit()):
+    if type(checkpoint_id) is int or (isinstance(checkpoint_id, str) and checkpoint_id.isdigit()):
+        _check_step(int(checkpoint_id))
         return loc, int(checkpoint_id)
     if isinstance(checkpoint_id, str) and checkpoint_id.startswith("gpufeed+"):
         return parse_checkpoint_url(checkpoint_id), None
@@ -167,6 +171,7 @@ class Writer(_Located, StorageWriter, AsyncStager):
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, workers: int = DEFAULT_WORKERS,
                  overwrite: bool = True, cache_staged_state_dict: bool = True,
                  background_staging: bool = False) -> None:
+        _check_step(step)
         self.loc = url if isinstance(url, Location) else parse_checkpoint_url(url, bucket=bucket, prefix=prefix)
         self._client = client
         self.step = step
@@ -405,6 +410,7 @@ class Reader(_Located, StorageReader):
 
     def __init__(self, url: str | Location, *, step: int | None = None, client: Client | None = None,
                  bucket: str | None = None, prefix: str | None = None, verify: bool = True) -> None:
+        _check_step(step)
         self.loc = url if isinstance(url, Location) else parse_checkpoint_url(url, bucket=bucket, prefix=prefix)
         self._client = client
         self.step = step
@@ -442,9 +448,18 @@ class Reader(_Located, StorageReader):
         self.storage_data = metadata.storage_data
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        return plan
+        # the step this rank resolved, for the coordinator to compare: with the
+        # default step each rank finds "latest" itself, and a save that commits
+        # between two ranks' reads would otherwise mix two steps in one load
+        step = self.manifest.step if self.manifest is not None else None
+        return dataclasses.replace(plan, storage_data=step)
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        steps = {p.storage_data for p in plans}
+        if len(steps) > 1:
+            raise CheckpointError(f"{self.loc}: ranks resolved different steps {sorted(steps)} "
+                                  f"(a save committed during the load); load again, or pass "
+                                  f"step= (or checkpoint_id=) to pin one")
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
