@@ -267,8 +267,8 @@ def bench_checkpoint(size, versions, lora_rank, repeat, json_path, paths, data_d
 @click.option("--workdir", type=click.Path(file_okay=False), default=".gpufeed-demo",
               help="The demo's work folder (model cached there; node data in a temp folder inside).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
-@click.option("--paths", default=None, help="Comma-separated subset of shm,tcp,s3,local_load_file,"
-              "local_load_file_lazy,runai,runai_s3,fastsafetensors,readinto.")
+@click.option("--paths", default=None, help="Comma-separated subset of shm,shm_map,tcp,s3,"
+              "local_load_file,local_load_file_lazy,runai,runai_s3,fastsafetensors,readinto.")
 @click.option("--repeat", type=int, default=3, help="Warm runs per path (best is kept).")
 @click.option("--cold-repeat", type=int, default=2, help="Cold runs per path (pages dropped before each).")
 @click.option("--no-cold", is_flag=True, help="Skip the cold rows.")

@@ -369,7 +369,7 @@ def test_async_save_in_a_forked_child(url):
     assert torch.equal(ck.load(url)["w"], torch.zeros(3))
 
 
-@pytest.mark.parametrize("step", [-5, True, 1.5, "3"])
+@pytest.mark.parametrize("step", [-5, True, 1.5, "3", 2**70])
 def test_bad_steps_are_refused(url, step):
     from gpufeed.ai import dcp
 
@@ -381,3 +381,11 @@ def test_bad_steps_are_refused(url, step):
         dcp.Reader(url, step=step)
     with pytest.raises(InvalidArgument, match="step"):
         ck.load(url, step=step)
+
+
+def test_load_reads_this_process_async_saves_and_delete_needs_a_step(url):
+    fut = ck.save({"w": torch.arange(3.0)}, url, step=100)  # the README's example
+    assert torch.equal(ck.load(url)["w"], torch.arange(3.0))  # waits for the save
+    assert fut.done() and fut.result().step == 100
+    with pytest.raises(InvalidArgument, match="step"):
+        ck.checkpoints(url).delete(None)

@@ -193,10 +193,18 @@ _clients: dict[tuple[int, str], Client] = {}
 _clients_lock = threading.Lock()
 
 
-def _check_step(step: object) -> None:
-    """``None`` or an int >= 0 (not a bool), else ``InvalidArgument``."""
-    if step is not None and (type(step) is not int or step < 0):
-        raise InvalidArgument(f"step must be an int >= 0 (or None for the next/latest), not {step!r}")
+#: Steps are stored as msgpack ints and in 20-digit keys: 0 <= step < 2**63.
+MAX_STEP = (1 << 63) - 1
+
+
+def _check_step(step: object, *, none: bool = True) -> None:
+    """``None`` (when allowed) or an int in ``[0, MAX_STEP]`` (not a bool), else
+    ``InvalidArgument``."""
+    if step is None and none:
+        return
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        raise InvalidArgument(f"step must be an int in [0, 2**63)"
+                              f"{' (or None for the next/latest)' if none else ''}, not {step!r}")
 
 
 def _client_for(node_url: str) -> Client:
@@ -605,7 +613,9 @@ class Checkpoints:
 
         Raises:
             CheckpointNotFound: no such committed step.
+            InvalidArgument: ``step`` is not an int in ``[0, 2**63)``.
         """
+        _check_step(step, none=False)
         _wait_for_saves(self.loc)
         man = self.manifest(step)
         keep = self._referenced(exclude=step)
@@ -942,7 +952,8 @@ def load(url: str | Location, *, step: int | None = None, device="cpu", client: 
 
     Args:
         url: checkpoint URL.
-        step: the step; default the latest committed one.
+        step: the step; default the latest committed one. This process's async
+            saves to the same location are waited for first (read your writes).
         device: where tensors go (``"cpu"``, ``"cuda:0"``); read on CPU, then moved.
         client: an open :class:`Client` to use.
         verify: check every chunk's BLAKE3 (sizes are always checked).
@@ -959,6 +970,8 @@ def load(url: str | Location, *, step: int | None = None, device="cpu", client: 
     import torch
 
     ck = Checkpoints(url, client=client)
+    _check_step(step)
+    _wait_for_saves(ck.loc)  # read your own writes: this process's async saves land first
     man = ck.manifest(step)
     tensors, objects = read_entries(ck.client, ck.loc, man.entries, verify=verify)
     if device is not None and torch.device(device).type != "cpu":

@@ -479,7 +479,8 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
     targets += _fresh_targets(first)
 
     table = Table(title=f"gpufeed bench model: {nbytes / 1e9:.2f} GB bf16 Llama, {len(files)} "
-                        f"shards (warm best of {repeat}, cold best of {cold_repeat})")
+                        f"shards (warm best of {repeat}"
+                        + (f", cold best of {cold_repeat})" if cold else ")"))
     for col in ("path", "cache", "seconds", "GB/s", "CPU s/GB", "identical"):
         table.add_column(col, justify="left" if col in ("path", "cache") else "right")
     for r in rows:
@@ -503,7 +504,10 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
         say(f"note: {n}", soft_wrap=True)
     report = {
         "benchmark": "model",
-        "command": f"gpufeed bench model --size {size}" + ("" if cold else " --no-cold"),
+        "command": f"gpufeed bench model --size {size} --repeat {repeat}"
+                   + (f" --cold-repeat {cold_repeat}" if cold else " --no-cold")
+                   + f" --first-loads {first_loads}"
+                   + (f" --paths {','.join(paths)}" if set(paths) != set(PATHS) else ""),
         "machine": {**machine_info(), **_peer_versions()},
         "model": {"architecture": "LlamaForCausalLM", "size": size, "dtype": "bfloat16",
                   "config": spec["config"], "tensors": ntensors, "bytes": nbytes,
