@@ -290,7 +290,7 @@ def bench_model(size, workdir, json_path, paths, repeat, cold_repeat, no_cold, f
               help="Where the model files and node data go.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
 def demo(size, workdir, json_path) -> None:
-    """Build a Llama model, store it in gpufeed, load it four ways and compare."""
+    """Build a Llama model, store it in gpufeed, load it every way and compare."""
     from .bench.demo import run_demo
 
     run_demo(size=size, workdir=workdir, json_path=json_path)

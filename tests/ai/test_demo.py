@@ -18,7 +18,8 @@ def test_small_demo_end_to_end(tmp_path):
                       repeat=1, console=Console(file=out, width=120))
     assert json.loads((tmp_path / "demo.json").read_text()) == json.loads(json.dumps(report))
     paths = [r["path"] for r in report["results"]]
-    assert paths == ["shm", "tcp", "s3", "local_load_file", "readinto"]
+    assert paths == ["shm", "tcp", "shm_map", "s3", "local_load_file", "readinto"]
+    assert {t["target"] for t in report["targets"]} >= {"shm zero-copy vs local load_file"}
     for r in report["results"]:
         assert r["seconds"] > 0 and r["gbps"] > 0 and r["cpu_s_per_gb"] >= 0
         assert r["verified"] in (True, None)
