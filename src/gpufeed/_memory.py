@@ -25,7 +25,9 @@ import os
 import threading
 import weakref
 
-__all__ = ["populate", "populate_range", "map_file_private", "prefetch_range", "address_of_mmap"]
+import numpy as np
+
+__all__ = ["address_of", "populate", "populate_range", "map_file_private", "prefetch_range"]
 
 #: ``MADV_POPULATE_READ`` / ``MADV_POPULATE_WRITE`` from ``<sys/mman.h>`` (Linux 5.14+).
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
@@ -50,9 +52,10 @@ except (OSError, AttributeError):  # not glibc/musl: fall back to faults on firs
     _madvise = _mmap = _munmap = None
 
 
-def address_of_mmap(mm: mmap.mmap) -> int:
-    """Base address of a writable ``mmap`` in this process."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(mm))
+def address_of(buf) -> tuple[int, int]:
+    """``(address, nbytes)`` of a contiguous buffer (bytes-like, numpy, mmap slice)."""
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    return arr.ctypes.data, arr.nbytes
 
 
 def _populate_range(address: int, length: int, advice: int, failed: list[int]) -> None:
@@ -81,7 +84,7 @@ def populate(mm: mmap.mmap, threads: int | None = None, *, write: bool = True) -
     """
     if len(mm) == 0:
         return False
-    return populate_range(address_of_mmap(mm), len(mm), threads, write=write)
+    return populate_range(address_of(mm)[0], len(mm), threads, write=write)
 
 
 def populate_range(address: int, length: int, threads: int | None = None, *,

@@ -10,26 +10,12 @@ import os
 import numpy as np
 import pytest
 
-from gpufeed._memory import address_of_mmap, populate, populate_range
+from gpufeed._memory import address_of, populate, populate_range
 from gpufeed.client import Client
-from gpufeed.client._region import address_of
 from gpufeed.errors import InvalidArgument, NoSuchBucket, NoSuchKey
+from gpufeed.testing.memory import resident_bytes as _rss_bytes
 
 SIZE = 24 << 20
-
-
-def _rss_bytes(address: int) -> int:
-    """Resident bytes this process has mapped in the VMA holding ``address``."""
-    with open("/proc/self/smaps") as f:
-        inside = False
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and head == "Rss:":
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no mapping holds {address:#x}")
 
 
 def _memfd_map(size: int) -> tuple[int, mmap.mmap]:
@@ -44,7 +30,7 @@ def test_populate_maps_every_page_and_keeps_contents(threads):
     fd, mm = _memfd_map(size)
     try:
         mm[:5] = b"hello"
-        base = address_of_mmap(mm)
+        base = address_of(mm)[0]
         assert _rss_bytes(base) < size // 2
         assert populate(mm, threads=threads) is True
         assert _rss_bytes(base) >= size
@@ -59,7 +45,7 @@ def test_populate_read_maps_pages_another_mapping_filled():
     reader = mmap.mmap(fd, SIZE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     try:
         np.frombuffer(writer, np.uint8)[:] = 7  # "the node" fills the pages
-        base = address_of_mmap(reader)
+        base = address_of(reader)[0]
         assert _rss_bytes(base) == 0
         assert populate(reader, write=False) is True
         assert _rss_bytes(base) >= SIZE
@@ -84,8 +70,8 @@ def test_populate_edge_cases():
     # an unaligned range is widened to whole pages
     fd, mm = _memfd_map(3 * mmap.PAGESIZE)
     try:
-        assert populate_range(address_of_mmap(mm) + 100, mmap.PAGESIZE) is True
-        assert _rss_bytes(address_of_mmap(mm)) == 2 * mmap.PAGESIZE
+        assert populate_range(address_of(mm)[0] + 100, mmap.PAGESIZE) is True
+        assert _rss_bytes(address_of(mm)[0]) == 2 * mmap.PAGESIZE
     finally:
         mm.close()
         os.close(fd)

@@ -14,15 +14,9 @@ import os
 import threading
 import weakref
 
-import numpy as np
+from .._memory import address_of
 
 __all__ = ["Region", "address_of", "StagingPool"]
-
-
-def address_of(buf) -> tuple[int, int]:
-    """``(address, nbytes)`` of a contiguous buffer (bytes-like, numpy, mmap slice)."""
-    arr = np.frombuffer(buf, dtype=np.uint8)
-    return arr.ctypes.data, arr.nbytes
 
 
 class Region:

@@ -5,6 +5,7 @@
 - :mod:`gpufeed.testing.stateful`: a Hypothesis state machine checking any
   store against a ``dict``.
 - :mod:`gpufeed.testing.node`: a real node subprocess for end-to-end tests.
+- :mod:`gpufeed.testing.memory`: ``resident_bytes``, what this process has mapped.
 
 The first two import pytest / Hypothesis, so import them from tests only.
 """
