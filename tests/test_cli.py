@@ -47,3 +47,22 @@ def test_cli_errors_are_clear(node, tmp_path):
     assert out.returncode != 0 and "gpufeed+tcp" in out.stderr and "Traceback" not in out.stderr
     out = _gf("ls", url="gpufeed+tcp://127.0.0.1:1", check=False)
     assert out.returncode != 0 and "cannot connect" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_checkpoint_ls_and_scrub(node):
+    import torch
+
+    from gpufeed.ai import checkpoint as ck
+    from gpufeed.client import Client
+
+    url = f"{node.tcp_url}/cli-ckpt/{uuid.uuid4().hex[:8]}"
+    ck.save({"w": torch.arange(1 << 16, dtype=torch.float32)}, url, step=4, async_=False)
+    assert json.loads(_gf("checkpoint", "ls", url, "--json").stdout) == {"steps": [4]}
+    ok = json.loads(_gf("checkpoint", "scrub", url, "--json").stdout)
+    assert ok["ok"] and ok["chunks_checked"] == 2 and ok["corrupt"] == []
+    loc = ck.parse_checkpoint_url(url)
+    with Client(node.tcp_url) as c:
+        key = next(e.key for e in c.list(loc.bucket, prefix=loc.key("chunks/")) if e.size == 1 << 18)
+        c.put(loc.bucket, key, bytes(1 << 18))
+    bad = _gf("checkpoint", "scrub", url, check=False)
+    assert bad.returncode == 1 and f"corrupt: {key}" in bad.stdout and "damaged steps [4]" in bad.stdout

@@ -1,6 +1,6 @@
 """The ``gpufeed`` command line: parse, call the library, print.
 
-Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``bench io``, ``bench kv``,
+Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``checkpoint ls|scrub``, ``bench io``, ``bench kv``,
 ``bench checkpoint``, ``bench model``, ``demo``.
 """
 
@@ -197,6 +197,49 @@ def rm(url, path) -> None:
     with _client(url) as c:
         c.delete(bucket, key)
     click.echo(f"delete: {bucket}/{key}")
+
+
+@main.group()
+def checkpoint() -> None:
+    """Checkpoint locations (gpufeed+tcp://HOST:PORT/BUCKET/PREFIX): list steps, scrub."""
+
+
+@checkpoint.command("ls")
+@click.argument("url")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def checkpoint_ls(url, as_json) -> None:
+    """The committed steps under URL."""
+    from .ai.checkpoint import checkpoints
+
+    steps = checkpoints(url).steps()
+    click.echo(json.dumps({"steps": steps}) if as_json else "\n".join(map(str, steps)))
+
+
+@checkpoint.command("scrub")
+@click.argument("url")
+@click.option("--repair", is_flag=True, help="Delete chunks whose bytes do not match their name.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def checkpoint_scrub(url, repair, as_json) -> None:
+    """Read every chunk under URL and check it against its BLAKE3 name; exit 1 if
+    any chunk is corrupt or missing."""
+    import dataclasses
+
+    from .ai.checkpoint import checkpoints
+
+    report = checkpoints(url).scrub(repair=repair)
+    if as_json:
+        click.echo(json.dumps({**dataclasses.asdict(report), "ok": report.ok}))
+    else:
+        click.echo(f"checked {report.chunks_checked} chunks, {report.bytes_checked} bytes: "
+                   f"{len(report.corrupt)} corrupt, {len(report.missing)} missing, "
+                   f"damaged steps {report.damaged_steps or 'none'}"
+                   + (f", removed {len(report.removed)}" if repair else ""))
+        for key in report.corrupt:
+            click.echo(f"corrupt: {key}")
+        for key in report.missing:
+            click.echo(f"missing: {key}")
+    if not report.ok:
+        sys.exit(1)
 
 
 @main.group()

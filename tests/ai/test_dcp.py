@@ -257,3 +257,111 @@ def test_ranks_that_resolved_different_latest_steps_are_refused(url):
         late.prepare_global_plan(plans)
     same = [late.prepare_local_plan(LoadPlan([]))] * 2
     assert late.prepare_global_plan(same) == same
+
+
+# --- overlapping saves through one Writer ---------------------------------------------------
+def _overlapping_pairs(url: str, w: Writer, pairs: int, *, ids: bool) -> list[float]:
+    """``pairs`` times: fill one 16 MiB tensor, async_save, refill, async_save again
+    before the first finishes; returns the values saved, in order."""
+    t = torch.empty(4 << 20)
+    values = []
+    for i in range(pairs):
+        futs = []
+        for j in (0, 1):
+            v = float(2 * i + j + 1)
+            t.fill_(v)
+            values.append(v)
+            kw = {"checkpoint_id": 2 * i + j} if ids else {}
+            resp = dcp.async_save({"t": t}, storage_writer=w, no_dist=True, **kw)
+            if w.background_staging:
+                resp.staging_completion.result()  # the caller's contract before mutating t
+                resp = resp.upload_completion
+            futs.append(resp)
+        for f in futs:
+            f.result()
+    return values
+
+
+def _assert_steps_hold(url: str, expected: dict[int, float]) -> None:
+    assert ck.checkpoints(url).steps() == sorted(expected)
+    for step, v in expected.items():
+        out = {"t": torch.zeros(4 << 20)}
+        dcp.load(out, storage_reader=Reader(url, step=step), no_dist=True)
+        assert torch.equal(out["t"], torch.full((4 << 20,), v)), (step, out["t"][:4])
+    report = ck.checkpoints(url).scrub()
+    assert report.ok, report
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_overlapping_async_saves_commit_each_step_with_its_own_values(url, background):
+    w = Writer(url, chunk_bytes=1 << 20, background_staging=background)
+    values = _overlapping_pairs(url, w, 3, ids=True)
+    _assert_steps_hold(url, dict(enumerate(values)))
+    w.close()
+
+
+def test_overlapping_async_saves_without_ids_get_distinct_steps(url):
+    w = Writer(url, chunk_bytes=1 << 20)
+    values = _overlapping_pairs(url, w, 2, ids=False)
+    steps = ck.checkpoints(url).steps()
+    assert steps == [0, 1, 2, 3]
+    # each save committed its own bytes; which of a pair took the lower step is a race
+    got = set()
+    for s in steps:
+        out = {"t": torch.zeros(4 << 20)}
+        dcp.load(out, storage_reader=Reader(url, step=s), no_dist=True)
+        assert torch.equal(out["t"], torch.full_like(out["t"], out["t"][0].item()))
+        got.add(out["t"][0].item())
+    assert got == set(values)
+
+
+def test_staging_buffers_are_lent_to_one_save_at_a_time(url):
+    """A stage while the kept buffers are lent copies into other memory; buffers come
+    back when the save that holds them has written (or its staged copy is garbage)."""
+    import gc
+
+    def ptr(staged):
+        return staged["x"].untyped_storage().data_ptr()
+
+    w = Writer(url)
+    sd = {"x": torch.ones(1 << 16)}
+    a = w.stage(sd)
+    b = w.stage(sd)
+    assert ptr(a) != ptr(b)
+    c = w.stage(sd)  # both kept sets lent: new memory, not kept
+    assert ptr(c) not in (ptr(a), ptr(b))
+    pa = ptr(a)
+    del a, c
+    gc.collect()
+    assert ptr(w.stage(sd)) == pa  # a's set came back when its copy died
+    # a save gives its set back once written, while the caller still holds the copy
+    sd["x"].fill_(3.0)
+    staged = w.stage(sd)
+    dcp.save(staged, storage_writer=w, checkpoint_id=7, no_dist=True)
+    assert ptr(w.stage(sd)) == ptr(staged)
+
+
+def test_scrub_reports_and_repairs_chunks_that_do_not_match_their_name(url, node):
+    w = Writer(url, chunk_bytes=1 << 20)
+    dcp.save({"t": torch.arange(1 << 20, dtype=torch.float32)}, storage_writer=w, checkpoint_id=0,
+             no_dist=True)
+    dcp.save({"u": torch.ones(1 << 18)}, storage_writer=w, checkpoint_id=1, no_dist=True)
+    c = ck.checkpoints(url)
+    clean = c.scrub()
+    assert clean.ok and clean.chunks_checked == 5 and clean.bytes_checked >= (5 << 20)
+    loc = parse_checkpoint_url(url)
+    with Client(node.tcp_url) as cl:
+        man = c.manifest(0)
+        victim = loc.chunk_key(next(e for e in man.entries if e.fqn == "t").chunks[1].hash)
+        size = cl.head(loc.bucket, victim).size
+        cl.put(loc.bucket, victim, b"\0" * size)  # same size, wrong bytes
+        report = c.scrub()
+        assert not report.ok
+        assert report.corrupt == [victim] and report.damaged_steps == [0] and report.missing == []
+        assert c.scrub(repair=True).removed == [victim]
+        after = c.scrub()
+        assert after.corrupt == [] and after.missing == [victim] and after.damaged_steps == [0]
+        # step 1 is intact and still loads
+        out = {"u": torch.zeros(1 << 18)}
+        dcp.load(out, storage_reader=Reader(url, step=1), no_dist=True)
+        assert torch.equal(out["u"], torch.ones(1 << 18))

@@ -73,6 +73,7 @@ __all__ = [
     "Manifest",
     "Commit",
     "SaveResult",
+    "ScrubReport",
     "Checkpoints",
     "checkpoints",
     "save",
@@ -508,6 +509,33 @@ def _missing(client: Client, loc: Location, batch: list[_Read], exc: NoSuchKey) 
     return MissingChunk(f"a chunk of the batch is missing: {exc}")
 
 
+@dataclass(frozen=True)
+class ScrubReport:
+    """What :meth:`Checkpoints.scrub` found.
+
+    Attributes:
+        chunks_checked: chunk objects read and hashed.
+        bytes_checked: their bytes.
+        corrupt: keys of chunks whose bytes do not hash (BLAKE3) to their name.
+        missing: keys of chunks a committed step names that do not exist.
+        damaged_steps: committed steps naming a corrupt or missing chunk, or whose
+            manifest does not match its commit.
+        removed: corrupt chunk keys deleted (``repair=True``).
+    """
+
+    chunks_checked: int
+    bytes_checked: int
+    corrupt: list[str]
+    missing: list[str]
+    damaged_steps: list[int]
+    removed: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No corrupt or missing chunk and no damaged step."""
+        return not (self.corrupt or self.missing or self.damaged_steps)
+
+
 # --- steps ---------------------------------------------------------------------------------
 class Checkpoints:
     """The steps under one checkpoint prefix, and their garbage collection.
@@ -667,6 +695,73 @@ class Checkpoints:
                 self.client.delete(self.loc.bucket, e.key)
                 freed += e.size
         return freed
+
+    def scrub(self, *, repair: bool = False, workers: int = DEFAULT_WORKERS) -> ScrubReport:
+        """Read every chunk under the prefix and check that its bytes hash to its name;
+        check that every chunk a committed step names exists.
+
+        Waits for this process's async saves to the location first. Each worker
+        holds one chunk in memory at a time (``workers`` x chunk size bytes).
+
+        Args:
+            repair: delete the chunks whose bytes do not match their name, so the
+                next save that holds those bytes writes them again (the steps that
+                name them stay damaged: restore or delete them).
+            workers: chunks read and hashed at once.
+
+        Returns:
+            A :class:`ScrubReport`.
+        """
+        _wait_for_saves(self.loc)
+        base = self.loc.key("chunks/")
+        try:
+            listed = [e for e in self.client.list(self.loc.bucket, prefix=base) if not e.is_prefix]
+        except NoSuchBucket:
+            listed = []
+
+        def check(key: str, size: int) -> tuple[int, bool] | None:
+            buf = bytearray(size)
+            try:
+                n = self.client.get_into(self.loc.bucket, key, buf)
+            except NoSuchKey:
+                return None  # deleted meanwhile
+            name = key[len(base):]
+            return n, n == size and chunk_hash(memoryview(buf)[:n]) == name
+
+        corrupt: list[str] = []
+        checked = nbytes = 0
+        with ThreadPoolExecutor(max(1, workers), thread_name_prefix="gpufeed-scrub") as pool:
+            for e, fut in [(e, pool.submit(check, e.key, e.size)) for e in listed]:
+                got = fut.result()
+                if got is None:
+                    continue
+                checked += 1
+                nbytes += got[0]
+                if not got[1]:
+                    corrupt.append(e.key)
+        present = {e.key[len(base):] for e in listed}
+        bad_names = {k[len(base):] for k in corrupt}
+        missing: set[str] = set()
+        damaged: list[int] = []
+        for s in self.steps():
+            try:
+                names = {c.hash for en in self.manifest(s).entries for c in en.chunks}
+            except CheckpointNotFound:
+                continue  # deleted meanwhile
+            except CorruptCheckpoint:
+                damaged.append(s)
+                continue
+            gone = names - present
+            missing |= gone
+            if gone or names & bad_names:
+                damaged.append(s)
+        removed: list[str] = []
+        if repair:
+            for key in corrupt:
+                self.client.delete(self.loc.bucket, key)
+                removed.append(key)
+        return ScrubReport(checked, nbytes, corrupt, sorted(self.loc.chunk_key(h) for h in missing),
+                           damaged, removed)
 
     def physical_bytes(self) -> int:
         """Bytes of every chunk plus every manifest and commit under the prefix."""

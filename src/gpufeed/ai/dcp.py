@@ -31,7 +31,9 @@ import pickle
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -135,14 +137,68 @@ class _Located:
             self.step = step
 
 
+@dataclasses.dataclass
+class _Save:
+    """The state of one save through a :class:`Writer`: DCP runs every call of a
+    save (``reset`` .. ``finish``) on one thread, and ``dcp.async_save`` runs
+    overlapping saves on different threads, so this lives in a thread-local."""
+
+    loc: Location
+    step: int | None
+    client: Client | None
+    save_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    is_coordinator: bool = True
+    rank: int = 0
+    reserved: int | None = None  # the step this save's coordinator claimed
+
+    def get_client(self) -> Client:
+        if self.client is None:
+            self.client = _open(self.loc, None, None, None)[1]
+        return self.client
+
+
+class _Staged:
+    """One set of CPU staging buffers of :meth:`Writer.stage`, and who holds it.
+
+    A set is lent to one save at a time: from :meth:`Writer.stage` until that
+    save's ``write_data`` has put every chunk (or the staged state dict is
+    garbage, when the save failed before writing). A stage while every kept set
+    is lent copies into new memory, so an upload never reads bytes that a later
+    stage is writing."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+        self.ptrs = frozenset(_storage_ptrs(state))
+        self.holder: object | None = None  # a token: the claim that holds it
+
+
+def _storage_ptrs(obj) -> Iterator[int]:
+    """Data pointers of the storages of every tensor inside ``obj``."""
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "cpu" and obj.numel():
+            yield obj.untyped_storage().data_ptr()
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _storage_ptrs(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _storage_ptrs(v)
+
+
 class Writer(_Located, StorageWriter, AsyncStager):
     """A DCP ``StorageWriter`` that stores a step as content-addressed chunks.
+
+    One Writer may serve overlapping saves (``dcp.async_save`` twice before the
+    first finishes): each save keeps its own step, location and save id, each
+    step is committed with its own values, and staging buffers are never
+    shared between two saves in flight.
 
     Args:
         url: ``gpufeed+tcp://HOST:PORT/BUCKET/PREFIX`` or
             ``gpufeed+shm:///path/gpufeed.sock/BUCKET/PREFIX``.
         step: the step number; ``checkpoint_id=`` of ``dcp.save`` (an int) overrides
-            it; default: the latest committed step + 1, chosen by the coordinator.
+            it for that save; default: the latest committed step + 1, chosen by the
+            coordinator (overlapping saves of one Writer get different steps).
         client: an open :class:`gpufeed.client.Client` (default: one pooled per process).
         bucket, prefix: override the URL's.
         chunk_bytes: large tensors are cut into chunks of this many bytes.
@@ -150,7 +206,7 @@ class Writer(_Located, StorageWriter, AsyncStager):
         overwrite: replace an existing step of the same number (else ``CheckpointError``).
         cache_staged_state_dict: for ``dcp.async_save``: keep the CPU staging copy
             between saves so staging is one memcpy into touched pages (costs one
-            state dict of host memory; reuse the same Writer).
+            state dict of host memory, two while saves overlap; reuse the same Writer).
         background_staging: for ``dcp.async_save``: copy in a background thread;
             :meth:`stage` returns a ``concurrent.futures.Future`` and ``async_save``
             returns at once with an ``AsyncSaveResponse`` (torch >= 2.9's DCP; on
@@ -165,6 +221,8 @@ class Writer(_Located, StorageWriter, AsyncStager):
     """
 
     _synchronize_after_execute: bool = False  # async_save must not wait: the caller does
+    #: Staging buffer sets kept between saves (more are made, and dropped, while all are lent).
+    _KEEP_STAGED = 2
 
     def __init__(self, url: str | Location, *, step: int | None = None, client: Client | None = None,
                  bucket: str | None = None, prefix: str | None = None,
@@ -177,34 +235,80 @@ class Writer(_Located, StorageWriter, AsyncStager):
         self.step = step
         self.chunk_bytes, self.workers, self.overwrite = chunk_bytes, workers, overwrite
         self.cache_staged_state_dict = cache_staged_state_dict
-        self._stage_cache = None
         self.background_staging = background_staging and _dcp_accepts_staging_future()
+        self._init_runtime()
+        self._last_result: WriteStats | None = None
+
+    def _init_runtime(self) -> None:
+        """Locks, thread-locals and caches: made anew after unpickling."""
+        self._staged: list[_Staged] = []
         self._stage_executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._stage_future: concurrent.futures.Future | None = None
         self._stage_lock = threading.Lock()
-        self.is_coordinator, self.rank = True, 0
-        self.save_id = uuid.uuid4().hex
-        self.result: WriteStats | None = None
+        self._lock = threading.Lock()  # staged-set claims, step reservations, the base location
+        self._reserved_steps: set[int] = set()
+        self._tls = threading.local()
 
-    # pickling (async_save with a process executor) drops the connection and the cache
-    _unpicklable = ("_client", "_stage_cache", "_stage_executor", "_stage_future", "_stage_lock")
+    # pickling (async_save with a process executor) drops the connection and the caches
+    _unpicklable = ("_client", "_staged", "_stage_executor", "_stage_future", "_stage_lock", "_lock",
+                    "_reserved_steps", "_tls")
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._stage_lock = threading.Lock()
+        self._init_runtime()
+
+    # --- per-save state ----------------------------------------------------------------------
+    def _save(self) -> _Save:
+        """This thread's save (``reset`` starts one; a save DCP did not reset uses the defaults)."""
+        cur = getattr(self._tls, "save", None)
+        if cur is None:
+            cur = self._tls.save = _Save(self.loc, self.step, self._client)
+        return cur
+
+    @property
+    def save_id(self) -> str:
+        return self._save().save_id
+
+    @property
+    def result(self) -> WriteStats | None:
+        """What the save finished last on this thread did, else the last save finished
+        on any thread (``None`` before the first)."""
+        mine = getattr(self._tls, "result", None)
+        return mine if mine is not None else self._last_result
+
+    def _finished(self, stats: WriteStats) -> None:
+        self._tls.result = stats
+        self._last_result = stats
 
     # --- StorageWriter ---------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | int | None = None) -> None:
-        self._reset_location(checkpoint_id)
-        self.save_id = uuid.uuid4().hex
-        self.result = None
+        """Start a save: an int ``checkpoint_id`` names its step, a URL its location
+        (kept for later saves, as DCP's file writers keep a path)."""
+        loc, step = _checkpoint_id(checkpoint_id, self.loc)
+        with self._lock:
+            if loc is not self.loc:
+                self.loc, self._client = loc, None
+        self._tls.save = _Save(loc, step if step is not None else self.step,
+                               self._client if loc is self.loc else None)
+        self._tls.result = None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        self.is_coordinator = is_coordinator
-        self.rank = kwargs.get("rank") or 0
+        cur = self._save()
+        cur.is_coordinator = is_coordinator
+        cur.rank = kwargs.get("rank") or 0
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self._save().is_coordinator
+
+    @property
+    def rank(self) -> int:
+        return self._save().rank
 
     def storage_meta(self) -> StorageMeta | None:
-        return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
+        cur = self._save()
+        cid = str(cur.loc) if cur.step is None else f"{cur.loc}@{cur.step}"
+        return StorageMeta(checkpoint_id=cid, save_id=cur.save_id)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
@@ -213,11 +317,14 @@ class Writer(_Located, StorageWriter, AsyncStager):
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        """Hash and put every item's bytes; the returned Future is already complete."""
-        up = ChunkUploader(self.client, self.loc, chunk_bytes=self.chunk_bytes, workers=self.workers)
+        """Hash and put every item's bytes; the returned Future is already complete.
+        Staging buffers this save was lent are given back once every chunk is put."""
+        cur = self._save()
+        up = ChunkUploader(cur.get_client(), cur.loc, chunk_bytes=self.chunk_bytes, workers=self.workers)
         results: list[WriteResult] = []
         window: deque = deque()
         window_bytes = 0
+        lent: set[_Staged] = set()
 
         def drain_one() -> None:
             nonlocal window_bytes
@@ -235,6 +342,7 @@ class Writer(_Located, StorageWriter, AsyncStager):
                     info: dict = {"kind": "bytes"}
                 else:
                     td = item.tensor_data
+                    lent.update(self._lent_for(data))
                     mv, owner = tensor_bytes(data)
                     info = {"kind": "tensor", "dtype": _dtype_name(td.properties.dtype),
                             "lengths": list(td.chunk.sizes)}
@@ -245,14 +353,19 @@ class Writer(_Located, StorageWriter, AsyncStager):
             while window:
                 drain_one()
         finally:
-            up.close()
-        self.result = WriteStats(None, up.stats.bytes_total, up.stats.bytes_written)
+            up.close()  # waits for every hash; puts were awaited by drain_one (or failed)
+            window.clear()
+            self._give_back(lent)
+        stats = WriteStats(None, up.stats.bytes_total, up.stats.bytes_written)
+        if not cur.is_coordinator:
+            self._finished(stats)
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator: write the manifest, then the commit marker (the step appears)."""
+        cur = self._save()
         entries: list[Entry] = []
         storage: dict = {}
         total = written = 0
@@ -270,28 +383,42 @@ class Writer(_Located, StorageWriter, AsyncStager):
                                          shape=list(md.size), offsets=offsets, lengths=sd["lengths"]))
                 else:
                     entries.append(Entry(wr.index.fqn, "bytes", sd["nbytes"], chunks))
-        ck = Checkpoints(self.loc, client=self.client)
-        step = self.step
-        if step is None:
-            latest = ck.latest()
-            step = 0 if latest is None else latest + 1
+        ck = Checkpoints(cur.loc, client=cur.get_client())
+        step = self._claim_step(cur, ck)
         try:
-            from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+            try:
+                from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
 
-            metadata.version = CURRENT_DCP_VERSION
-        except ImportError:  # pragma: no cover - older torch
-            pass
-        metadata.storage_data = storage
-        metadata.storage_meta = StorageMeta(checkpoint_id=f"{self.loc}@{step}", save_id=self.save_id)
-        nesting = {}
-        if isinstance(metadata.planner_data, dict):
-            nesting = {k: list(v) for k, v in metadata.planner_data.items()
-                       if isinstance(v, (tuple, list))}
-        man = Manifest(FORMAT, FORMAT_VERSION, step, "blake3", self.chunk_bytes, time.time(),
-                       len(results), entries, total, written, nesting,
-                       pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL))
-        ck.commit(man, overwrite=self.overwrite)
-        self.result = WriteStats(step, total, written)
+                metadata.version = CURRENT_DCP_VERSION
+            except ImportError:  # pragma: no cover - older torch
+                pass
+            metadata.storage_data = storage
+            metadata.storage_meta = StorageMeta(checkpoint_id=f"{cur.loc}@{step}", save_id=cur.save_id)
+            nesting = {}
+            if isinstance(metadata.planner_data, dict):
+                nesting = {k: list(v) for k, v in metadata.planner_data.items()
+                           if isinstance(v, (tuple, list))}
+            man = Manifest(FORMAT, FORMAT_VERSION, step, "blake3", self.chunk_bytes, time.time(),
+                           len(results), entries, total, written, nesting,
+                           pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL))
+            ck.commit(man, overwrite=self.overwrite)
+        finally:
+            with self._lock:
+                self._reserved_steps.discard(step)
+        self._finished(WriteStats(step, total, written))
+
+    def _claim_step(self, cur: _Save, ck: Checkpoints) -> int:
+        """The step this save commits: its own, else one past the latest committed
+        step and past every step other saves of this Writer are committing now."""
+        if cur.step is not None:
+            step = cur.step
+        else:
+            latest = ck.latest()
+            with self._lock:
+                step = max([-1 if latest is None else latest, *self._reserved_steps]) + 1
+        with self._lock:
+            self._reserved_steps.add(step)
+        return step
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
@@ -302,11 +429,12 @@ class Writer(_Located, StorageWriter, AsyncStager):
         """A CPU copy of ``state_dict`` for ``dcp.async_save`` (pinned when CUDA exists).
 
         Blocking by default; with ``background_staging`` a ``concurrent.futures.Future``
-        of the copy (DCP then uploads once it resolves)."""
+        of the copy (DCP then uploads once it resolves). The copy goes into kept
+        buffers that no save in flight is reading, else into new memory."""
         if not self.background_staging:
             return self._stage(state_dict)
         with self._stage_lock:
-            if self._stage_future is not None:  # one at a time: they share the buffers
+            if self._stage_future is not None:  # one copy at a time
                 concurrent.futures.wait([self._stage_future])  # its error went to its own caller
             if self._stage_executor is None:
                 self._stage_executor = concurrent.futures.ThreadPoolExecutor(
@@ -319,19 +447,65 @@ class Writer(_Located, StorageWriter, AsyncStager):
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
         pin = torch.cuda.is_available()
-        cache = self._stage_cache if self.cache_staged_state_dict else None
+        token = object()
+        staged = self._claim_staged(token) if self.cache_staged_state_dict else None
         for _attempt in range(2):
-            if cache is None:
-                cache = _create_cpu_state_dict(state_dict, pin_memory=pin)
+            if staged is None:
+                staged = _Staged(_create_cpu_state_dict(state_dict, pin_memory=pin))
+                staged.holder = token
                 if self.cache_staged_state_dict:
-                    self._stage_cache = cache
+                    self._keep_staged(staged)
             try:
-                return _fast_copy(state_dict, cache)
-            except _Mismatch:
-                cache = None  # the state dict changed shape: stage into new buffers
-            except _NotPlain:
+                out = _fast_copy(state_dict, staged.state)
                 break
-        return _copy_state_dict(state_dict, cache)
+            except _Mismatch:
+                self._drop_staged(staged)  # the state dict changed shape: stage into new buffers
+                staged = None
+            except _NotPlain:
+                out = _copy_state_dict(state_dict, staged.state)
+                break
+        else:  # pragma: no cover - a fresh copy always matches
+            raise CheckpointError("staging buffers do not fit the state dict")
+        # a save that fails before writing gives the buffers back when its copy is garbage
+        holder = _StagedDict(out) if type(out) is dict else out
+        weakref.finalize(holder, self._release, staged, token)
+        return holder
+
+    def _claim_staged(self, token: object) -> _Staged | None:
+        with self._lock:
+            for st in self._staged:
+                if st.holder is None:
+                    st.holder = token
+                    return st
+        return None
+
+    def _keep_staged(self, staged: _Staged) -> None:
+        with self._lock:
+            if len(self._staged) < self._KEEP_STAGED:
+                self._staged.append(staged)
+
+    def _drop_staged(self, staged: _Staged) -> None:
+        with self._lock:
+            if staged in self._staged:
+                self._staged.remove(staged)
+
+    @staticmethod
+    def _release(staged: _Staged, token: object) -> None:
+        if staged.holder is token:
+            staged.holder = None
+
+    def _lent_for(self, tensor) -> list[_Staged]:
+        """The lent staging sets ``tensor`` lives in."""
+        if not self._staged or not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+            return []
+        ptr = tensor.untyped_storage().data_ptr()
+        with self._lock:
+            return [st for st in self._staged if st.holder is not None and ptr in st.ptrs]
+
+    def _give_back(self, lent: set[_Staged]) -> None:
+        with self._lock:
+            for st in lent:
+                st.holder = None
 
     def synchronize_staging(self) -> None:
         """Wait until the last :meth:`stage` copy is complete (at once when staging
@@ -345,7 +519,14 @@ class Writer(_Located, StorageWriter, AsyncStager):
         if ex is not None:
             ex.shutdown(wait=True)
         self._stage_future = None
-        self._stage_cache = None
+        with self._lock:
+            self._staged = []
+
+
+class _StagedDict(dict):
+    """A staged state dict (a ``dict`` that can be weakly referenced)."""
+
+    __slots__ = ("__weakref__",)
 
 
 def _dcp_accepts_staging_future() -> bool:
