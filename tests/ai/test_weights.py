@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from gpufeed.ai import (
     StateDictMismatch,
+    TiedWeightsDiffer,
     empty_weights,
     iterate_weights,
     load_pretrained,
@@ -230,3 +231,81 @@ def test_load_pretrained_cuda(node, bucket, stored):
     with torch.no_grad():
         out = model(TOKENS.cuda()).logits.cpu()
     torch.testing.assert_close(out, logits(reference), rtol=1e-4, atol=1e-4)
+
+
+# --- tied embeddings: the same parameters as transformers' from_pretrained ------------------
+TIE_CASES = ["embed_only", "head_only", "both_equal", "both_differ", "untied_no_head"]
+
+
+def _tie_case_folder(folder: Path, case: str) -> None:
+    """A tiny Llama folder whose safetensors hold the case's embedding / head."""
+    from safetensors.torch import save_file
+
+    llama(1, tie_word_embeddings=case != "untied_no_head").save_pretrained(folder)
+    files = list(folder.glob("*.safetensors"))
+    sd = {}
+    for f in files:
+        sd.update(load_file(f))
+        f.unlink()
+    for f in folder.glob("*.index.json"):
+        f.unlink()
+    emb = sd["model.embed_tokens.weight"]
+    head = torch.randn(emb.shape, generator=torch.Generator().manual_seed(9))
+    sd.pop("lm_head.weight", None)
+    if case == "head_only":
+        sd["lm_head.weight"] = sd.pop("model.embed_tokens.weight")
+    elif case == "both_equal":
+        sd["lm_head.weight"] = emb.clone()
+    elif case == "both_differ":
+        sd["lm_head.weight"] = head
+    save_file(sd, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("build", ["real", "meta"])
+@pytest.mark.parametrize("case", TIE_CASES)
+def test_tie_cases_match_transformers(node, bucket, tmp_path, case, build):
+    import transformers
+    from transformers import LlamaForCausalLM
+
+    folder = tmp_path / case
+    _tie_case_folder(folder, case)
+    prefix = f"tie-{case}-{build}"
+    with Client(node.tcp_url) as c:
+        for f in folder.iterdir():
+            c.put(bucket, f"{prefix}/{f.name}", f.read_bytes())
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # it logs the untie and the new head
+    try:
+        ref = LlamaForCausalLM.from_pretrained(folder).eval()
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    tie = case != "untied_no_head"
+    if build == "meta":
+        with empty_weights():
+            model = llama(2, tie_word_embeddings=tie)
+    else:
+        model = llama(2, tie_word_embeddings=tie)
+    if case == "untied_no_head":  # transformers makes a random head; we name what is missing
+        with pytest.raises(StateDictMismatch, match="lm_head.weight"):
+            load_pretrained(node.tcp_url, bucket, prefix, model)
+        if build == "real":
+            own_head = model.lm_head.weight.detach().clone()
+            load_pretrained(node.tcp_url, bucket, prefix, model, strict=False)
+            assert torch.equal(model.lm_head.weight, own_head)
+            assert torch.equal(model.model.embed_tokens.weight, ref.model.embed_tokens.weight)
+        return
+    if case == "both_differ":
+        with pytest.warns(TiedWeightsDiffer, match="untied"):
+            load_pretrained(node.tcp_url, bucket, prefix, model)
+    else:
+        load_pretrained(node.tcp_url, bucket, prefix, model)
+    ours = dict(model.named_parameters(remove_duplicate=False))
+    theirs = dict(ref.named_parameters(remove_duplicate=False))
+    assert ours.keys() == theirs.keys()
+    for name in theirs:
+        assert torch.equal(ours[name], theirs[name]), name
+    same = model.lm_head.weight is model.model.embed_tokens.weight
+    assert same == (ref.lm_head.weight is ref.model.embed_tokens.weight) == (case != "both_differ")
+    assert torch.equal(logits(model), logits(ref))
+    if case == "both_differ":
+        assert "lm_head.weight" not in model.all_tied_weights_keys

@@ -24,7 +24,7 @@ from ._models import (
     read_headers,
 )
 from ._safetensors import SafetensorsError, SafetensorsHeader, TensorInfo, parse_header
-from ._weights import StateDictMismatch, empty_weights, iterate_weights, load_pretrained
+from ._weights import StateDictMismatch, TiedWeightsDiffer, empty_weights, iterate_weights, load_pretrained
 from .checkpoint import (
     CheckpointError,
     CheckpointNotFound,
@@ -48,6 +48,7 @@ __all__ = [
     "iterate_weights",
     "empty_weights",
     "StateDictMismatch",
+    "TiedWeightsDiffer",
     "gds_status",
     "parse_header",
     "SafetensorsError",

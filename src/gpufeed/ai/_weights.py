@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import warnings
 from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -30,7 +31,7 @@ from ._models import (
     read_headers,
 )
 
-__all__ = ["load_pretrained", "iterate_weights", "empty_weights", "StateDictMismatch"]
+__all__ = ["load_pretrained", "iterate_weights", "empty_weights", "StateDictMismatch", "TiedWeightsDiffer"]
 
 
 class StateDictMismatch(InvalidArgument):
@@ -166,10 +167,16 @@ def load_pretrained(client_or_url: Client | str, bucket: str, prefix: str | Sequ
     meta device (:func:`empty_weights`). Names are checked first: with
     ``strict``, any name the model has and the checkpoint lacks, or the other
     way round, is a :class:`StateDictMismatch` listing them, before any weight
-    is read. Weights the model ties (one parameter under two names, e.g.
+    is read.
+
+    Weights the model ties (one parameter under several names, e.g.
     ``lm_head.weight`` and ``model.embed_tokens.weight`` with
-    ``tie_word_embeddings``) need to be in the checkpoint under one name only,
-    as transformers saves them.
+    ``tie_word_embeddings``) end up as transformers' ``from_pretrained`` leaves
+    them: stored under one name (either one), every name shares it; stored under
+    several names with equal values, they stay tied; stored with different
+    values, the names are untied, each with its own values (a
+    :class:`TiedWeightsDiffer` warning says so, and the model's
+    ``all_tied_weights_keys`` forgets the pair, as transformers does).
 
     Args:
         client_or_url: a connected client or a node URL.
@@ -192,8 +199,7 @@ def load_pretrained(client_or_url: Client | str, bucket: str, prefix: str | Sequ
             node's page cache, shared by every process that loads the model).
 
     Returns:
-        ``model``, loaded (tied weights re-tied with ``model.tie_weights()``
-        where the model has that method).
+        ``model``, loaded; names holding equal values share one parameter.
 
     Raises:
         StateDictMismatch: names differ (``strict``).
@@ -207,7 +213,8 @@ def load_pretrained(client_or_url: Client | str, bucket: str, prefix: str | Sequ
     from ._models import load_safetensors
 
     expected = model.state_dict(keep_vars=True)
-    aliases = _aliases(model)  # name -> the other names of the same parameter
+    groups = _tied_groups(model)  # the names of each parameter registered under several
+    aliases = {n: [o for o in g if o != n] for g in groups for n in g}
     metas = any(t.is_meta for t in expected.values())
     if assign is None:
         assign = metas
@@ -226,14 +233,22 @@ def load_pretrained(client_or_url: Client | str, bucket: str, prefix: str | Sequ
         wanted = stored & set(expected)
         sd = load_safetensors(client, bucket, shard_keys, keys=wanted, shard=shard,
                               device=device, dtype=dtype, **kwargs)
-    for name, others in aliases.items():  # tied names the checkpoint stores once
-        if name not in sd:
-            src = next((o for o in others if o in sd), None)
-            if src is not None:
-                sd[name] = sd[src]
+    ties = [_tie_classes(g, sd, _join(bucket, str(prefix))) for g in groups]
+    if not assign:  # untied names get parameters of their own to copy into
+        for classes in ties:
+            for names in classes[1:]:
+                old = model.get_parameter(names[0])
+                fresh = nn.Parameter(torch.empty_like(old), requires_grad=old.requires_grad)
+                for n in names:
+                    _set_parameter(model, n, fresh)
     model.load_state_dict(sd, strict=strict, assign=assign)
-    if hasattr(model, "tie_weights") and aliases:
-        model.tie_weights()
+    for classes in ties:  # names holding equal values share one parameter
+        for names in classes:
+            first = model.get_parameter(names[0])
+            for n in names[1:]:
+                _set_parameter(model, n, first)
+        if len(classes) > 1:
+            _forget_ties(model, classes)
     still = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
     if still:
         raise InvalidArgument(
@@ -243,13 +258,62 @@ def load_pretrained(client_or_url: Client | str, bucket: str, prefix: str | Sequ
     return model
 
 
-def _aliases(model: nn.Module) -> dict[str, list[str]]:
-    """Parameter name -> its other names, for parameters registered under several."""
+class TiedWeightsDiffer(UserWarning):
+    """A model ties parameters that the checkpoint stores with different values;
+    they were loaded untied (as transformers' ``from_pretrained`` does)."""
+
+
+def _tied_groups(model: nn.Module) -> list[list[str]]:
+    """The names of each parameter registered under several, in registration order."""
     names: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), []).append(name)
-    return {n: [o for o in group if o != n] for group in names.values() if len(group) > 1
-            for n in group}
+    return [group for group in names.values() if len(group) > 1]
+
+
+def _tie_classes(group: list[str], sd: dict[str, torch.Tensor], where: str) -> list[list[str]]:
+    """Split one tied group into classes of names that end up sharing a tensor.
+
+    Stored names with equal values form one class; names the checkpoint lacks
+    join the first class and take its tensor in ``sd``. More than one class
+    means the checkpoint unties the group (warned)."""
+    classes: list[list[str]] = []
+    for n in (n for n in group if n in sd):
+        same = next((c for c in classes if sd[c[0]].shape == sd[n].shape
+                     and torch.equal(sd[c[0]], sd[n])), None)
+        if same is None:
+            classes.append([n])
+        else:
+            same.append(n)
+    if not classes:
+        return []  # none stored: the strict name check reported it
+    for n in group:
+        if n not in sd:
+            classes[0].append(n)
+            sd[n] = sd[classes[0][0]]
+    if len(classes) > 1:
+        warnings.warn(f"{where}: the model ties {group}, but the checkpoint stores them with "
+                      f"different values; loaded untied, as transformers does (set "
+                      f"tie_word_embeddings=False in the config to silence this)",
+                      TiedWeightsDiffer, stacklevel=3)
+    return classes
+
+
+def _set_parameter(model: nn.Module, name: str, param: nn.Parameter) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, param)
+
+
+def _forget_ties(model: nn.Module, classes: list[list[str]]) -> None:
+    """Drop untied pairs from a transformers model's ``all_tied_weights_keys``
+    (so its own bookkeeping agrees with the parameters)."""
+    tied = getattr(model, "all_tied_weights_keys", None)
+    if not isinstance(tied, dict):
+        return
+    cls_of = {n: i for i, names in enumerate(classes) for n in names}
+    for target, source in list(tied.items()):
+        if target in cls_of and source in cls_of and cls_of[target] != cls_of[source]:
+            tied.pop(target)
 
 
 @contextlib.contextmanager
