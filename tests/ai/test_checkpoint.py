@@ -116,7 +116,7 @@ def test_async_saves_reuse_staging_only_when_safe(url):
     """Back-to-back async saves: each step holds the values at its call, whether
     its copy went into the previous save's buffers (done) or fresh ones (still
     uploading); a changed shape or a non-contiguous tensor stages correctly."""
-    from gpufeed.ai import checkpoint as ckmod
+    from gpufeed.ai.checkpoint import _staging as staging
 
     loc = ck.parse_checkpoint_url(url)
     key = (loc.node_url, loc.bucket, loc.prefix)
@@ -125,7 +125,7 @@ def test_async_saves_reuse_staging_only_when_safe(url):
     for step in range(4):
         sd = {"w": w, "wt": w.t(), "n": step}
         futs.append(ck.save(sd, url, step=10 + step))
-        buffers.append(ckmod._staging[key][0]["w"])
+        buffers.append(staging._staging[key][0]["w"])
         want[10 + step] = (w.clone(), w.t().clone())
         w.add_(1)  # the optimizer step right after the call
         if step == 1:
@@ -136,12 +136,12 @@ def test_async_saves_reuse_staging_only_when_safe(url):
     for step, (w0, wt0) in want.items():
         back = ck.load(url, step=step)
         assert torch.equal(back["w"], w0) and torch.equal(back["wt"], wt0) and back["n"] == step - 10
-    staged = ckmod._staging[key][0]
+    staged = staging._staging[key][0]
     ck.save({"w": torch.ones(3, 3), "wt": w.t(), "n": 0}, url, step=20).result()  # new shape
-    assert ckmod._staging[key][0] is not staged
+    assert staging._staging[key][0] is not staged
     assert torch.equal(ck.load(url, step=20)["w"], torch.ones(3, 3))
     ck.save({"w": torch.zeros(2)}, url, step=21, reuse_staging=False).result()
-    assert key not in ckmod._staging
+    assert key not in staging._staging
 
 
 def test_steps_latest_and_named_step(url):

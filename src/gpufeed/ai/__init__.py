@@ -24,7 +24,13 @@ from ._models import (
     read_headers,
 )
 from ._safetensors import SafetensorsError, SafetensorsHeader, TensorInfo, parse_header
-from ._weights import StateDictMismatch, TiedWeightsDiffer, empty_weights, iterate_weights, load_pretrained
+from ._weights import (
+    StateDictMismatch,
+    TiedWeightsDiffer,
+    empty_weights,
+    iterate_weights,
+    load_pretrained,
+)
 from .checkpoint import (
     CheckpointError,
     CheckpointNotFound,
