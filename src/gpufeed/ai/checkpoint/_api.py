@@ -8,9 +8,10 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ...client import Client
 from ._chunks import ChunkRead, read_chunks
@@ -28,6 +29,9 @@ from ._format import (
 from ._inflight import track, wait_for_saves
 from ._staging import keep_staging, stage_flat
 from ._steps import Checkpoints
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SaveResult", "save", "load", "read_entries", "SKELETON_KEY"]
 
@@ -91,7 +95,7 @@ def _flatten(state_dict) -> tuple[dict[str, object], bytes]:
     return flat, pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _restore(skeleton, tensors: dict[str, object]):
+def _restore(skeleton, tensors: Mapping[str, object]):
     if isinstance(skeleton, TensorRef):
         return tensors[skeleton.key]
     if isinstance(skeleton, dict):
@@ -191,17 +195,18 @@ def save(state_dict, url: str | Location, *, step: int | None = None, async_: bo
         except CheckpointException as exc:
             raise _unwrap(exc) from exc
         res = writer.result
+        assert res is not None and res.step is not None  # finish() ran: the step is committed
         return SaveResult(res.step, res.bytes_total, res.bytes_written, time.perf_counter() - t0)
 
     if async_:
         fut = _background().submit(run)
         track((loc.node_url, loc.bucket, loc.prefix), fut)
-        if reuse_staging:
+        if reuse_staging and staged is not None:
             keep_staging(loc, staged, fut)
         return fut
-    fut: Future = Future()
-    fut.set_result(run())
-    return fut
+    done: Future = Future()
+    done.set_result(run())
+    return done
 
 
 def _unwrap(exc) -> BaseException:
@@ -257,7 +262,7 @@ def load(url: str | Location, *, step: int | None = None, device="cpu", client: 
 
 
 def read_entries(client: Client, loc: Location, entries: Sequence[Entry], *,
-                 verify: bool = True) -> tuple[dict[str, object], dict[str, object]]:
+                 verify: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Read manifest entries: whole tensors (pieces of sharded ones stitched
     together) and unpickled objects. Returns ``(tensors, objects)`` by fqn."""
     import torch

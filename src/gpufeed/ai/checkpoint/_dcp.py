@@ -89,7 +89,7 @@ __all__ = ["Writer", "Reader", "WriteStats"]
 _WINDOW_BYTES = 1 << 30  # 1 GiB
 
 
-def _checkpoint_id(checkpoint_id, loc: Location | None) -> tuple[Location | None, int | None]:
+def _checkpoint_id(checkpoint_id, loc: Location) -> tuple[Location, int | None]:
     """``reset(checkpoint_id)``: an int (or digits) names the step; a URL the location."""
     if checkpoint_id is None:
         return loc, None
@@ -117,7 +117,10 @@ class _Located:
     client (not pickled: DCP may ship the object to other processes) and the
     ``checkpoint_id`` / ``reset`` bookkeeping."""
 
-    _unpicklable = ("_client",)
+    loc: Location
+    step: int | None
+    _client: Client | None
+    _unpicklable: tuple[str, ...] = ("_client",)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -344,16 +347,19 @@ class Writer(_Located, StorageWriter, AsyncStager):
             for item in plan.items:
                 data = planner.resolve_data(item)
                 if item.type == WriteItemType.BYTE_IO:
+                    assert isinstance(data, io.BytesIO)
                     mv, owner = data.getbuffer(), data
                     info: dict = {"kind": "bytes"}
+                    window.append((item, info, memoryview(mv), up.submit(memoryview(mv)), owner))
                 else:
                     td = item.tensor_data
+                    assert td is not None and isinstance(data, torch.Tensor)
                     lent.update(self._lent_for(data))
-                    mv, owner = tensor_bytes(data)
+                    tmv, towner = tensor_bytes(data)
                     info = {"kind": "tensor", "dtype": dtype_name(td.properties.dtype),
                             "lengths": list(td.chunk.sizes)}
-                window.append((item, info, memoryview(mv), up.submit(memoryview(mv)), owner))
-                window_bytes += len(mv)
+                    window.append((item, info, tmv, up.submit(tmv), towner))
+                window_bytes += len(window[-1][2])
                 while window_bytes > _WINDOW_BYTES and len(window) > 1:
                     drain_one()
             while window:
@@ -593,9 +599,10 @@ class Reader(_Located, StorageReader):
         if not isinstance(metadata, Metadata):
             raise CorruptCheckpoint(f"{ck.loc.step_key(man.step, 'manifest')}: no DCP metadata "
                                     f"(saved by gpufeed.ai.save? use gpufeed.ai.load)")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        meta = metadata.storage_meta
+        if meta is None:
+            meta = metadata.storage_meta = StorageMeta()
+        meta.load_id = self.load_id
         return metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,

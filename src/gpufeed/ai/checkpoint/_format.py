@@ -12,12 +12,14 @@ Errors (all :class:`~gpufeed.errors.GpufeedError`)::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
 
 from ...errors import GpufeedError, InvalidArgument, NotFoundError
 
+_blake3: Any
 try:  # the content address; fail loudly, naming the extra, when it is missing
     import blake3 as _blake3
 except ImportError:  # pragma: no cover - exercised only without the extra

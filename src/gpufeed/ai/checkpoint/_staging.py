@@ -75,7 +75,7 @@ def stage_flat(flat: dict, loc: Location, reuse: bool) -> dict:
     key = (loc.node_url, loc.bucket, loc.prefix)
     with _staging_lock:
         cached, busy = _staging.get(key, (None, None))
-        if not reuse or (cached is not None and busy.done()):
+        if not reuse or (busy is not None and busy.done()):
             # claim it: another thread saving to this URL now stages into new memory
             # (save() puts the buffers back with this save's Future)
             _staging.pop(key, None)
