@@ -45,6 +45,9 @@ Tree::
     ├── NotModified            (304 for conditional GET; not really an error)
     ├── NotImplementedByGpufeed
     ├── ProtocolError          (fast path: malformed or truncated frame)
+    ├── FormatError (ValueError)  stored bytes not in their format: KV chunk /
+    │                             plugin object headers (ChunkFormatError,
+    │                             ObjectFormatError, beside their code)
     ├── TransportError (ConnectionError)  (fast path: connection lost / refused)
     └── InternalError
 
@@ -94,6 +97,7 @@ __all__ = [
     "ProtocolError",
     "TransportError",
     "InternalError",
+    "FormatError",
     "S3_ERRORS",
     "error_from_code",
 ]
@@ -267,6 +271,13 @@ class ProtocolError(GpufeedError):
     """A fast-path frame was malformed, truncated or of an unknown version."""
 
     code, status = "ProtocolError", 400
+
+
+class FormatError(GpufeedError, ValueError):
+    """Stored bytes that do not follow their format (a KV chunk or plugin object
+    header); the KV readers treat such an object as a cache miss."""
+
+    code, status = "InvalidObjectFormat", 500
 
 
 class TransportError(GpufeedError, ConnectionError):

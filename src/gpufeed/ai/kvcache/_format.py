@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import xxhash
 
+from ...errors import FormatError
 from ._keys import DTYPE_CODES, KVLayout
 
 __all__ = ["ChunkHeader", "ChunkFormatError", "MAGIC", "VERSION", "header_len", "block_checksum"]
@@ -40,7 +41,7 @@ _FIXED = struct.Struct("<4sHHIIIIII16s")  # 48 bytes
 _CODE_TO_DTYPE = {code: name for name, (code, _) in DTYPE_CODES.items()}
 
 
-class ChunkFormatError(ValueError):
+class ChunkFormatError(FormatError):
     """Chunk bytes that do not match the expected header (treated as a cache miss)."""
 
 

@@ -28,16 +28,14 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .._dtypes import DTYPES
+
 __all__ = ["KVLayout", "ChunkKey", "chunk_keys", "DTYPE_CODES", "dtype_name"]
 
-#: KV dtypes a chunk may hold, by name -> (code in the chunk header, bytes per element).
+#: KV dtypes a chunk may hold, by name -> (code in the chunk header, bytes per element):
+#: the codes of :data:`gpufeed.ai._dtypes.DTYPES` (all but int8).
 DTYPE_CODES: dict[str, tuple[int, int]] = {
-    "float32": (1, 4),
-    "float16": (2, 2),
-    "bfloat16": (3, 2),
-    "float8_e4m3fn": (4, 1),
-    "float8_e5m2": (5, 1),
-    "uint8": (6, 1),
+    name: DTYPES[name] for name in ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "uint8")
 }
 
 _ROOT_PERSON = b"gpufeed-kv-root"  # BLAKE2b personalisation (<= 16 bytes)

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 import torch
 import xxhash
 
+from ...errors import FormatError
+from .._dtypes import DTYPES
+
 __all__ = ["ObjectHeader", "ObjectFormatError", "MAGIC", "VERSION", "DTYPE_CODES", "header_len",
            "payload_checksum"]
 
@@ -38,21 +41,13 @@ MAX_GROUPS = 8
 _FIXED = struct.Struct("<4sHHHHIQQ")  # 32 bytes
 _GROUP = struct.Struct("<HH4I")  # 20 bytes
 
-#: Tensor dtypes a MemoryObj may hold -> code in the header. Codes 1-6 are those of
-#: the gpufeed KV-chunk format (``kvcache-format.md``).
-DTYPE_CODES: dict[torch.dtype, int] = {
-    torch.float32: 1,
-    torch.float16: 2,
-    torch.bfloat16: 3,
-    torch.float8_e4m3fn: 4,
-    torch.float8_e5m2: 5,
-    torch.uint8: 6,
-    torch.int8: 7,
-}
+#: Tensor dtypes a MemoryObj may hold -> code in the header: every code of
+#: :data:`gpufeed.ai._dtypes.DTYPES` (the KV-chunk format's, plus int8).
+DTYPE_CODES: dict[torch.dtype, int] = {getattr(torch, name): code for name, (code, _) in DTYPES.items()}
 _CODE_TO_DTYPE = {code: dt for dt, code in DTYPE_CODES.items()}
 
 
-class ObjectFormatError(ValueError):
+class ObjectFormatError(FormatError):
     """Object bytes that are not a valid plugin object (a cache miss for the reader)."""
 
 
