@@ -13,8 +13,16 @@ from aiohttp import web
 
 from ..errors import InternalError, InvalidArgument, MalformedXML
 from ._context import HandlerTable, S3Request, Services
-from ._headers import check_conditions, checksum_headers, content_md5, quote_etag, stored_headers
-from ._headers import strip_etag, user_metadata, write_conditions
+from ._headers import (
+    check_conditions,
+    checksum_headers,
+    content_md5,
+    quote_etag,
+    stored_headers,
+    strip_etag,
+    user_metadata,
+    write_conditions,
+)
 from ._listing import url_encoder
 from ._router import (
     AbortMultipartUpload,
