@@ -4,6 +4,8 @@
 event loop) on a free 127.0.0.1 port over a fresh :class:`Engine` in a temp
 folder. Independent of ``gpufeed serve``; the boto3 / aws-cli tests use the
 subprocess ``node`` fixture of ``tests/conftest.py`` where that matters.
+``bkt``: a bucket of ``s3_node`` per test module; ``bucket``: a fresh bucket
+of the session node per test. ``raw``: signed requests sent byte for byte.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +104,22 @@ def s3_node(tmp_path_factory):
             secret_key=cfg.secret_key, region=cfg.region, data_dir=data_dir, engine=engine,
         )
     engine.close()
+
+
+@pytest.fixture(scope="module")
+def bkt(s3_node) -> str:
+    """A bucket of the in-process endpoint, one per test module."""
+    name = f"m-{uuid.uuid4().hex[:12]}"
+    s3_node.engine.create_bucket(name)
+    return name
+
+
+@pytest.fixture
+def bucket(s3) -> str:
+    """A fresh bucket of the session node (``gpufeed serve``), made through boto3."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=name)
+    return name
 
 
 @pytest.fixture

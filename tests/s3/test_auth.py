@@ -10,7 +10,6 @@ import re
 import time
 import urllib.error
 import urllib.request
-import uuid
 import zlib
 
 import boto3
@@ -21,13 +20,6 @@ from botocore.exceptions import ClientError
 from gpufeed.s3._checksum import crc32c
 
 EMPTY = hashlib.sha256(b"").hexdigest()
-
-
-@pytest.fixture(scope="module")
-def bkt(s3_node) -> str:
-    name = f"auth-{uuid.uuid4().hex[:8]}"
-    s3_node.engine.create_bucket(name)
-    return name
 
 
 def _client(node, **kw):

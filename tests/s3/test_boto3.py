@@ -20,13 +20,6 @@ def _status(exc: ClientError) -> int:
     return exc.response["ResponseMetadata"]["HTTPStatusCode"]
 
 
-@pytest.fixture
-def bucket(s3) -> str:
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    s3.create_bucket(Bucket=name)
-    return name
-
-
 # buckets -------------------------------------------------------------------------------
 def test_bucket_lifecycle(s3):
     name = f"life-{uuid.uuid4().hex[:8]}"

@@ -26,13 +26,6 @@ def _status(exc: ClientError) -> int:
     return exc.response["ResponseMetadata"]["HTTPStatusCode"]
 
 
-@pytest.fixture
-def bucket(s3) -> str:
-    name = f"w-{uuid.uuid4().hex[:12]}"
-    s3.create_bucket(Bucket=name)
-    return name
-
-
 EXPIRES = dt.datetime(2037, 10, 21, 7, 28, tzinfo=dt.timezone.utc)
 STD = dict(CacheControl="max-age=60", ContentDisposition='attachment; filename="r.csv"',
            ContentLanguage="de-CH", Expires=EXPIRES, WebsiteRedirectLocation="/elsewhere")

@@ -4,18 +4,10 @@ send its body (raw sockets; http.client cannot wait for an interim response)."""
 from __future__ import annotations
 
 import socket
-import uuid
 
 import pytest
 
 BODY = b"b" * 4096
-
-
-@pytest.fixture(scope="module")
-def bkt(s3_node) -> str:
-    name = f"e-{uuid.uuid4().hex[:12]}"
-    s3_node.engine.create_bucket(name)
-    return name
 
 
 def _send_headers(raw, path: str, headers: dict) -> socket.socket:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
+
+import pytest
 
 import gpufeed.s3 as s3
 
@@ -14,6 +17,14 @@ def test_public_names_complete():
     assert inspect.iscoroutinefunction(s3.start_s3)
     assert list(inspect.signature(s3.make_app).parameters) == ["engine", "config"]
     assert list(inspect.signature(s3.start_s3).parameters) == ["engine", "config"]
+
+
+@pytest.mark.parametrize("module", ["_app", "_router", "_context", "_headers", "_objects", "_listing",
+                                    "_multipart", "_buckets", "_auth", "_body", "_checksum", "_xml"])
+def test_module_names_resolve(module):
+    mod = importlib.import_module(f"gpufeed.s3.{module}")
+    for name in mod.__all__:
+        assert getattr(mod, name) is not None, f"{module}.{name}"
 
 
 def test_not_modified_carries_validators(raw, s3_node):

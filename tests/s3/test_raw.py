@@ -7,7 +7,6 @@ import hashlib
 import os
 import socket
 import time
-import uuid
 import zlib
 from pathlib import Path
 
@@ -18,13 +17,6 @@ from botocore.config import Config
 from gpufeed.errors import InvalidRange
 from gpufeed.s3 import bucket_from_host, parse_range
 from gpufeed.s3._checksum import crc32c, crc64nvme
-
-
-@pytest.fixture(scope="module")
-def bkt(s3_node) -> str:
-    name = f"raw-{uuid.uuid4().hex[:8]}"
-    s3_node.engine.create_bucket(name)
-    return name
 
 
 # pure functions --------------------------------------------------------------------------

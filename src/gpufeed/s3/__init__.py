@@ -3,8 +3,16 @@
 It calls :mod:`gpufeed.engine`, never the other way. Start it with
 :func:`start_s3` (binds ``config.host:config.s3_port``) or mount
 :func:`make_app` yourself.
+
+Layout: ``_router`` turns a request into a typed endpoint; ``_buckets``,
+``_listing``, ``_objects`` and ``_multipart`` hold the handlers of each
+operation family; ``_app`` is the aiohttp glue (authentication, dispatch,
+error documents); ``_auth``, ``_body``, ``_checksum``, ``_headers`` and
+``_xml`` are the shared protocol pieces.
 """
 
-from ._app import S3Front, bucket_from_host, make_app, parse_range, start_s3
+from ._app import S3Front, make_app, start_s3
+from ._headers import parse_range
+from ._router import bucket_from_host
 
 __all__ = ["S3Front", "make_app", "start_s3", "bucket_from_host", "parse_range"]

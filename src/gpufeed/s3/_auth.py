@@ -202,6 +202,107 @@ def _path_candidates(raw_path: str) -> list[str]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """The SigV4 fields a request presents, from its Authorization header or its query.
+
+    Attributes:
+        credential: ``access_key/date/region/service/aws4_request``.
+        signed: ``;``-separated signed header names.
+        signature: the hex signature to check.
+        timestamp: ``X-Amz-Date`` (``YYYYMMDDTHHMMSSZ``).
+        payload_hash: the payload line of the canonical request.
+        error_cls: the error of a malformed field (header or query flavour).
+        expires_s: ``X-Amz-Expires`` of a presigned URL, None for a header signature.
+    """
+
+    credential: str
+    signed: str
+    signature: str
+    timestamp: str
+    payload_hash: str
+    error_cls: type
+    expires_s: int | None = None
+
+
+def _header_claim(auth: str, headers) -> _Claim:
+    """The claim of an ``Authorization: AWS4-HMAC-SHA256 ...`` header."""
+    m = _AUTH_RE.match(auth.strip())
+    if m is None:
+        raise AuthorizationHeaderMalformed("The authorization header is malformed.")
+    timestamp = headers.get("X-Amz-Date") or ""
+    if not timestamp:
+        raise AccessDenied("AWS authentication requires a valid Date or x-amz-date header")
+    payload_hash = headers.get("X-Amz-Content-SHA256")
+    if payload_hash is None:
+        raise InvalidRequestError(
+            "Missing required header for this request: x-amz-content-sha256"
+        )
+    return _Claim(credential=m.group("cred"), signed=m.group("signed"), signature=m.group("sig"),
+                  timestamp=timestamp, payload_hash=payload_hash, error_cls=AuthorizationHeaderMalformed)
+
+
+def _query_claim(query: dict[str, str]) -> _Claim:
+    """The claim of a presigned URL (``X-Amz-Algorithm``, ``X-Amz-Credential``, ...)."""
+    if query.get("X-Amz-Algorithm") != ALGORITHM:
+        raise AuthorizationQueryParametersError(
+            "X-Amz-Algorithm only supports \"AWS4-HMAC-SHA256\""
+        )
+    try:
+        claim = _Claim(
+            credential=query["X-Amz-Credential"],
+            signed=query["X-Amz-SignedHeaders"],
+            signature=query["X-Amz-Signature"],
+            timestamp=query["X-Amz-Date"],
+            payload_hash="UNSIGNED-PAYLOAD",
+            error_cls=AuthorizationQueryParametersError,
+            expires_s=int(query["X-Amz-Expires"]),
+        )
+    except (KeyError, ValueError) as exc:
+        raise AuthorizationQueryParametersError(
+            "Query-string authentication version 4 requires the X-Amz-Algorithm, "
+            "X-Amz-Credential, X-Amz-Signature, X-Amz-Date, X-Amz-SignedHeaders, "
+            "and X-Amz-Expires parameters."
+        ) from exc
+    if not 0 <= claim.expires_s <= MAX_EXPIRES_S:
+        raise AuthorizationQueryParametersError(
+            "X-Amz-Expires must be between 0 and 604800 seconds"
+        )
+    return claim
+
+
+def _check_time(claim: _Claim, date: str, now_s: float) -> None:
+    """The signing time against the scope date, the clock and a presigned URL's expiry."""
+    signed_at = _parse_amz_date(claim.timestamp)
+    if claim.timestamp[:8] != date:
+        raise claim.error_cls("The credential scope date does not match X-Amz-Date")
+    if claim.expires_s is not None:
+        if now_s > signed_at + claim.expires_s:
+            raise RequestExpired("Request has expired", expires=claim.expires_s)
+        if signed_at > now_s + MAX_SKEW_S:
+            raise AccessDenied("Request is not valid yet")
+    elif abs(now_s - signed_at) > MAX_SKEW_S:
+        raise RequestTimeTooSkewed(
+            "The difference between the request time and the current time is too large."
+        )
+
+
+def _signed_headers(claim: _Claim, headers, header_signed: bool) -> tuple[list[str], dict[str, str]]:
+    """The signed header names and their canonical values."""
+    signed_names = claim.signed.lower().split(";")
+    if "host" not in signed_names:
+        raise claim.error_cls("The host header must be signed")
+    sign_headers = {}
+    for name in signed_names:
+        values = headers.getall(name, [])
+        if values:
+            sign_headers[name] = ",".join(" ".join(v.split()) for v in values)
+    if header_signed:
+        # Used for the payload line even when the client did not sign the header itself.
+        sign_headers.setdefault("x-amz-content-sha256", claim.payload_hash)
+    return signed_names, sign_headers
+
+
 def verify_request(
     *,
     method: str,
@@ -248,48 +349,15 @@ def verify_request(
                           headers=headers, credentials=credentials, now_s=now_s,
                           virtual_bucket=virtual_bucket)
     if auth is not None:
-        m = _AUTH_RE.match(auth.strip())
-        if m is None:
-            raise AuthorizationHeaderMalformed("The authorization header is malformed.")
-        credential, signed, signature = m.group("cred"), m.group("signed"), m.group("sig")
-        timestamp = headers.get("X-Amz-Date") or ""
-        if not timestamp:
-            raise AccessDenied("AWS authentication requires a valid Date or x-amz-date header")
-        payload_hash = headers.get("X-Amz-Content-SHA256")
-        if payload_hash is None:
-            raise InvalidRequestError(
-                "Missing required header for this request: x-amz-content-sha256"
-            )
-        error_cls = AuthorizationHeaderMalformed
+        claim = _header_claim(auth, headers)
     elif presigned:
-        if query.get("X-Amz-Algorithm") != ALGORITHM:
-            raise AuthorizationQueryParametersError(
-                "X-Amz-Algorithm only supports \"AWS4-HMAC-SHA256\""
-            )
-        try:
-            credential = query["X-Amz-Credential"]
-            signed = query["X-Amz-SignedHeaders"]
-            signature = query["X-Amz-Signature"]
-            timestamp = query["X-Amz-Date"]
-            expires_s = int(query["X-Amz-Expires"])
-        except (KeyError, ValueError) as exc:
-            raise AuthorizationQueryParametersError(
-                "Query-string authentication version 4 requires the X-Amz-Algorithm, "
-                "X-Amz-Credential, X-Amz-Signature, X-Amz-Date, X-Amz-SignedHeaders, "
-                "and X-Amz-Expires parameters."
-            ) from exc
-        if not 0 <= expires_s <= MAX_EXPIRES_S:
-            raise AuthorizationQueryParametersError(
-                "X-Amz-Expires must be between 0 and 604800 seconds"
-            )
-        payload_hash = "UNSIGNED-PAYLOAD"
-        error_cls = AuthorizationQueryParametersError
+        claim = _query_claim(query)
     else:
         raise AccessDenied("Anonymous access is not allowed")
 
-    parts = credential.split("/")
+    parts = claim.credential.split("/")
     if len(parts) != 5 or parts[4] != "aws4_request":
-        raise error_cls(f"Error parsing the X-Amz-Credential parameter: {credential!r}")
+        raise claim.error_cls(f"Error parsing the X-Amz-Credential parameter: {claim.credential!r}")
     access_key, date, region, service, _ = parts
     secret = credentials.get(access_key)
     if secret is None:
@@ -297,34 +365,29 @@ def verify_request(
             "The AWS Access Key Id you provided does not exist in our records.",
             access_key=access_key,
         )
-    signed_at = _parse_amz_date(timestamp)
-    if timestamp[:8] != date:
-        raise error_cls("The credential scope date does not match X-Amz-Date")
-    if presigned and auth is None:
-        if now_s > signed_at + expires_s:
-            raise RequestExpired("Request has expired", expires=expires_s)
-        if signed_at > now_s + MAX_SKEW_S:
-            raise AccessDenied("Request is not valid yet")
-    elif abs(now_s - signed_at) > MAX_SKEW_S:
-        raise RequestTimeTooSkewed(
-            "The difference between the request time and the current time is too large."
-        )
-
-    signed_names = signed.lower().split(";")
-    if "host" not in signed_names:
-        raise error_cls("The host header must be signed")
-    sign_headers = {}
-    for name in signed_names:
-        values = headers.getall(name, [])
-        if values:
-            sign_headers[name] = ",".join(" ".join(v.split()) for v in values)
-    if auth is not None:
-        # Used for the payload line even when the client did not sign the header itself.
-        sign_headers.setdefault("x-amz-content-sha256", payload_hash)
-    params = [(k, v) for k, v in pairs if k != "X-Amz-Signature"]
-
+    _check_time(claim, date, now_s)
+    signed_names, sign_headers = _signed_headers(claim, headers, auth is not None)
     signer = _ClientSigned(Credentials(access_key, secret), service, region, signed_names)
-    expected = ""
+    expected = _match_signature(signer, method, raw_path, raw_query, pairs, sign_headers, claim)
+    return AuthResult(
+        access_key=access_key,
+        payload_hash=claim.payload_hash,
+        signature=expected,
+        timestamp=claim.timestamp,
+        scope=f"{date}/{region}/{service}/aws4_request",
+        signing_key=_signing_key(secret, date, region, service),
+    )
+
+
+def _match_signature(signer: _ClientSigned, method: str, raw_path: str, raw_query: str,
+                     pairs: list[tuple[str, str]], sign_headers: dict[str, str], claim: _Claim) -> str:
+    """The signature computed over each canonical form a client may have signed
+    that equals the claimed one.
+
+    Raises:
+        SignatureDoesNotMatch: none does.
+    """
+    params = [(k, v) for k, v in pairs if k != "X-Amz-Signature"]
     # Query as RFC 3986 re-encoded from the decoded pairs (the spec), then as sent
     # (clients that sign their own, not fully encoded, query string).
     raw_signed_query = "&".join(
@@ -339,22 +402,15 @@ def verify_request(
             headers=sign_headers,
             params=query_params,
         )
-        req.context["timestamp"] = timestamp
+        req.context["timestamp"] = claim.timestamp
         canonical = signer.canonical_request(req)
         if "x-amz-content-sha256" not in sign_headers:
             # Presigned: the payload line is always UNSIGNED-PAYLOAD for S3.
             canonical = canonical.rsplit("\n", 1)[0] + "\nUNSIGNED-PAYLOAD"
         string_to_sign = signer.string_to_sign(req, canonical)
         expected = signer.signature(string_to_sign, req)
-        if hmac.compare_digest(expected, signature.lower()):
-            return AuthResult(
-                access_key=access_key,
-                payload_hash=payload_hash,
-                signature=expected,
-                timestamp=timestamp,
-                scope=f"{date}/{region}/{service}/aws4_request",
-                signing_key=_signing_key(secret, date, region, service),
-            )
+        if hmac.compare_digest(expected, claim.signature.lower()):
+            return expected
     raise SignatureDoesNotMatch(
         "The request signature we calculated does not match the signature you provided. "
         "Check your key and signing method."

@@ -1,0 +1,262 @@
+"""S3 request and response headers: ETags, conditional requests, ranges, metadata.
+
+Pure functions over header mappings and :class:`~gpufeed.engine.ObjectInfo`;
+no I/O. Used by the object and multipart handlers.
+
+Sources: RFC 9110 sections 13 (conditional requests) and 14 (range requests);
+"PutObject" and "GetObject", Amazon S3 API Reference.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from multidict import CIMultiDict
+
+from ..engine import ObjectInfo
+from ..errors import InvalidDigest, InvalidRange, MetadataTooLarge, NotModified, PreconditionFailed
+from ..store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest, resolve_range
+from ._xml import http_date, parse_http_date
+
+__all__ = [
+    "quote_etag",
+    "strip_etag",
+    "etag_matches",
+    "check_conditions",
+    "parse_range",
+    "stored_headers",
+    "user_metadata",
+    "content_md5",
+    "object_headers",
+    "write_conditions",
+    "checksum_headers",
+    "RESPONSE_OVERRIDES",
+    "MAX_USER_METADATA",
+]
+
+#: S3's limit on user-defined metadata (names + values), bytes.
+MAX_USER_METADATA = 2 << 10  # 2 KiB
+
+#: Standard headers S3 stores at upload and returns on GET/HEAD, as spelled in responses.
+#: Source: "PutObject" request headers, Amazon S3 API Reference.
+_STORED_HEADERS = (
+    "Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language", "Expires",
+    "x-amz-website-redirect-location",
+)
+
+#: GetObject query parameters that override a response header.
+RESPONSE_OVERRIDES = {
+    "response-content-type": "Content-Type",
+    "response-content-language": "Content-Language",
+    "response-expires": "Expires",
+    "response-cache-control": "Cache-Control",
+    "response-content-disposition": "Content-Disposition",
+    "response-content-encoding": "Content-Encoding",
+}
+
+_FAILED = "At least one of the pre-conditions you specified did not hold"
+
+
+def quote_etag(etag: str) -> str:
+    """An ETag as sent in headers and XML: in double quotes."""
+    return f'"{etag}"'
+
+
+def strip_etag(value: str) -> str:
+    """A client's ETag without ``W/`` and quotes."""
+    value = value.strip()
+    if value.startswith("W/"):
+        value = value[2:]
+    return value.strip('"')
+
+
+def etag_matches(header: str, etag: str) -> bool:
+    """Whether an ``If-Match``-style list (``*`` or comma-separated ETags) names ``etag``."""
+    for item in header.split(","):
+        item = item.strip()
+        if item == "*" or strip_etag(item) == etag:
+            return True
+    return False
+
+
+def check_conditions(headers, info: ObjectInfo, *, copy_source: bool = False) -> None:
+    """Evaluate If-Match / If-None-Match / If-(Un)Modified-Since (RFC 9110 section 13.2.2).
+
+    Args:
+        headers: request headers.
+        info: the object the conditions are about.
+        copy_source: read the ``x-amz-copy-source-if-*`` variants, where every
+            failure is 412 (CopyObject / UploadPartCopy).
+
+    Raises:
+        PreconditionFailed: 412.
+        NotModified: 304 (GET/HEAD only).
+    """
+    p = "x-amz-copy-source-" if copy_source else ""
+    if_match = headers.get(p + "If-Match")
+    if_none_match = headers.get(p + "If-None-Match")
+    modified_s = int(info.last_modified)
+    if if_match is not None:
+        if not etag_matches(if_match, info.etag):
+            raise PreconditionFailed(_FAILED, condition="If-Match")
+    else:
+        since = parse_http_date(headers.get(p + "If-Unmodified-Since"))
+        if since is not None and modified_s > since:
+            raise PreconditionFailed(_FAILED, condition="If-Unmodified-Since")
+    if if_none_match is not None:
+        if etag_matches(if_none_match, info.etag):
+            if copy_source:
+                raise PreconditionFailed(_FAILED, condition="x-amz-copy-source-If-None-Match")
+            raise NotModified("Not Modified", etag=info.etag, last_modified=info.last_modified)
+    else:
+        since = parse_http_date(headers.get(p + "If-Modified-Since"))
+        if since is not None and modified_s <= since:
+            if copy_source:
+                raise PreconditionFailed(_FAILED, condition="x-amz-copy-source-If-Modified-Since")
+            raise NotModified("Not Modified", etag=info.etag, last_modified=info.last_modified)
+
+
+def parse_range(value: str | None, size: int):
+    """Parse a ``Range: bytes=...`` header for an object of ``size`` bytes.
+
+    Returns:
+        ``(start, length)`` or None when there is no usable range (absent,
+        malformed or several ranges: S3 then answers the whole object).
+
+    Raises:
+        InvalidRange: the range cannot be satisfied (416).
+    """
+    if not value:
+        return None
+    value = value.strip()
+    if not value.startswith("bytes=") or "," in value:
+        return None
+    spec = value[6:].strip()
+    first, dash, last = spec.partition("-")
+    if not dash:
+        return None
+    try:
+        if first == "":
+            if not last.isdigit():
+                return None
+            req = SuffixByteRequest(int(last))
+        elif last == "":
+            if not first.isdigit():
+                return None
+            req = OffsetByteRequest(int(first))
+        else:
+            if not (first.isdigit() and last.isdigit()):
+                return None
+            a, b = int(first), int(last)
+            if b < a:
+                return None  # syntactically invalid: ignored (RFC 9110 section 14.2)
+            req = RangeByteRequest(a, b + 1)
+    except ValueError:
+        return None
+    if size == 0 or (isinstance(req, SuffixByteRequest) and req.suffix == 0):
+        raise InvalidRange("The requested range is not satisfiable", size=size)
+    return resolve_range(req, size)
+
+
+def stored_headers(headers) -> dict[str, str]:
+    """The standard headers of an upload request that S3 stores with the object.
+
+    ``aws-chunked`` is the transfer framing of the request, not the object's
+    coding, so it is dropped from ``Content-Encoding`` (as S3 does).
+    """
+    out: dict[str, str] = {}
+    for name in _STORED_HEADERS:
+        value = headers.get(name)
+        if value is None:
+            continue
+        if name == "Content-Encoding":
+            value = ",".join(c.strip() for c in value.split(",") if c.strip().lower() not in ("aws-chunked", ""))
+            if not value:
+                continue
+        out[name] = value
+    return out
+
+
+def user_metadata(headers) -> dict[str, str]:
+    """The ``x-amz-meta-*`` headers as ``{name: value}`` (names lower-cased,
+    repeated names joined with commas).
+
+    Raises:
+        MetadataTooLarge: names and values exceed :data:`MAX_USER_METADATA` bytes.
+    """
+    meta: dict[str, str] = {}
+    for name, value in headers.items():
+        lname = name.lower()
+        if lname.startswith("x-amz-meta-"):
+            k = lname[len("x-amz-meta-"):]
+            meta[k] = f"{meta[k]},{value}" if k in meta else value
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in meta.items())
+    if size > MAX_USER_METADATA:
+        raise MetadataTooLarge(
+            f"Your metadata headers exceed the maximum allowed metadata size ({size} > "
+            f"{MAX_USER_METADATA} bytes)")
+    return meta
+
+
+def content_md5(headers) -> str | None:
+    """The ``Content-MD5`` header (base64 of 16 bytes), stripped, or None.
+
+    Raises:
+        InvalidDigest: not base64 of 16 bytes.
+    """
+    value = headers.get("Content-MD5")
+    if value is None:
+        return None
+    try:
+        raw = base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidDigest("The Content-MD5 you specified was invalid.") from exc
+    if len(raw) != 16:
+        raise InvalidDigest("The Content-MD5 you specified was invalid.")
+    return value.strip()
+
+
+def object_headers(info: ObjectInfo, *, checksums: bool) -> CIMultiDict:
+    """The GetObject / HeadObject response headers of an object.
+
+    Args:
+        info: the object.
+        checksums: add its ``x-amz-checksum-*`` headers and checksum type.
+    """
+    h: CIMultiDict = CIMultiDict()
+    h["ETag"] = quote_etag(info.etag)
+    h["Last-Modified"] = http_date(info.last_modified)
+    h["Content-Type"] = info.content_type or "application/octet-stream"
+    h["Accept-Ranges"] = "bytes"
+    for k, v in info.headers.items():
+        h[k] = v
+    for k, v in info.metadata.items():
+        h[f"x-amz-meta-{k}"] = v
+    if checksums and info.checksums:
+        for alg, v in info.checksums.items():
+            h[f"x-amz-checksum-{alg}"] = v
+        # A multipart object's "<b64>-N" is a checksum of the part checksums.
+        composite = any("-" in v for v in info.checksums.values())
+        h["x-amz-checksum-type"] = "COMPOSITE" if composite else "FULL_OBJECT"
+    return h
+
+
+def write_conditions(headers) -> dict[str, str]:
+    """``If-Match`` / ``If-None-Match`` of a write as engine commit arguments
+    (one ETag or ``*`` each, as S3 takes them; quotes removed)."""
+    out: dict[str, str] = {}
+    for header, arg in (("If-Match", "if_match"), ("If-None-Match", "if_none_match")):
+        value = headers.get(header)
+        if value is not None:
+            out[arg] = "*" if value.strip() == "*" else strip_etag(value)
+    return out
+
+
+def checksum_headers(etag: str, checksums: dict[str, str]) -> dict[str, str]:
+    """The response headers of a PutObject / UploadPart: its ETag and the
+    ``x-amz-checksum-*`` values verified on the body."""
+    headers = {"ETag": quote_etag(etag)}
+    for alg, v in checksums.items():
+        headers[f"x-amz-checksum-{alg}"] = v
+    return headers

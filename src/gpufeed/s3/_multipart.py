@@ -1,0 +1,292 @@
+"""S3 multipart uploads: Create, UploadPart, UploadPartCopy, Complete, Abort,
+ListParts and ListMultipartUploads.
+
+Source: "Uploading and copying objects using multipart upload", Amazon S3
+User Guide, and the operations of the same names in the API Reference.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from aiohttp import web
+
+from ..errors import InternalError, InvalidArgument, MalformedXML
+from ._context import HandlerTable, S3Request, Services
+from ._headers import (
+    check_conditions,
+    checksum_headers,
+    content_md5,
+    quote_etag,
+    stored_headers,
+    strip_etag,
+    user_metadata,
+    write_conditions,
+)
+from ._listing import url_encoder
+from ._router import (
+    AbortMultipartUpload,
+    CompleteMultipartUpload,
+    CreateMultipartUpload,
+    ListMultipartUploads,
+    ListParts,
+    UploadPart,
+    UploadPartCopy,
+)
+from ._xml import child_text, element, iso8601, local, parse_xml, sub
+
+__all__ = ["HANDLERS"]
+
+#: XML element of each checksum algorithm (CompleteMultipartUploadResult, ListParts).
+_CHECKSUM_ELEMENT = {
+    "crc32": "ChecksumCRC32", "crc32c": "ChecksumCRC32C", "crc64nvme": "ChecksumCRC64NVME",
+    "sha1": "ChecksumSHA1", "sha256": "ChecksumSHA256",
+}
+
+
+# -- uploads -----------------------------------------------------------------------
+
+async def create_multipart_upload(s: Services, req: S3Request, ep: CreateMultipartUpload) -> web.Response:
+    """CreateMultipartUpload: a new upload id; metadata is taken now."""
+    h = req.headers
+    up = await s.call(s.engine.create_multipart_upload, ep.bucket, ep.key,
+                      content_type=h.get("Content-Type"), metadata=user_metadata(h),
+                      headers=stored_headers(h))
+    root = element("InitiateMultipartUploadResult")
+    sub(root, "Bucket", ep.bucket)
+    sub(root, "Key", ep.key)
+    sub(root, "UploadId", up.upload_id)
+    headers = {}
+    alg = h.get("x-amz-checksum-algorithm")
+    if alg:
+        headers["x-amz-checksum-algorithm"] = alg
+    return s.xml(root, headers=headers)
+
+
+async def upload_part(s: Services, req: S3Request, ep: UploadPart) -> web.Response:
+    """UploadPart: stream the body into the part, replacing an earlier one."""
+    md5 = content_md5(req.headers)
+    pending = await s.call(s.engine.begin_part, ep.bucket, ep.key, ep.upload_id, ep.part_number)
+
+    def commit(checksums, expected_size):
+        return pending.commit(content_md5=md5, expected_size=expected_size, checksums=checksums)
+
+    part, checksums = await s.receive(req, pending, commit)
+    return web.Response(status=200, headers=checksum_headers(part.etag, checksums))
+
+
+def _copy_range(value: str | None, size: int) -> tuple[int, int]:
+    """``x-amz-copy-source-range: bytes=first-last`` -> ``(offset, count)``
+    within a source of ``size`` bytes (the whole source when absent).
+
+    Raises:
+        InvalidArgument: malformed, or not inside the source.
+    """
+    if value is None:
+        return 0, size
+    first, _, last = value.strip().removeprefix("bytes=").partition("-")
+    if not (first.isdigit() and last.isdigit()):
+        raise InvalidArgument("The x-amz-copy-source-range value must be of the form bytes=first-last")
+    offset, end = int(first), int(last)
+    if end < offset or end >= size:
+        raise InvalidArgument(f"Range specified is not valid for source object of size: {size}")
+    return offset, end - offset + 1
+
+
+async def upload_part_copy(s: Services, req: S3Request, ep: UploadPartCopy) -> web.Response:
+    """UploadPartCopy: a part copied from (a byte range of) an object, file to file."""
+    h = req.headers
+    src, fobj = await s.open_object(ep.source_bucket, ep.source_key)
+    try:
+        check_conditions(h, src, copy_source=True)
+        offset, count = _copy_range(h.get("x-amz-copy-source-range"), src.size)
+    except BaseException:
+        fobj.close()
+        raise
+
+    def run():
+        with fobj:
+            pending = s.engine.begin_part(ep.bucket, ep.key, ep.upload_id, ep.part_number)
+            with pending:
+                done = 0
+                while done < count:
+                    n = pending.write_from_fd(fobj.fileno(), offset + done, count - done)
+                    if n <= 0:
+                        raise InternalError("source object is shorter than its catalog size")
+                    done += n
+                return pending.commit(expected_size=count)
+
+    part = await s.call(run)
+    root = element("CopyPartResult")
+    sub(root, "LastModified", iso8601(part.last_modified))
+    sub(root, "ETag", quote_etag(part.etag))
+    return s.xml(root)
+
+
+def _complete_parts(data: bytes) -> list[tuple[int, str]]:
+    """A CompleteMultipartUpload document -> ``[(part number, etag)]``.
+
+    Raises:
+        MalformedXML: not that document, a Part without a number or ETag, or no part.
+    """
+    doc = parse_xml(data)
+    if local(doc.tag) != "CompleteMultipartUpload":
+        raise MalformedXML("expected a CompleteMultipartUpload document")
+    parts = []
+    for el in doc:
+        if local(el.tag) != "Part":
+            continue
+        number, etag = child_text(el, "PartNumber"), child_text(el, "ETag")
+        if number is None or etag is None:
+            raise MalformedXML("each Part needs a PartNumber and an ETag")
+        try:
+            parts.append((int(number), strip_etag(etag)))
+        except ValueError as exc:
+            raise MalformedXML("PartNumber must be an integer") from exc
+    if not parts:
+        raise MalformedXML("The XML you provided was not well-formed or did not validate against our published schema.")
+    return parts
+
+
+async def complete_multipart_upload(s: Services, req: S3Request, ep: CompleteMultipartUpload) -> web.Response:
+    """CompleteMultipartUpload: join the listed parts into the object, atomically
+    (with the request's If-Match / If-None-Match checked inside the commit)."""
+    parts = _complete_parts(await s.read_xml(req))
+    info = await s.call(s.engine.complete_multipart_upload, ep.bucket, ep.key,
+                        ep.upload_id, parts, **write_conditions(req.headers))
+    root = element("CompleteMultipartUploadResult")
+    host = req.target.host or ""
+    sub(root, "Location", f"http://{host}/{quote(ep.bucket)}/{quote(ep.key)}")
+    sub(root, "Bucket", ep.bucket)
+    sub(root, "Key", ep.key)
+    sub(root, "ETag", quote_etag(info.etag))
+    for alg, value in info.checksums.items():
+        sub(root, _CHECKSUM_ELEMENT[alg], value)
+    if info.checksums:
+        sub(root, "ChecksumType", "COMPOSITE")
+    return s.xml(root)
+
+
+async def abort_multipart_upload(s: Services, req: S3Request, ep: AbortMultipartUpload) -> web.Response:
+    """AbortMultipartUpload: drop the upload and its parts."""
+    await s.call(s.engine.abort_multipart_upload, ep.bucket, ep.key, ep.upload_id)
+    return web.Response(status=204)
+
+
+# -- listings ----------------------------------------------------------------------
+
+async def list_parts(s: Services, req: S3Request, ep: ListParts) -> web.Response:
+    """ListParts: one page of an upload's parts in part-number order."""
+    q = req.query
+    max_parts = s.query_int(q, "max-parts", 1000, 1000)
+    marker = s.query_int(q, "part-number-marker", 0, 10000)
+    parts = await s.call(s.engine.list_parts, ep.bucket, ep.key, ep.upload_id)
+    parts = sorted((p for p in parts if p.part_number > marker), key=lambda p: p.part_number)
+    page, truncated = parts[:max_parts], len(parts) > max_parts
+    root = element("ListPartsResult")
+    sub(root, "Bucket", ep.bucket)
+    sub(root, "Key", ep.key)
+    sub(root, "UploadId", ep.upload_id)
+    s.owner(root, "Initiator")
+    s.owner(root)
+    sub(root, "StorageClass", "STANDARD")
+    sub(root, "PartNumberMarker", marker)
+    sub(root, "NextPartNumberMarker", page[-1].part_number if page else marker)
+    sub(root, "MaxParts", max_parts)
+    sub(root, "IsTruncated", truncated)
+    for p in page:
+        el = sub(root, "Part")
+        sub(el, "PartNumber", p.part_number)
+        sub(el, "LastModified", iso8601(p.last_modified))
+        sub(el, "ETag", quote_etag(p.etag))
+        sub(el, "Size", p.size)
+        for alg, value in p.checksums.items():
+            sub(el, _CHECKSUM_ELEMENT[alg], value)
+    return s.xml(root)
+
+
+def _upload_entries(uploads, prefix: str, delimiter: str, key_marker: str, id_marker: str) -> list:
+    """Uploads after the markers, and the common prefixes that group them, in key order.
+
+    Returns:
+        A list of :class:`~gpufeed.engine.UploadInfo` and prefix strings.
+    """
+    uploads = sorted(uploads, key=lambda u: (u.key.encode(), u.initiated, u.upload_id))
+    if key_marker:
+        uploads = [u for u in uploads
+                   if u.key.encode() > key_marker.encode()
+                   or (id_marker and u.key == key_marker and (u.initiated, u.upload_id) >
+                       next(((x.initiated, x.upload_id) for x in uploads if x.upload_id == id_marker),
+                            (float("inf"), "")))]
+    entries: list = []
+    seen_prefixes = set()
+    for u in uploads:
+        if delimiter:
+            rest = u.key[len(prefix):]
+            idx = rest.find(delimiter)
+            if idx != -1:
+                cp = prefix + rest[: idx + len(delimiter)]
+                if cp not in seen_prefixes:
+                    seen_prefixes.add(cp)
+                    entries.append(cp)
+                continue
+        entries.append(u)
+    return entries
+
+
+async def list_multipart_uploads(s: Services, req: S3Request, ep: ListMultipartUploads) -> web.Response:
+    """ListMultipartUploads: one page of the bucket's uploads in progress."""
+    q = req.query
+    prefix = q.get("prefix", "")
+    delimiter = q.get("delimiter", "")
+    key_marker = q.get("key-marker", "")
+    id_marker = q.get("upload-id-marker", "")
+    max_uploads = s.query_int(q, "max-uploads", 1000, 1000)
+    encoding = q.get("encoding-type")
+    uploads = await s.call(s.engine.list_multipart_uploads, ep.bucket, prefix)
+    entries = _upload_entries(uploads, prefix, delimiter, key_marker, id_marker)
+    page, truncated = entries[:max_uploads], len(entries) > max_uploads
+    enc = url_encoder(encoding)
+    root = element("ListMultipartUploadsResult")
+    sub(root, "Bucket", ep.bucket)
+    sub(root, "KeyMarker", enc(key_marker))
+    sub(root, "UploadIdMarker", id_marker)
+    if truncated and page:
+        last = page[-1]
+        sub(root, "NextKeyMarker", enc(last if isinstance(last, str) else last.key))
+        sub(root, "NextUploadIdMarker", "" if isinstance(last, str) else last.upload_id)
+    sub(root, "MaxUploads", max_uploads)
+    if prefix:
+        sub(root, "Prefix", enc(prefix))
+    if delimiter:
+        sub(root, "Delimiter", enc(delimiter))
+    if encoding:
+        sub(root, "EncodingType", encoding)
+    sub(root, "IsTruncated", truncated)
+    for e in page:
+        if isinstance(e, str):
+            continue
+        el = sub(root, "Upload")
+        sub(el, "Key", enc(e.key))
+        sub(el, "UploadId", e.upload_id)
+        s.owner(el, "Initiator")
+        s.owner(el)
+        sub(el, "StorageClass", "STANDARD")
+        sub(el, "Initiated", iso8601(e.initiated))
+    for e in page:
+        if isinstance(e, str):
+            cp = sub(root, "CommonPrefixes")
+            sub(cp, "Prefix", enc(e))
+    return s.xml(root)
+
+
+#: Endpoint -> handler of this family.
+HANDLERS: HandlerTable = {
+    CreateMultipartUpload: create_multipart_upload,
+    UploadPart: upload_part,
+    UploadPartCopy: upload_part_copy,
+    CompleteMultipartUpload: complete_multipart_upload,
+    AbortMultipartUpload: abort_multipart_upload,
+    ListParts: list_parts,
+    ListMultipartUploads: list_multipart_uploads,
+}

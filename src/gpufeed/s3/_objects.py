@@ -1,0 +1,295 @@
+"""S3 object operations: GetObject, HeadObject, GetObjectAcl, PutObject,
+CopyObject, DeleteObject, DeleteObjects.
+
+Uploads stream into :meth:`gpufeed.engine.Engine.begin_put` chunk by chunk;
+downloads are sent with ``sendfile`` from the object's immutable data file.
+
+Source: Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API/
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..engine import MAX_KEY_BYTES
+from ..errors import (
+    GpufeedError,
+    InvalidArgument,
+    InvalidRequestError,
+    KeyTooLong,
+    MalformedXML,
+    NoSuchKey,
+    PreconditionFailed,
+)
+from ._context import HandlerTable, S3Request, Services
+from ._headers import (
+    RESPONSE_OVERRIDES,
+    check_conditions,
+    checksum_headers,
+    content_md5,
+    etag_matches,
+    object_headers,
+    parse_range,
+    quote_etag,
+    stored_headers,
+    user_metadata,
+    write_conditions,
+)
+from ._router import (
+    CopyObject,
+    DeleteObject,
+    DeleteObjects,
+    GetObject,
+    GetObjectAcl,
+    HeadObject,
+    PutObject,
+)
+from ._xml import child_text, element, iso8601, local, parse_xml, sub
+
+__all__ = ["HANDLERS"]
+
+#: Most keys one DeleteObjects request may name.
+_MAX_DELETE_KEYS = 1000
+
+
+class _SendfileResponse(web.StreamResponse):
+    """Sends ``count`` bytes of an open file from ``offset`` with ``loop.sendfile``."""
+
+    def __init__(self, fobj, offset: int, count: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._fobj = fobj
+        self._offset = offset
+        self._count = count
+        self.content_length = count
+
+    async def prepare(self, request):
+        if self._payload_writer is not None:
+            return self._payload_writer
+        try:
+            writer = await super().prepare(request)
+            if request.method == "HEAD" or self._count == 0:
+                await super().write_eof()
+                return writer
+            transport = request.transport
+            if transport is None:
+                raise ConnectionResetError("Connection lost")
+            try:
+                await request._loop.sendfile(transport, self._fobj, self._offset, self._count)
+            except NotImplementedError:
+                self._fobj.seek(self._offset)
+                left = self._count
+                while left:
+                    chunk = await request._loop.run_in_executor(None, self._fobj.read, min(left, 1 << 20))
+                    if not chunk:
+                        break
+                    await writer.write(chunk)
+                    left -= len(chunk)
+            await super().write_eof()
+            return writer
+        finally:
+            self._fobj.close()
+
+
+# -- reads -------------------------------------------------------------------------
+
+async def get_object(s: Services, req: S3Request, ep: GetObject) -> web.StreamResponse:
+    """GetObject: the object or one byte range of it, sent with ``sendfile``."""
+    return await _get(s, req, ep, head=False)
+
+
+async def head_object(s: Services, req: S3Request, ep: HeadObject) -> web.StreamResponse:
+    """HeadObject: GetObject's status and headers, no body."""
+    return await _get(s, req, ep, head=True)
+
+
+async def _get(s: Services, req: S3Request, ep: GetObject | HeadObject, *, head: bool) -> web.StreamResponse:
+    h = req.headers
+    fobj = None
+    if head:
+        info = await s.call(s.engine.head_object, ep.bucket, ep.key)
+    else:
+        info, fobj = await s.open_object(ep.bucket, ep.key)
+    try:
+        check_conditions(h, info)
+        rng = parse_range(h.get("Range"), info.size)
+        if rng is not None and req.query.get("partNumber"):
+            raise InvalidRequestError("Cannot specify both Range header and partNumber query parameter")
+        headers = object_headers(info, checksums=rng is None and
+                                 h.get("x-amz-checksum-mode", "").upper() == "ENABLED")
+        for param, header in RESPONSE_OVERRIDES.items():
+            if param in req.query:
+                headers[header] = req.query[param]
+        status = 200
+        offset, count = 0, info.size
+        if rng is not None:
+            offset, count = rng
+            status = 206
+            headers["Content-Range"] = f"bytes {offset}-{offset + count - 1}/{info.size}"
+    except BaseException:
+        if fobj is not None:
+            fobj.close()
+        raise
+    if head:
+        resp = web.StreamResponse(status=status, headers=headers)
+        resp.content_length = count
+        await resp.prepare(req.http)
+        await resp.write_eof()
+        return resp
+    return _SendfileResponse(fobj, offset, count, status=status, headers=headers)
+
+
+async def get_object_acl(s: Services, req: S3Request, ep: GetObjectAcl) -> web.Response:
+    """GetObjectAcl: the owner has FULL_CONTROL."""
+    await s.call(s.engine.head_object, ep.bucket, ep.key)
+    return s.acl()
+
+
+# -- writes ------------------------------------------------------------------------
+
+def _check_write_conditions(s: Services, req: S3Request, bucket: str, key: str) -> None:
+    """If-Match / If-None-Match on PutObject, checked early (blocking) so a
+    failing request is refused before its body is read. Only a fast path: the
+    engine checks the same conditions again, atomically, inside its commit
+    (see :func:`~gpufeed.s3._headers.write_conditions`)."""
+    h = req.headers
+    if "If-Match" not in h and "If-None-Match" not in h:
+        return
+    try:
+        info = s.engine.head_object(bucket, key)
+    except NoSuchKey:
+        if "If-Match" in h:
+            raise
+        return
+    failed = "At least one of the pre-conditions you specified did not hold"
+    if "If-None-Match" in h and etag_matches(h["If-None-Match"], info.etag):
+        raise PreconditionFailed(failed, condition="If-None-Match")
+    if "If-Match" in h and not etag_matches(h["If-Match"], info.etag):
+        raise PreconditionFailed(failed, condition="If-Match")
+
+
+async def put_object(s: Services, req: S3Request, ep: PutObject) -> web.Response:
+    """PutObject: stream the body into a new version, committed atomically."""
+    h = req.headers
+    md5 = content_md5(h)
+    metadata = user_metadata(h)
+    content_type = h.get("Content-Type")
+    stored = stored_headers(h)
+    conditions = write_conditions(h)
+    await s.call(_check_write_conditions, s, req, ep.bucket, ep.key)
+    pending = await s.call(s.engine.begin_put, ep.bucket, ep.key)
+
+    def commit(checksums, expected_size):
+        return pending.commit(content_type=content_type, metadata=metadata, checksums=checksums,
+                              content_md5=md5, expected_size=expected_size, headers=stored,
+                              **conditions)
+
+    info, checksums = await s.receive(req, pending, commit)
+    return web.Response(status=200, headers=checksum_headers(info.etag, checksums))
+
+
+async def copy_object(s: Services, req: S3Request, ep: CopyObject) -> web.Response:
+    """CopyObject, with the ``COPY`` or ``REPLACE`` metadata directive.
+
+    Raises:
+        InvalidArgument: an unknown metadata directive.
+        InvalidRequestError: a copy onto itself that changes nothing.
+    """
+    h = req.headers
+    directive = h.get("x-amz-metadata-directive", "COPY").upper()
+    if directive not in ("COPY", "REPLACE"):
+        raise InvalidArgument("Unknown metadata directive.")
+    src = await s.call(s.engine.head_object, ep.source_bucket, ep.source_key)
+    check_conditions(h, src, copy_source=True)
+    if directive == "COPY" and (ep.source_bucket, ep.source_key) == (ep.bucket, ep.key):
+        raise InvalidRequestError(
+            "This copy request is illegal because it is trying to copy an object to itself "
+            "without changing the object's metadata, storage class, website redirect location "
+            "or encryption attributes."
+        )
+    metadata = content_type = stored = None
+    if directive == "REPLACE":
+        metadata = user_metadata(h)
+        content_type = h.get("Content-Type")
+        stored = stored_headers(h)
+    info = await s.call(s.engine.copy_object, ep.source_bucket, ep.source_key, ep.bucket, ep.key,
+                        metadata=metadata, content_type=content_type, headers=stored)
+    root = element("CopyObjectResult")
+    sub(root, "LastModified", iso8601(info.last_modified))
+    sub(root, "ETag", quote_etag(info.etag))
+    return s.xml(root)
+
+
+# -- deletes -----------------------------------------------------------------------
+
+async def delete_object(s: Services, req: S3Request, ep: DeleteObject) -> web.Response:
+    """DeleteObject: 204 whether or not the key existed."""
+    await s.call(s.engine.delete_object, ep.bucket, ep.key)
+    return web.Response(status=204)
+
+
+def _delete_keys(data: bytes) -> tuple[list[str], bool]:
+    """A Delete document -> (keys, quiet).
+
+    Raises:
+        MalformedXML: not a Delete document, an Object without a Key, or not
+            1 to 1000 objects.
+    """
+    doc = parse_xml(data)
+    if local(doc.tag) != "Delete":
+        raise MalformedXML("expected a Delete document")
+    quiet = (child_text(doc, "Quiet") or "").strip().lower() == "true"
+    keys = []
+    for el in doc:
+        if local(el.tag) == "Object":
+            key = child_text(el, "Key")
+            if key is None:
+                raise MalformedXML("an Object without a Key")
+            keys.append(key)
+    if not keys or len(keys) > _MAX_DELETE_KEYS:
+        raise MalformedXML("Delete must name between 1 and 1000 objects")
+    return keys, quiet
+
+
+async def delete_objects(s: Services, req: S3Request, ep: DeleteObjects) -> web.Response:
+    """DeleteObjects: delete up to 1000 keys; each failure is reported in the
+    result document, not as the request's status."""
+    keys, quiet = _delete_keys(await s.read_xml(req))
+    await s.call(s.engine.head_bucket, ep.bucket)
+
+    def run() -> list[tuple[str, GpufeedError | None]]:
+        out = []
+        for key in keys:
+            try:
+                if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+                    raise KeyTooLong("Your key is too long")
+                s.engine.delete_object(ep.bucket, key)
+                out.append((key, None))
+            except GpufeedError as exc:
+                out.append((key, exc))
+        return out
+
+    results = await s.call(run)
+    root = element("DeleteResult")
+    for key, err in results:
+        if err is None:
+            if not quiet:
+                d = sub(root, "Deleted")
+                sub(d, "Key", key)
+        else:
+            e = sub(root, "Error")
+            sub(e, "Key", key)
+            sub(e, "Code", err.code)
+            sub(e, "Message", err.message)
+    return s.xml(root)
+
+
+#: Endpoint -> handler of this family.
+HANDLERS: HandlerTable = {
+    GetObject: get_object,
+    HeadObject: head_object,
+    GetObjectAcl: get_object_acl,
+    PutObject: put_object,
+    CopyObject: copy_object,
+    DeleteObject: delete_object,
+    DeleteObjects: delete_objects,
+}
