@@ -1,5 +1,5 @@
-"""The fast path's op handlers: each decodes nothing and owns no state, it asks
-the engine (or the region lending) and sends one reply (spec:
+"""The fast path's op handlers: each gets a decoded request, asks the engine (or
+the region lending) and sends one reply; none keeps state of its own (spec:
 ``docs/wire-protocol.md``).
 
 * TCP replies send object bytes with ``os.sendfile`` straight from the page
@@ -74,11 +74,13 @@ class Ops:
 
     # --- session and memory --------------------------------------------------------
     def hello(self, conn: Connection, rid: int, req: p.Hello) -> None:
+        """Name the server, its protocol version, transport and optional ops."""
         features = ["alloc_region", "map"] if conn.transport == "shm" else []
         conn.reply(p.Op.HELLO, rid, p.HelloReply(self.server_name, p.VERSION, conn.transport,
                                                  features))
 
     def register(self, conn: Connection, rid: int, req: p.Register) -> None:
+        """Map the memfd that came with the frame as a region (shm only)."""
         if conn.transport != "shm":
             raise InvalidArgument("memory regions can only be registered over the shm transport")
         if not conn.fds_in:
@@ -92,6 +94,7 @@ class Ops:
         conn.reply(p.Op.REGISTER, rid, p.Empty())
 
     def unregister(self, conn: Connection, rid: int, req: p.Unregister) -> None:
+        """Drop a region; a lent one may go back to the pool (see :class:`Lending`)."""
         self.lending.unregister(conn.memory, req.region_id, req.unmapped)
         conn.reply(p.Op.UNREGISTER, rid, p.Empty())
 
@@ -103,11 +106,13 @@ class Ops:
         conn.reply_with_fd(p.Op.ALLOC_REGION, rid, p.AllocRegionReply(owned.size, reused), owned.fd)
 
     def forked(self, conn: Connection, rid: int, req: p.Empty) -> None:
+        """The client forked: what it was lent so far is never lent again."""
         self.lending.forked(conn.memory)
         conn.reply(p.Op.FORKED, rid, p.Empty())
 
     # --- objects -------------------------------------------------------------------
     def head(self, conn: Connection, rid: int, req: p.Head) -> None:
+        """An object's metadata."""
         conn.reply(p.Op.HEAD, rid, _meta(self.engine.head_object(req.bucket, req.key)))
 
     def map(self, conn: Connection, rid: int, req: p.Head) -> None:
@@ -124,6 +129,7 @@ class Ops:
             os.close(fd)
 
     def get(self, conn: Connection, rid: int, req: p.Get) -> None:
+        """One object range: sent by ``sendfile`` (TCP) or read into a region (shm)."""
         info, f = self.files.open(req.bucket, req.key)
         try:
             start, n = _extent(req, info.size)
@@ -141,6 +147,7 @@ class Ops:
             self.files.release(f)
 
     def getv(self, conn: Connection, rid: int, req: p.GetV) -> None:
+        """A batch of ranges; each item fails alone (its error is in the reply)."""
         batch = _Batch(len(req.items))
         try:
             for i, item in enumerate(req.items):
@@ -201,6 +208,7 @@ class Ops:
                 batch.digests[t[0]] += sums
 
     def put_region(self, conn: Connection, rid: int, req: p.Put) -> None:
+        """Store an object from bytes in a registered region (shm)."""
         src = conn.memory.region(req.region).view(req.region_offset, req.length)
         try:
             with self.engine.begin_put(req.bucket, req.key, etag="xxh3") as pending:
@@ -244,10 +252,12 @@ class Ops:
         conn.reply(p.Op.PUT, rid, _meta(info))
 
     def delete(self, conn: Connection, rid: int, req: p.Delete) -> None:
+        """Delete an object."""
         self.engine.delete_object(req.bucket, req.key)
         conn.reply(p.Op.DELETE, rid, p.Empty())
 
     def list_objects(self, conn: Connection, rid: int, req: p.List) -> None:
+        """One page of a bucket's keys (S3 ListObjectsV2 semantics)."""
         res = self.engine.list_objects(
             req.bucket, prefix=req.prefix, delimiter=req.delimiter, start_after=req.start_after,
             continuation_token=req.token, max_keys=req.max_keys)
@@ -257,18 +267,22 @@ class Ops:
 
     # --- buckets -------------------------------------------------------------------
     def create_bucket(self, conn: Connection, rid: int, req: p.BucketReq) -> None:
+        """Create a bucket (a KV bucket with capacity and TTL, or a plain one)."""
         self.engine.create_bucket(req.bucket, kind=req.kind, capacity_bytes=req.capacity_bytes,
                                   ttl_s=req.ttl_s)
         conn.reply(p.Op.CREATE_BUCKET, rid, p.Empty())
 
     def bucket_stats(self, conn: Connection, rid: int, req: p.BucketReq) -> None:
+        """A bucket's counters."""
         conn.reply(p.Op.BUCKET_STATS, rid, p.BucketStats(**self.engine.bucket_stats(req.bucket)))
 
     def list_buckets(self, conn: Connection, rid: int, req: p.Empty) -> None:
+        """Every bucket's name."""
         conn.reply(p.Op.LIST_BUCKETS, rid,
                    p.BucketsReply([b.name for b in self.engine.list_buckets()]))
 
     def delete_bucket(self, conn: Connection, rid: int, req: p.BucketReq) -> None:
+        """Delete an empty bucket."""
         self.engine.delete_bucket(req.bucket)
         conn.reply(p.Op.DELETE_BUCKET, rid, p.Empty())
 
