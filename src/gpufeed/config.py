@@ -53,6 +53,13 @@ def _size(text: str) -> int:
     return size
 
 
+def _seconds(text: str) -> float:
+    seconds = float(text)
+    if not 0 <= seconds < float("inf"):  # also refuses nan
+        raise ValueError("a duration must be a finite number of seconds >= 0")
+    return seconds
+
+
 def _env(name: str, cast, default):
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -87,6 +94,10 @@ class NodeConfig:
             0 disables the pool. Env ``GPUFEED_REGION_POOL_BYTES`` (bytes or a size
             like ``4GiB``).
         max_object_bytes: largest single object accepted, bytes (5 TiB like S3).
+        send_timeout_s: seconds a fast-path reply may make no progress (the client
+            stopped reading) before the server closes that connection, so one stuck
+            client cannot hold the worker threads; 0 never times out. Env
+            ``GPUFEED_SEND_TIMEOUT_S``.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -101,6 +112,7 @@ class NodeConfig:
     io_threads: int = 8
     region_pool_bytes: int = 4 << 30  # 4 GiB
     max_object_bytes: int = 5 << 40  # 5 TiB
+    send_timeout_s: float = 30.0
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -118,6 +130,7 @@ class NodeConfig:
             fsync=_env("GPUFEED_FSYNC", lambda s: s not in ("0", "false", "no"), True),
             io_threads=_env("GPUFEED_IO_THREADS", int, cls.io_threads),
             region_pool_bytes=_env("GPUFEED_REGION_POOL_BYTES", _size, cls.region_pool_bytes),
+            send_timeout_s=_env("GPUFEED_SEND_TIMEOUT_S", _seconds, cls.send_timeout_s),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

@@ -1,0 +1,192 @@
+"""One fast-path connection: its read loop, and where each request runs.
+
+One reader thread per connection parses frames (cheap); small requests are
+answered inline on that thread (lowest latency), large ones go to a shared
+worker pool so several requests per connection are in flight. Whatever a
+handler raises becomes an error reply here, never a traceback to the client
+and never a dead server.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from typing import Any
+
+from ..errors import GpufeedError, InternalError, NoSuchKey, ProtocolError
+from . import protocol as p
+from ._frames import FrameIO
+from ._lending import Lending
+from ._regions import peer_process
+
+__all__ = ["Connection", "Handler", "StreamHandler"]
+
+log = logging.getLogger("gpufeed.wire")
+
+#: Requests whose data is at most this many bytes are answered inline.
+INLINE_BYTES = 256 << 10  # 256 KiB
+#: A GETV of at most this many items, each at most SMALL_ITEM_BYTES, runs inline.
+SMALL_GETV_ITEMS = 64
+SMALL_ITEM_BYTES = 16 << 10  # 16 KiB
+#: Ops that move object data (and may touch the client's shared memory).
+_DATA_OPS = (p.Op.GET, p.Op.GETV, p.Op.PUT)
+
+#: An op handler: ``(connection, request id, decoded request)``; it sends the reply.
+Handler = Callable[["Connection", int, Any], None]
+#: The handler of a PUT whose bytes follow on the socket: ``(connection, request
+#: id, request, payload bytes)``; it reads the payload and sends the reply.
+StreamHandler = Callable[["Connection", int, p.Put, int], None]
+
+
+class Connection(FrameIO):
+    """One client connection (TCP or Unix), served by its own reader thread.
+
+    Args:
+        sock: the accepted socket.
+        transport: ``"tcp"`` or ``"shm"``.
+        handlers: op -> handler of every request but a streamed PUT.
+        put_stream: the handler of a PUT whose payload follows on the socket.
+        pool: runs requests too large to answer inline.
+        lending: the server's region lending (shm: this connection's regions).
+        on_close: called once when the connection has closed.
+    """
+
+    def __init__(self, sock: socket.socket, transport: str, *, handlers: Mapping[int, Handler],
+                 put_stream: StreamHandler, pool: Executor, lending: Lending,
+                 on_close: Callable[["Connection"], None]) -> None:
+        super().__init__(sock, transport)
+        self._handlers = handlers
+        self._put_stream = put_stream
+        self._pool = pool
+        self._lending = lending
+        self._on_close = on_close
+        # shm: the peer process (to learn when it exits); requests still running
+        # are counted, as lent regions are reused only when none can touch them
+        self.memory = lending.attach(*peer_process(sock)) if transport == "shm" else lending.attach()
+        self.closed = False
+
+    # --- main loop -------------------------------------------------------------
+    def serve(self) -> None:
+        """Read and dispatch frames until EOF, a protocol error or a socket error;
+        then close the connection."""
+        try:
+            while not self.closed:
+                hdr = self.recv_header()
+                if hdr is None:
+                    return
+                try:
+                    op, meta_len, rid, payload_len = p.unpack_header(hdr)
+                except ProtocolError as exc:
+                    self.reply_error(0, exc)
+                    return
+                meta = self.recv_meta(meta_len)
+                try:
+                    self.dispatch(op, rid, meta, payload_len)
+                except ProtocolError as exc:
+                    self.reply_error(rid, exc)
+                    return
+        except ProtocolError as exc:
+            log.info("closing %s connection: %s", self.transport, exc)
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNRESET, errno.EPIPE, errno.EBADF, None):
+                log.info("connection error: %s", exc)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the socket and release what the connection holds. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self.close_fds_in()
+        self._lending.detach(self.memory)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self._on_close(self)
+
+    # --- dispatch --------------------------------------------------------------
+    def dispatch(self, op: int, rid: int, meta: bytearray, payload_len: int) -> None:
+        """Decode one request and run it, inline or on the pool.
+
+        Raises:
+            ProtocolError: an unknown op, a bad frame or descriptors where none
+                belong (the connection is then closed).
+        """
+        tp = p.REQUEST_TYPES.get(op)
+        if tp is None:
+            raise ProtocolError(f"unknown op {op}")
+        if self.fds_in and op != p.Op.REGISTER:
+            self.close_fds_in()
+            raise ProtocolError("file descriptors are accepted only with REGISTER")
+        req = p.decode(tp, meta)
+        if op == p.Op.PUT and req.region == -1:
+            self._put_stream(self, rid, req, payload_len)
+            return
+        if payload_len:
+            raise ProtocolError(f"op {op} carries no payload")
+        # every request is counted until it is done (inline ones too): a region lent
+        # to this client is reused only when nothing of its process is running
+        if self.transport == "shm":
+            self._lending.request_started(self.memory)
+        if op in _DATA_OPS and not _small(op, req):
+            try:
+                self._pool.submit(self._run_counted, op, rid, req)
+            except BaseException:
+                if self.transport == "shm":
+                    self._lending.request_done(self.memory)
+                raise
+        else:
+            self._run_counted(op, rid, req)
+
+    def _run_counted(self, op: int, rid: int, req) -> None:
+        try:
+            self._run(op, rid, req)
+        finally:
+            if self.transport == "shm":
+                self._lending.request_done(self.memory)
+
+    def _run(self, op: int, rid: int, req) -> None:
+        """Run one handler; its errors become error replies."""
+        if self.transport == "shm" and op in _DATA_OPS and self.peer_gone():
+            # Its shared memory may already hold something else (the client reused
+            # it after giving up): neither write into it nor store from it.
+            log.info("skipping op %s of a shm client that has closed its connection", op)
+            return
+        try:
+            self._handlers[op](self, rid, req)
+        except GpufeedError as exc:
+            self.reply_error(rid, exc)
+        except OSError as exc:
+            self._os_error(op, rid, exc)
+        except Exception as exc:  # never a traceback to the client, never a dead server
+            log.exception("internal error serving op %s", op)
+            self.reply_error(rid, InternalError(f"{type(exc).__name__}: {exc}"))
+
+    def _os_error(self, op: int, rid: int, exc: OSError) -> None:
+        if isinstance(exc, BlockingIOError):  # SO_SNDTIMEO: the client stopped reading
+            log.info("closing a %s connection whose client stopped reading replies",
+                     self.transport)
+            self.abort()
+            return
+        if self.closed or isinstance(exc, (BrokenPipeError, ConnectionResetError)):
+            return  # the client went away; nobody to tell
+        if isinstance(exc, FileNotFoundError):
+            self.reply_error(rid, NoSuchKey(str(exc)))
+        else:
+            log.exception("I/O error serving op %s", op)
+            self.reply_error(rid, InternalError(f"I/O error: {exc}"))
+
+
+def _small(op: int, req) -> bool:
+    """A data request small enough to answer on the reader thread."""
+    if op == p.Op.GET:
+        return 0 <= req.length <= INLINE_BYTES
+    if op == p.Op.GETV:
+        return len(req.items) <= SMALL_GETV_ITEMS and all(
+            0 <= it.length <= SMALL_ITEM_BYTES for it in req.items)
+    return False

@@ -1,0 +1,227 @@
+"""Frame I/O on one fast-path connection (spec: ``docs/wire-protocol.md``).
+
+A :class:`FrameIO` owns the socket of one connection: it reads request frames
+(the fixed header, the metadata, descriptors passed with ``SCM_RIGHTS`` on the
+shm transport, a PUT's raw payload) and writes replies (metadata only, object
+bytes by ``sendfile`` straight from the page cache, or a descriptor). The
+frame limits (magic, version, largest metadata) are checked by
+:func:`gpufeed.wire.protocol.unpack_header`; what the frames mean is the op
+handlers' business.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+
+from ..errors import GpufeedError, InternalError, ProtocolError
+from . import protocol as p
+
+__all__ = ["FrameIO", "set_send_timeout", "RECV_CHUNK"]
+
+#: Receive buffer for TCP PUT payloads.
+RECV_CHUNK = 4 << 20  # 4 MiB
+#: Room for the descriptors one ``recvmsg`` may carry (16 ints).
+_ANCILLARY_BYTES = socket.CMSG_SPACE(16 * 4)
+
+
+def set_send_timeout(sock: socket.socket, timeout_s: float) -> None:
+    """Make a send on ``sock`` that makes no progress for ``timeout_s`` seconds
+    fail (``BlockingIOError``); the socket stays blocking, so receives wait
+    forever and ``sendfile`` keeps working. 0 means never.
+
+    Args:
+        sock: a connected socket.
+        timeout_s: seconds, >= 0.
+    """
+    whole = int(timeout_s)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                    struct.pack("ll", whole, int((timeout_s - whole) * 1_000_000)))
+
+
+class FrameIO:
+    """Reads request frames from, and writes reply frames to, one socket.
+
+    Args:
+        sock: the connected socket (blocking).
+        transport: ``"tcp"`` or ``"shm"`` (a Unix socket that also carries
+            descriptors).
+
+    Replies may be sent from several threads at once (requests run on a pool);
+    each reply frame is written whole under :attr:`send_lock`.
+    """
+
+    def __init__(self, sock: socket.socket, transport: str) -> None:
+        self.sock = sock
+        self.transport = transport
+        self.send_lock = threading.Lock()
+        #: descriptors received and not yet taken by a REGISTER
+        self.fds_in: list[int] = []
+        self._hdr = bytearray(p.HEADER_SIZE)
+        self._recv_buf: bytearray | None = None
+
+    # --- reading ---------------------------------------------------------------
+    def recv_exact(self, mv: memoryview, *, at_boundary: bool = False) -> bool:
+        """Fill ``mv`` from the socket, collecting descriptors on shm.
+
+        Returns:
+            False on a clean EOF at a frame boundary (``at_boundary`` and nothing
+            read yet), else True.
+
+        Raises:
+            ProtocolError: EOF in the middle of a frame.
+            OSError: the socket failed.
+        """
+        pos, n = 0, len(mv)
+        while pos < n:
+            if self.transport == "shm":
+                got, anc, _flags, _addr = self.sock.recvmsg_into([mv[pos:]], _ANCILLARY_BYTES)
+                for level, typ, data in anc:
+                    if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                        cnt = len(data) // 4
+                        self.fds_in.extend(int.from_bytes(data[i * 4:(i + 1) * 4], "little")
+                                           for i in range(cnt))
+            else:
+                got = self.sock.recv_into(mv[pos:])
+            if got == 0:
+                if at_boundary and pos == 0:
+                    return False
+                raise ProtocolError(f"connection closed mid-frame ({pos} of {n} bytes)")
+            pos += got
+        return True
+
+    def recv_header(self) -> memoryview | None:
+        """The next frame's header bytes (reused buffer), or ``None`` at a clean EOF."""
+        hdr = memoryview(self._hdr)
+        return hdr if self.recv_exact(hdr, at_boundary=True) else None
+
+    def recv_meta(self, meta_len: int) -> bytearray:
+        """The ``meta_len`` metadata bytes that follow a header."""
+        meta = bytearray(meta_len)
+        self.recv_exact(memoryview(meta))
+        return meta
+
+    def recv_payload(self, n: int) -> Iterator[memoryview]:
+        """The ``n`` payload bytes that follow a request's metadata, in chunks of
+        up to :data:`RECV_CHUNK` bytes (each valid until the next is asked for).
+
+        Each chunk is filled whole before it is yielded: a socket hands over what
+        it has (often ~200 KiB), and many small file writes leave the file in
+        small page-cache folios that later reads copy out measurably slower.
+
+        Raises:
+            ProtocolError: the connection closed before ``n`` bytes arrived.
+        """
+        buf = self._payload_buffer()
+        remaining = n
+        while remaining:
+            want = min(remaining, len(buf))
+            filled = 0
+            while filled < want:
+                got = self.sock.recv_into(buf[filled:want])
+                if got == 0:
+                    raise ProtocolError(f"connection closed after "
+                                        f"{n - remaining + filled} of {n} bytes")
+                filled += got
+            yield buf[:want]
+            remaining -= want
+
+    def drain(self, n: int) -> None:
+        """Read and drop ``n`` payload bytes, so the stream stays framed.
+
+        Raises:
+            ProtocolError: the connection closed first.
+        """
+        buf = self._payload_buffer()
+        while n:
+            got = self.sock.recv_into(buf[: min(n, len(buf))])
+            if got == 0:
+                raise ProtocolError("connection closed mid-payload")
+            n -= got
+
+    def _payload_buffer(self) -> memoryview:
+        if self._recv_buf is None:
+            self._recv_buf = bytearray(RECV_CHUNK)
+        return memoryview(self._recv_buf)
+
+    def close_fds_in(self) -> None:
+        """Close every received descriptor not taken yet."""
+        p.close_fds(self.fds_in)
+
+    # --- writing ---------------------------------------------------------------
+    def send_frame(self, op: int, rid: int, meta: bytes, payload_len: int = 0) -> None:
+        """Send a header and its metadata (a payload, if any, follows separately)."""
+        with self.send_lock:
+            self.sock.sendall(p.pack_header(op, len(meta), rid, payload_len) + meta)
+
+    def reply(self, op: int, rid: int, obj) -> None:
+        """Send the reply to request ``rid`` of ``op`` with metadata ``obj``."""
+        self.send_frame(op | p.REPLY, rid, p.encode(obj))
+
+    def reply_error(self, rid: int, exc: GpufeedError) -> None:
+        """Send an error reply; a socket already gone is ignored (nobody to tell)."""
+        try:
+            self.send_frame(p.ERROR_OP, rid, p.encode(p.ErrorReply(exc.code, exc.message)))
+        except OSError:
+            pass
+
+    def reply_with_fd(self, op: int, rid: int, obj, fd: int) -> None:
+        """Send a reply with ``fd`` attached (``SCM_RIGHTS``; shm only). The caller
+        keeps its own descriptor."""
+        meta = p.encode(obj)
+        frame = p.pack_header(op | p.REPLY, len(meta), rid, 0) + meta
+        with self.send_lock:
+            socket.send_fds(self.sock, [frame], [fd])
+
+    def reply_with_files(self, op: int, rid: int, obj,
+                         extents: list[tuple[int, int, int]]) -> None:
+        """Send a reply whose payload is file bytes, by ``sendfile`` (no copy).
+
+        Args:
+            op: the request op.
+            rid: the request id.
+            obj: the reply metadata.
+            extents: ``(fd, offset, length)`` of each piece of the payload, in order.
+
+        Raises:
+            InternalError: a file ended before its extent.
+            OSError: the socket failed (``BlockingIOError`` after the send timeout).
+        """
+        payload = sum(e[2] for e in extents)
+        meta = p.encode(obj)
+        with self.send_lock:
+            self.sock.sendall(p.pack_header(op | p.REPLY, len(meta), rid, payload) + meta)
+            for fd, offset, count in extents:
+                self._sendfile_all(fd, offset, count)
+
+    def _sendfile_all(self, fd: int, offset: int, count: int) -> None:
+        out = self.sock.fileno()
+        while count > 0:
+            sent = os.sendfile(out, fd, offset, count)
+            if sent == 0:
+                raise InternalError("object file ended early")
+            offset += sent
+            count -= sent
+
+    def peer_gone(self) -> bool:
+        """The client has closed its end (no waiting); also True when this end is
+        closed already."""
+        try:
+            poller = select.poll()
+            poller.register(self.sock.fileno(), select.POLLRDHUP)
+            events = sum(ev for _fd, ev in poller.poll(0))
+        except (OSError, ValueError):  # already closed here
+            return True
+        return bool(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR))
+
+    def abort(self) -> None:
+        """Shut the socket down: the reader sees EOF and closes the connection, and
+        senders blocked on it fail at once."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass

@@ -1,0 +1,332 @@
+"""The fast path's op handlers: each gets a decoded request, asks the engine (or
+the region lending) and sends one reply; none keeps state of its own (spec:
+``docs/wire-protocol.md``).
+
+* TCP replies send object bytes with ``os.sendfile`` straight from the page
+  cache: no user-space copy, no ``bytes`` objects;
+* on the shm transport the server ``os.preadv``-s object bytes straight into the
+  client's mapped region, so data crosses from the file to the application's
+  memory in one copy and no socket carries it; writes go the other way from the
+  mapped region. Large reads are split across threads.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..engine import Engine, ObjectInfo
+from ..errors import GpufeedError, InvalidArgument, InvalidRange, ProtocolError
+from ..store import OffsetByteRequest, RangeByteRequest, resolve_range
+from . import protocol as p
+from ._conn import Connection, Handler
+from ._files import OpenFile, OpenFiles
+from ._lending import Lending
+from ._reads import ReadTask, SplitReader, read_task
+
+__all__ = ["Ops"]
+
+#: A GETV batch of at least this many bytes is served by the split pool in parallel.
+GETV_PARALLEL_BYTES = 4 << 20  # 4 MiB
+#: Target bytes of one read task of a GETV item that asks for digests: whole
+#: digest pieces, each hashed right after it lands (while it is in the CPU cache).
+DIGEST_TASK_BYTES = 4 << 20  # 4 MiB
+#: Bytes a region PUT hands the engine per write.
+PUT_STEP_BYTES = 64 << 20  # 64 MiB
+
+
+class Ops:
+    """Every op of the wire protocol, as handlers over one engine.
+
+    Args:
+        engine: the node's engine (its public API only).
+        files: open files of object versions.
+        reader: the pool for large reads.
+        lending: the shm transport's region lending.
+        server_name: what HELLO answers as the server (``"gpufeed/<version>"``).
+    """
+
+    def __init__(self, engine: Engine, files: OpenFiles, reader: SplitReader, lending: Lending,
+                 server_name: str) -> None:
+        self.engine = engine
+        self.files = files
+        self.reader = reader
+        self.lending = lending
+        self.server_name = server_name
+        #: op -> handler, for every op but a PUT whose payload follows on the socket
+        self.handlers: dict[int, Handler] = {
+            p.Op.HELLO: self.hello,
+            p.Op.REGISTER: self.register,
+            p.Op.UNREGISTER: self.unregister,
+            p.Op.ALLOC_REGION: self.alloc_region,
+            p.Op.FORKED: self.forked,
+            p.Op.HEAD: self.head,
+            p.Op.GET: self.get,
+            p.Op.GETV: self.getv,
+            p.Op.PUT: self.put_region,
+            p.Op.DELETE: self.delete,
+            p.Op.LIST: self.list_objects,
+            p.Op.CREATE_BUCKET: self.create_bucket,
+            p.Op.LIST_BUCKETS: self.list_buckets,
+            p.Op.DELETE_BUCKET: self.delete_bucket,
+            p.Op.BUCKET_STATS: self.bucket_stats,
+            p.Op.MAP: self.map,
+        }
+
+    # --- session and memory --------------------------------------------------------
+    def hello(self, conn: Connection, rid: int, req: p.Hello) -> None:
+        """Name the server, its protocol version, transport and optional ops."""
+        features = ["alloc_region", "map"] if conn.transport == "shm" else []
+        conn.reply(p.Op.HELLO, rid, p.HelloReply(self.server_name, p.VERSION, conn.transport,
+                                                 features))
+
+    def register(self, conn: Connection, rid: int, req: p.Register) -> None:
+        """Map the memfd that came with the frame as a region (shm only)."""
+        if conn.transport != "shm":
+            raise InvalidArgument("memory regions can only be registered over the shm transport")
+        if not conn.fds_in:
+            raise ProtocolError("REGISTER arrived without a file descriptor")
+        fd = conn.fds_in.pop(0)
+        conn.close_fds_in()  # one descriptor per REGISTER
+        try:
+            self.lending.register(conn.memory, req.region_id, req.size, fd)
+        finally:
+            os.close(fd)
+        conn.reply(p.Op.REGISTER, rid, p.Empty())
+
+    def unregister(self, conn: Connection, rid: int, req: p.Unregister) -> None:
+        """Drop a region; a lent one may go back to the pool (see :class:`Lending`)."""
+        self.lending.unregister(conn.memory, req.region_id, req.unmapped)
+        conn.reply(p.Op.UNREGISTER, rid, p.Empty())
+
+    def alloc_region(self, conn: Connection, rid: int, req: p.AllocRegion) -> None:
+        """Lend a region (pooled if one fits, else fresh) and send its memfd."""
+        if conn.transport != "shm":
+            raise InvalidArgument("memory regions can only be allocated over the shm transport")
+        owned, reused = self.lending.lend(conn.memory, req.region_id, req.size)
+        conn.reply_with_fd(p.Op.ALLOC_REGION, rid, p.AllocRegionReply(owned.size, reused), owned.fd)
+
+    def forked(self, conn: Connection, rid: int, req: p.Empty) -> None:
+        """The client forked: what it was lent so far is never lent again."""
+        self.lending.forked(conn.memory)
+        conn.reply(p.Op.FORKED, rid, p.Empty())
+
+    # --- objects -------------------------------------------------------------------
+    def head(self, conn: Connection, rid: int, req: p.Head) -> None:
+        """An object's metadata."""
+        conn.reply(p.Op.HEAD, rid, _meta(self.engine.head_object(req.bucket, req.key)))
+
+    def map(self, conn: Connection, rid: int, req: p.Head) -> None:
+        """Send the current version's data file, read-only, for the client to map
+        (zero-copy: its pages are the page cache's). Blob files are immutable and
+        never truncated (a new version is a new file), so a mapping of one stays
+        valid and unchanged, after overwrites and deletes too."""
+        if conn.transport != "shm":
+            raise InvalidArgument("MAP needs the shm transport (a descriptor cannot cross TCP)")
+        info, fd = self.engine.open_object(req.bucket, req.key)
+        try:
+            conn.reply_with_fd(p.Op.MAP, rid, p.MapReply(info.size, info.etag), fd)
+        finally:
+            os.close(fd)
+
+    def get(self, conn: Connection, rid: int, req: p.Get) -> None:
+        """One object range: sent by ``sendfile`` (TCP) or read into a region (shm)."""
+        info, f = self.files.open(req.bucket, req.key)
+        try:
+            start, n = _extent(req, info.size)
+            if req.region == -1:
+                conn.reply_with_files(p.Op.GET, rid, p.GetReply(info.size, n, info.etag),
+                                      [(f.fd, start, n)])
+                return
+            dest = conn.memory.region(req.region).view(req.region_offset, n)
+            try:
+                got = self.reader.read_into(f.fd, dest, start)
+            finally:
+                dest.release()
+            conn.reply(p.Op.GET, rid, p.GetReply(info.size, got, info.etag))
+        finally:
+            self.files.release(f)
+
+    def getv(self, conn: Connection, rid: int, req: p.GetV) -> None:
+        """A batch of ranges; each item fails alone (its error is in the reply)."""
+        batch = _Batch(len(req.items))
+        try:
+            for i, item in enumerate(req.items):
+                try:
+                    self._plan_item(conn, batch, i, item)
+                except GpufeedError as exc:
+                    batch.results[i] = -1
+                    batch.errors[i] = (exc.code, exc.message)
+            self._read_batch(batch)
+            batch.release_views()
+            conn.reply_with_files(p.Op.GETV, rid,
+                                  p.GetVReply(batch.results, batch.errors, batch.digests),
+                                  batch.extents)
+        finally:
+            batch.release_views()
+            for _info, f in batch.opened.values():
+                self.files.release(f)
+
+    def _plan_item(self, conn: Connection, batch: "_Batch", i: int, item: p.Get) -> None:
+        """Open item ``i`` of a GETV (once per object in the batch) and plan its
+        read: a TCP extent, or region read tasks (an item that asks for digests is
+        cut into whole pieces of about :data:`DIGEST_TASK_BYTES`)."""
+        opened = batch.opened.get((item.bucket, item.key))
+        if opened is None:  # acquired once for the whole batch
+            opened = self.files.open(item.bucket, item.key)
+            batch.opened[(item.bucket, item.key)] = opened
+        info, f = opened
+        start, n = _extent(item, info.size)
+        if item.region == -1:
+            batch.extents.append((f.fd, start, n))
+        else:
+            dest = conn.memory.region(item.region).view(item.region_offset, n)
+            batch.views.append(dest)
+            if item.digest > 0:
+                batch.digests[i] = []
+                step = item.digest * max(1, DIGEST_TASK_BYTES // item.digest)
+                for o in range(0, max(n, 1), step):
+                    batch.tasks.append((i, f.fd, dest[o:o + step], start + o, item.digest))
+            else:
+                batch.tasks.append((i, f.fd, dest, start, 0))
+        batch.results[i] = n
+
+    def _read_batch(self, batch: "_Batch") -> None:
+        """Run a GETV's region reads (in parallel when large) and count what landed."""
+        tasks = batch.tasks
+        if not tasks:
+            return
+        for t in tasks:
+            batch.results[t[0]] = 0
+        total = sum(len(t[2]) for t in tasks)
+        if total >= GETV_PARALLEL_BYTES and len(tasks) > 1:
+            outs = self.reader.run_tasks(tasks)
+        else:
+            outs = [read_task(*t[1:]) for t in tasks]
+        for t, (got, sums) in zip(tasks, outs):  # tasks of an item are in order
+            batch.results[t[0]] += got
+            if sums is not None:
+                batch.digests[t[0]] += sums
+
+    def put_region(self, conn: Connection, rid: int, req: p.Put) -> None:
+        """Store an object from bytes in a registered region (shm)."""
+        src = conn.memory.region(req.region).view(req.region_offset, req.length)
+        try:
+            with self.engine.begin_put(req.bucket, req.key, etag="xxh3") as pending:
+                for o in range(0, len(src), PUT_STEP_BYTES):
+                    pending.write(src[o:o + PUT_STEP_BYTES])
+                info = pending.commit(content_type=req.content_type, metadata=req.metadata,
+                                      expected_size=req.length)
+        finally:
+            src.release()
+        conn.reply(p.Op.PUT, rid, _meta(info))
+
+    def put_stream(self, conn: Connection, rid: int, req: p.Put, payload_len: int) -> None:
+        """A PUT whose bytes follow on the socket (TCP); runs on the reader thread.
+
+        Raises:
+            ProtocolError: the payload length disagrees with the request, or the
+                connection closed mid-payload (the connection is then closed).
+        """
+        if req.region != -1 or payload_len != req.length:
+            raise ProtocolError(f"PUT length {req.length} != payload {payload_len}")
+        try:
+            pending = self.engine.begin_put(req.bucket, req.key, etag="xxh3")
+        except GpufeedError as exc:
+            # Drain the payload the client is sending anyway, so the stream stays
+            # framed and the client gets the real error rather than a reset.
+            conn.drain(payload_len)
+            conn.reply_error(rid, exc)
+            return
+        try:
+            for chunk in conn.recv_payload(payload_len):
+                pending.write(chunk)
+        except BaseException:
+            pending.abort()
+            raise
+        try:
+            info = pending.commit(content_type=req.content_type, metadata=req.metadata,
+                                  expected_size=req.length)
+        except GpufeedError as exc:
+            conn.reply_error(rid, exc)
+            return
+        conn.reply(p.Op.PUT, rid, _meta(info))
+
+    def delete(self, conn: Connection, rid: int, req: p.Delete) -> None:
+        """Delete an object."""
+        self.engine.delete_object(req.bucket, req.key)
+        conn.reply(p.Op.DELETE, rid, p.Empty())
+
+    def list_objects(self, conn: Connection, rid: int, req: p.List) -> None:
+        """One page of a bucket's keys (S3 ListObjectsV2 semantics)."""
+        res = self.engine.list_objects(
+            req.bucket, prefix=req.prefix, delimiter=req.delimiter, start_after=req.start_after,
+            continuation_token=req.token, max_keys=req.max_keys)
+        entries = [p.ListEntry(o.key, o.size, o.etag, o.last_modified) for o in res.objects]
+        conn.reply(p.Op.LIST, rid, p.ListReply(entries, list(res.common_prefixes),
+                                                res.is_truncated, res.next_token))
+
+    # --- buckets -------------------------------------------------------------------
+    def create_bucket(self, conn: Connection, rid: int, req: p.BucketReq) -> None:
+        """Create a bucket (a KV bucket with capacity and TTL, or a plain one)."""
+        self.engine.create_bucket(req.bucket, kind=req.kind, capacity_bytes=req.capacity_bytes,
+                                  ttl_s=req.ttl_s)
+        conn.reply(p.Op.CREATE_BUCKET, rid, p.Empty())
+
+    def bucket_stats(self, conn: Connection, rid: int, req: p.BucketReq) -> None:
+        """A bucket's counters."""
+        conn.reply(p.Op.BUCKET_STATS, rid, p.BucketStats(**self.engine.bucket_stats(req.bucket)))
+
+    def list_buckets(self, conn: Connection, rid: int, req: p.Empty) -> None:
+        """Every bucket's name."""
+        conn.reply(p.Op.LIST_BUCKETS, rid,
+                   p.BucketsReply([b.name for b in self.engine.list_buckets()]))
+
+    def delete_bucket(self, conn: Connection, rid: int, req: p.BucketReq) -> None:
+        """Delete an empty bucket."""
+        self.engine.delete_bucket(req.bucket)
+        conn.reply(p.Op.DELETE_BUCKET, rid, p.Empty())
+
+
+class _Batch:
+    """The plan and the results of one GETV.
+
+    Args:
+        n: items in the batch.
+    """
+
+    __slots__ = ("results", "errors", "digests", "extents", "tasks", "views", "opened")
+
+    def __init__(self, n: int) -> None:
+        #: bytes of each item (-1 on error), then bytes that landed
+        self.results: list[int] = [0] * n
+        self.errors: dict[int, tuple[str, str]] = {}
+        self.digests: dict[int, list[int]] = {}
+        #: (fd, start, n) of each TCP item, sent in order after the reply
+        self.extents: list[tuple[int, int, int]] = []
+        self.tasks: list[ReadTask] = []
+        self.views: list[memoryview] = []
+        #: (bucket, key) -> what the batch opened (each released once at the end)
+        self.opened: dict[tuple[str, str], tuple[ObjectInfo, OpenFile]] = {}
+
+    def release_views(self) -> None:
+        """Release every region view (a released region must not stay exported)."""
+        for v in [t[2] for t in self.tasks] + self.views:
+            v.release()
+        self.tasks.clear()
+        self.views.clear()
+
+
+def _meta(info: ObjectInfo) -> p.ObjectMeta:
+    return p.ObjectMeta(info.bucket, info.key, info.size, info.etag, info.last_modified,
+                        info.content_type, dict(info.metadata))
+
+
+def _extent(item: p.Get, size: int) -> tuple[int, int]:
+    """``(start, n)`` of a read request against an object of ``size`` bytes."""
+    if item.length == 0:
+        if item.offset < 0 or item.offset > size:
+            raise InvalidRange(f"offset {item.offset} is outside the object ({size} bytes)")
+        return item.offset, 0
+    if item.length < 0:
+        return resolve_range(OffsetByteRequest(item.offset), size)
+    return resolve_range(RangeByteRequest(item.offset, item.offset + item.length), size)
