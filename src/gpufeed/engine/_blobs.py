@@ -128,6 +128,11 @@ class BlobFiles:
         """Absolute path of a part file (``file`` is ``<part_number:05d>.<id>``)."""
         return f"{self.uploads}/{upload_id}/{file}"
 
+    def remove_blobs(self, blob_ids: list[str]) -> None:
+        """Unlink the files of blobs whose catalog rows are gone (missing files are fine)."""
+        for b in blob_ids:
+            remove_quietly(self.blob_path(b))
+
     # writing ------------------------------------------------------------
     def new_temp(self) -> tuple[int, str]:
         """Create an empty temp file. Returns ``(fd, path)``; fd is read-write."""

@@ -29,9 +29,9 @@ import operator
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 
 from ..errors import EntityTooLarge, GpufeedError, InvalidArgument, NoSuchBucket
+from ._blobs import BlobFiles
 from .catalog import Catalog, CatalogReader, CatalogWriter
 from .types import BucketInfo, ObjectInfo
 
@@ -132,12 +132,13 @@ class KVBucketPolicy:
 
     Args:
         catalog: the engine's catalog; the kv buckets in it are loaded now.
-        unlink_blobs: removes the data files of blob ids whose rows were deleted.
+        files: the engine's data folder, whose :meth:`~BlobFiles.remove_blobs`
+            unlinks the data of evicted and expired versions after their commit.
     """
 
-    def __init__(self, catalog: Catalog, unlink_blobs: Callable[[list[str]], None]) -> None:
+    def __init__(self, catalog: Catalog, files: BlobFiles) -> None:
         self._cat = catalog
-        self._unlink = unlink_blobs
+        self._files = files
         # kv buckets by name; the dict changes only in commit hooks.
         self._buckets: dict[str, _KVBucket] = {}
         self._lock = threading.Lock()
@@ -258,7 +259,7 @@ class KVBucketPolicy:
                 raise NoSuchBucket(f"bucket {name!r} does not exist", bucket=name)
             if st.ttl_s:
                 blobs = self._evict(w, name, st, self._plan(st, time.time()))
-        self._unlink(blobs)
+        self._files.remove_blobs(blobs)
         with self._lock:
             return {"bytes": st.bytes, "objects": len(st.lru), "evictions": st.evictions,
                     "expirations": st.expirations}
@@ -347,4 +348,4 @@ class KVBucketPolicy:
                         st.expirations += 1
                 w.on_commit(apply)
         if gone:
-            self._unlink([blob_id])
+            self._files.remove_blobs([blob_id])

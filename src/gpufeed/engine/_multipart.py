@@ -18,7 +18,6 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Callable
 
 from ..checksums import COMPOSITE_ALGORITHMS, composite_checksum
 from ..errors import (
@@ -46,11 +45,6 @@ MAX_PARTS = 10_000
 _DEFAULT_TYPE = "application/octet-stream"
 _UPLOAD_ID_RE = re.compile(r"[0-9a-f]{32}")
 _OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
-
-#: ``publish(bucket, key, tmp, size, etag, *, content_type, metadata, checksums,
-#: headers, if_match, if_none_match, extra)``: the engine's object commit.
-Publish = Callable[..., ObjectInfo]
-
 
 def get_upload(reader: CatalogReader, bucket: str, key: str, upload_id: str) -> UploadInfo:
     """The upload ``upload_id`` of ``bucket/key``.
@@ -112,15 +106,14 @@ class Multipart:
     Args:
         catalog: the engine's catalog.
         files: the engine's data folder.
-        writes: the engine's write path (pending writes for parts and joins).
-        publish: the engine's object commit (see :data:`Publish`).
+        writes: the engine's write path (pending writes for parts and joins,
+            and the object commit).
     """
 
-    def __init__(self, catalog: Catalog, files: BlobFiles, writes: WritePath, publish: Publish) -> None:
+    def __init__(self, catalog: Catalog, files: BlobFiles, writes: WritePath) -> None:
         self._cat = catalog
         self._files = files
         self._writes = writes
-        self._publish = publish
 
     def create(self, bucket: str, key: str, content_type: str | None, metadata: dict[str, str] | None,
                headers: dict[str, str] | None) -> UploadInfo:
@@ -202,7 +195,7 @@ class Multipart:
             w.delete_upload(upload_id)
 
         def finish(pw, tmp, _etag, _md5, **_kw):
-            return self._publish(
+            return self._writes.publish_object(
                 bucket, key, tmp, pw.size, etag,
                 content_type=upload.content_type, metadata=upload.metadata, checksums=composite,
                 headers=upload.headers, if_match=if_match, if_none_match=if_none_match, extra=drop_upload,

@@ -1,11 +1,14 @@
-"""The write path: a pending write (temp file, ETag hashing, commit) and what feeds it.
+"""The write path: pending writes, ETag hashing, and the object commit.
 
 An object or part is written into a temp file under ``tmp/`` by a
 :class:`PendingWrite`, hashed as the bytes go (MD5 for S3 ETags, xxh3-128 for
 the fast path), and made visible by its ``commit``, which hands the finished
-file to a *finish* function of the engine (publish the blob, commit the
-catalog row). :class:`WritePath` is what every pending write of one engine
-shares: the blob files, the fsync setting and the hashing thread pool.
+file to a *finish* function (for objects, :meth:`WritePath.publish_object`:
+rename the file into ``blobs/``, then commit its catalog row, with the kv
+bucket policy's eviction in the same transaction; for parts, the multipart
+module's equivalent). :class:`WritePath` is what every pending write of one
+engine shares: the data folder, the catalog, the kv policy and the hashing
+thread pool.
 """
 
 from __future__ import annotations
@@ -15,19 +18,25 @@ import binascii
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import xxhash
 
-from ..errors import BadDigest, IncompleteBody, InternalError, InvalidArgument
-from ._blobs import BlobFiles, copy_range, remove_quietly, write_all
+from ..errors import BadDigest, IncompleteBody, InternalError, InvalidArgument, NoSuchKey, PreconditionFailed
+from ._blobs import BlobFiles, copy_range, new_id, remove_quietly, write_all
+from ._kvpolicy import KVBucketPolicy
+from ._names import check_str_map
+from .catalog import Catalog, CatalogWriter, require_bucket
+from .types import ObjectInfo
 
-__all__ = ["PendingWrite", "WritePath", "feed", "as_bytes_view", "check_hash_kind"]
+__all__ = ["PendingWrite", "WritePath", "feed", "as_bytes_view", "check_hash_kind", "check_preconditions"]
 
 _CHUNK_BYTES = 8 << 20  # 8 MiB: read size for file-object puts and hash catch-up
 _OVERLAP_BYTES = 1 << 20  # 1 MiB: from here, MD5 runs on a helper thread while the data is written
+_DEFAULT_TYPE = "application/octet-stream"
 
 #: ``finish(pw, tmp_path, etag, md5_digest, **commit_kw)``: publishes the file
 #: and commits the catalog row; returns what ``commit`` returns.
@@ -35,16 +44,19 @@ Finish = Callable[..., Any]
 
 
 class WritePath:
-    """What the pending writes of one engine share.
+    """The write path of one engine: what its pending writes share (the data
+    folder, the hashing threads) and the commit that publishes an object.
 
     Args:
-        files: the engine's data folder.
-        fsync: fsync each finished temp file before it is published.
+        files: the engine's data folder (its ``fsync`` setting applies to temp files too).
+        catalog: the engine's catalog.
+        kv: the engine's kv bucket policy, asked on every object commit.
     """
 
-    def __init__(self, files: BlobFiles, *, fsync: bool) -> None:
+    def __init__(self, files: BlobFiles, catalog: Catalog, kv: KVBucketPolicy) -> None:
         self.files = files
-        self.fsync = fsync
+        self._cat = catalog
+        self._kv = kv
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
@@ -69,6 +81,75 @@ class WritePath:
         """Stop the hashing threads (waiting for running hashes)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+    def publish_object(
+        self, bucket: str, key: str, tmp: str, size: int, etag: str, *,
+        content_type: str | None, metadata: dict[str, str] | None, checksums: dict[str, str] | None,
+        headers: dict[str, str] | None = None, if_match: str | None = None,
+        if_none_match: str | None = None, extra: Callable[[CatalogWriter], None] | None = None,
+    ) -> ObjectInfo:
+        """Rename a finished temp file into ``blobs/`` and commit its catalog row.
+
+        ``extra(w)``, when given, runs inside the same transaction first (multipart
+        completion uses it to check and drop the upload). ``if_match`` /
+        ``if_none_match`` are checked against the current row inside the
+        transaction (see :meth:`PendingWrite.commit`). In a kv bucket the same
+        transaction evicts what the new version needs room for (see
+        :meth:`gpufeed.engine.Engine.create_bucket`); the evicted blobs are
+        unlinked after the commit.
+
+        Returns:
+            The new object's :class:`ObjectInfo`.
+
+        Raises:
+            NoSuchBucket: the bucket was deleted meanwhile.
+            PreconditionFailed, NoSuchKey: a condition does not hold.
+            EntityTooLarge: (kv) the object alone exceeds the bucket's capacity.
+            InvalidArgument: metadata, checksums or headers not ``str -> str``.
+        """
+        for d in (metadata, checksums, headers):
+            check_str_map(d)
+        blob_id = new_id()
+        path = self.files.publish_blob(tmp, blob_id)
+        info = ObjectInfo(bucket, key, size, etag, time.time(), content_type or _DEFAULT_TYPE,
+                          dict(metadata or {}), dict(checksums or {}), blob_id, path, dict(headers or {}))
+        try:
+            with self._cat.write() as w:
+                if extra is not None:
+                    extra(w)
+                require_bucket(w, bucket)
+                old = w.object(bucket, key)
+                if if_match is not None or if_none_match is not None:
+                    check_preconditions(bucket, key, old.etag if old else None, if_match, if_none_match)
+                evicted = self._kv.on_commit(w, bucket, key, size, blob_id, info.last_modified,
+                                             old.size if old else 0)
+                w.put_object(info)
+        except BaseException:
+            remove_quietly(path)
+            raise
+        if old is not None:
+            remove_quietly(old.path)
+        self.files.remove_blobs(evicted)
+        return info
+
+
+def check_preconditions(bucket: str, key: str, current: str | None,
+                        if_match: str | None, if_none_match: str | None) -> None:
+    """Conditional write (S3 PutObject ``If-Match`` / ``If-None-Match``) against the
+    ``current`` ETag (``None``: no such key). Called inside the write transaction.
+
+    Source: "Add preconditions to S3 operations with conditional requests",
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-requests.html
+    """
+    if if_match is not None:
+        if current is None:
+            raise NoSuchKey(f"{bucket}/{key} does not exist", bucket=bucket, key=key)
+        if if_match != "*" and if_match != current:
+            raise PreconditionFailed("At least one of the pre-conditions you specified did not hold",
+                                     condition="If-Match")
+    if if_none_match is not None and current is not None and if_none_match in ("*", current):
+        raise PreconditionFailed("At least one of the pre-conditions you specified did not hold",
+                                 condition="If-None-Match")
 
 
 def as_bytes_view(data) -> memoryview:
@@ -308,25 +389,7 @@ class PendingWrite:
                 if self.size < expected_size:
                     raise IncompleteBody(f"got {self.size} bytes of {expected_size}", size=self.size)
                 raise InvalidArgument(f"got {self.size} bytes, more than the {expected_size} announced")
-            md5_digest = None
-            try:
-                self._catch_up()
-                etag = None
-                if self._hasher is not None:
-                    digest = self._hasher.hexdigest()
-                    etag = digest if self._hash_kind == "md5" else "x" + digest
-                    if self._hash_kind == "md5":
-                        md5_digest = self._hasher.digest()
-                if content_md5 is not None:
-                    want = _decode_md5(content_md5)
-                    if md5_digest is None:
-                        md5_digest = self._file_md5()
-                    if want != md5_digest:
-                        raise BadDigest("the Content-MD5 you specified did not match what we received")
-                if self._path.fsync:
-                    os.fsync(self._fd)
-            except OSError as exc:
-                raise InternalError(f"finishing {self._tmp} failed: {exc}") from exc
+            etag, md5_digest = self._seal(content_md5)
             os.close(self._fd)
             self._fd = -1
             result = self._finish(
@@ -339,6 +402,39 @@ class PendingWrite:
             raise
         self._done = True
         return result
+
+    def _seal(self, content_md5: str | None) -> tuple[str | None, bytes | None]:
+        """Finish hashing, check ``content_md5``, fsync the file (when the engine fsyncs).
+
+        Returns:
+            ``(etag, md5_digest)``: the ETag (``None`` without a hasher) and the
+            binary MD5 when it was computed.
+
+        Raises:
+            BadDigest: ``content_md5`` does not match the data.
+            InvalidArgument: ``content_md5`` is malformed.
+            InternalError: the file system failed.
+        """
+        md5_digest = None
+        try:
+            self._catch_up()
+            etag = None
+            if self._hasher is not None:
+                digest = self._hasher.hexdigest()
+                etag = digest if self._hash_kind == "md5" else "x" + digest
+                if self._hash_kind == "md5":
+                    md5_digest = self._hasher.digest()
+            if content_md5 is not None:
+                want = _decode_md5(content_md5)
+                if md5_digest is None:
+                    md5_digest = self._file_md5()
+                if want != md5_digest:
+                    raise BadDigest("the Content-MD5 you specified did not match what we received")
+            if self._path.files.fsync:
+                os.fsync(self._fd)
+        except OSError as exc:
+            raise InternalError(f"finishing {self._tmp} failed: {exc}") from exc
+        return etag, md5_digest
 
     def _file_md5(self) -> bytes:
         h = hashlib.md5()

@@ -30,12 +30,13 @@ a temp file descriptor from shared memory, kernel-side copies for multipart
 and copy, and a point lookup in microseconds.
 
 The engine is split by concern; this module holds :class:`Engine`, the API
-the fronts call, and the object commit. The rest:
+the fronts call, which delegates to:
 
 - :mod:`.catalog`: the interface to the metadata store, every operation the
   engine performs; :mod:`._sqlite` implements it over SQLite.
 - :mod:`._blobs`: data files, renames, fsyncs, the start-up sweep.
-- :mod:`._writes`: :class:`PendingWrite` (temp file, ETag hashing, commit).
+- :mod:`._writes`: the write path: :class:`PendingWrite` (temp file, ETag
+  hashing) and the object commit (publish the blob, commit its row).
 - :mod:`._kvpolicy`: capacity, LRU and TTL of kv buckets, as hooks the
   engine calls on read, commit and delete.
 - :mod:`._multipart`: uploads, parts and their completion.
@@ -48,7 +49,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -59,44 +60,22 @@ from ..errors import (
     InvalidArgument,
     KeyTooLong,
     NoSuchKey,
-    PreconditionFailed,
 )
 from ..store import ByteRequest, resolve_range
-from ._blobs import BlobFiles, new_id, remove_quietly
+from ._blobs import BlobFiles
 from ._kvpolicy import KVBucketPolicy, check_policy
 from ._listing import read_page, start_position
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
-from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_str_map, check_text
+from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_text
 from ._sqlite import SqliteCatalog
 from ._writes import PendingWrite, WritePath, as_bytes_view, check_hash_kind, feed
-from .catalog import CatalogWriter, require_bucket
+from .catalog import require_bucket
 from .types import BucketInfo, ListResult, ObjectInfo, PartInfo, UploadInfo
 
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
-_DEFAULT_TYPE = "application/octet-stream"
 _OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
 _READ_RETRIES = 64  # a version replaced between lookup and open is looked up again this often
-
-
-def _check_preconditions(bucket: str, key: str, current: str | None,
-                         if_match: str | None, if_none_match: str | None) -> None:
-    """Conditional write (S3 PutObject ``If-Match`` / ``If-None-Match``) against the
-    ``current`` ETag (``None``: no such key). Called inside the write transaction.
-
-    Source: "Add preconditions to S3 operations with conditional requests",
-    https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-requests.html
-    """
-    if if_match is not None:
-        if current is None:
-            raise NoSuchKey(f"{bucket}/{key} does not exist", bucket=bucket, key=key)
-        if if_match != "*" and if_match != current:
-            raise PreconditionFailed("At least one of the pre-conditions you specified did not hold",
-                                     condition="If-Match")
-    if if_none_match is not None and current is not None and if_none_match in ("*", current):
-        raise PreconditionFailed("At least one of the pre-conditions you specified did not hold",
-                                 condition="If-None-Match")
-
 
 
 class Engine:
@@ -134,12 +113,12 @@ class Engine:
         except BaseException:
             os.close(self._lock_fd)
             raise
-        self._writes = WritePath(self._files, fsync=fsync)
         self._closed = False
         #: What the start-up sweep removed: ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
         self.recovered = self._recover()
-        self._kv = KVBucketPolicy(self._cat, self._unlink_blobs)
-        self._multipart = Multipart(self._cat, self._files, self._writes, self._publish_object)
+        self._kv = KVBucketPolicy(self._cat, self._files)
+        self._writes = WritePath(self._files, self._cat, self._kv)
+        self._multipart = Multipart(self._cat, self._files, self._writes)
 
     def _recover(self) -> dict[str, int]:
         live = self._cat.live_files()
@@ -163,10 +142,6 @@ class Engine:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
-
-    def _unlink_blobs(self, blob_ids: list[str]) -> None:
-        for b in blob_ids:
-            remove_quietly(self._files.blob_path(b))
 
     # buckets -----------------------------------------------------------
     def create_bucket(self, name: str, *, kind: str = "standard", capacity_bytes: int = 0,
@@ -229,7 +204,7 @@ class Engine:
             cap, ttl = check_policy(b.kind, b.capacity_bytes if capacity_bytes is None else capacity_bytes,
                                     b.ttl_s if ttl_s is None else ttl_s)
             blobs = self._kv.set_limits(w, name, cap, ttl)
-        self._unlink_blobs(blobs)
+        self._files.remove_blobs(blobs)
         return BucketInfo(name, b.created, b.kind, cap, ttl)
 
     def bucket_stats(self, name: str) -> dict:
@@ -303,53 +278,13 @@ class Engine:
 
         def finish(pw, tmp, etag_value, md5_digest, *, content_type, metadata, checksums, headers,
                    if_match, if_none_match):
-            return self._publish_object(
+            return self._writes.publish_object(
                 bucket, key, tmp, pw.size, etag_value,
                 content_type=content_type, metadata=metadata, checksums=checksums, headers=headers,
                 if_match=if_match, if_none_match=if_none_match,
             )
 
         return self._writes.begin(etag, finish)
-
-    def _publish_object(
-        self, bucket: str, key: str, tmp: str, size: int, etag: str, *,
-        content_type: str | None, metadata: dict[str, str] | None, checksums: dict[str, str] | None,
-        headers: dict[str, str] | None = None, if_match: str | None = None,
-        if_none_match: str | None = None, extra: Callable[[CatalogWriter], None] | None = None,
-    ) -> ObjectInfo:
-        """Rename a finished temp file into ``blobs/`` and commit its catalog row.
-
-        ``extra(w)``, when given, runs inside the same transaction first (multipart
-        completion uses it to check and drop the upload). ``if_match`` /
-        ``if_none_match`` are checked against the current row inside the
-        transaction (see :meth:`PendingWrite.commit`). In a kv bucket the same
-        transaction evicts what the new version needs room for (see
-        :meth:`create_bucket`); the evicted blobs are unlinked after the commit.
-        """
-        for d in (metadata, checksums, headers):
-            check_str_map(d)
-        blob_id = new_id()
-        path = self._files.publish_blob(tmp, blob_id)
-        info = ObjectInfo(bucket, key, size, etag, time.time(), content_type or _DEFAULT_TYPE,
-                          dict(metadata or {}), dict(checksums or {}), blob_id, path, dict(headers or {}))
-        try:
-            with self._cat.write() as w:
-                if extra is not None:
-                    extra(w)
-                require_bucket(w, bucket)
-                old = w.object(bucket, key)
-                if if_match is not None or if_none_match is not None:
-                    _check_preconditions(bucket, key, old.etag if old else None, if_match, if_none_match)
-                evicted = self._kv.on_commit(w, bucket, key, size, blob_id, info.last_modified,
-                                             old.size if old else 0)
-                w.put_object(info)
-        except BaseException:
-            remove_quietly(path)
-            raise
-        if old is not None:
-            remove_quietly(old.path)
-        self._unlink_blobs(evicted)
-        return info
 
     def put_object(
         self,
@@ -528,7 +463,7 @@ class Engine:
                 w.delete_object(bucket, key)
                 self._kv.on_delete(w, bucket, key)
         if old is not None:
-            remove_quietly(old.path)
+            self._files.remove_blobs([old.blob_id])
 
     def copy_object(
         self,
@@ -561,7 +496,7 @@ class Engine:
             md, ct, hd = metadata or {}, content_type, headers or {}
 
         def finish(pw, tmp, _etag, _md5, **_kw):
-            return self._publish_object(
+            return self._writes.publish_object(
                 dst_bucket, dst_key, tmp, pw.size, src.etag,
                 content_type=ct, metadata=md, checksums=src.checksums, headers=hd,
             )
