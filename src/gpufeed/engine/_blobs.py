@@ -2,7 +2,7 @@
 
 Everything here is about file names and durability (rename, fsync of the file
 and of its directory); nothing here knows about buckets or keys, which never
-become file names. The catalog (:mod:`._catalog`) decides which files are
+become file names. The catalog (:mod:`.catalog`) decides which files are
 live; :meth:`BlobFiles.sweep` deletes the rest on start.
 """
 
