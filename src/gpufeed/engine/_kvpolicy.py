@@ -151,12 +151,17 @@ class KVBucketPolicy:
         """A bucket is created in transaction ``w``: track it from the commit if it is kv."""
         if info.kind == "kv":
             st = _KVBucket(info.capacity_bytes, info.ttl_s)
-            w.on_commit(lambda: self._buckets.__setitem__(info.name, st))
+
+            def track() -> None:
+                self._buckets[info.name] = st
+            w.on_commit(track)
 
     def on_delete_bucket(self, w: CatalogWriter, name: str) -> None:
         """A bucket is deleted in transaction ``w``: forget it from the commit."""
         if name in self._buckets:
-            w.on_commit(lambda: self._buckets.pop(name, None))
+            def forget() -> None:
+                self._buckets.pop(name, None)
+            w.on_commit(forget)
 
     def set_limits(self, w: CatalogWriter, name: str, capacity_bytes: int, ttl_s: float) -> list[str]:
         """New limits of kv bucket ``name``, written in ``w``; evicts (in ``w``) what
@@ -297,7 +302,7 @@ class KVBucketPolicy:
                         total -= st.lru[k][0]
             cap = st.capacity_bytes
             if cap and total > cap:
-                skip = set(expired)
+                skip: set[str | None] = set(expired)
                 skip.add(key)
                 for k, (size, _) in st.lru.items():
                     if total <= cap:

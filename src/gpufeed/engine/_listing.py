@@ -97,6 +97,7 @@ def read_page(reader: CatalogReader, bucket: str, pos: Position, *, prefix: str,
                 if seen < need:
                     pos = None  # exhausted
                 else:
+                    assert last is not None  # seen == need >= 1 rows, so one was read
                     pos = (last[1], False)
     next_token = next_marker = None
     if truncated and last is not None:

@@ -22,7 +22,7 @@ import json
 import sqlite3
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 
 from ..errors import InternalError, InvalidArgument
@@ -163,7 +163,7 @@ class _Reads(CatalogReader):
         return self._object_info(bucket, key, rows[0]) if rows else None
 
     def scan_objects(self, bucket: str, start: str, *, inclusive: bool, end: str | None,
-                     limit: int) -> Iterator[ObjectInfo]:
+                     limit: int) -> Generator[ObjectInfo, None, None]:
         sig = (inclusive, end is None)
         sql = _SCAN_SQL.get(sig)
         if sql is None:

@@ -30,7 +30,7 @@ Contract every implementation keeps:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -118,7 +118,7 @@ class CatalogReader(ABC):
 
     @abstractmethod
     def scan_objects(self, bucket: str, start: str, *, inclusive: bool, end: str | None,
-                     limit: int) -> Iterator[ObjectInfo]:
+                     limit: int) -> Generator[ObjectInfo, None, None]:
         """Objects of ``bucket`` with ``start <= key`` (``<`` unless ``inclusive``)
         and ``key < end`` (no bound when ``end`` is ``None``), in byte order of
         key, at most ``limit``.

@@ -69,7 +69,7 @@ from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_text
 from ._sqlite import SqliteCatalog
 from ._writes import PendingWrite, WritePath, as_bytes_view, check_hash_kind, feed
-from .catalog import require_bucket
+from .catalog import Catalog, require_bucket
 from .types import BucketInfo, ListResult, ObjectInfo, PartInfo, UploadInfo
 
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
@@ -98,7 +98,6 @@ class Engine:
 
     def __init__(self, data_dir: str | Path, *, fsync: bool = True) -> None:
         self.data_dir = Path(data_dir).resolve()
-        self._fsync = fsync
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -108,8 +107,9 @@ class Engine:
             raise InternalError(f"{self.data_dir} is in use by another Engine") from exc
         try:
             self._files = BlobFiles(self.data_dir, fsync=fsync)
-            self._cat = SqliteCatalog(str(self.data_dir / "catalog.sqlite3"), fsync=fsync,
-                                      blob_path=self._files.blob_path)
+            # Every metadata operation below goes through the Catalog interface.
+            self._cat: Catalog = SqliteCatalog(str(self.data_dir / "catalog.sqlite3"), fsync=fsync,
+                                               blob_path=self._files.blob_path)
         except BaseException:
             os.close(self._lock_fd)
             raise
@@ -490,6 +490,7 @@ class Engine:
         check_key(dst_key)
         require_bucket(self._cat, dst_bucket)
         src, sfd = self.open_object(src_bucket, src_key)
+        ct: str | None
         if metadata is None and content_type is None and headers is None:
             md, ct, hd = src.metadata, src.content_type, src.headers
         else:

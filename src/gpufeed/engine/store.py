@@ -55,7 +55,7 @@ class EngineStore(Store):
         """
         return self.engine.get_object(self.bucket, key, byte_range)
 
-    def get_ranges(self, key: str, ranges: list[ByteRequest]) -> list[memoryview]:
+    def get_ranges(self, key: str, ranges: list[ByteRequest]) -> list[memoryview | bytes]:
         """Read several ranges of one version of ``key`` (one lookup, one file).
 
         All ranges come from the same immutable version even if the key is

@@ -71,6 +71,12 @@ def _part(number: int, file: str, *, etag: str = "p", size: int = 5, checksums=N
     return PartRecord(PartInfo(number, etag, size, 2000.0 + number, dict(checksums or {})), file)
 
 
+def _get(reader: CatalogReader, bucket: str, key: str) -> ObjectInfo:
+    info = reader.object(bucket, key)
+    assert info is not None, f"{bucket}/{key} missing"
+    return info
+
+
 def _keys(reader: CatalogReader, bucket: str, start: str = "", *, inclusive: bool = True,
           end: str | None = None, limit: int = 1000) -> list[str]:
     with closing(reader.scan_objects(bucket, start, inclusive=inclusive, end=end, limit=limit)) as rows:
@@ -144,8 +150,7 @@ class CatalogTests:
                           {"Cache-Control": "no-cache"})
         with catalog.write() as w:
             w.put_object(info)
-        got = catalog.object(bucket, "dir/κλειδί")
-        assert got is not None
+        got = _get(catalog, bucket, "dir/κλειδί")
         assert got.path == self.blob_path("blob1")
         assert (got.bucket, got.key, got.size, got.etag, got.last_modified, got.content_type, got.metadata,
                 got.checksums, got.blob_id, got.headers) == (
@@ -155,7 +160,7 @@ class CatalogTests:
     def test_empty_maps_round_trip(self, catalog: Catalog, bucket: str) -> None:
         with catalog.write() as w:
             w.put_object(_obj(bucket, "k"))
-        got = catalog.object(bucket, "k")
+        got = _get(catalog, bucket, "k")
         assert (got.metadata, got.checksums, got.headers) == ({}, {}, {})
         assert got.content_type == "application/octet-stream"
 
@@ -171,9 +176,9 @@ class CatalogTests:
         with catalog.write() as w:
             w.put_object(_obj(bucket, "k", "b1", size=1))
         with catalog.write() as w:
-            assert w.object(bucket, "k").blob_id == "b1"
+            assert _get(w, bucket, "k").blob_id == "b1"
             w.put_object(_obj(bucket, "k", "b2", size=2, metadata={"v": "2"}))
-        got = catalog.object(bucket, "k")
+        got = _get(catalog, bucket, "k")
         assert (got.blob_id, got.size, got.metadata) == ("b2", 2, {"v": "2"})
         assert catalog.bucket_usage(bucket) == (2, 1)
 
@@ -182,8 +187,8 @@ class CatalogTests:
             w.insert_bucket(BucketInfo("other", 1.0))
             w.put_object(_obj(bucket, "k", "b1"))
             w.put_object(_obj("other", "k", "b2"))
-        assert catalog.object(bucket, "k").blob_id == "b1"
-        assert catalog.object("other", "k").blob_id == "b2"
+        assert _get(catalog, bucket, "k").blob_id == "b1"
+        assert _get(catalog, "other", "k").blob_id == "b2"
         assert _keys(catalog, "other") == ["k"]
 
     def test_delete_object(self, catalog: Catalog, bucket: str) -> None:
@@ -336,7 +341,7 @@ class CatalogTests:
     def test_write_sees_its_own_changes(self, catalog: Catalog, bucket: str) -> None:
         with catalog.write() as w:
             w.put_object(_obj(bucket, "k", "b1"))
-            assert w.object(bucket, "k").blob_id == "b1"
+            assert _get(w, bucket, "k").blob_id == "b1"
             assert _keys(w, bucket) == ["k"]
 
     def test_rollback_on_exception(self, catalog: Catalog, bucket: str) -> None:
@@ -352,7 +357,7 @@ class CatalogTests:
         assert ran == []
         with catalog.write() as w:  # the catalog is usable afterwards
             w.put_object(_obj(bucket, "k", "b2"))
-        assert catalog.object(bucket, "k").blob_id == "b2"
+        assert _get(catalog, bucket, "k").blob_id == "b2"
 
     def test_on_commit_hooks_run_after_commit_in_order(self, catalog: Catalog, bucket: str) -> None:
         seen: list[object] = []
