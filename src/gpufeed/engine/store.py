@@ -66,7 +66,7 @@ class EngineStore(Store):
         """
         info = self.engine.head_object(self.bucket, key)
         spans = [resolve_range(r, info.size) for r in ranges]
-        out: list[memoryview] = []
+        out: list[memoryview | bytes] = []
         for start, length in spans:
             buf = bytearray(length)
             n = self.engine.read_into(info, buf, start)
