@@ -207,14 +207,14 @@ class PendingWrite:
         size: bytes written so far.
     """
 
-    def __init__(self, path: WritePath, hash_kind: str | None, finish: Finish) -> None:
+    def __init__(self, write_path: WritePath, hash_kind: str | None, finish: Finish) -> None:
         # Private: made by WritePath.begin. ``finish`` (see :data:`Finish`)
         # publishes the file and commits the catalog row.
-        self._path = path
+        self._wp = write_path
         self._hasher = _new_hasher(hash_kind)
         self._hash_kind = hash_kind
         self._finish = finish
-        self._fd, self._tmp = path.files.new_temp()
+        self._fd, self._tmp = write_path.files.new_temp()
         self._hashed = 0  # bytes at the start of the file the hasher has seen
         self._done = False
         self.size = 0
@@ -261,7 +261,7 @@ class PendingWrite:
             if h is not None and self._hashed != self.size:
                 self._catch_up()
             if h is not None and n >= _OVERLAP_BYTES and self._hash_kind == "md5":
-                fut = self._path.hash_pool().submit(h.update, mv)
+                fut = self._wp.hash_pool().submit(h.update, mv)
                 try:
                     write_all(self._fd, mv, self.size)
                 finally:
@@ -430,7 +430,7 @@ class PendingWrite:
                     md5_digest = self._file_md5()
                 if want != md5_digest:
                     raise BadDigest("the Content-MD5 you specified did not match what we received")
-            if self._path.files.fsync:
+            if self._wp.files.fsync:
                 os.fsync(self._fd)
         except OSError as exc:
             raise InternalError(f"finishing {self._tmp} failed: {exc}") from exc
