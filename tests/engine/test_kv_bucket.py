@@ -302,7 +302,7 @@ def test_crash_between_commit_and_unlink_leaves_no_blob(tmp_path, monkeypatch):
     e.create_bucket("kvb", kind="kv", capacity_bytes=2 * KB)
     e.put_object("kvb", "a", bytes(KB))
     e.put_object("kvb", "b", bytes(KB))
-    monkeypatch.setattr(e, "_unlink_blobs", lambda blobs: None)  # the "crash": unlinks never happen
+    monkeypatch.setattr(e._files, "remove_blobs", lambda blobs: None)  # the "crash": unlinks never happen
     e.put_object("kvb", "c", bytes(KB))
     assert len(_blob_files(d)) == 3
     e.close()

@@ -1,5 +1,7 @@
 """The storage node with no network: catalog, blobs, buckets, objects, multipart."""
 
+from ._sqlite import SqliteCatalog
+from .catalog import Catalog, CatalogReader, CatalogWriter
 from .engine import MAX_KEY_BYTES, MAX_PARTS, MIN_PART_BYTES, Engine, PendingWrite
 from .store import EngineStore
 from .types import BucketInfo, ListResult, ObjectInfo, PartInfo, UploadInfo
@@ -16,4 +18,8 @@ __all__ = [
     "MAX_KEY_BYTES",
     "MIN_PART_BYTES",
     "MAX_PARTS",
+    "Catalog",
+    "CatalogReader",
+    "CatalogWriter",
+    "SqliteCatalog",
 ]

@@ -2,7 +2,7 @@
 
 Everything here is about file names and durability (rename, fsync of the file
 and of its directory); nothing here knows about buckets or keys, which never
-become file names. The catalog (:mod:`._catalog`) decides which files are
+become file names. The catalog (:mod:`.catalog`) decides which files are
 live; :meth:`BlobFiles.sweep` deletes the rest on start.
 """
 
@@ -127,6 +127,11 @@ class BlobFiles:
     def part_path(self, upload_id: str, file: str) -> str:
         """Absolute path of a part file (``file`` is ``<part_number:05d>.<id>``)."""
         return f"{self.uploads}/{upload_id}/{file}"
+
+    def remove_blobs(self, blob_ids: list[str]) -> None:
+        """Unlink the files of blobs whose catalog rows are gone (missing files are fine)."""
+        for b in blob_ids:
+            remove_quietly(self.blob_path(b))
 
     # writing ------------------------------------------------------------
     def new_temp(self) -> tuple[int, str]:

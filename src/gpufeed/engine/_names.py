@@ -17,6 +17,7 @@ __all__ = [
     "check_bucket_name",
     "check_key",
     "check_text",
+    "check_str_map",
     "successor",
     "encode_token",
     "decode_token",
@@ -109,6 +110,16 @@ def check_text(value: object, what: str) -> str:
         except UnicodeEncodeError as exc:
             raise InvalidArgument(f"{what} {value!r} is not valid UTF-8") from exc
     return value
+
+
+def check_str_map(d: dict[str, str] | None) -> None:
+    """Check user metadata, checksums or headers: a mapping of ``str`` to ``str`` (or empty/``None``).
+
+    Raises:
+        InvalidArgument: a name or value is not a ``str``.
+    """
+    if d and not all(isinstance(k, str) and isinstance(v, str) for k, v in d.items()):
+        raise InvalidArgument("metadata, checksums and headers must map str to str")
 
 
 def successor(s: str) -> str | None:

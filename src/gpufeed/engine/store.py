@@ -55,7 +55,7 @@ class EngineStore(Store):
         """
         return self.engine.get_object(self.bucket, key, byte_range)
 
-    def get_ranges(self, key: str, ranges: list[ByteRequest]) -> list[memoryview]:
+    def get_ranges(self, key: str, ranges: list[ByteRequest]) -> list[memoryview | bytes]:
         """Read several ranges of one version of ``key`` (one lookup, one file).
 
         All ranges come from the same immutable version even if the key is
@@ -66,7 +66,7 @@ class EngineStore(Store):
         """
         info = self.engine.head_object(self.bucket, key)
         spans = [resolve_range(r, info.size) for r in ranges]
-        out: list[memoryview] = []
+        out: list[memoryview | bytes] = []
         for start, length in spans:
             buf = bytearray(length)
             n = self.engine.read_into(info, buf, start)

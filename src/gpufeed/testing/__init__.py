@@ -2,10 +2,12 @@
 
 - :mod:`gpufeed.testing.store`: ``StoreTests``, the behavioural suite every
   :class:`gpufeed.store.Store` backend subclasses.
+- :mod:`gpufeed.testing.catalog`: ``CatalogTests``, the behavioural suite every
+  engine catalog (:class:`gpufeed.engine.catalog.Catalog`) subclasses.
 - :mod:`gpufeed.testing.stateful`: a Hypothesis state machine checking any
   store against a ``dict``.
 - :mod:`gpufeed.testing.node`: a real node subprocess for end-to-end tests.
 - :mod:`gpufeed.testing.memory`: ``resident_bytes``, what this process has mapped.
 
-The first two import pytest / Hypothesis, so import them from tests only.
+The first three import pytest / Hypothesis, so import them from tests only.
 """

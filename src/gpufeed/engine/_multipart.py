@@ -1,0 +1,237 @@
+"""Multipart uploads: upload rows, part files, and joining parts into an object.
+
+Part files live under ``uploads/<upload_id>/<part_number:05d>.<id>`` (a fresh
+``<id>`` per upload of a part, so a re-upload never overwrites a file a
+catalog row still names) and follow the same write protocol as blobs: temp
+file, fsync, rename, then the catalog commit. Completion builds the object by
+kernel copies of the part files and publishes it like any put, dropping the
+upload in the same catalog transaction. The public API and its documentation
+are :class:`gpufeed.engine.Engine`'s multipart methods, which call this.
+
+Source: "Uploading and copying objects using multipart upload", Amazon S3 User Guide,
+https://docs.aws.amazon.com/AmazonS3/latest/userguide/mpuoverview.html
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+
+from ..checksums import COMPOSITE_ALGORITHMS, composite_checksum
+from ..errors import (
+    EntityTooSmall,
+    InternalError,
+    InvalidArgument,
+    InvalidPart,
+    InvalidPartOrder,
+    MalformedXML,
+    NoSuchUpload,
+)
+from ._blobs import BlobFiles, new_id, remove_quietly
+from ._names import check_key, check_str_map, check_text
+from ._writes import PendingWrite, WritePath
+from .catalog import Catalog, CatalogReader, CatalogWriter, PartRecord, require_bucket
+from .types import ObjectInfo, PartInfo, UploadInfo
+
+__all__ = ["Multipart", "MIN_PART_BYTES", "MAX_PARTS"]
+
+#: Smallest part other than the last one (S3: 5 MiB).
+MIN_PART_BYTES = 5 << 20
+#: Highest part number S3 accepts.
+MAX_PARTS = 10_000
+
+_DEFAULT_TYPE = "application/octet-stream"
+_UPLOAD_ID_RE = re.compile(r"[0-9a-f]{32}")
+_OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
+
+def get_upload(reader: CatalogReader, bucket: str, key: str, upload_id: str) -> UploadInfo:
+    """The upload ``upload_id`` of ``bucket/key``.
+
+    Raises:
+        NoSuchUpload: a malformed id, or no such upload for this bucket and key.
+    """
+    if not isinstance(upload_id, str) or not _UPLOAD_ID_RE.fullmatch(upload_id):
+        raise NoSuchUpload(f"no upload {upload_id!r}", upload_id=upload_id)
+    info = reader.upload(bucket, key, upload_id)
+    if info is None:
+        raise NoSuchUpload(f"no upload {upload_id!r} for {bucket}/{key}", upload_id=upload_id)
+    return info
+
+
+def _choose_parts(have: dict[int, PartRecord], parts: list[tuple[int, str]]) -> list[PartRecord]:
+    """The uploaded parts named by ``[(part_number, etag), ...]``, checked as S3 does.
+
+    Raises:
+        InvalidPartOrder, InvalidPart, EntityTooSmall: see
+            :meth:`gpufeed.engine.Engine.complete_multipart_upload`.
+    """
+    prev = 0
+    chosen: list[PartRecord] = []
+    for number, given in parts:
+        if not isinstance(number, int) or number <= prev:
+            raise InvalidPartOrder(f"part numbers must ascend; {number!r} follows {prev}")
+        prev = number
+        etag = given.strip().strip('"') if isinstance(given, str) else ""
+        found = have.get(number)
+        if found is None or found.info.etag != etag:
+            raise InvalidPart(f"part {number} with ETag {given!r} was not uploaded", part_number=number)
+        chosen.append(found)
+    for rec in chosen[:-1]:
+        if rec.info.size < MIN_PART_BYTES:
+            raise EntityTooSmall(
+                f"part {rec.info.part_number} is {rec.info.size} bytes; all but the last must be >= {MIN_PART_BYTES}",
+                part_number=rec.info.part_number, size=rec.info.size,
+            )
+    return chosen
+
+
+def _joined_etag_and_checksums(chosen: list[PartRecord]) -> tuple[str, dict[str, str]]:
+    """The multipart ETag ``<hex md5 of the binary part MD5s>-N`` and the composite
+    checksum of every algorithm all chosen parts carry."""
+    joined = hashlib.md5(b"".join(bytes.fromhex(rec.info.etag) for rec in chosen)).hexdigest()
+    part_checksums = [rec.info.checksums for rec in chosen]
+    composite = {
+        alg: composite_checksum(alg, [ck[alg] for ck in part_checksums])
+        for alg in COMPOSITE_ALGORITHMS
+        if all(alg in ck for ck in part_checksums)
+    }
+    return f"{joined}-{len(chosen)}", composite
+
+
+class Multipart:
+    """The multipart operations of one engine.
+
+    Args:
+        catalog: the engine's catalog.
+        files: the engine's data folder.
+        writes: the engine's write path (pending writes for parts and joins,
+            and the object commit).
+    """
+
+    def __init__(self, catalog: Catalog, files: BlobFiles, writes: WritePath) -> None:
+        self._cat = catalog
+        self._files = files
+        self._writes = writes
+
+    def create(self, bucket: str, key: str, content_type: str | None, metadata: dict[str, str] | None,
+               headers: dict[str, str] | None) -> UploadInfo:
+        """Start an upload (its directory first, then its row)."""
+        check_key(key)
+        ct = content_type or _DEFAULT_TYPE
+        check_str_map(metadata)
+        check_str_map(headers)
+        require_bucket(self._cat, bucket)
+        upload_id = new_id()
+        self._files.new_upload_dir(upload_id)
+        info = UploadInfo(bucket, key, upload_id, time.time(), ct, dict(metadata or {}), dict(headers or {}))
+        try:
+            with self._cat.write() as w:
+                require_bucket(w, bucket)
+                w.insert_upload(info)
+        except BaseException:
+            self._files.remove_upload_dir(upload_id)
+            raise
+        return info
+
+    def begin_part(self, bucket: str, key: str, upload_id: str, part_number: int) -> PendingWrite:
+        """A pending write for one part; its ``commit()`` returns a :class:`PartInfo`."""
+        if not isinstance(part_number, int) or not 1 <= part_number <= MAX_PARTS:
+            raise InvalidArgument(f"part number must be 1..{MAX_PARTS}, not {part_number!r}")
+        get_upload(self._cat, bucket, key, upload_id)
+
+        def finish(pw, tmp, etag, md5_digest, *, checksums, **_kw):
+            return self._publish_part(bucket, key, upload_id, part_number, tmp, pw.size, etag, checksums)
+
+        return self._writes.begin("md5", finish)
+
+    def _publish_part(self, bucket: str, key: str, upload_id: str, part_number: int, tmp: str,
+                      size: int, etag: str, checksums: dict[str, str] | None) -> PartInfo:
+        check_str_map(checksums)
+        file = f"{part_number:05d}.{new_id()}"
+        try:
+            path = self._files.publish_part(tmp, upload_id, file)
+        except FileNotFoundError as exc:
+            raise NoSuchUpload(f"upload {upload_id} was completed or aborted", upload_id=upload_id) from exc
+        info = PartInfo(part_number, etag, size, time.time(), dict(checksums or {}))
+        try:
+            with self._cat.write() as w:
+                get_upload(w, bucket, key, upload_id)
+                old = w.part_file(upload_id, part_number)
+                w.put_part(upload_id, PartRecord(info, file))
+        except BaseException:
+            remove_quietly(path)
+            raise
+        if old is not None:
+            remove_quietly(self._files.part_path(upload_id, old))
+        return info
+
+    def list_parts(self, bucket: str, key: str, upload_id: str) -> list[PartInfo]:
+        """The parts uploaded so far, by part number."""
+        with self._cat.snapshot() as c:
+            get_upload(c, bucket, key, upload_id)
+            return [rec.info for rec in c.parts(upload_id)]
+
+    def complete(self, bucket: str, key: str, upload_id: str, parts: list[tuple[int, str]], *,
+                 if_match: str | None, if_none_match: str | None) -> ObjectInfo:
+        """Join the chosen parts into the object and drop the upload (one catalog transaction)."""
+        if not parts:
+            raise MalformedXML("CompleteMultipartUpload needs at least one part")
+        with self._cat.snapshot() as c:
+            upload = get_upload(c, bucket, key, upload_id)
+            have = {rec.info.part_number: rec for rec in c.parts(upload_id)}
+        chosen = _choose_parts(have, parts)
+        # The part rows read above are the ones committed with (drop_upload checks
+        # each part's file is unchanged), so these checksums describe its bytes.
+        etag, composite = _joined_etag_and_checksums(chosen)
+        files = {rec.info.part_number: rec.file for rec in chosen}
+
+        def drop_upload(w: CatalogWriter) -> None:
+            get_upload(w, bucket, key, upload_id)
+            for number, file in files.items():
+                if w.part_file(upload_id, number) != file:
+                    raise InvalidPart(f"part {number} was replaced meanwhile", part_number=number)
+            w.delete_upload(upload_id)
+
+        def finish(pw, tmp, _etag, _md5, **_kw):
+            return self._writes.publish_object(
+                bucket, key, tmp, pw.size, etag,
+                content_type=upload.content_type, metadata=upload.metadata, checksums=composite,
+                headers=upload.headers, if_match=if_match, if_none_match=if_none_match, extra=drop_upload,
+            )
+
+        with self._writes.begin(None, finish) as pw:
+            for rec in chosen:
+                self._append_part(pw, upload_id, rec)
+            info = pw.commit()
+        self._files.remove_upload_dir(upload_id)
+        return info
+
+    def _append_part(self, pw: PendingWrite, upload_id: str, rec: PartRecord) -> None:
+        """Copy one part file onto the end of ``pw`` (a kernel copy)."""
+        number, size = rec.info.part_number, rec.info.size
+        try:
+            sfd = os.open(self._files.part_path(upload_id, rec.file), _OPEN_READ)
+        except FileNotFoundError as exc:
+            raise InvalidPart(f"part {number} was replaced or removed meanwhile", part_number=number) from exc
+        try:
+            if pw.write_from_fd(sfd, 0, size) != size:
+                raise InternalError(f"part file {rec.file} of upload {upload_id} is short")
+        finally:
+            os.close(sfd)
+
+    def abort(self, bucket: str, key: str, upload_id: str) -> None:
+        """Drop an upload, its rows, then its part files."""
+        with self._cat.write() as w:
+            get_upload(w, bucket, key, upload_id)
+            w.delete_upload(upload_id)
+        self._files.remove_upload_dir(upload_id)
+
+    def list_uploads(self, bucket: str, prefix: str) -> list[UploadInfo]:
+        """Uploads in progress whose key starts with ``prefix``, by key then start time."""
+        check_text(prefix, "prefix")
+        with self._cat.snapshot() as c:
+            require_bucket(c, bucket)
+            rows = c.uploads(bucket)
+        return [u for u in rows if u.key.startswith(prefix)]

@@ -1,0 +1,469 @@
+"""The SQLite catalog: schema, connections, the single-writer transaction, and
+every metadata operation of :class:`gpufeed.engine.catalog.Catalog` as SQL.
+
+Why SQLite and these settings: the catalog must make a write visible
+atomically and durably (one ``COMMIT`` is the moment an object exists), serve
+many concurrent point lookups (the fast-path server looks an object up per
+request) and list keys in UTF-8 byte order. SQLite in WAL mode does all three
+in-process: readers never block the writer nor each other, and ``TEXT``
+compared with the default ``BINARY`` collation is ``memcmp`` of UTF-8, which
+is exactly S3's listing order.
+
+Threads: every thread gets its own read connection (``threading.local``),
+opened once, in autocommit mode, so each statement reads the latest committed
+state; all writes go through one connection guarded by a lock
+(:meth:`SqliteCatalog.write`). Statements are prepared once per connection by the
+``sqlite3`` statement cache. Source: https://www.sqlite.org/wal.html
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import weakref
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
+
+from ..errors import InternalError, InvalidArgument
+from .catalog import Catalog, CatalogReader, CatalogWriter, LiveFiles, ObjectUse, PartRecord
+from .types import BucketInfo, ObjectInfo, PartInfo, UploadInfo
+
+__all__ = ["SqliteCatalog", "SCHEMA_VERSION"]
+
+#: Bumped when the schema changes; stored in ``PRAGMA user_version``.
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS buckets (
+    name    TEXT PRIMARY KEY,
+    created REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS objects (
+    bucket        TEXT NOT NULL,
+    key           TEXT NOT NULL,
+    size          INTEGER NOT NULL,
+    etag          TEXT NOT NULL,
+    last_modified REAL NOT NULL,
+    content_type  TEXT NOT NULL,
+    metadata      TEXT NOT NULL,   -- JSON object, '' when empty
+    checksums     TEXT NOT NULL,   -- JSON object, '' when empty
+    blob_id       TEXT NOT NULL,
+    PRIMARY KEY (bucket, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS uploads (
+    upload_id    TEXT PRIMARY KEY,
+    bucket       TEXT NOT NULL,
+    key          TEXT NOT NULL,
+    initiated    REAL NOT NULL,
+    content_type TEXT NOT NULL,
+    metadata     TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS uploads_by_key ON uploads (bucket, key, initiated);
+CREATE TABLE IF NOT EXISTS parts (
+    upload_id     TEXT NOT NULL,
+    part_number   INTEGER NOT NULL,
+    etag          TEXT NOT NULL,
+    size          INTEGER NOT NULL,
+    last_modified REAL NOT NULL,
+    file          TEXT NOT NULL,   -- '<part_number:05d>.<id>' under uploads/<upload_id>/
+    PRIMARY KEY (upload_id, part_number)
+) WITHOUT ROWID;
+"""
+
+#: Columns added after the first release: ``(table, column, declaration)``. Each
+#: is added with ``ALTER TABLE ... ADD COLUMN`` when ``PRAGMA table_info`` lacks
+#: it, so a catalog made by an older gpufeed opens unchanged otherwise (rows it
+#: holds read the declared default). Append here; never reorder or remove.
+_ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("objects", "headers", "TEXT NOT NULL DEFAULT ''"),    # JSON object of HTTP headers, '' when empty
+    ("uploads", "headers", "TEXT NOT NULL DEFAULT ''"),    # same, for the object being uploaded
+    ("parts", "checksums", "TEXT NOT NULL DEFAULT ''"),    # JSON {"crc32": b64, ...}, '' when empty
+    ("buckets", "kind", "TEXT NOT NULL DEFAULT 'standard'"),  # 'standard' | 'kv' (evicting cache bucket)
+    ("buckets", "capacity_bytes", "INTEGER NOT NULL DEFAULT 0"),  # kv: byte budget, 0 = unlimited
+    ("buckets", "ttl_s", "REAL NOT NULL DEFAULT 0"),          # kv: seconds an object lives after its write, 0 = forever
+    ("objects", "last_access", "REAL NOT NULL DEFAULT 0"),    # kv LRU: Unix s of the last read, flushed lazily
+)
+
+
+def _add_columns(w: sqlite3.Connection) -> None:
+    """Add the :data:`_ADDED_COLUMNS` a catalog lacks (inside the caller's transaction)."""
+    have: dict[str, set[str]] = {}
+    for table, column, decl in _ADDED_COLUMNS:
+        if table not in have:
+            have[table] = {row[1] for row in w.execute(f"PRAGMA table_info({table})")}
+        if column not in have[table]:
+            w.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            have[table].add(column)
+
+
+_MMAP_BYTES = 256 << 20  # 256 MiB of the catalog file mapped per connection
+_BUSY_TIMEOUT_S = 30.0
+
+
+_BUCKET_COLS = "SELECT name, created, kind, capacity_bytes, ttl_s FROM buckets"
+_SQL_HEAD = (
+    "SELECT size, etag, last_modified, content_type, metadata, checksums, blob_id, headers"
+    " FROM objects WHERE bucket=? AND key=?"
+)
+_OBJ_COLS = "key, size, etag, last_modified, content_type, metadata, checksums, blob_id, headers"
+_UPLOAD_COLS = "SELECT key, upload_id, initiated, content_type, metadata, headers FROM uploads"
+_SCAN_SQL: dict[tuple[bool, bool], str] = {}
+
+
+def _dumps(d: dict[str, str]) -> str:
+    """A ``str -> str`` map as stored: compact JSON, ``''`` when empty (the caller checked the types)."""
+    return json.dumps(d, separators=(",", ":"), ensure_ascii=False) if d else ""
+
+
+def _loads(s: str) -> dict[str, str]:
+    return json.loads(s) if s else {}
+
+
+def _no_path(blob_id: str) -> str:
+    return ""
+
+
+class _Reads(CatalogReader):
+    """The read operations as SQL over :meth:`_conn` (one connection or this thread's)."""
+
+    _blob_path: Callable[[str], str]
+
+    def _conn(self) -> sqlite3.Connection:
+        raise NotImplementedError
+
+    def _object_info(self, bucket: str, key: str, row) -> ObjectInfo:
+        size, etag, lm, ct, md, ck, blob, hd = row
+        return ObjectInfo(bucket, key, size, etag, lm, ct, _loads(md), _loads(ck), blob,
+                          self._blob_path(blob), _loads(hd))
+
+    def bucket(self, name: str) -> BucketInfo | None:
+        rows = self._conn().execute(_BUCKET_COLS + " WHERE name=?", (name,)).fetchall()
+        return BucketInfo(*rows[0]) if rows else None
+
+    def buckets(self) -> list[BucketInfo]:
+        return [BucketInfo(*r) for r in self._conn().execute(_BUCKET_COLS + " ORDER BY name").fetchall()]
+
+    def bucket_usage(self, name: str) -> tuple[int, int]:
+        size, count = self._conn().execute(
+            "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM objects WHERE bucket=?", (name,)).fetchone()
+        return size, count
+
+    def bucket_has_objects(self, name: str) -> bool:
+        return bool(self._conn().execute("SELECT 1 FROM objects WHERE bucket=? LIMIT 1", (name,)).fetchall())
+
+    def bucket_has_uploads(self, name: str) -> bool:
+        return bool(self._conn().execute("SELECT 1 FROM uploads WHERE bucket=? LIMIT 1", (name,)).fetchall())
+
+    def object(self, bucket: str, key: str) -> ObjectInfo | None:
+        try:
+            rows = self._conn().execute(_SQL_HEAD, (bucket, key)).fetchall()
+        except UnicodeEncodeError as exc:
+            raise InvalidArgument(f"object key {key!r} is not valid UTF-8") from exc
+        return self._object_info(bucket, key, rows[0]) if rows else None
+
+    def scan_objects(self, bucket: str, start: str, *, inclusive: bool, end: str | None,
+                     limit: int) -> Generator[ObjectInfo, None, None]:
+        sig = (inclusive, end is None)
+        sql = _SCAN_SQL.get(sig)
+        if sql is None:
+            lo = "key >= ?" if inclusive else "key > ?"
+            up = "" if end is None else " AND key < ?"
+            sql = _SCAN_SQL[sig] = f"SELECT {_OBJ_COLS} FROM objects WHERE bucket=? AND {lo}{up} ORDER BY key LIMIT ?"
+        args = (bucket, start, limit) if end is None else (bucket, start, end, limit)
+        cur = self._conn().execute(sql, args)
+        try:
+            for row in cur:
+                yield self._object_info(bucket, row[0], row[1:])
+        finally:
+            cur.close()
+
+    def object_uses(self, bucket: str) -> list[ObjectUse]:
+        rows = self._conn().execute(
+            "SELECT key, size, blob_id, last_modified, MAX(last_access, last_modified) AS used"
+            " FROM objects WHERE bucket=? ORDER BY used, key", (bucket,),
+        ).fetchall()
+        return [ObjectUse(*r) for r in rows]
+
+    def live_files(self) -> LiveFiles:
+        c = self._conn()
+        blobs = {r[0] for r in c.execute("SELECT blob_id FROM objects")}
+        parts: dict[str, set[str]] = {r[0]: set() for r in c.execute("SELECT upload_id FROM uploads")}
+        for upload_id, file in c.execute("SELECT upload_id, file FROM parts"):
+            parts.setdefault(upload_id, set()).add(file)
+        return LiveFiles(blobs, parts)
+
+    def upload(self, bucket: str, key: str, upload_id: str) -> UploadInfo | None:
+        rows = self._conn().execute(
+            "SELECT initiated, content_type, metadata, headers FROM uploads"
+            " WHERE upload_id=? AND bucket=? AND key=?",
+            (upload_id, bucket, key),
+        ).fetchall()
+        if not rows:
+            return None
+        initiated, ct, md, hd = rows[0]
+        return UploadInfo(bucket, key, upload_id, initiated, ct, _loads(md), _loads(hd))
+
+    def uploads(self, bucket: str) -> list[UploadInfo]:
+        rows = self._conn().execute(_UPLOAD_COLS + " WHERE bucket=? ORDER BY key, initiated", (bucket,)).fetchall()
+        return [UploadInfo(bucket, k, u, i, ct, _loads(md), _loads(hd)) for k, u, i, ct, md, hd in rows]
+
+    def parts(self, upload_id: str) -> list[PartRecord]:
+        rows = self._conn().execute(
+            "SELECT part_number, etag, size, last_modified, checksums, file FROM parts"
+            " WHERE upload_id=? ORDER BY part_number",
+            (upload_id,),
+        ).fetchall()
+        return [PartRecord(PartInfo(n, e, sz, lm, _loads(ck)), f) for n, e, sz, lm, ck, f in rows]
+
+    def part_file(self, upload_id: str, part_number: int) -> str | None:
+        rows = self._conn().execute(
+            "SELECT file FROM parts WHERE upload_id=? AND part_number=?", (upload_id, part_number)
+        ).fetchall()
+        return rows[0][0] if rows else None
+
+
+class _View(_Reads):
+    """Reads over one connection (inside a snapshot or the write transaction)."""
+
+    def __init__(self, conn: sqlite3.Connection, blob_path: Callable[[str], str]) -> None:
+        self._c = conn
+        self._blob_path = blob_path
+
+    def _conn(self) -> sqlite3.Connection:
+        return self._c
+
+
+class _Writer(_View, CatalogWriter):
+    """The open write transaction of a :class:`SqliteCatalog`."""
+
+    def __init__(self, conn: sqlite3.Connection, blob_path: Callable[[str], str], hooks: list) -> None:
+        super().__init__(conn, blob_path)
+        self._hooks = hooks
+
+    def on_commit(self, fn: Callable[[], None]) -> None:
+        self._hooks.append(fn)
+
+    def insert_bucket(self, info: BucketInfo) -> None:
+        self._c.execute("INSERT INTO buckets (name, created, kind, capacity_bytes, ttl_s) VALUES (?, ?, ?, ?, ?)",
+                        (info.name, info.created, info.kind, info.capacity_bytes, info.ttl_s))
+
+    def set_bucket_limits(self, name: str, capacity_bytes: int, ttl_s: float) -> None:
+        self._c.execute("UPDATE buckets SET capacity_bytes=?, ttl_s=? WHERE name=?", (capacity_bytes, ttl_s, name))
+
+    def delete_bucket(self, name: str) -> None:
+        self._c.execute("DELETE FROM buckets WHERE name=?", (name,))
+
+    def put_object(self, info: ObjectInfo) -> None:
+        self._c.execute(
+            "INSERT OR REPLACE INTO objects (bucket, key, size, etag, last_modified, content_type,"
+            " metadata, checksums, blob_id, headers, last_access) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (info.bucket, info.key, info.size, info.etag, info.last_modified, info.content_type,
+             _dumps(info.metadata), _dumps(info.checksums), info.blob_id, _dumps(info.headers), info.last_modified),
+        )
+
+    def delete_object(self, bucket: str, key: str, blob_id: str | None = None) -> bool:
+        if blob_id is None:
+            cur = self._c.execute("DELETE FROM objects WHERE bucket=? AND key=?", (bucket, key))
+        else:
+            cur = self._c.execute("DELETE FROM objects WHERE bucket=? AND key=? AND blob_id=?", (bucket, key, blob_id))
+        return cur.rowcount > 0
+
+    def delete_versions(self, bucket: str, versions: list[tuple[str, str]]) -> None:
+        self._c.executemany("DELETE FROM objects WHERE bucket=? AND key=? AND blob_id=?",
+                            [(bucket, k, b) for k, b in versions])
+
+    def set_last_used(self, bucket: str, times: dict[str, float]) -> None:
+        self._c.executemany("UPDATE objects SET last_access=? WHERE bucket=? AND key=?",
+                            [(t, bucket, k) for k, t in times.items()])
+
+    def insert_upload(self, info: UploadInfo) -> None:
+        self._c.execute(
+            "INSERT INTO uploads (upload_id, bucket, key, initiated, content_type, metadata, headers)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (info.upload_id, info.bucket, info.key, info.initiated, info.content_type,
+             _dumps(info.metadata), _dumps(info.headers)),
+        )
+
+    def put_part(self, upload_id: str, record: PartRecord) -> None:
+        p = record.info
+        self._c.execute(
+            "INSERT OR REPLACE INTO parts (upload_id, part_number, etag, size, last_modified, file,"
+            " checksums) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (upload_id, p.part_number, p.etag, p.size, p.last_modified, record.file, _dumps(p.checksums)),
+        )
+
+    def delete_upload(self, upload_id: str) -> None:
+        self._c.execute("DELETE FROM parts WHERE upload_id=?", (upload_id,))
+        self._c.execute("DELETE FROM uploads WHERE upload_id=?", (upload_id,))
+
+
+class SqliteCatalog(_Reads, Catalog):
+    """The catalog in ``catalog.sqlite3``: connections, transactions and the SQL of every operation.
+
+    Plain reads use this thread's read connection; :meth:`object` (the hot
+    path) reuses one cursor per thread.
+
+    Args:
+        path: the database file.
+        fsync: ``synchronous=FULL`` (every commit is durable) when true,
+            ``NORMAL`` otherwise (durable at checkpoints; still atomic).
+        blob_path: maps a blob id to its data file (fills :attr:`ObjectInfo.path`);
+            by default paths are ``""``.
+
+    Raises:
+        InternalError: the file is not a gpufeed catalog or cannot be opened.
+    """
+
+    def __init__(self, path: str, *, fsync: bool, blob_path: Callable[[str], str] = _no_path) -> None:
+        self._blob_path = blob_path
+        self._path = path
+        self._closed = False
+        self._wlock = threading.Lock()
+        self._rlock = threading.Lock()
+        self._local = threading.local()
+        self._readers: dict[int, tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = {}
+        try:
+            w = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S)
+        except sqlite3.Error as exc:
+            raise InternalError(f"cannot open catalog {path}: {exc}") from exc
+        try:
+            mode = w.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode != "wal":
+                raise InternalError(f"catalog {path}: cannot enable WAL (got {mode!r})")
+            w.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
+            w.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")
+            version = w.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise InternalError(f"catalog {path} has schema version {version}; expected {SCHEMA_VERSION}")
+            w.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version={SCHEMA_VERSION};")
+            try:
+                _add_columns(w)
+            except BaseException:
+                w.execute("ROLLBACK")
+                raise
+            w.execute("COMMIT")
+        except BaseException as exc:
+            w.close()
+            if isinstance(exc, sqlite3.Error):
+                raise InternalError(f"cannot open catalog {path}: {exc}") from exc
+            raise
+        self._writer = w
+
+    # reading ------------------------------------------------------------
+    def reader(self) -> sqlite3.Connection:
+        """This thread's read connection (autocommit; ``query_only``).
+
+        Raises:
+            InternalError: the catalog is closed.
+        """
+        try:
+            return self._local.conn
+        except AttributeError:
+            return self._new_reader()
+
+    def lookup_cursor(self) -> sqlite3.Cursor:
+        """This thread's cursor for single-row point lookups (saves making a
+        cursor per call on the hot path). Callers must consume its result
+        fully (``fetchall``) before the thread uses it again.
+
+        Raises:
+            InternalError: the catalog is closed.
+        """
+        try:
+            return self._local.cur
+        except AttributeError:
+            self._local.cur = cur = self.reader().cursor()
+            return cur
+
+    def _new_reader(self) -> sqlite3.Connection:
+        with self._rlock:
+            if self._closed:
+                raise InternalError("the engine is closed")
+            # Connections of threads that have ended are closed here, so a
+            # program that churns threads does not pile up open databases.
+            for ident, (ref, c) in list(self._readers.items()):
+                t = ref()
+                if t is None or not t.is_alive():
+                    c.close()
+                    del self._readers[ident]
+            c = sqlite3.connect(
+                self._path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S
+            )
+            c.execute("PRAGMA query_only=ON")
+            c.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")
+            me = threading.current_thread()
+            self._readers[id(c)] = (weakref.ref(me), c)
+            self._local.conn = c
+            return c
+
+    def _conn(self) -> sqlite3.Connection:
+        return self.reader()
+
+    def object(self, bucket: str, key: str) -> ObjectInfo | None:
+        try:
+            rows = self.lookup_cursor().execute(_SQL_HEAD, (bucket, key)).fetchall()
+        except UnicodeEncodeError as exc:
+            raise InvalidArgument(f"object key {key!r} is not valid UTF-8") from exc
+        return self._object_info(bucket, key, rows[0]) if rows else None
+
+    @contextmanager
+    def snapshot(self) -> Iterator[CatalogReader]:
+        """A read transaction on this thread's read connection: every read
+        inside sees one committed state."""
+        c = self.reader()
+        c.execute("BEGIN")
+        try:
+            yield _View(c, self._blob_path)
+        finally:
+            c.execute("COMMIT")
+
+    # writing ------------------------------------------------------------
+    @contextmanager
+    def write(self) -> Iterator[CatalogWriter]:
+        """The one write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``).
+
+        Commits when the block ends normally, rolls back on an exception. Only
+        one thread writes at a time. Hooks given to
+        :meth:`CatalogWriter.on_commit` run after the commit, under the write lock.
+
+        Raises:
+            InternalError: SQLite failed (disk full, I/O error); translated
+                from ``sqlite3.Error``.
+        """
+        with self._wlock:
+            if self._closed:
+                raise InternalError("the engine is closed")
+            w = self._writer
+            hooks: list[Callable[[], None]] = []
+            try:
+                w.execute("BEGIN IMMEDIATE")
+                try:
+                    yield _Writer(w, self._blob_path, hooks)
+                except BaseException:
+                    w.execute("ROLLBACK")
+                    raise
+                w.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if w.in_transaction:
+                    w.execute("ROLLBACK")
+                raise InternalError(f"catalog write failed: {exc}") from exc
+            for fn in hooks:
+                fn()
+
+    def close(self) -> None:
+        """Close every connection; idempotent. Later calls raise InternalError."""
+        with self._wlock, self._rlock:
+            if self._closed:
+                return
+            self._closed = True
+            self._local = threading.local()
+            for _, c in self._readers.values():
+                c.close()
+            self._readers.clear()
+            try:
+                self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass  # a reader elsewhere may still hold the WAL; the next open recovers it
+            self._writer.close()
+

@@ -1,0 +1,246 @@
+"""The catalog interface: every metadata operation the engine performs.
+
+The engine keeps object data in immutable files (:mod:`._blobs`) and all
+metadata (buckets, object versions, multipart uploads and their parts) in a
+catalog. It talks to the catalog only through the three classes here, so a
+second catalog (a PostgreSQL one, say) implements them and passes the same
+conformance suite (:class:`gpufeed.testing.catalog.CatalogTests`). The SQLite
+catalog (:class:`gpufeed.engine._sqlite.SqliteCatalog`) is the one in use.
+
+Shape, after Garage's object / version / upload tables and 3FS's
+``ChunkMetaStore``: plain reads (:class:`CatalogReader`), consistent
+multi-statement reads (:meth:`Catalog.snapshot`), and one serialised write
+transaction at a time (:meth:`Catalog.write`) whose commit is the moment a
+change becomes visible. Records are the engine's own frozen dataclasses
+(:mod:`.types`); the catalog never sees a data file, only blob ids and part
+file names, and learns where blobs live from the ``blob_path`` function it
+was made with (to fill :attr:`ObjectInfo.path`).
+
+Contract every implementation keeps:
+
+- Keys compare as UTF-8 bytes (S3 listing order); a key that is not valid
+  UTF-8 makes :meth:`CatalogReader.object` raise ``InvalidArgument``.
+- A write transaction commits when its block ends normally and rolls back on
+  an exception; failures of the database are raised as ``InternalError``.
+  Functions registered with :meth:`CatalogWriter.on_commit` run after the
+  commit, still serialised with other writers, in commit order.
+- Any use after :meth:`Catalog.close` raises ``InternalError``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+from ..errors import NoSuchBucket
+from .types import BucketInfo, ObjectInfo, PartInfo, UploadInfo
+
+__all__ = ["Catalog", "CatalogReader", "CatalogWriter", "PartRecord", "ObjectUse", "LiveFiles", "require_bucket"]
+
+
+@dataclass(frozen=True, slots=True)
+class PartRecord:
+    """A part as the catalog stores it: the public :class:`PartInfo` and ``file``,
+    the part file's name under ``uploads/<upload_id>/`` (changes on every re-upload)."""
+
+    info: PartInfo
+    file: str
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectUse:
+    """What a kv bucket's eviction needs of one object.
+
+    Attributes:
+        key: object key.
+        size: bytes.
+        blob_id: the current version's data file id.
+        last_modified: Unix s of the write.
+        last_used: Unix s of the last recorded read or write, whichever is later.
+    """
+
+    key: str
+    size: int
+    blob_id: str
+    last_modified: float
+    last_used: float
+
+
+@dataclass(frozen=True, slots=True)
+class LiveFiles:
+    """Every data file a catalog row names, for the start-up sweep.
+
+    Attributes:
+        blobs: blob ids of all object versions.
+        parts: ``upload_id -> part file names``; every open upload is a key,
+            with an empty set when it has no parts.
+    """
+
+    blobs: set[str]
+    parts: dict[str, set[str]]
+
+
+class CatalogReader(ABC):
+    """Read operations; each sees the latest committed state (or, inside
+    :meth:`Catalog.snapshot` and :meth:`Catalog.write`, that one state)."""
+
+    # buckets -------------------------------------------------------------
+    @abstractmethod
+    def bucket(self, name: str) -> BucketInfo | None:
+        """The bucket ``name``, or ``None``."""
+
+    @abstractmethod
+    def buckets(self) -> list[BucketInfo]:
+        """Every bucket, by name (byte order)."""
+
+    @abstractmethod
+    def bucket_usage(self, name: str) -> tuple[int, int]:
+        """``(bytes, objects)``: the summed sizes and the count of the bucket's objects."""
+
+    @abstractmethod
+    def bucket_has_objects(self, name: str) -> bool:
+        """Whether the bucket holds at least one object."""
+
+    @abstractmethod
+    def bucket_has_uploads(self, name: str) -> bool:
+        """Whether the bucket has at least one multipart upload in progress."""
+
+    # objects -------------------------------------------------------------
+    @abstractmethod
+    def object(self, bucket: str, key: str) -> ObjectInfo | None:
+        """The current version of ``bucket/key``, or ``None`` (also when the bucket is missing).
+
+        Raises:
+            InvalidArgument: ``key`` is not valid UTF-8.
+        """
+
+    @abstractmethod
+    def scan_objects(self, bucket: str, start: str, *, inclusive: bool, end: str | None,
+                     limit: int) -> Generator[ObjectInfo, None, None]:
+        """Objects of ``bucket`` with ``start <= key`` (``<`` unless ``inclusive``)
+        and ``key < end`` (no bound when ``end`` is ``None``), in byte order of
+        key, at most ``limit``.
+
+        Lazy: rows are read as the iterator advances, so a caller that stops
+        early reads no more; close the iterator (``contextlib.closing``) when
+        stopping early.
+        """
+
+    @abstractmethod
+    def object_uses(self, bucket: str) -> list[ObjectUse]:
+        """Every object of ``bucket``, least recently used first (ties by key)."""
+
+    @abstractmethod
+    def live_files(self) -> LiveFiles:
+        """Every blob id and part file a row names."""
+
+    # multipart -------------------------------------------------------------
+    @abstractmethod
+    def upload(self, bucket: str, key: str, upload_id: str) -> UploadInfo | None:
+        """The upload ``upload_id`` if it is one for ``bucket/key``, else ``None``."""
+
+    @abstractmethod
+    def uploads(self, bucket: str) -> list[UploadInfo]:
+        """The bucket's uploads in progress, by key, then start time."""
+
+    @abstractmethod
+    def parts(self, upload_id: str) -> list[PartRecord]:
+        """The upload's parts, by part number."""
+
+    @abstractmethod
+    def part_file(self, upload_id: str, part_number: int) -> str | None:
+        """The file name of one part, or ``None`` when it was not uploaded."""
+
+
+class CatalogWriter(CatalogReader):
+    """The open write transaction: reads see its own changes."""
+
+    @abstractmethod
+    def on_commit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` right after this transaction commits (never if it rolls
+        back), serialised with other writers, so in-memory state that mirrors
+        the catalog changes in commit order. ``fn`` must not raise."""
+
+    # buckets -------------------------------------------------------------
+    @abstractmethod
+    def insert_bucket(self, info: BucketInfo) -> None:
+        """Add a bucket (the caller checked that none has its name)."""
+
+    @abstractmethod
+    def set_bucket_limits(self, name: str, capacity_bytes: int, ttl_s: float) -> None:
+        """Change a bucket's ``capacity_bytes`` and ``ttl_s``."""
+
+    @abstractmethod
+    def delete_bucket(self, name: str) -> None:
+        """Remove a bucket row (the caller checked it is empty)."""
+
+    # objects -------------------------------------------------------------
+    @abstractmethod
+    def put_object(self, info: ObjectInfo) -> None:
+        """Make ``info`` the current version of its key (replacing any); its
+        last use is ``info.last_modified``. ``info.path`` is not stored."""
+
+    @abstractmethod
+    def delete_object(self, bucket: str, key: str, blob_id: str | None = None) -> bool:
+        """Remove ``bucket/key`` (only if its version is ``blob_id``, when given).
+
+        Returns:
+            Whether a row was removed.
+        """
+
+    @abstractmethod
+    def delete_versions(self, bucket: str, versions: list[tuple[str, str]]) -> None:
+        """Remove each ``(key, blob_id)`` of ``bucket`` whose version is still that blob."""
+
+    @abstractmethod
+    def set_last_used(self, bucket: str, times: dict[str, float]) -> None:
+        """Record read times, ``key -> Unix s``, of objects of ``bucket`` (missing keys are skipped)."""
+
+    # multipart -------------------------------------------------------------
+    @abstractmethod
+    def insert_upload(self, info: UploadInfo) -> None:
+        """Add an upload."""
+
+    @abstractmethod
+    def put_part(self, upload_id: str, record: PartRecord) -> None:
+        """Add a part, replacing one of the same number."""
+
+    @abstractmethod
+    def delete_upload(self, upload_id: str) -> None:
+        """Remove an upload and all its parts."""
+
+
+class Catalog(CatalogReader):
+    """A catalog: plain reads (each statement sees the latest commit), snapshots and writes."""
+
+    @abstractmethod
+    def snapshot(self) -> AbstractContextManager[CatalogReader]:
+        """A read transaction: everything read inside sees one committed state."""
+
+    @abstractmethod
+    def write(self) -> AbstractContextManager[CatalogWriter]:
+        """The write transaction; one at a time across threads.
+
+        Commits when the block ends normally, rolls back on an exception.
+
+        Raises:
+            InternalError: the database failed (disk full, I/O error), or the catalog is closed.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the database; idempotent. Later calls raise ``InternalError``."""
+
+
+def require_bucket(reader: CatalogReader, name: str) -> BucketInfo:
+    """The bucket ``name`` as ``reader`` sees it.
+
+    Raises:
+        NoSuchBucket: it does not exist.
+    """
+    info = reader.bucket(name)
+    if info is None:
+        raise NoSuchBucket(f"bucket {name!r} does not exist", bucket=name)
+    return info
