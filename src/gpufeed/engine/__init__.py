@@ -1,5 +1,6 @@
 """The storage node with no network: catalog, blobs, buckets, objects, multipart."""
 
+from ._openfiles import ObjectHandle
 from ._sqlite import SqliteCatalog
 from .catalog import Catalog, CatalogReader, CatalogWriter
 from .engine import MAX_KEY_BYTES, MAX_PARTS, MIN_PART_BYTES, Engine, PendingWrite
@@ -9,6 +10,7 @@ from .types import BucketInfo, ListResult, ObjectInfo, PartInfo, UploadInfo
 __all__ = [
     "Engine",
     "PendingWrite",
+    "ObjectHandle",
     "EngineStore",
     "BucketInfo",
     "ObjectInfo",

@@ -13,6 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
+from ._openfiles import OpenFiles
+
 __all__ = ["BlobFiles", "new_id", "remove_quietly", "fsync_dir", "copy_range"]
 
 _OPEN_TMP = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
@@ -104,8 +106,10 @@ class BlobFiles:
         fsync: fsync files and directories before they count as written.
     """
 
-    def __init__(self, root: Path, *, fsync: bool) -> None:
+    def __init__(self, root: Path, *, fsync: bool, open_files: int = 512) -> None:
         self.fsync = fsync
+        #: Open descriptors of blobs, shared by every reader (see :mod:`._openfiles`).
+        self.open_files = OpenFiles(open_files)
         self.blobs = str(root / "blobs")
         self.uploads = str(root / "uploads")
         self.tmp = str(root / "tmp")
@@ -129,9 +133,12 @@ class BlobFiles:
         return f"{self.uploads}/{upload_id}/{file}"
 
     def remove_blobs(self, blob_ids: list[str]) -> None:
-        """Unlink the files of blobs whose catalog rows are gone (missing files are fine)."""
+        """Unlink the files of blobs whose catalog rows are gone (missing files are
+        fine), then close their cached descriptors (now, or when their last reader
+        lets go): the space comes back once no reader holds the file."""
         for b in blob_ids:
             remove_quietly(self.blob_path(b))
+        self.open_files.forget(blob_ids)
 
     # writing ------------------------------------------------------------
     def new_temp(self) -> tuple[int, str]:

@@ -25,7 +25,14 @@ from typing import Any
 
 import xxhash
 
-from ..errors import BadDigest, IncompleteBody, InternalError, InvalidArgument, NoSuchKey, PreconditionFailed
+from ..errors import (
+    BadDigest,
+    IncompleteBody,
+    InternalError,
+    InvalidArgument,
+    NoSuchKey,
+    PreconditionFailed,
+)
 from ._blobs import BlobFiles, copy_range, new_id, remove_quietly, write_all
 from ._kvpolicy import KVBucketPolicy
 from ._names import check_str_map
@@ -127,9 +134,7 @@ class WritePath:
         except BaseException:
             remove_quietly(path)
             raise
-        if old is not None:
-            remove_quietly(old.path)
-        self.files.remove_blobs(evicted)
+        self.files.remove_blobs(([old.blob_id] if old is not None else []) + evicted)
         return info
 
 

@@ -67,6 +67,7 @@ from ._kvpolicy import KVBucketPolicy, check_policy
 from ._listing import read_page, start_position
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_text
+from ._openfiles import ObjectHandle
 from ._sqlite import SqliteCatalog
 from ._writes import PendingWrite, WritePath, as_bytes_view, check_hash_kind, feed
 from .catalog import Catalog, require_bucket
@@ -135,6 +136,7 @@ class Engine:
         self._kv.flush()
         self._cat.close()
         self._writes.close()
+        self._files.open_files.close()
         os.close(self._lock_fd)
 
     def __enter__(self) -> "Engine":
@@ -349,6 +351,34 @@ class Engine:
             raise NoSuchKey(f"{bucket}/{key} does not exist (expired)", bucket=bucket, key=key)
         require_bucket(self._cat, bucket)
         raise NoSuchKey(f"{bucket}/{key} does not exist", bucket=bucket, key=key)
+
+    def open_version(self, bucket: str, key: str) -> ObjectHandle:
+        """Look up the current version of an object and take a shared, cached
+        descriptor of its data file (one catalog lookup; the open is skipped when
+        another reader has the version open). A version replaced between the
+        lookup and the open is looked up again.
+
+        Returns:
+            An :class:`ObjectHandle` the caller MUST close (``with`` works). The
+            descriptor stays valid until then, across overwrites and deletes;
+            the old version's space returns when its last handle is closed.
+
+        Raises:
+            NoSuchBucket, NoSuchKey: the bucket or key does not exist.
+            InternalError: the key was replaced on every one of many attempts.
+        """
+        files = self._files.open_files
+        for _ in range(_READ_RETRIES):
+            info = self.head_object(bucket, key)
+            try:
+                return ObjectHandle(info, files.acquire(info.blob_id, info.path), files)
+            except FileNotFoundError:
+                continue  # replaced between lookup and open: look it up again
+        raise InternalError(f"{bucket}/{key} kept changing while being opened")
+
+    def open_files(self) -> int:
+        """Data-file descriptors the engine holds open now (cached or in use)."""
+        return self._files.open_files.open_count()
 
     def open_object(self, bucket: str, key: str) -> tuple[ObjectInfo, int]:
         """Look up the current version of an object and open its immutable data file.

@@ -156,9 +156,14 @@ class Services:
     async def open_object(self, bucket: str, key: str):
         """The current version and its data file opened for reading (the engine
         retries a version replaced between lookup and open, so a reader racing
-        overwriters never sees a spurious 404). Returns ``(info, file)``."""
-        info, fd = await self.call(self.engine.open_object, bucket, key)
-        return info, os.fdopen(fd, "rb")
+        overwriters never sees a spurious 404). The file is a duplicate of the
+        engine's cached descriptor (shared with the fast path), so closing it
+        closes only this reader's copy. Returns ``(info, file)``."""
+        return await self.call(self._open_dup, bucket, key)
+
+    def _open_dup(self, bucket: str, key: str):
+        with self.engine.open_version(bucket, key) as h:
+            return h.info, os.fdopen(os.dup(h.fd), "rb")
 
     # upload bodies ---------------------------------------------------------------
     async def receive(self, req: S3Request, pending, commit):

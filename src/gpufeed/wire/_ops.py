@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import os
 
-from ..engine import Engine, ObjectInfo
+from ..engine import Engine, ObjectHandle, ObjectInfo
 from ..errors import GpufeedError, InvalidArgument, InvalidRange, ProtocolError
 from ..store import OffsetByteRequest, RangeByteRequest, resolve_range
 from . import protocol as p
 from ._conn import Connection, Handler
-from ._files import OpenFile, OpenFiles
 from ._lending import Lending
 from ._reads import ReadTask, SplitReader, read_task
 
@@ -38,17 +37,15 @@ class Ops:
     """Every op of the wire protocol, as handlers over one engine.
 
     Args:
-        engine: the node's engine (its public API only).
-        files: open files of object versions.
+        engine: the node's engine (its public API only; it caches the open data
+            files of object versions, shared with the S3 front).
         reader: the pool for large reads.
         lending: the shm transport's region lending.
         server_name: what HELLO answers as the server (``"gpufeed/<version>"``).
     """
 
-    def __init__(self, engine: Engine, files: OpenFiles, reader: SplitReader, lending: Lending,
-                 server_name: str) -> None:
+    def __init__(self, engine: Engine, reader: SplitReader, lending: Lending, server_name: str) -> None:
         self.engine = engine
-        self.files = files
         self.reader = reader
         self.lending = lending
         self.server_name = server_name
@@ -130,7 +127,8 @@ class Ops:
 
     def get(self, conn: Connection, rid: int, req: p.Get) -> None:
         """One object range: sent by ``sendfile`` (TCP) or read into a region (shm)."""
-        info, f = self.files.open(req.bucket, req.key)
+        h = self.engine.open_version(req.bucket, req.key)
+        info, f = h.info, h
         try:
             start, n = _extent(req, info.size)
             if req.region == -1:
@@ -144,7 +142,7 @@ class Ops:
                 dest.release()
             conn.reply(p.Op.GET, rid, p.GetReply(info.size, got, info.etag))
         finally:
-            self.files.release(f)
+            h.close()
 
     def getv(self, conn: Connection, rid: int, req: p.GetV) -> None:
         """A batch of ranges; each item fails alone (its error is in the reply)."""
@@ -163,18 +161,17 @@ class Ops:
                                   batch.extents)
         finally:
             batch.release_views()
-            for _info, f in batch.opened.values():
-                self.files.release(f)
+            for h in batch.opened.values():
+                h.close()
 
     def _plan_item(self, conn: Connection, batch: "_Batch", i: int, item: p.Get) -> None:
         """Open item ``i`` of a GETV (once per object in the batch) and plan its
         read: a TCP extent, or region read tasks (an item that asks for digests is
         cut into whole pieces of about :data:`DIGEST_TASK_BYTES`)."""
-        opened = batch.opened.get((item.bucket, item.key))
-        if opened is None:  # acquired once for the whole batch
-            opened = self.files.open(item.bucket, item.key)
-            batch.opened[(item.bucket, item.key)] = opened
-        info, f = opened
+        f = batch.opened.get((item.bucket, item.key))
+        if f is None:  # acquired once for the whole batch
+            f = batch.opened[(item.bucket, item.key)] = self.engine.open_version(item.bucket, item.key)
+        info = f.info
         start, n = _extent(item, info.size)
         if item.region == -1:
             batch.extents.append((f.fd, start, n))
@@ -306,7 +303,7 @@ class _Batch:
         self.tasks: list[ReadTask] = []
         self.views: list[memoryview] = []
         #: (bucket, key) -> what the batch opened (each released once at the end)
-        self.opened: dict[tuple[str, str], tuple[ObjectInfo, OpenFile]] = {}
+        self.opened: dict[tuple[str, str], ObjectHandle] = {}
 
     def release_views(self) -> None:
         """Release every region view (a released region must not stay exported)."""

@@ -8,7 +8,6 @@ connections and wires the parts together:
   inline, large ones on a shared worker pool (several in flight per connection);
 * :mod:`._frames`: frame I/O, replies by ``sendfile`` or with a descriptor;
 * :mod:`._ops`: one thin handler per op over the engine's public API;
-* :mod:`._files`: open files of object versions, cached and ref-counted;
 * :mod:`._reads`: reads into client memory, split across threads when large;
 * :mod:`._lending`, :mod:`._regions`: client memory on the shm transport, and
   the pool that reuses what the server lent.
@@ -29,7 +28,6 @@ from .. import __version__
 from ..config import NodeConfig
 from ..engine import Engine
 from ._conn import Connection
-from ._files import OpenFiles
 from ._frames import set_send_timeout
 from ._lending import Lending
 from ._ops import Ops
@@ -53,10 +51,9 @@ class WireServer:
         self.config = config
         self.pool = ThreadPoolExecutor(max(2, config.io_threads), thread_name_prefix="gpufeed-io")
         self.reader = SplitReader(max(2, os.cpu_count() or 2))
-        self.files = OpenFiles(engine)
         self._stopping = threading.Event()
         self.lending = Lending(config.region_pool_bytes, self._stopping)
-        self.ops = Ops(engine, self.files, self.reader, self.lending, f"gpufeed/{__version__}")
+        self.ops = Ops(engine, self.reader, self.lending, f"gpufeed/{__version__}")
         self._listeners: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._conns: set[Connection] = set()
@@ -161,7 +158,6 @@ class WireServer:
         for conn in conns:
             conn.close()
         self.lending.close()
-        self.files.close()
         if self.socket_path:
             try:
                 os.unlink(self.socket_path)
