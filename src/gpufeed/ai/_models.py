@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ..client import Client, ReadRequest
-from ..client._region import address_of
+from .._memory import address_of
 from ..errors import InvalidArgument, NoSuchKey
 from ._safetensors import (
     HEADER_PREFIX_BYTES,
