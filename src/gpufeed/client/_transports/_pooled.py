@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,7 +20,7 @@ import numpy as np
 from ...config import host_memory_bytes
 from ...errors import InvalidArgument, TransportError
 from ...wire import protocol as p
-from .._conn import Connection, connect
+from .._conn import Connection
 from .base import Transport, TransportOptions
 
 __all__ = ["PooledTransport", "MAX_ALLOC_BYTES", "fork_generation"]
@@ -48,7 +49,7 @@ class PooledTransport(Transport):
     """Connections to one node plus pooled memory; subclasses add the data path.
 
     Args:
-        address: what :func:`~gpufeed.client._conn.connect` takes for :attr:`name`.
+        address: the node's address, as :meth:`_open_socket` takes it.
         options: connections (``None``: :attr:`default_connections`; each
             carries many requests in flight), timeouts, ``max_idle_bytes``.
 
@@ -57,6 +58,8 @@ class PooledTransport(Transport):
     """
 
     default_connections = 1
+    #: the connections carry file descriptors (Unix sockets)
+    passes_fds = False
 
     def __init__(self, address, options: TransportOptions) -> None:
         self._closed = False
@@ -76,8 +79,8 @@ class PooledTransport(Transport):
         self._exec: ThreadPoolExecutor | None = None
         try:
             for _ in range(options.connections or self.default_connections):
-                conn = Connection(connect(self.name, address, options.timeout_s), self.name,
-                                  options.request_timeout_s)
+                conn = Connection(self._open_socket(address, options.timeout_s),
+                                  self.passes_fds, options.request_timeout_s)
                 self.conns.append(conn)
                 self.features = set(conn.call(p.Op.HELLO, p.Hello("gpufeed-python")).features)
         except BaseException:
@@ -85,6 +88,10 @@ class PooledTransport(Transport):
             raise
 
     # --- connections -------------------------------------------------------------------
+    def _open_socket(self, address, timeout_s: float) -> socket.socket:
+        """A connected socket to the node. Raises TransportError."""
+        raise NotImplementedError
+
     @property
     def closed(self) -> bool:
         return self._closed

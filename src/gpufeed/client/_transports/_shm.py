@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import threading
 import weakref
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from concurrent.futures import Future
 from ..._memory import map_file_private, populate_range, prefetch_range
 from ...errors import GpufeedError, InternalError, InvalidArgument, InvalidRange, TransportError
 from ...wire import protocol as p
-from .._conn import Connection, connect
+from .._conn import Connection, connect_unix
 from .._region import Region, StagingPool, address_of
 from .._types import ReadRequest, then
 from ._pooled import MAX_ALLOC_BYTES, PooledTransport
@@ -39,7 +40,7 @@ _OPEN_LENDING: "weakref.WeakSet[ShmTransport]" = weakref.WeakSet()
 def _report_fork_after_close() -> None:
     for address in list(_CLOSED_WITH_LENT):
         try:
-            conn = Connection(connect("shm", address, 5.0), "shm", 5.0)
+            conn = Connection(connect_unix(address, 5.0), True, 5.0)
             try:
                 conn.call(p.Op.HELLO, p.Hello("gpufeed-python"))
                 conn.call(p.Op.FORKED, p.Empty())
@@ -72,6 +73,7 @@ class ShmTransport(PooledTransport):
 
     name = "shm"
     default_connections = 1
+    passes_fds = True
 
     def __init__(self, address: str, options: TransportOptions) -> None:
         self._region_ids = itertools.count(1)
@@ -84,6 +86,9 @@ class ShmTransport(PooledTransport):
         super().__init__(address, options)
         if "alloc_region" in self.features:
             _OPEN_LENDING.add(self)
+
+    def _open_socket(self, address: str, timeout_s: float) -> socket.socket:
+        return connect_unix(address, timeout_s)
 
     # --- capabilities ------------------------------------------------------------------
     @property

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import itertools
 import mmap
+import socket
 from collections.abc import Sequence
 from concurrent.futures import Future
 
 from ...errors import InvalidArgument
 from ...wire import protocol as p
+from .._conn import connect_tcp
 from .._types import ReadRequest, then
 from ._pooled import PooledTransport
 from ._results import batch_result
@@ -47,6 +49,9 @@ class TcpTransport(PooledTransport):
 
     name = "tcp"
     default_connections = 4
+
+    def _open_socket(self, address: tuple[str, int], timeout_s: float) -> socket.socket:
+        return connect_tcp(address, timeout_s)
 
     def _fresh_region(self, nbytes: int) -> _AnonRegion:
         try:
