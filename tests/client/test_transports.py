@@ -167,3 +167,34 @@ def test_batched_reads_larger_than_a_slot_complete_on_shm(node, bucket):
                             errors_out=errs)
         assert n == [len(big[0]), -1] and isinstance(errs[1], NoSuchKey) and errs[0] is None
         assert bytes(dest) == big[0].tobytes()
+
+
+FORK_READER = """
+import os, sys
+from gpufeed.client import Client
+from gpufeed.errors import TransportError
+c = Client(sys.argv[1])
+c.get_into(sys.argv[2], "k", bytearray(10))  # the client's threads now exist (staged read)
+pid = os.fork()
+if pid == 0:
+    codes = []
+    for call in (lambda: c.get(sys.argv[2], "k"), lambda: c.get_into(sys.argv[2], "k", bytearray(10)),
+                 lambda: c.list_buckets()):
+        try:
+            call()
+            codes.append(3)
+        except TransportError:
+            codes.append(0)
+    os._exit(max(codes))
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+def test_forked_child_fails_fast_on_threaded_calls(node, bucket):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FORK_READER, node.shm_url, bucket],
+                         capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert out == ["0"]  # TransportError at once, never a wait on the parent's threads

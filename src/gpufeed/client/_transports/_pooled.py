@@ -129,6 +129,7 @@ class PooledTransport(Transport):
     def executor_submit(self, fn, *args) -> Future:
         if self._closed:
             raise TransportError("the client is closed")
+        self.check_process()  # a forked child has none of the parent's threads
         if self._exec is None:
             with self.regions_lock:
                 if self._exec is None:
