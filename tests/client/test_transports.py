@@ -133,14 +133,17 @@ def test_closed_client_is_a_transport_error_on_both_forms(url, bucket):
 
 
 # --- batch reads of items larger than a staging slot ---------------------------------
-def test_batched_reads_larger_than_a_slot_complete_on_shm(node, bucket):
+def test_batched_reads_larger_than_a_slot_complete_on_shm(fresh_node):
+    # a node of its own: the regions these puts borrow stay out of the session node's pool
+    bucket = "big-batch"
     slot = 1 << 20  # 1 MiB slots, 4 of them: every batch mixes staged and side reads
     rng = np.random.default_rng(7)
     big = [rng.integers(0, 256, (3 << 20) + 4096 * i, dtype=np.uint8) for i in range(6)]
     small = [os.urandom(1000 + i) for i in range(12)]
-    with Client(node.shm_url, staging_bytes=4 * slot, slot_bytes=slot,
+    with Client(fresh_node.shm_url, staging_bytes=4 * slot, slot_bytes=slot,
                 request_timeout_s=30) as c:
         assert c.max_batch_item_bytes == slot
+        c.create_bucket(bucket)
         for i, b in enumerate(big):
             c.put(bucket, f"big{i}", b)
         for i, s in enumerate(small):

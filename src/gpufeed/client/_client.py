@@ -369,7 +369,8 @@ class Client:
         Raises:
             NoSuchBucket, NoSuchKey, InvalidRange.
         """
-        return self.submit_get(bucket, key, offset=offset, length=length).result()
+        check_object(bucket, key, offset, length)
+        return self._t.get(bucket, key, offset, length)
 
     def submit_get_into(self, bucket: str, key: str, buffer, *, offset: int = 0,
                         length: int | None = None) -> Future:

@@ -207,15 +207,18 @@ class ShmTransport(PooledTransport):
 
     # --- reads -------------------------------------------------------------------------
     def submit_get(self, bucket: str, key: str, offset: int, length: int | None) -> Future:
-        return self.executor_submit(self._get, bucket, key, offset, length)
+        return self.executor_submit(self.get, bucket, key, offset, length)
 
-    def _get(self, bucket: str, key: str, offset: int, length: int | None) -> memoryview:
+    def get(self, bucket: str, key: str, offset: int, length: int | None) -> memoryview:
+        """Head (without ``length``), then a staged read into a new ``bytearray``,
+        on the calling thread."""
+        self.conn()  # TransportError when closed or in a forked child
         if length is None:
             size = self.conn().call(p.Op.HEAD, p.Head(bucket, key)).size
             if offset >= size and not offset == size == 0:
                 raise InvalidRange(f"offset {offset} is past the end of {bucket}/{key} ({size} bytes)")
             length = size - offset
-        buf = bytearray(length)  # never in a region: staged (on this executor thread)
+        buf = bytearray(length)  # never in a region: staged, on this thread
         n = self.get_staged(bucket, key, memoryview(buf), offset)
         return memoryview(buf)[:n]
 
@@ -230,8 +233,8 @@ class ShmTransport(PooledTransport):
 
     def get_staged(self, bucket: str, key: str, dest: memoryview, offset: int) -> int:
         """A read into memory outside the regions, slot by slot through staging, up
-        to half the slots in flight (runs on the executor; never holds a slot while
-        it blocks for another)."""
+        to half the slots in flight (on the executor, or the caller's thread for
+        :meth:`get`; never holds a slot while it blocks for another)."""
         pool = self.staging_pool()
         if len(dest) == 0:
             return self.conn().request(p.Op.GET, p.Get(bucket, key, offset, 0)).result().n

@@ -130,6 +130,10 @@ class Transport(ABC):
     def submit_get(self, bucket: str, key: str, offset: int, length: int | None) -> Future:
         """Read into new memory; the Future resolves to a ``memoryview``."""
 
+    def get(self, bucket: str, key: str, offset: int, length: int | None) -> memoryview:
+        """Blocking :meth:`submit_get` (a transport may do it on the caller's thread)."""
+        return self.submit_get(bucket, key, offset, length).result()
+
     @abstractmethod
     def submit_get_into(self, bucket: str, key: str, dest: memoryview, offset: int) -> Future:
         """Read up to ``len(dest)`` bytes from ``offset``; resolves to the count."""
