@@ -20,6 +20,7 @@ refuses exactly the arguments :class:`Client` refuses.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
@@ -159,14 +160,15 @@ class Client:
     # diagnostics for the wire tests: the transport's connections and regions
     @property
     def _conns(self) -> list:
-        return self._t.conns
+        return getattr(self._t, "conns", [])
 
     @property
     def _regions(self) -> list:
-        return self._t.regions
+        return getattr(self._t, "regions", [])
 
     def _find_region(self, mv: memoryview):
-        return self._t.find_region(mv)
+        find = getattr(self._t, "find_region", None)
+        return find(mv) if find is not None else None
 
     # --- memory ------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> memoryview:
@@ -570,7 +572,8 @@ class AsyncClient:
     async def delete(self, bucket: str, key: str) -> None:
         await asyncio.wrap_future(self.sync.submit_delete(bucket, key))
 
-    async def list(self, bucket: str, prefix: str = "", delimiter: str = "", **kw) -> list[ListEntry]:
+    async def list(self, bucket: str, prefix: str = "", delimiter: str = "",
+                   **kw) -> builtins.list[ListEntry]:
         return await asyncio.wrap_future(self.sync.submit_list(bucket, prefix, delimiter, **kw))
 
     async def create_bucket(self, bucket: str, **kw) -> None:
@@ -582,7 +585,7 @@ class AsyncClient:
     async def delete_bucket(self, bucket: str) -> None:
         await asyncio.wrap_future(self.sync.submit_delete_bucket(bucket))
 
-    async def list_buckets(self) -> list[str]:
+    async def list_buckets(self) -> builtins.list[str]:
         return await asyncio.wrap_future(self.sync.submit_list_buckets())
 
     async def close(self) -> None:

@@ -156,7 +156,7 @@ class PooledTransport(Transport):
             region = self._fresh_region(nbytes)
         owner = np.frombuffer(region.mm, dtype=np.uint8, count=nbytes)
         weakref.finalize(owner, self._recycle, region)
-        return memoryview(owner)
+        return memoryview(owner)  # type: ignore[arg-type]  # numpy arrays are buffers
 
     def _take_idle(self, nbytes: int):
         """A pooled region of at least ``nbytes`` and at most about twice that."""

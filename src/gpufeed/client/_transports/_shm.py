@@ -320,7 +320,9 @@ class ShmTransport(PooledTransport):
             return self.conn().request(p.Op.PUT, p.Put(bucket, key, len(data), -1, 0, content_type,
                                                        metadata), payload=data)
         tmp[:] = data
-        region, off = self.find_region(tmp)
+        found = self.find_region(tmp)
+        assert found is not None  # alloc() memory lies in a region
+        region, off = found
         fut = self.conn().request(p.Op.PUT, p.Put(bucket, key, len(data), region.region_id, off,
                                                   content_type, metadata))
         hold = [tmp]  # until the node has the bytes; then back to the pool

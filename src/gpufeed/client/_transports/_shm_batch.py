@@ -76,7 +76,9 @@ def _stage(plan: _Plan, reqs: list[ReadRequest], dests: list[memoryview]) -> Non
     """Take the batch's slots (blocks until they are all free) and point the staged
     items at them."""
     pool = plan.pool
-    plan.slots = pool.acquire_many(len(plan.bins)) if plan.bins else []
+    if pool is None or not plan.bins:
+        return
+    plan.slots = pool.acquire_many(len(plan.bins))
     for slot, members in zip(plan.slots, plan.bins):
         for i, at in members:
             r = reqs[i]
@@ -92,13 +94,13 @@ def submit_batch(t: ShmTransport, reqs: list[ReadRequest], dests: list[memoryvie
     plan = _plan(t, reqs, dests)
     _stage(plan, reqs, dests)
     index = [i for i, it in enumerate(plan.items) if it is not None]
+    batch = [it for it in plan.items if it is not None]
     try:
-        fut = t.conn().request(p.Op.GETV, p.GetV([plan.items[i] for i in index])) if index else None
+        fut = t.conn().request(p.Op.GETV, p.GetV(batch)) if batch else None
         side = [t.executor_submit(t.get_staged, reqs[i].bucket, reqs[i].key, dests[i],
                                   reqs[i].offset) for i in plan.side]
     except BaseException:
-        for slot in plan.slots:
-            plan.pool.release(slot)
+        _release_slots(plan)
         raise
     batch_out: list = []  # [list of n] (or the exception) once the batch reply is in
     if fut is not None:
@@ -139,16 +141,16 @@ def _batch_done(f: Future, plan: _Plan, reqs: list[ReadRequest], dests: list[mem
     else). Returns bytes per item, or the exception to raise."""
     try:
         reply = f.result()
-        sub_errors = [] if errors_out is not None else None
+        sub_errors: list | None = [] if errors_out is not None else None
         sub = batch_result([reqs[i] for i in index], reply, sub_errors)
         out = [0] * len(reqs)
         for j, i in enumerate(index):
             out[i] = sub[j]
-            if sub_errors:
+            if sub_errors and errors_out is not None:
                 errors_out[i] = sub_errors[j]
         for i, at in plan.staged:
             n = out[i]
-            if n > 0:
+            if n > 0 and plan.pool is not None:
                 dests[i][:n] = plan.pool.region.view(at, n)
         if digests_out is not None:
             for j, sums in reply.digests.items():
@@ -157,6 +159,11 @@ def _batch_done(f: Future, plan: _Plan, reqs: list[ReadRequest], dests: list[mem
     except BaseException as exc:
         return exc
     finally:
+        _release_slots(plan)
+
+
+def _release_slots(plan: _Plan) -> None:
+    if plan.pool is not None:
         for slot in plan.slots:
             plan.pool.release(slot)
 
