@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ..client import Client, ReadRequest
-from ..client._region import address_of
+from .._memory import address_of
 from ..errors import InvalidArgument, NoSuchKey
 from ._safetensors import (
     HEADER_PREFIX_BYTES,
@@ -740,8 +740,9 @@ def load_safetensors(client: Client, bucket: str, key: str | Sequence[str], *,
         if dev.type != "cpu" or shard is not None or staging_bytes is not None:
             raise InvalidArgument("zero_copy=True maps whole tensors into CPU memory: it takes no "
                                   "device other than 'cpu', no shard= and no staging_bytes")
-        if client.transport != "shm":
-            raise InvalidArgument("zero_copy=True needs a gpufeed+shm:// client")
+        if not client.supports_map:
+            raise InvalidArgument("zero_copy=True needs a client that supports_map "
+                                  "(gpufeed+shm:// to a node with MAP)")
     shard_keys, weight_map = find_safetensors(client, bucket, key)
     if zero_copy:
         maps = [client.map_object(bucket, k, populate=False) for k in shard_keys]

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from ..errors import GpufeedError, InvalidArgument, ProtocolError, TransportError, error_from_code
 from ..wire import protocol as p
 
-__all__ = ["Connection", "connect"]
+__all__ = ["Connection", "connect_tcp", "connect_unix"]
 
 log = logging.getLogger("gpufeed.client")
 
@@ -32,22 +32,34 @@ class _Pending:
         self.alloc = alloc  # allocate the payload buffer on arrival; result is (reply, buffer)
 
 
-def connect(transport: str, address, timeout_s: float) -> socket.socket:
-    """Open a socket for ``transport`` ``"tcp"`` (address ``(host, port)``) or
-    ``"shm"`` (address: Unix socket path). Raises TransportError."""
-    sock = None
+def connect_tcp(address: tuple[str, int], timeout_s: float) -> socket.socket:
+    """A connected TCP socket (``TCP_NODELAY``) to ``(host, port)``.
+
+    Raises:
+        TransportError: the connection failed or timed out (``timeout_s`` seconds).
+    """
     try:
-        if transport == "tcp":
-            sock = socket.create_connection(address, timeout=timeout_s)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        else:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(timeout_s)
-            sock.connect(address)
+        sock = socket.create_connection(address, timeout=timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except OSError as exc:
-        if sock is not None:
-            sock.close()
-        raise TransportError(f"cannot connect to {transport} endpoint {address}: {exc}") from exc
+        raise TransportError(f"cannot connect to tcp endpoint {address}: {exc}") from exc
+    sock.settimeout(None)
+    return sock
+
+
+def connect_unix(path: str, timeout_s: float) -> socket.socket:
+    """A connected Unix stream socket to ``path`` (it can carry descriptors).
+
+    Raises:
+        TransportError: the connection failed or timed out (``timeout_s`` seconds).
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout_s)
+        sock.connect(path)
+    except OSError as exc:
+        sock.close()
+        raise TransportError(f"cannot connect to shm endpoint {path}: {exc}") from exc
     sock.settimeout(None)
     return sock
 
@@ -57,19 +69,20 @@ class Connection:
 
     Args:
         sock: a connected socket.
-        transport: ``"tcp"`` or ``"shm"``.
+        passes_fds: the socket carries file descriptors with frames (a Unix
+            socket: ``SCM_RIGHTS`` arrive with ALLOC_REGION and MAP replies).
         request_timeout_s: a request fails with TransportError (and the
             connection is closed) when it makes no progress for this long:
             no reply bytes arrive while it waits, or a send cannot proceed.
             ``None`` waits forever.
     """
 
-    def __init__(self, sock: socket.socket, transport: str,
+    def __init__(self, sock: socket.socket, passes_fds: bool,
                  request_timeout_s: float | None = 60.0) -> None:
         self.sock = sock
         self.request_timeout_s = request_timeout_s
         sock.settimeout(request_timeout_s)
-        self.transport = transport
+        self.passes_fds = passes_fds
         self._send_lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
         self._pending_lock = threading.Lock()
@@ -139,7 +152,7 @@ class Connection:
         pos, n = 0, len(mv)
         while pos < n:
             try:
-                if self.transport == "shm":
+                if self.passes_fds:
                     got, anc, _flags, _addr = self.sock.recvmsg_into(
                         [mv[pos:]], socket.CMSG_SPACE(4 * 4), socket.MSG_CMSG_CLOEXEC)
                     for level, typ, data in anc:

@@ -133,15 +133,7 @@ def read_chunks(client: Client, loc: Location, reads: Sequence[ChunkRead], *,
     batches: list[list[ChunkRead]] = []
     cur: list[ChunkRead] = []
     cur_bytes = 0
-    singles: list[ChunkRead] = []
-    # shm: a GETV item larger than a staging slot deadlocks the SDK (its batch
-    # callback waits, on the receive thread, for replies that thread must read),
-    # so such chunks go as single gets. TODO: drop once the client is fixed.
-    slot = getattr(client, "_slot_bytes", 4 << 20) if client.transport == "shm" else None
     for r in reads:
-        if slot is not None and r.chunk.size > slot:
-            singles.append(r)
-            continue
         if cur and (len(cur) >= _BATCH_ITEMS or cur_bytes + r.chunk.size > _BATCH_BYTES):
             batches.append(cur)
             cur, cur_bytes = [], 0
@@ -151,9 +143,6 @@ def read_chunks(client: Client, loc: Location, reads: Sequence[ChunkRead], *,
         batches.append(cur)
     futs = [client.submit_get_many_into([ReadRequest(loc.bucket, loc.chunk_key(r.chunk.hash), r.dest)
                                          for r in b]) for b in batches]
-    for r in singles:
-        batches.append([r])
-        futs.append(_then_list(client.submit_get_into(loc.bucket, loc.chunk_key(r.chunk.hash), r.dest)))
     errors: list[BaseException] = []
     done: list[tuple[list[ChunkRead], list[int]]] = []
     for b, f in zip(batches, futs):
@@ -178,19 +167,6 @@ def read_chunks(client: Client, loc: Location, reads: Sequence[ChunkRead], *,
     with ThreadPoolExecutor(workers) as pool:
         for fut in [pool.submit(check, r, n) for b, ns in done for r, n in zip(b, ns)]:
             fut.result()
-
-
-def _then_list(fut: Future) -> Future:
-    out: Future = Future()
-
-    def done(f: Future) -> None:
-        try:
-            out.set_result([f.result()])
-        except BaseException as exc:
-            out.set_exception(exc)
-
-    fut.add_done_callback(done)
-    return out
 
 
 def _missing(client: Client, loc: Location, batch: list[ChunkRead], exc: NoSuchKey) -> CheckpointError:

@@ -24,9 +24,9 @@ def client_for(node_url: str) -> Client:
     k = (os.getpid(), node_url)
     with _clients_lock:
         c = _clients.get(k)
-        if c is not None and not c._closed and c._lost_connection():
+        if c is not None and not c.closed and c.lost_connection:
             c.close()  # its buffers stay valid; its requests already failed
-        if c is None or c._closed:
+        if c is None or c.closed:
             c = _clients[k] = Client(node_url)
         return c
 

@@ -266,7 +266,7 @@ class KVCacheStore:
         shape = self._chunk_shape(tokens)
         nbytes = int(np.prod(shape)) * self.layout.itemsize
         client = self._node()
-        if client is None or client.transport != "shm" or nbytes == 0:
+        if client is None or not client.supports_registered_alloc or nbytes == 0:
             return torch.empty(shape, dtype=self.torch_dtype)
         mem = client.alloc(nbytes)
         return torch.frombuffer(mem, dtype=self.torch_dtype).view(shape)
@@ -296,7 +296,7 @@ class KVCacheStore:
     def _alloc_bytes(self, nbytes: int) -> torch.Tensor:
         """Flat uint8 tensor in registered memory on shm (page-touched), else plain."""
         client = self._node()
-        if client is None or client.transport != "shm" or nbytes == 0:
+        if client is None or not client.supports_registered_alloc or nbytes == 0:
             return torch.zeros(nbytes, dtype=torch.uint8)
         t = torch.frombuffer(client.alloc(nbytes), dtype=torch.uint8)
         t.zero_()  # fault the pages in once, here, rather than on the first reload
@@ -348,7 +348,7 @@ class KVCacheStore:
         """Chunks of ``ntok`` tokens per batch read on ``client``'s transport."""
         if self.chunks_per_request is not None:
             return self.chunks_per_request
-        if client.transport == "shm":
+        if client.supports_server_digests:  # nothing to overlap: fewer, larger batches
             return max(1, SHM_BATCH_BYTES // self._object_bytes(ntok))
         return TCP_BATCH_CHUNKS
 

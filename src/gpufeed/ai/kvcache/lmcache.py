@@ -358,7 +358,7 @@ class GpufeedConnector(RemoteConnector):
         return self.local_cpu_backend.allocate(shapes, dtypes, fmt, busy_loop=False)
 
     def _batches(self, client: Client, reads: list[_Read]) -> list[list[_Read]]:
-        per = TCP_BATCH_KEYS if client.transport == "tcp" else self._shm_batch_keys
+        per = self._shm_batch_keys if client.supports_server_digests else TCP_BATCH_KEYS
         return [reads[i:i + per] for i in range(0, len(reads), per)]
 
     async def _read(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj | None]:
@@ -378,7 +378,7 @@ class GpufeedConnector(RemoteConnector):
             kstr = key.to_string()
             reads.append(_Read(kstr, self._object_key(kstr), bytearray(self._header_len(kstr)), obj))
         todo = [r for r in reads if r is not None]
-        shm = client.transport == "shm"
+        digests = client.supports_server_digests
         plen = self.full_chunk_size_bytes
         bucket = self.settings.bucket
         jobs = []
@@ -388,7 +388,7 @@ class GpufeedConnector(RemoteConnector):
                 for r in batch:
                     hl = len(r.hdr)
                     items.append((bucket, r.okey, r.hdr, 0, hl))
-                    items.append((bucket, r.okey, r.obj.byte_array, hl, plen, plen if shm else 0))
+                    items.append((bucket, r.okey, r.obj.byte_array, hl, plen, plen if digests else 0))
                 errs: list = []
                 sums: list = []
                 jobs.append((batch, client.submit_get_many_into(items, errors_out=errs,

@@ -1,0 +1,140 @@
+"""Values and argument checks shared by the SDK's client and its transports.
+
+Everything here is transport-neutral: the request and listing records users
+see, URL parsing, and the cheap checks that turn bad arguments into typed
+errors before any byte reaches a connection.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ..errors import InvalidArgument
+from ..wire import protocol as p
+
+__all__ = ["ReadRequest", "ListEntry", "ObjectMeta", "parse_url", "as_bytes", "check_object",
+           "check_bucket", "bucket_req", "then", "MAX_OFFSET"]
+
+ObjectMeta = p.ObjectMeta
+
+#: Largest object offset or length the wire carries (a signed 64-bit int).
+MAX_OFFSET = (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    """One read of a batch: bytes ``[offset, offset + length)`` of ``bucket/key``
+    into ``dest`` (a writable contiguous buffer; ``length`` defaults to ``len(dest)``).
+
+    ``digest`` > 0 asks the server for the XXH3-64 of each consecutive
+    ``digest``-byte piece of the delivered bytes (see ``digests_out`` of
+    :meth:`Client.submit_get_many_into`)."""
+
+    bucket: str
+    key: str
+    dest: object
+    offset: int = 0
+    length: int | None = None
+    digest: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ListEntry:
+    """A listed key (``is_prefix`` False) or a rolled-up common prefix (True)."""
+
+    key: str
+    size: int = 0
+    etag: str = ""
+    last_modified: float = 0.0
+    is_prefix: bool = False
+
+
+def parse_url(url: str) -> tuple[str, object]:
+    """``gpufeed+tcp://h:p`` -> ``("tcp", (h, p))``; ``gpufeed+shm:///x.sock`` -> ``("shm", "/x.sock")``.
+
+    Raises:
+        InvalidArgument: any other form.
+    """
+    parts = urlsplit(url)
+    if parts.scheme == "gpufeed+tcp":
+        if not parts.hostname or not parts.port:
+            raise InvalidArgument(f"{url!r}: expected gpufeed+tcp://HOST:PORT")
+        return "tcp", (parts.hostname, parts.port)
+    if parts.scheme == "gpufeed+shm":
+        path = parts.netloc + parts.path if parts.netloc else parts.path
+        if not path:
+            raise InvalidArgument(f"{url!r}: expected gpufeed+shm:///path/to/gpufeed.sock")
+        return "shm", path
+    raise InvalidArgument(f"{url!r}: the scheme must be gpufeed+tcp or gpufeed+shm")
+
+
+def as_bytes(buf) -> memoryview:
+    """A flat byte view of any contiguous buffer, torch CPU tensors included.
+
+    Raises:
+        InvalidArgument: not a buffer, not C-contiguous, or a tensor that is not
+            a contiguous CPU tensor.
+    """
+    if hasattr(buf, "untyped_storage") and not isinstance(buf, (bytes, bytearray, memoryview)):
+        import torch  # only reached for tensors
+
+        if buf.device.type != "cpu" or not buf.is_contiguous():
+            raise InvalidArgument("tensors must be contiguous and on the CPU")
+        buf = buf.detach().reshape(-1).view(torch.uint8).numpy()
+    try:
+        mv = memoryview(buf)
+    except TypeError as exc:
+        raise InvalidArgument(f"not a buffer: {type(buf).__name__}") from exc
+    if not mv.c_contiguous:
+        raise InvalidArgument("the buffer must be C-contiguous")
+    if mv.ndim != 1 or mv.format != "B":
+        mv = mv.cast("B")
+    return mv
+
+
+def check_bucket(bucket) -> None:
+    """Raises InvalidArgument unless ``bucket`` is a ``str``."""
+    if type(bucket) is not str:
+        raise InvalidArgument("bucket must be str")
+
+
+def check_object(bucket, key, offset: int = 0, length: int | None = None) -> None:
+    """Cheap argument checks so bad input is a typed error, never a dead connection.
+
+    Raises:
+        InvalidArgument: bucket or key not a ``str``; offset or length not an
+            int in ``[0, 2**63)``.
+    """
+    if type(bucket) is not str or type(key) is not str:
+        raise InvalidArgument("bucket and key must be str")
+    if type(offset) is not int or not 0 <= offset <= MAX_OFFSET:
+        raise InvalidArgument(f"offset must be an int in [0, 2**63): {offset!r}")
+    if length is not None and (type(length) is not int or not 0 <= length <= MAX_OFFSET):
+        raise InvalidArgument(f"length must be an int >= 0: {length!r}")
+
+
+def bucket_req(bucket, kind, capacity_bytes, ttl_s) -> p.BucketReq:
+    """A CREATE_BUCKET request, checked so a bad argument is a typed error, not a dead connection."""
+    if type(bucket) is not str or type(kind) is not str:
+        raise InvalidArgument("bucket and kind must be str")
+    if type(capacity_bytes) is not int or not 0 <= capacity_bytes <= MAX_OFFSET:
+        raise InvalidArgument(f"capacity_bytes must be an int >= 0: {capacity_bytes!r}")
+    if type(ttl_s) not in (int, float) or not 0 <= ttl_s < float("inf"):
+        raise InvalidArgument(f"ttl_s must be a number of seconds >= 0: {ttl_s!r}")
+    return p.BucketReq(bucket, kind, capacity_bytes, float(ttl_s))
+
+
+def then(fut: Future, fn) -> Future:
+    """A Future of ``fn(fut.result())`` (``fn`` runs where ``fut`` completes: it must not block)."""
+    out: Future = Future()
+
+    def done(f: Future) -> None:
+        try:
+            out.set_result(fn(f.result()))
+        except BaseException as exc:
+            out.set_exception(exc)
+
+    fut.add_done_callback(done)
+    return out
