@@ -302,7 +302,7 @@ def bench_gpu(device, allow_cpu, size, workdir, json_path, paths, repeat, kv_tok
 
     dev, why = resolve_device(device, allow_cpu)
     if dev is None:
-        click.echo(f"no CUDA device: {why}. Nothing measured; `gpufeed bench gpu --device cpu` "
+        click.echo(f"no CUDA device: {why}. Nothing measured; --device cpu (or --allow-cpu) "
                    f"runs the CPU fallback.")
         return
     if why:

@@ -127,7 +127,9 @@ def _load_file_to(files: list[Path], dev, backend: str) -> dict:
 
     out: dict = {}
     for f in files:
-        out.update(load_file(f, device=str(dev), backend=backend))
+        # "mmap" is the default: not named, so a safetensors without backend= works too
+        out.update(load_file(f, device=str(dev), **({} if backend == "mmap" else
+                                                     {"backend": backend})))
     return out
 
 
