@@ -30,7 +30,11 @@ export PIP_FIND_LINKS=${PIP_FIND_LINKS:-$( [ -d /opt/wheels ] && echo /opt/wheel
 say() { echo "gpu-check: $*" >&2; }
 probe() {  # "$1" has every dependency: print "<torch> <cuda> <1 if it sees a GPU, else 0>"
   "$1" - 2>/dev/null <<'PY' || true
-import torch, safetensors, transformers, blake3, numpy, aiohttp, msgspec, click, rich, psutil, xxhash, botocore, boto3
+import importlib.util, sys
+need = "safetensors transformers blake3 numpy aiohttp msgspec click rich psutil xxhash botocore boto3"
+if any(importlib.util.find_spec(m) is None for m in need.split()):
+    sys.exit(1)
+import torch
 print(torch.__version__, torch.version.cuda, int(torch.cuda.is_available()))
 PY
 }
