@@ -1,7 +1,7 @@
 """The ``gpufeed`` command line: parse, call the library, print.
 
-Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``checkpoint ls|scrub``, ``bench io``, ``bench kv``,
-``bench checkpoint``, ``bench model``, ``demo``.
+Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``checkpoint ls|scrub``, ``bench io``,
+``bench kv``, ``bench checkpoint``, ``bench model``, ``bench gpu``, ``demo``.
 """
 
 from __future__ import annotations
@@ -324,6 +324,37 @@ def bench_model(size, workdir, json_path, paths, repeat, cold_repeat, no_cold, f
     run_model_bench(size=size, workdir=workdir, json_path=json_path, repeat=repeat,
                     cold_repeat=cold_repeat, cold=not no_cold,
                     paths=paths.split(",") if paths else None, first_loads=first_loads)
+
+
+@bench.command("gpu")
+@click.option("--device", default=None, help="cuda:N or cpu (default cuda:0; without CUDA: a message and exit 0).")
+@click.option("--allow-cpu", is_flag=True, help="Without a CUDA device, run the CPU fallback instead.")
+@click.option("--size", type=click.Choice(["small", "1gb"]), default="1gb",
+              help="The demo's model: 1gb (~1 GB bf16 Llama) or small (~60 MB).")
+@click.option("--workdir", type=click.Path(file_okay=False), default=".gpufeed-demo",
+              help="The demo's work folder (model cached there; node data in a temp folder inside).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+@click.option("--paths", default=None, help="Comma-separated subset of shm,tcp,shm_map,s3,load_file,"
+              "fastsafetensors,runai,host_to_device.")
+@click.option("--repeat", type=int, default=3, help="Runs per path (best is kept).")
+@click.option("--kv-tokens", type=int, default=8192, help="Tokens of KV stored and reloaded (0 skips).")
+@click.option("--no-checkpoint", is_flag=True, help="Skip the checkpoint rows.")
+def bench_gpu(device, allow_cpu, size, workdir, json_path, paths, repeat, kv_tokens, no_checkpoint) -> None:
+    """Model, checkpoint and KV into one GPU through every path (GB/s, checked on the device)."""
+    from .bench.gpu import resolve_device, run_gpu_bench
+
+    dev, why = resolve_device(device, allow_cpu)
+    if dev is None:
+        click.echo(f"no CUDA device: {why}. Nothing measured; --device cpu (or --allow-cpu) "
+                   f"runs the CPU fallback.")
+        return
+    if why:
+        click.echo(why)
+    report = run_gpu_bench(device=dev, size=size, workdir=workdir, json_path=json_path,
+                           repeat=repeat, kv_tokens=kv_tokens,
+                           paths=paths.split(",") if paths else None, checkpoint=not no_checkpoint)
+    if report["failures"]:
+        raise click.ClickException(f"{len(report['failures'])} failed: {'; '.join(report['failures'])}")
 
 
 @main.command()
