@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -37,6 +36,7 @@ from ...errors import (
     InvalidRequestError,
     NotFoundError,
 )
+from .._session import NodeSession
 from ._format import ChunkFormatError, ChunkHeader, block_checksum, header_len
 from ._keys import ChunkKey, KVLayout, chunk_keys
 from ._tier import CpuTier
@@ -176,49 +176,25 @@ class KVCacheStore:
         self.metrics = KVMetrics()
         self.header_len = header_len(num_layers)
         self._bucket_args = (bucket_kind, bucket_capacity_bytes, bucket_ttl_s)
-        self._retry_interval_s = retry_interval_s
-        self._retry_at = 0.0
-        self._client_lock = threading.Lock()
         self._landing_lock = threading.Lock()
+        self._readers_lock = threading.Lock()
         self._landing_buf: torch.Tensor | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-kv-put")
         self._pending: set[Future] = set()
         self._pending_lock = threading.Lock()
-        if isinstance(url_or_client, Client):
-            self.url, self._owns_client = url_or_client.url, False
-            self._client: Client | None = url_or_client
-            self._bucket_ready = False
-        else:
-            self.url, self._owns_client = url_or_client, True
-            self._client = None
-            self._bucket_ready = False
-            self._connect_kw = {"request_timeout_s": request_timeout_s}
-            if connections:
-                self._connect_kw["connections"] = connections
+        connect_kw: dict = {"request_timeout_s": request_timeout_s}
+        if connections:
+            connect_kw["connections"] = connections
+        self._session = NodeSession(url_or_client, connect_kw=connect_kw, prepare=self._create_bucket,
+                                    fatal=(InvalidRequestError,), retry_interval_s=retry_interval_s,
+                                    on_down=self._down)
+        self.url = self._session.url
         self._node()  # connect now if we can (a failure is only counted)
 
     # --- node plumbing ------------------------------------------------------------
     def _node(self) -> Client | None:
         """The connected client with the bucket ready, or None while the node is down."""
-        with self._client_lock:
-            if self._client is None:
-                if not self._owns_client or time.monotonic() < self._retry_at:
-                    return None
-                try:
-                    self._client = Client(self.url, **self._connect_kw)
-                except (GpufeedError, OSError) as exc:
-                    self._failed_locked(exc)
-                    return None
-            if not self._bucket_ready:
-                try:
-                    self._create_bucket(self._client)
-                    self._bucket_ready = True
-                except InvalidRequestError:
-                    raise  # a bad bucket name is the caller's error, not a node outage
-                except (GpufeedError, OSError) as exc:
-                    self._failed_locked(exc)
-                    return None
-            return self._client
+        return self._session.client()
 
     def _create_bucket(self, client: Client) -> None:
         kind, capacity, ttl = self._bucket_args
@@ -233,23 +209,13 @@ class KVCacheStore:
         except BucketAlreadyOwnedByYou:
             pass
 
-    def _failed_locked(self, exc: BaseException) -> None:
+    def _down(self, exc: BaseException) -> None:
         self.metrics.add(node_errors=1)
         log.warning("kvcache: node %s unavailable (%s: %s); serving by recompute",
                     self.url, type(exc).__name__, exc)
-        self._bucket_ready = False
-        if self._owns_client:
-            if self._client is not None:
-                try:
-                    self._client.close()
-                except Exception:  # pragma: no cover - closing a broken client
-                    pass
-            self._client = None
-            self._retry_at = time.monotonic() + self._retry_interval_s
 
     def _failed(self, exc: BaseException) -> None:
-        with self._client_lock:
-            self._failed_locked(exc)
+        self._session.failed(exc)
 
     # --- keys and buffers ------------------------------------------------------------
     def keys(self, tokens) -> list[ChunkKey]:
@@ -624,7 +590,7 @@ class KVCacheStore:
     def _reader(self) -> ThreadPoolExecutor:
         ex = getattr(self, "_readers", None)
         if ex is None:
-            with self._client_lock:
+            with self._readers_lock:
                 ex = getattr(self, "_readers", None)
                 if ex is None:
                     ex = self._readers = ThreadPoolExecutor(4, thread_name_prefix="gpufeed-kv-get")
@@ -823,9 +789,7 @@ class KVCacheStore:
             self._writer.shutdown(wait=True)
             if getattr(self, "_readers", None) is not None:
                 self._readers.shutdown(wait=True)
-            if self._owns_client and self._client is not None:
-                self._client.close()
-                self._client = None
+            self._session.close()
 
     def __enter__(self) -> "KVCacheStore":
         return self

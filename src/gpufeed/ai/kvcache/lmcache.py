@@ -62,8 +62,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
@@ -87,6 +85,7 @@ from ...errors import (
     NoSuchBucket,
     NotFoundError,
 )
+from .._session import NodeSession
 from ._lmcache_format import ObjectFormatError, ObjectHeader, header_len, payload_checksum
 from ._store import Counters
 
@@ -247,10 +246,10 @@ class GpufeedConnector(RemoteConnector):
         self._want = (self.meta_fmt.value, tuple(tuple(s) for s in self.meta_shapes),
                       tuple(self.meta_dtypes))
         self._shm_batch_keys = 1  # set by _client_kwargs
-        self._client: Client | None = None
-        self._lock = threading.Lock()
-        self._retry_at = 0.0
-        self._closed = False
+        self._session = NodeSession(self.settings.url, connect_kw=self._client_kwargs(),
+                                    prepare=self._create_bucket,
+                                    retry_interval_s=self.settings.retry_interval_s,
+                                    on_down=self._down)
         self._node()  # connect now when we can (a failure is only counted)
 
     def __repr__(self) -> str:
@@ -273,26 +272,14 @@ class GpufeedConnector(RemoteConnector):
 
     def _node(self) -> Client | None:
         """The connected client with the bucket ready, or None while the node is down."""
-        with self._lock:
-            if self._client is not None or self._closed or time.monotonic() < self._retry_at:
-                return self._client
-            s = self.settings
-            try:
-                client = Client(s.url, **self._client_kwargs())
-            except (GpufeedError, OSError) as exc:
-                self._down_locked(None, exc)
-                return None
-            try:
-                client.create_bucket(s.bucket, kind="kv", capacity_bytes=s.capacity_bytes,
-                                     ttl_s=s.ttl_s)
-            except BucketAlreadyOwnedByYou:
-                self._check_bucket(client)
-            except (GpufeedError, OSError) as exc:
-                client.close()
-                self._down_locked(None, exc)
-                return None
-            self._client = client
-            return client
+        return self._session.client()
+
+    def _create_bucket(self, client: Client) -> None:
+        s = self.settings
+        try:
+            client.create_bucket(s.bucket, kind="kv", capacity_bytes=s.capacity_bytes, ttl_s=s.ttl_s)
+        except BucketAlreadyOwnedByYou:
+            self._check_bucket(client)
 
     def _check_bucket(self, client: Client) -> None:
         """Warn when the bucket exists but is not a kv bucket: it never evicts, so puts
@@ -310,29 +297,16 @@ class GpufeedConnector(RemoteConnector):
 
     async def _anode(self) -> Client | None:
         """:meth:`_node` without blocking the event loop on a (re)connect."""
-        client = self._client
-        if client is not None or self._closed or time.monotonic() < self._retry_at:
-            return client
-        return await asyncio.to_thread(self._node)
+        return await self._session.aclient()
 
-    def _down_locked(self, client: Client | None, exc: BaseException) -> None:
-        if client is not None and client is not self._client:
-            return  # that client was already dropped (and counted)
+    def _down(self, exc: BaseException) -> None:
         self.metrics.add(node_errors=1)
         log.warning("lmcache plugin: gpufeed node %s unavailable (%s: %s); serving misses, "
                     "retrying in %.0f s", self.settings.url, type(exc).__name__, exc,
                     self.settings.retry_interval_s)
-        if self._client is not None:
-            try:
-                self._client.close()
-            except Exception:  # noqa: BLE001 - closing a broken client
-                pass
-            self._client = None
-        self._retry_at = time.monotonic() + self.settings.retry_interval_s
 
     def _failed(self, client: Client, exc: BaseException) -> None:
-        with self._lock:
-            self._down_locked(client, exc)
+        self._session.failed(exc, client)
 
     # --- keys --------------------------------------------------------------------------
     def _object_key(self, kstr: str) -> str:
@@ -728,11 +702,7 @@ class GpufeedConnector(RemoteConnector):
 
     async def close(self) -> None:
         """Close the node connection. Idempotent."""
-        with self._lock:
-            self._closed = True
-            client, self._client = self._client, None
-        if client is not None:
-            await asyncio.to_thread(client.close)
+        await asyncio.to_thread(self._session.close)
 
 
 class GpufeedConnectorAdapter(ConnectorAdapter):
