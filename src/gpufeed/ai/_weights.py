@@ -20,16 +20,9 @@ from torch import nn
 
 from ..client import Client
 from ..errors import InvalidArgument
-from ._models import (
-    ShardDim,
-    _check_device,
-    _check_names,
-    _check_shard,
-    _join,
-    _load_planned,
-    find_safetensors,
-    read_headers,
-)
+from ._device import _check_device
+from ._models import _check_names, _load_planned, find_safetensors, read_headers
+from ._plan import ShardDim, _check_shard, _join
 
 __all__ = ["load_pretrained", "iterate_weights", "empty_weights", "StateDictMismatch", "TiedWeightsDiffer"]
 
