@@ -206,8 +206,8 @@ def load_safetensors(client: Client, bucket: str, key: str | Sequence[str], *,
         key: a ``.safetensors`` key, an index key
             (``*.safetensors.index.json``), a folder holding an index or
             shards, or a list of shard keys (see :func:`find_safetensors`).
-        keys: load only these tensor names (default: all), reading only their bytes.
-        tensors: the same as ``keys`` (give one or the other).
+        keys, tensors: load only these tensor names (default: all), reading only their
+            bytes; the two are the same (give one or the other).
         shard: ``(rank, world_size, dim)``: load only this rank's part of each
             tensor along ``dim``, reading only its bytes (tensor parallelism).
             ``dim`` is an int (negative counts from the end), ``None`` (every
@@ -225,11 +225,10 @@ def load_safetensors(client: Client, bucket: str, key: str | Sequence[str], *,
             for CUDA). Given with ``device="cpu"``, the CPU load also goes
             through the staged path into ordinary torch memory (one
             ``torch.empty`` buffer) instead of client memory.
-        strided: how a slice along a dim after the first is read: ``"ranges"``
-            (one range per row: only the slice's bytes), ``"rows"`` (whole
-            rows in 16 MiB blocks, the slice gathered in memory), or
-            ``"auto"`` (rows when a row is under 128 KiB: a range costs about
-            as much as 100 KB of bytes).
+        strided: how a slice along a dim after the first is read: ``"ranges"`` (one range
+            per row: only the slice's bytes), ``"rows"`` (whole rows in 16 MiB blocks, the
+            slice gathered in memory), or ``"auto"`` (rows when a row is under 128 KiB: a
+            range costs about as much as 100 KB of bytes).
         chunk_bytes: largest single read, bytes (default 16 MiB).
         batch_bytes: bytes per batched request (default 64 MiB).
         max_inflight_bytes: bytes requested but not yet read (default 256 MiB).
@@ -240,9 +239,8 @@ def load_safetensors(client: Client, bucket: str, key: str | Sequence[str], *,
             ``staging_bytes`` are refused.
 
     Returns:
-        Tensor name -> tensor (shape and dtype from the header, or the
-        slice's shape under ``shard``; 0-d tensors for shape ``[]``), in shard
-        order, then file order.
+        Tensor name -> tensor (shape and dtype from the header, or the slice's shape under
+        ``shard``; 0-d tensors for shape ``[]``), in shard order, then file order.
 
     Raises:
         SafetensorsError: a malformed header or index, a tensor missing from
@@ -264,8 +262,7 @@ def load_safetensors(client: Client, bucket: str, key: str | Sequence[str], *,
         return _load_mapped(maps, headers, wanted, dtype)
     return _load_planned(client, bucket, shard_keys, headers, wanted, shard, dev, dtype,
                          progress=progress, staging_bytes=staging_bytes, strided=strided,
-                         chunk_bytes=chunk_bytes, batch_bytes=batch_bytes,
-                         max_inflight_bytes=max_inflight_bytes)
+                         chunk_bytes=chunk_bytes, batch_bytes=batch_bytes, max_inflight_bytes=max_inflight_bytes)
 
 
 def _check_options(client: Client, keys: Collection[str] | None, tensors: Collection[str] | None,

@@ -217,12 +217,10 @@ def load_pretrained(client_or_url: Client | str, bucket: str, prefix: str | Sequ
     expected = model.state_dict(keep_vars=True)
     groups = _tied_groups(model)  # the names of each parameter registered under several
     aliases = {n: [o for o in g if o != n] for g in groups for n in g}
-    metas = any(t.is_meta for t in expected.values())
     if assign is None:
-        assign = metas
+        assign = any(t.is_meta for t in expected.values())
     if device is None:
-        device = next((t.device for t in expected.values() if not t.is_meta),
-                      torch.device("cpu"))
+        device = next((t.device for t in expected.values() if not t.is_meta), torch.device("cpu"))
     where = _join(bucket, str(prefix))
     with _client_of(client_or_url) as client:
         shard_keys, weight_map = find_safetensors(client, bucket, prefix)
@@ -236,13 +234,18 @@ def load_pretrained(client_or_url: Client | str, bucket: str, prefix: str | Sequ
         _untie(model, ties)
     model.load_state_dict(sd, strict=strict, assign=assign)
     _retie(model, ties)
+    _check_not_meta(model, where)
+    return model
+
+
+def _check_not_meta(model: nn.Module, where: str) -> None:
+    """Raise InvalidArgument naming the parameters and buffers still on the meta device."""
     still = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
     if still:
         raise InvalidArgument(
             f"still on the meta device after loading {where}: "
             f"{still[:20]} (not in the checkpoint: build the model with "
             f"gpufeed.ai.empty_weights(), which keeps buffers real)")
-    return model
 
 
 def _names_to_load(where: str, expected: Collection[str], aliases: dict[str, list[str]],
