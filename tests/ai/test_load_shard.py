@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from gpufeed.ai import _device, _plan, _reads, load_safetensors
+from gpufeed.ai import _device, _readplan, _reads, load_safetensors
 from gpufeed.client import Client, ReadRequest
 from gpufeed.errors import InvalidArgument
 
@@ -199,7 +199,7 @@ def test_copier_fallback_without_cuda():
 
 
 def test_copy_runs_merge_neighbours():
-    r = _plan._Range
+    r = _readplan._Range
     batch = [(r("k", 0, 100, 10), 0), (r("k", 50, 110, 5), 10), (r("k", 0, 200, 4), 15)]
     assert _reads._copy_runs(batch) == [(0, 100, 15), (15, 200, 4)]
 

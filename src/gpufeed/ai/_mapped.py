@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from .._memory import address_of
-from ._plan import _join
+from ._readplan import _join
 from ._safetensors import HEADER_PREFIX_BYTES, SafetensorsHeader, header_length, parse_header
 
 __all__: list[str] = []

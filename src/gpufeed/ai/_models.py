@@ -11,7 +11,7 @@ How a load goes (one model, one or many shards):
    adjacent in a shard and stay aligned form a *run*: one contiguous range of
    the object. A slice along dim 0 is one range; a slice along a later dim is
    one small range per index of the leading dims, batched
-   (:mod:`gpufeed.ai._plan`).
+   (:mod:`gpufeed.ai._readplan`).
 4. Read the ranges in pieces of at most ``chunk_bytes``, grouped in batches of
    about ``batch_bytes``, with up to ``max_inflight_bytes`` in flight
    (:mod:`gpufeed.ai._reads`):
@@ -47,7 +47,7 @@ from ..client import Client, ReadRequest
 from ..errors import InvalidArgument, NoSuchKey
 from ._device import _check_device, gds_status
 from ._mapped import _load_mapped, _mapped_header
-from ._plan import ShardDim, _check_shard, _folder, _join, _pieces, _plan
+from ._readplan import ShardDim, _check_shard, _folder, _join, _pieces, _plan
 from ._reads import (
     DEFAULT_STAGING_BYTES,
     _Progress,

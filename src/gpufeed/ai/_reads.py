@@ -1,5 +1,5 @@
 """The reads of :func:`gpufeed.ai.load_safetensors`, after planning
-(:mod:`gpufeed.ai._plan`): ranges cut into pieces of at most ``chunk_bytes``,
+(:mod:`gpufeed.ai._readplan`): ranges cut into pieces of at most ``chunk_bytes``,
 grouped in batched requests with a bound on the bytes in flight, either
 
 * straight into client memory (:func:`_read_all`, the CPU path),
@@ -22,7 +22,7 @@ import torch
 
 from ..client import Client, ReadRequest
 from ._device import _copier_for
-from ._plan import _Gather, _join, _Range
+from ._readplan import _Gather, _join, _Range
 from ._safetensors import SafetensorsError
 
 __all__ = ["MAX_BATCH_ITEMS", "DEFAULT_STAGING_BYTES", "STAGING_SLOTS", "GATHER_SCRATCH_BYTES",

@@ -22,7 +22,7 @@ from ..client import Client
 from ..errors import InvalidArgument
 from ._device import _check_device
 from ._models import _check_names, _load_planned, _wanted, find_safetensors, read_headers
-from ._plan import ShardDim, _check_shard, _join
+from ._readplan import ShardDim, _check_shard, _join
 
 __all__ = ["load_pretrained", "iterate_weights", "empty_weights", "StateDictMismatch", "TiedWeightsDiffer"]
 
