@@ -62,8 +62,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -87,7 +87,8 @@ from ...errors import (
 )
 from .._session import NodeSession
 from ._lmcache_format import ObjectFormatError, ObjectHeader, header_len, payload_checksum
-from ._store import Counters
+from ._lmcache_settings import PluginSettings
+from ._metrics import ConnectorMetrics
 
 __all__ = ["GpufeedConnector", "GpufeedConnectorAdapter", "PluginSettings", "ConnectorMetrics",
            "PLUGIN_TYPE"]
@@ -100,80 +101,6 @@ PLUGIN_TYPE = "gpufeed"
 MAX_KEY_BYTES = 1024
 #: Keys per batch read on TCP (batches spread over the pooled connections).
 TCP_BATCH_KEYS = 4
-
-
-@dataclass(frozen=True)
-class PluginSettings:
-    """Settings of one plugin instance, read from LMCache's ``extra_config`` keys
-    ``remote_storage_plugin.<name>.<field>`` (strings from env/JSON are converted).
-
-    Attributes:
-        url: the node: ``gpufeed+shm:///path/gpufeed.sock`` (same host) or
-            ``gpufeed+tcp://HOST:PORT``. Required.
-        bucket: the kv bucket holding the chunks; created if missing.
-        key_prefix: prepended to every object key (to share a bucket).
-        capacity_bytes: the bucket's LRU capacity when this plugin creates it
-            (bytes; default 64 GiB; set it to what the node's disk can hold).
-        ttl_s: hide objects this many seconds after their last write (0: never).
-        connections: pooled fast-path connections (0: the client's default).
-        connect_timeout_s: seconds to wait for a connection.
-        request_timeout_s: a request that makes no progress for this long fails
-            (seconds); the node is then treated as down.
-        retry_interval_s: seconds between reconnect attempts to a node that is down.
-        staging_bytes: shm staging region (bytes; 0: 8 chunk-sized slots, at least
-            64 MiB); a batch read stages half of it, so 4 chunks per GETV by default.
-    """
-
-    url: str
-    bucket: str = "lmcache"
-    key_prefix: str = ""
-    capacity_bytes: int = 64 << 30  # 64 GiB
-    ttl_s: float = 0.0
-    connections: int = 0
-    connect_timeout_s: float = 2.0
-    request_timeout_s: float = 5.0
-    retry_interval_s: float = 10.0
-    staging_bytes: int = 0
-
-    @classmethod
-    def from_extra_config(cls, extra: Mapping | None, plugin_name: str) -> "PluginSettings":
-        """Raises ValueError: no ``url``, or a value that does not convert."""
-        extra = extra or {}
-        prefix = f"remote_storage_plugin.{plugin_name}."
-        kw: dict[str, object] = {}
-        for f in fields(cls):
-            raw = extra.get(prefix + f.name)
-            if raw is None:
-                continue
-            kind = str if f.name == "url" else type(f.default)
-            try:
-                kw[f.name] = kind(raw)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{prefix}{f.name}={raw!r}: expected {kind.__name__}") from exc
-        if not kw.get("url"):
-            raise ValueError(f"the gpufeed plugin needs extra_config {prefix}url "
-                             "(gpufeed+shm:///path/gpufeed.sock or gpufeed+tcp://HOST:PORT)")
-        return cls(**kw)
-
-
-@dataclass
-class ConnectorMetrics(Counters):
-    """Counters of one connector (thread-safe ``add``).
-
-    ``node_errors`` is the warning metric: node calls that failed because the
-    node was unreachable, timed out or answered with an unexpected error.
-    """
-
-    hits: int = 0            # MemoryObjs returned by get / batched_get
-    misses: int = 0          # keys not on the node
-    corrupt: int = 0         # objects that failed a check (short, bad header, other key, checksum)
-    node_errors: int = 0
-    alloc_failures: int = 0  # LMCache's CPU allocator had no room
-    puts: int = 0
-    put_errors: int = 0      # puts that failed or were dropped (node down, unsupported MemoryObj)
-    bytes_read: int = 0      # payload bytes returned
-    node_digests: int = 0    # payloads checked against the node's digest (shm) instead of hashed here
-    bytes_written: int = 0   # object bytes written
 
 
 def _plugin_name(config) -> str:
