@@ -26,6 +26,7 @@ from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 
 from ..errors import InternalError, InvalidArgument
+from ._private import create_private_file
 from .catalog import Catalog, CatalogReader, CatalogWriter, LiveFiles, ObjectUse, PartRecord
 from .types import BucketInfo, ObjectInfo, PartInfo, UploadInfo
 
@@ -324,8 +325,12 @@ class SqliteCatalog(_Reads, Catalog):
         self._local = threading.local()
         self._readers: dict[int, tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = {}
         try:
+            if path != ":memory:" and not path.startswith("file:"):
+                # SQLite makes the database 0644 and its -wal/-shm files with the
+                # database's mode: creating it 0600 first keeps all three private.
+                create_private_file(path)
             w = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise InternalError(f"cannot open catalog {path}: {exc}") from exc
         try:
             mode = w.execute("PRAGMA journal_mode=WAL").fetchone()[0]

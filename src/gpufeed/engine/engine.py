@@ -13,6 +13,10 @@ On-disk layout under ``data_dir``::
     tmp/                     files being written; emptied on start
     lock                     flock'ed by the one Engine that has the folder open
 
+Every folder is created ``0700`` and every file ``0600``: the data folder is
+private to the node's user (:mod:`._private`; more open modes found at start
+are reported in :attr:`Engine.permission_warnings`).
+
 Write protocol (atomic, durable): data goes to a file in ``tmp/``, is fsynced,
 renamed into ``blobs/``, the directory is fsynced, then the catalog row is
 committed (``synchronous=FULL``). Only the commit makes an object visible. On
@@ -47,6 +51,7 @@ the fronts call, which delegates to:
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Iterable
@@ -68,12 +73,15 @@ from ._listing import read_page, start_position
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_text
 from ._openfiles import ObjectHandle
+from ._private import FILE_MODE, describe, make_private_dirs, open_paths
 from ._sqlite import SqliteCatalog
 from ._writes import PendingWrite, WritePath, as_bytes_view, check_hash_kind, feed
 from .catalog import Catalog, require_bucket
 from .types import BucketInfo, ListResult, ObjectInfo, PartInfo, UploadInfo
 
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
+
+log = logging.getLogger("gpufeed.engine")
 
 _OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
 _READ_RETRIES = 64  # a version replaced between lookup and open is looked up again this often
@@ -83,7 +91,9 @@ class Engine:
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
-        data_dir: folder for catalog and data (created if missing).
+        data_dir: folder for catalog and data (created ``0700`` if missing;
+            everything the engine makes in it is private to the user, see
+            :attr:`permission_warnings`).
         fsync: fsync data, directories and catalog before a write returns
             (``synchronous=FULL``); with ``False`` writes are still atomic and
             survive a process crash, but not a power loss.
@@ -99,8 +109,8 @@ class Engine:
 
     def __init__(self, data_dir: str | Path, *, fsync: bool = True) -> None:
         self.data_dir = Path(data_dir).resolve()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        make_private_dirs(self.data_dir)
+        self._lock_fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
@@ -117,6 +127,9 @@ class Engine:
         self._closed = False
         #: What the start-up sweep removed: ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
         self.recovered = self._recover()
+        #: Warnings about folders or files in ``data_dir`` that other local users
+        #: may read (more open than ``0700``/``0600``), found at start; also logged.
+        self.permission_warnings: list[str] = self._check_private()
         self._kv = KVBucketPolicy(self._cat, self._files)
         self._writes = WritePath(self._files, self._cat, self._kv)
         self._multipart = Multipart(self._cat, self._files, self._writes)
@@ -124,6 +137,14 @@ class Engine:
     def _recover(self) -> dict[str, int]:
         live = self._cat.live_files()
         return self._files.sweep(live.blobs, live.parts)
+
+    def _check_private(self) -> list[str]:
+        found, count = open_paths(self.data_dir)
+        message = describe(self.data_dir, found, count)
+        if not message:
+            return []
+        log.warning("%s", message)
+        return [message]
 
     def close(self) -> None:
         """Close the catalog connections, stop helper threads, release ``data_dir``; idempotent.
