@@ -44,6 +44,7 @@ the fronts call, which delegates to:
 - :mod:`._kvpolicy`: capacity, LRU and TTL of kv buckets, as hooks the
   engine calls on read, commit and delete.
 - :mod:`._multipart`: uploads, parts and their completion.
+- :mod:`._lifecycle`: bucket lifecycle rules and the pass that applies them.
 - :mod:`._listing`: paging through keys.
 - :mod:`._names`: S3 naming rules, key-space arithmetic.
 """
@@ -69,6 +70,7 @@ from ..errors import (
 from ..store import ByteRequest, resolve_range
 from ._blobs import BlobFiles
 from ._kvpolicy import KVBucketPolicy, check_policy
+from ._lifecycle import Lifecycle
 from ._listing import read_page, start_position
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_text
@@ -77,7 +79,7 @@ from ._private import FILE_MODE, describe, make_private_dirs, open_paths
 from ._sqlite import SqliteCatalog
 from ._writes import PendingWrite, WritePath, as_bytes_view, check_hash_kind, feed
 from .catalog import Catalog, require_bucket
-from .types import BucketInfo, ListResult, ObjectInfo, PartInfo, UploadInfo
+from .types import BucketInfo, LifecycleResult, LifecycleRule, ListResult, ObjectInfo, PartInfo, UploadInfo
 
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
@@ -133,6 +135,7 @@ class Engine:
         self._kv = KVBucketPolicy(self._cat, self._files)
         self._writes = WritePath(self._files, self._cat, self._kv)
         self._multipart = Multipart(self._cat, self._files, self._writes)
+        self._lifecycle = Lifecycle(self._cat, self._files, self._kv.on_delete)
 
     def _recover(self) -> dict[str, int]:
         live = self._cat.live_files()
@@ -725,3 +728,53 @@ class Engine:
             NoSuchBucket: the bucket does not exist.
         """
         return self._multipart.list_uploads(bucket, prefix)
+
+    # lifecycle (see ._lifecycle) ------------------------------------------------
+    def put_bucket_lifecycle(self, bucket: str, rules: list[LifecycleRule]) -> None:
+        """Make ``rules`` the bucket's lifecycle configuration, replacing any.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+            InvalidArgument, InvalidRequestError: rules S3 would refuse
+                (see :func:`gpufeed.engine._lifecycle.check_rules`).
+
+        Source: https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutBucketLifecycleConfiguration.html
+        """
+        self._lifecycle.put(bucket, rules)
+
+    def get_bucket_lifecycle(self, bucket: str) -> list[LifecycleRule]:
+        """The bucket's lifecycle rules, in the order they were set.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+            NoSuchLifecycleConfiguration: it has none.
+        """
+        return self._lifecycle.get(bucket)
+
+    def delete_bucket_lifecycle(self, bucket: str) -> None:
+        """Remove the bucket's lifecycle configuration (having none is fine).
+
+        Raises:
+            NoSuchBucket: it does not exist.
+        """
+        self._lifecycle.delete(bucket)
+
+    def apply_lifecycle(self, now: float | None = None, *, idle_upload_s: float = 0.0) -> LifecycleResult:
+        """Apply every bucket's enabled lifecycle rules once, as of ``now``.
+
+        Expired current objects are deleted (only the version that expired; a
+        key overwritten meanwhile stays), due multipart uploads aborted; then,
+        with ``idle_upload_s > 0``, every upload with no activity (start or part
+        upload) for that many seconds is aborted, whatever the rules say.
+
+        Args:
+            now: Unix s the rules are applied at; ``None`` for the clock.
+            idle_upload_s: seconds after which an untouched upload is aborted; 0 never.
+
+        Returns:
+            What was removed.
+
+        Raises:
+            InternalError: the catalog failed, or the engine is closed.
+        """
+        return self._lifecycle.apply(now, idle_upload_s)
