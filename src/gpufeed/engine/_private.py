@@ -19,11 +19,15 @@ only ever removes bits); "Files in the WAL mode", https://www.sqlite.org/tempfil
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
 
-__all__ = ["DIR_MODE", "FILE_MODE", "make_private_dirs", "create_private_file", "open_paths", "describe"]
+__all__ = ["DIR_MODE", "FILE_MODE", "make_private_dirs", "create_private_file", "open_paths", "describe",
+           "check_private"]
+
+log = logging.getLogger("gpufeed.engine")
 
 #: Mode of every folder the engine creates: owner only.
 DIR_MODE = 0o700
@@ -120,3 +124,18 @@ def describe(root: str | os.PathLike, found: list[tuple[str, int]], count: int) 
     more = f" and {count - len(found)} more" if count > len(found) else ""
     return (f"data folder {root} is open to other local users (folders should be 0700, files 0600): "
             f"{shown}{more}; run `chmod -R go-rwx {root}` to make it private")
+
+
+def check_private(root: str | os.PathLike) -> list[str]:
+    """Look for anything under ``root`` more open than ``0700``/``0600``; log a
+    warning (logger ``gpufeed.engine``) when there is.
+
+    Returns:
+        The warning as a one-item list, or ``[]`` when ``root`` is private.
+    """
+    found, count = open_paths(root)
+    message = describe(root, found, count)
+    if not message:
+        return []
+    log.warning("%s", message)
+    return [message]

@@ -52,7 +52,6 @@ the fronts call, which delegates to:
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
 import time
 from collections.abc import Iterable
@@ -75,15 +74,13 @@ from ._listing import read_page, start_position
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_text
 from ._openfiles import ObjectHandle
-from ._private import FILE_MODE, describe, make_private_dirs, open_paths
+from ._private import FILE_MODE, check_private, make_private_dirs
 from ._sqlite import SqliteCatalog
 from ._writes import PendingWrite, WritePath, as_bytes_view, check_hash_kind, feed
 from .catalog import Catalog, require_bucket
 from .types import BucketInfo, LifecycleResult, LifecycleRule, ListResult, ObjectInfo, PartInfo, UploadInfo
 
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
-
-log = logging.getLogger("gpufeed.engine")
 
 _OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
 _READ_RETRIES = 64  # a version replaced between lookup and open is looked up again this often
@@ -131,7 +128,7 @@ class Engine:
         self.recovered = self._recover()
         #: Warnings about folders or files in ``data_dir`` that other local users
         #: may read (more open than ``0700``/``0600``), found at start; also logged.
-        self.permission_warnings: list[str] = self._check_private()
+        self.permission_warnings: list[str] = check_private(self.data_dir)
         self._kv = KVBucketPolicy(self._cat, self._files)
         self._writes = WritePath(self._files, self._cat, self._kv)
         self._multipart = Multipart(self._cat, self._files, self._writes)
@@ -140,14 +137,6 @@ class Engine:
     def _recover(self) -> dict[str, int]:
         live = self._cat.live_files()
         return self._files.sweep(live.blobs, live.parts)
-
-    def _check_private(self) -> list[str]:
-        found, count = open_paths(self.data_dir)
-        message = describe(self.data_dir, found, count)
-        if not message:
-            return []
-        log.warning("%s", message)
-        return [message]
 
     def close(self) -> None:
         """Close the catalog connections, stop helper threads, release ``data_dir``; idempotent.

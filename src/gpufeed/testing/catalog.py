@@ -15,8 +15,9 @@ is inherited::
 The tests use only the interface (no SQL), each in a few dozen operations,
 and cover what the engine relies on: UTF-8 byte order of keys (S3 listing
 order, which a database collation easily breaks), replace-on-put, lazy range
-scans, commit hooks, rollback, and isolation of plain reads and snapshots
-from an open write.
+scans, commit hooks, rollback, isolation of plain reads and snapshots
+from an open write, idle uploads, and lifecycle rules (round trip, replace,
+dropped with their bucket).
 """
 
 from __future__ import annotations

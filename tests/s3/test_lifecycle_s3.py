@@ -40,6 +40,8 @@ def _put(s3c, bucket, *rules):
 
 
 def test_routes():
+    """``?lifecycle`` with GET/PUT/DELETE is the lifecycle configuration of the bucket;
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetBucketLifecycleConfiguration.html"""
     def ep(method, target):
         return route(parse_target(method, target, {"Host": "127.0.0.1"}))
 
@@ -139,6 +141,8 @@ def test_bad_values_answer_aws_codes(s3c, lb, rule, code):
 
 
 def test_duplicate_ids_are_invalid_argument(s3c, lb):
+    """Rule IDs are unique in a configuration;
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_LifecycleRule.html"""
     rule = {"ID": "same", "Filter": {}, "Status": "Enabled", "Expiration": {"Days": 1}}
     with pytest.raises(ClientError) as ei:
         _put(s3c, lb, rule, rule)
