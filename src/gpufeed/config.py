@@ -99,6 +99,14 @@ class NodeConfig:
             stopped reading) before the server closes that connection, so one stuck
             client cannot hold the worker threads; 0 never times out. Env
             ``GPUFEED_SEND_TIMEOUT_S``.
+        lifecycle_interval_s: seconds between two passes of the lifecycle worker,
+            which applies every bucket's lifecycle rules and aborts idle multipart
+            uploads (the first pass runs at start); 0 turns the worker off. Env
+            ``GPUFEED_LIFECYCLE_INTERVAL_S``.
+        abort_idle_uploads_s: seconds after which a multipart upload nobody has
+            touched (no start or part upload since) is aborted and its parts
+            deleted, whatever the bucket's rules; default 7 days; 0 never. Env
+            ``GPUFEED_ABORT_IDLE_UPLOADS_S``.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -114,6 +122,8 @@ class NodeConfig:
     region_pool_bytes: int = 4 << 30  # 4 GiB
     max_object_bytes: int = 5 << 40  # 5 TiB
     send_timeout_s: float = 30.0
+    lifecycle_interval_s: float = 3600.0  # 1 hour
+    abort_idle_uploads_s: float = 7 * 86400.0  # 7 days
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -132,6 +142,8 @@ class NodeConfig:
             io_threads=_env("GPUFEED_IO_THREADS", int, cls.io_threads),
             region_pool_bytes=_env("GPUFEED_REGION_POOL_BYTES", _size, cls.region_pool_bytes),
             send_timeout_s=_env("GPUFEED_SEND_TIMEOUT_S", _seconds, cls.send_timeout_s),
+            lifecycle_interval_s=_env("GPUFEED_LIFECYCLE_INTERVAL_S", _seconds, cls.lifecycle_interval_s),
+            abort_idle_uploads_s=_env("GPUFEED_ABORT_IDLE_UPLOADS_S", _seconds, cls.abort_idle_uploads_s),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

@@ -12,7 +12,8 @@ Tree::
     ├── NotFoundError (FileNotFoundError)
     │   ├── NoSuchBucket
     │   ├── NoSuchKey
-    │   └── NoSuchUpload
+    │   ├── NoSuchUpload
+    │   └── NoSuchLifecycleConfiguration
     ├── AccessError (PermissionError)
     │   ├── AccessDenied
     │   ├── InvalidAccessKeyId
@@ -63,6 +64,7 @@ __all__ = [
     "NoSuchBucket",
     "NoSuchKey",
     "NoSuchUpload",
+    "NoSuchLifecycleConfiguration",
     "AccessError",
     "AccessDenied",
     "InvalidAccessKeyId",
@@ -134,6 +136,10 @@ class NoSuchKey(NotFoundError):
 
 class NoSuchUpload(NotFoundError):
     code, status = "NoSuchUpload", 404
+
+
+class NoSuchLifecycleConfiguration(NotFoundError):
+    code, status = "NoSuchLifecycleConfiguration", 404
 
 
 class AccessError(GpufeedError, PermissionError):

@@ -35,7 +35,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from ..errors import NoSuchBucket
-from .types import BucketInfo, ObjectInfo, PartInfo, UploadInfo
+from .types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, UploadInfo
 
 __all__ = ["Catalog", "CatalogReader", "CatalogWriter", "PartRecord", "ObjectUse", "LiveFiles", "require_bucket"]
 
@@ -153,6 +153,21 @@ class CatalogReader(ABC):
     def part_file(self, upload_id: str, part_number: int) -> str | None:
         """The file name of one part, or ``None`` when it was not uploaded."""
 
+    @abstractmethod
+    def idle_uploads(self, before: float) -> list[UploadInfo]:
+        """Uploads of every bucket untouched since ``before`` (Unix s): started
+        before it, and no part uploaded at or after it. By bucket, key, start time."""
+
+    # lifecycle -------------------------------------------------------------
+    @abstractmethod
+    def lifecycle(self, bucket: str) -> list[LifecycleRule] | None:
+        """The bucket's lifecycle rules in the order they were set, or ``None`` when
+        it has no configuration (also when the bucket is missing)."""
+
+    @abstractmethod
+    def lifecycles(self) -> dict[str, list[LifecycleRule]]:
+        """``bucket -> rules`` of every bucket that has a lifecycle configuration."""
+
 
 class CatalogWriter(CatalogReader):
     """The open write transaction: reads see its own changes."""
@@ -174,7 +189,21 @@ class CatalogWriter(CatalogReader):
 
     @abstractmethod
     def delete_bucket(self, name: str) -> None:
-        """Remove a bucket row (the caller checked it is empty)."""
+        """Remove a bucket row and its lifecycle configuration (the caller checked it is empty)."""
+
+    @abstractmethod
+    def set_lifecycle(self, bucket: str, rules: list[LifecycleRule]) -> None:
+        """Make ``rules`` (kept in this order) the bucket's whole lifecycle
+        configuration, replacing any (the caller checked the bucket exists and
+        the rules are valid). Fields of :class:`LifecycleRule` round-trip exactly."""
+
+    @abstractmethod
+    def delete_lifecycle(self, bucket: str) -> bool:
+        """Remove the bucket's lifecycle configuration.
+
+        Returns:
+            Whether it had one.
+        """
 
     # objects -------------------------------------------------------------
     @abstractmethod

@@ -13,6 +13,10 @@ On-disk layout under ``data_dir``::
     tmp/                     files being written; emptied on start
     lock                     flock'ed by the one Engine that has the folder open
 
+Every folder is created ``0700`` and every file ``0600``: the data folder is
+private to the node's user (:mod:`._private`; more open modes found at start
+are reported in :attr:`Engine.permission_warnings`).
+
 Write protocol (atomic, durable): data goes to a file in ``tmp/``, is fsynced,
 renamed into ``blobs/``, the directory is fsynced, then the catalog row is
 committed (``synchronous=FULL``). Only the commit makes an object visible. On
@@ -40,6 +44,7 @@ the fronts call, which delegates to:
 - :mod:`._kvpolicy`: capacity, LRU and TTL of kv buckets, as hooks the
   engine calls on read, commit and delete.
 - :mod:`._multipart`: uploads, parts and their completion.
+- :mod:`._lifecycle`: bucket lifecycle rules and the pass that applies them.
 - :mod:`._listing`: paging through keys.
 - :mod:`._names`: S3 naming rules, key-space arithmetic.
 """
@@ -64,14 +69,16 @@ from ..errors import (
 from ..store import ByteRequest, resolve_range
 from ._blobs import BlobFiles
 from ._kvpolicy import KVBucketPolicy, check_policy
+from ._lifecycle import Lifecycle
 from ._listing import read_page, start_position
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_text
 from ._openfiles import ObjectHandle
+from ._private import FILE_MODE, check_private, make_private_dirs
 from ._sqlite import SqliteCatalog
 from ._writes import PendingWrite, WritePath, as_bytes_view, check_hash_kind, feed
 from .catalog import Catalog, require_bucket
-from .types import BucketInfo, ListResult, ObjectInfo, PartInfo, UploadInfo
+from .types import BucketInfo, LifecycleResult, LifecycleRule, ListResult, ObjectInfo, PartInfo, UploadInfo
 
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
@@ -83,7 +90,9 @@ class Engine:
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
-        data_dir: folder for catalog and data (created if missing).
+        data_dir: folder for catalog and data (created ``0700`` if missing;
+            everything the engine makes in it is private to the user, see
+            :attr:`permission_warnings`).
         fsync: fsync data, directories and catalog before a write returns
             (``synchronous=FULL``); with ``False`` writes are still atomic and
             survive a process crash, but not a power loss.
@@ -99,8 +108,8 @@ class Engine:
 
     def __init__(self, data_dir: str | Path, *, fsync: bool = True) -> None:
         self.data_dir = Path(data_dir).resolve()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        make_private_dirs(self.data_dir)
+        self._lock_fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
@@ -117,9 +126,13 @@ class Engine:
         self._closed = False
         #: What the start-up sweep removed: ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
         self.recovered = self._recover()
+        #: Warnings about folders or files in ``data_dir`` that other local users
+        #: may read (more open than ``0700``/``0600``), found at start; also logged.
+        self.permission_warnings: list[str] = check_private(self.data_dir)
         self._kv = KVBucketPolicy(self._cat, self._files)
         self._writes = WritePath(self._files, self._cat, self._kv)
         self._multipart = Multipart(self._cat, self._files, self._writes)
+        self._lifecycle = Lifecycle(self._cat, self._files, self._kv.on_delete)
 
     def _recover(self) -> dict[str, int]:
         live = self._cat.live_files()
@@ -704,3 +717,53 @@ class Engine:
             NoSuchBucket: the bucket does not exist.
         """
         return self._multipart.list_uploads(bucket, prefix)
+
+    # lifecycle (see ._lifecycle) ------------------------------------------------
+    def put_bucket_lifecycle(self, bucket: str, rules: list[LifecycleRule]) -> None:
+        """Make ``rules`` the bucket's lifecycle configuration, replacing any.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+            InvalidArgument, InvalidRequestError: rules S3 would refuse
+                (see :func:`gpufeed.engine._lifecycle.check_rules`).
+
+        Source: https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutBucketLifecycleConfiguration.html
+        """
+        self._lifecycle.put(bucket, rules)
+
+    def get_bucket_lifecycle(self, bucket: str) -> list[LifecycleRule]:
+        """The bucket's lifecycle rules, in the order they were set.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+            NoSuchLifecycleConfiguration: it has none.
+        """
+        return self._lifecycle.get(bucket)
+
+    def delete_bucket_lifecycle(self, bucket: str) -> None:
+        """Remove the bucket's lifecycle configuration (having none is fine).
+
+        Raises:
+            NoSuchBucket: it does not exist.
+        """
+        self._lifecycle.delete(bucket)
+
+    def apply_lifecycle(self, now: float | None = None, *, idle_upload_s: float = 0.0) -> LifecycleResult:
+        """Apply every bucket's enabled lifecycle rules once, as of ``now``.
+
+        Expired current objects are deleted (only the version that expired; a
+        key overwritten meanwhile stays), due multipart uploads aborted; then,
+        with ``idle_upload_s > 0``, every upload with no activity (start or part
+        upload) for that many seconds is aborted, whatever the rules say.
+
+        Args:
+            now: Unix s the rules are applied at; ``None`` for the clock.
+            idle_upload_s: seconds after which an untouched upload is aborted; 0 never.
+
+        Returns:
+            What was removed.
+
+        Raises:
+            InternalError: the catalog failed, or the engine is closed.
+        """
+        return self._lifecycle.apply(now, idle_upload_s)

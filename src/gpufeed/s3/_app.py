@@ -23,7 +23,7 @@ from aiohttp import web
 from ..config import NodeConfig
 from ..engine import Engine
 from ..errors import GpufeedError, InternalError, NotModified
-from . import _buckets, _listing, _multipart, _objects
+from . import _buckets, _lifecycle, _listing, _multipart, _objects
 from ._auth import AuthResult, verify_request
 from ._context import MAX_XML, HandlerTable, S3Request, Services
 from ._headers import quote_etag
@@ -47,6 +47,7 @@ HANDLERS: HandlerTable = {
     **_listing.HANDLERS,
     **_objects.HANDLERS,
     **_multipart.HANDLERS,
+    **_lifecycle.HANDLERS,
 }
 
 

@@ -49,6 +49,9 @@ __all__ = [
     "GetBucketLocation",
     "GetBucketVersioning",
     "GetBucketAcl",
+    "GetBucketLifecycleConfiguration",
+    "PutBucketLifecycleConfiguration",
+    "DeleteBucketLifecycle",
     "ListObjects",
     "ListMultipartUploads",
     "DeleteObjects",
@@ -68,7 +71,7 @@ __all__ = [
 
 #: Bucket sub-resources S3 has and gpufeed does not implement (answered 501).
 UNSUPPORTED_BUCKET = frozenset({
-    "policy", "cors", "lifecycle", "website", "logging", "notification", "replication",
+    "policy", "cors", "website", "logging", "notification", "replication",
     "encryption", "object-lock", "tagging", "versions", "requestPayment", "accelerate",
     "analytics", "inventory", "metrics", "ownershipControls", "publicAccessBlock",
     "intelligent-tiering", "policyStatus",
@@ -267,6 +270,28 @@ class GetBucketAcl(BucketEndpoint):
 
 
 @dataclass(frozen=True, slots=True)
+class GetBucketLifecycleConfiguration(BucketEndpoint):
+    """``GET /bucket?lifecycle``: GetBucketLifecycleConfiguration."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutBucketLifecycleConfiguration(BucketEndpoint):
+    """``PUT /bucket?lifecycle``: PutBucketLifecycleConfiguration."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteBucketLifecycle(BucketEndpoint):
+    """``DELETE /bucket?lifecycle``: DeleteBucketLifecycle."""
+
+
+_LIFECYCLE: dict[str, type[BucketEndpoint]] = {
+    "GET": GetBucketLifecycleConfiguration,
+    "PUT": PutBucketLifecycleConfiguration,
+    "DELETE": DeleteBucketLifecycle,
+}
+
+
+@dataclass(frozen=True, slots=True)
 class ListObjects(BucketEndpoint):
     """``GET /bucket``: ListObjects, or ListObjectsV2 with ``list-type=2``.
 
@@ -433,6 +458,8 @@ def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
     unsupported = UNSUPPORTED_BUCKET & q.keys()
     if unsupported:
         raise NotImplementedByGpufeed(f"bucket sub-resource {sorted(unsupported)[0]!r} is not implemented")
+    if "lifecycle" in q and method in _LIFECYCLE:
+        return _LIFECYCLE[method](bucket)
     if method == "GET":
         if "location" in q:
             return GetBucketLocation(bucket)

@@ -99,7 +99,7 @@ def start_node(data_dir: str | Path, *, extra_args: list[str] | None = None,
             message includes its stderr).
     """
     data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = data_dir.parent / f"{data_dir.name}.node.log"
     args = [sys.executable, "-m", "gpufeed", "serve", "--data-dir", str(data_dir),
             "--s3-port", "0", "--port", "0", "--socket", str(data_dir / "gpufeed.sock"),
