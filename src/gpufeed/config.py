@@ -60,6 +60,13 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _count(text: str) -> int:
+    count = int(text)
+    if count < 0:
+        raise ValueError("a count cannot be negative")
+    return count
+
+
 def _env(name: str, cast, default):
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -98,6 +105,21 @@ class NodeConfig:
             stopped reading) before the server closes that connection, so one stuck
             client cannot hold the worker threads; 0 never times out. Env
             ``GPUFEED_SEND_TIMEOUT_S``.
+        s3_header_timeout_s: seconds an S3 connection may take to deliver a request's
+            headers (from its opening, or from the first byte of a later request);
+            past it the connection is answered 400 RequestTimeout (if it sent
+            anything) and closed. 0 never times out. Env ``GPUFEED_S3_HEADER_TIMEOUT_S``.
+        s3_body_timeout_s: seconds an S3 request body may make no progress while the
+            node waits for it; past it the request is answered 400 RequestTimeout and
+            the connection closed. 0 never times out. Env ``GPUFEED_S3_BODY_TIMEOUT_S``.
+        s3_keepalive_timeout_s: seconds an idle keep-alive S3 connection is kept open
+            between requests. Env ``GPUFEED_S3_KEEPALIVE_TIMEOUT_S``.
+        s3_max_connections_per_address: open S3 connections one client IP address may
+            hold; a connection past it is answered 503 SlowDown and closed. 0 means no
+            limit. Env ``GPUFEED_S3_MAX_CONNECTIONS_PER_ADDRESS``.
+        access_log: where the S3 access log goes, one JSON line per request: a file
+            path (appended to), ``"-"`` for stdout, or ``None`` for none. Env
+            ``GPUFEED_ACCESS_LOG``.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -113,6 +135,11 @@ class NodeConfig:
     region_pool_bytes: int = 4 << 30  # 4 GiB
     max_object_bytes: int = 5 << 40  # 5 TiB
     send_timeout_s: float = 30.0
+    s3_header_timeout_s: float = 15.0
+    s3_body_timeout_s: float = 30.0
+    s3_keepalive_timeout_s: float = 75.0
+    s3_max_connections_per_address: int = 256
+    access_log: str | None = None
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -131,6 +158,13 @@ class NodeConfig:
             io_threads=_env("GPUFEED_IO_THREADS", int, cls.io_threads),
             region_pool_bytes=_env("GPUFEED_REGION_POOL_BYTES", _size, cls.region_pool_bytes),
             send_timeout_s=_env("GPUFEED_SEND_TIMEOUT_S", _seconds, cls.send_timeout_s),
+            s3_header_timeout_s=_env("GPUFEED_S3_HEADER_TIMEOUT_S", _seconds, cls.s3_header_timeout_s),
+            s3_body_timeout_s=_env("GPUFEED_S3_BODY_TIMEOUT_S", _seconds, cls.s3_body_timeout_s),
+            s3_keepalive_timeout_s=_env("GPUFEED_S3_KEEPALIVE_TIMEOUT_S", _seconds,
+                                        cls.s3_keepalive_timeout_s),
+            s3_max_connections_per_address=_env("GPUFEED_S3_MAX_CONNECTIONS_PER_ADDRESS", _count,
+                                                cls.s3_max_connections_per_address),
+            access_log=_env("GPUFEED_ACCESS_LOG", str, None),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():
