@@ -134,7 +134,9 @@ def _raw_error(exc: GpufeedError, request_id: str) -> bytes:
 
 
 def _printable(text: str, limit: int = 200) -> str:
-    """``text`` cut to ``limit`` characters, every non-printable one as ``?``."""
+    """``text`` on one line: cut to ``limit`` characters, runs of white space as
+    one space, every other non-printable character as ``?``."""
+    text = " ".join(text.split())
     return "".join(c if c in _PRINTABLE else "?" for c in text[:limit])
 
 
@@ -310,7 +312,7 @@ class S3RequestHandler(web.RequestHandler):
         else:
             reason = _printable(message or str(exc) or "malformed request")
             self._policy.warn.warn("S3 malformed HTTP request from %s (request id %s): %s",
-                                   self._address, request_id, reason.replace("\n", " "))
+                                   self._address, request_id, reason)
             err = InvalidRequestError(f"Malformed HTTP request: {reason}")
         request[ERROR_CODE] = err.code
         resp = error_response(request.method, err, "/", request_id)
