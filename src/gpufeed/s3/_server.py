@@ -10,8 +10,9 @@ traceback at ERROR. A few hundred connections that never finish their headers
 then hold every file descriptor of the node. :class:`S3RequestHandler` adds
 the missing parts on aiohttp's own connection class (its public protocol
 methods ``connection_made``, ``data_received``, ``connection_lost``,
-``handle_error`` and ``log_access``), and :class:`S3Site` serves it; both are
-small because everything else stays aiohttp's.
+``handle_error`` and ``log_access``), and :class:`S3Site` serves it from an
+accept loop that checks the cap before a connection costs anything; all of
+it is small because everything else stays aiohttp's.
 
 The limits (all from :class:`~gpufeed.config.NodeConfig`):
 
@@ -26,7 +27,8 @@ The limits (all from :class:`~gpufeed.config.NodeConfig`):
   Time the node itself stops reading (flow control) does not count.
 * **connections per address**: past ``s3_max_connections_per_address`` open
   connections from one IP address, a new one is answered 503 ``SlowDown``
-  and closed at once, before any of its bytes are parsed.
+  and closed right after ``accept()`` (:class:`_Listener`), before any of
+  its bytes are read.
 
 ``handler_cancellation`` stays off (aiohttp's default): a handler whose
 client went away finishes or fails on its next read or write, so an upload
@@ -37,7 +39,9 @@ worker-thread write.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 import string
 import uuid
 import xml.etree.ElementTree as ET
@@ -72,9 +76,6 @@ AUTH = web.RequestKey("gpufeed_s3_auth", object)  # AuthResult found by S3Front
 ERROR_CODE = web.RequestKey("gpufeed_s3_error_code", str)  # S3 error code answered
 _START = web.RequestKey("gpufeed_s3_start", float)  # loop time the handler started
 
-#: Seconds a refused connection stays open (discarding input) so its client
-#: can read the 503 before the socket closes.
-_REFUSE_LINGER_S = 0.5
 _PRINTABLE = frozenset(string.printable) - frozenset("\r\n\x0b\x0c")
 
 
@@ -199,15 +200,15 @@ class S3RequestHandler(web.RequestHandler):
         manager: the runner's :class:`aiohttp.web.Server`.
         loop: the event loop.
         policy: the port's shared limits and logs.
+        address: the client's IP address, already counted in ``policy.limits``.
         **kwargs: :class:`aiohttp.web.RequestHandler` settings (sizes, keep-alive).
     """
 
     def __init__(self, manager: web.Server, *, loop: asyncio.AbstractEventLoop,
-                 policy: ConnectionPolicy, **kwargs) -> None:
+                 policy: ConnectionPolicy, address: str, **kwargs) -> None:
         super().__init__(manager, loop=loop, **kwargs)
         self._policy = policy
-        self._address: str | None = None  # counted in policy.limits
-        self._refused = False  # over the cap: never handed to aiohttp
+        self._address: str | None = address  # counted in policy.limits until release_address()
         self._dropping = False  # the body timed out: further input is ignored
         self._busy: web.BaseRequest | None = None  # request whose handler runs
         self._responding = False  # the busy request's response has started
@@ -218,30 +219,25 @@ class S3RequestHandler(web.RequestHandler):
 
     # connection events ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        peer = transport.get_extra_info("peername")
-        address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        if not self._policy.limits.acquire(address):
-            self._refused = True
-            self._refuse(transport, address)
-            return
-        self._address = address
         super().connection_made(transport)
         self._arm_header_timer()
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self._refused:
-            return
         for timer in (self._header_timer, self._body_timer):
             if timer is not None:
                 timer.cancel()
         self._header_timer = self._body_timer = None
+        self.release_address()
+        super().connection_lost(exc)
+
+    def release_address(self) -> None:
+        """Stop counting this connection against its address. Idempotent."""
         if self._address is not None:
             self._policy.limits.release(self._address)
             self._address = None
-        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._refused or self._dropping:
+        if self._dropping:
             return
         self._last_rx = self._loop.time()
         if self._busy is None and data:
@@ -367,14 +363,90 @@ class S3RequestHandler(web.RequestHandler):
             return
         self._arm_body_timer()
 
-    def _refuse(self, transport: asyncio.BaseTransport, address: str) -> None:
-        """Answer 503 SlowDown without parsing anything, then close."""
+
+class _Listener:
+    """The S3 port's accept loop, in the place of the ``asyncio.Server`` of a site.
+
+    asyncio's own loop accepts up to ``backlog`` connections per wake-up before
+    any of them reaches a protocol, so a crowd reconnecting from one address
+    takes every file descriptor before one could be refused (measured: 300 slow
+    connections against a file limit of 300 stalled valid clients for seconds).
+    Here the address is counted right after ``accept()``; a connection over
+    the cap is answered 503 SlowDown and closed at once, and running out of
+    descriptors is a rate-limited warning and a short pause, not an ERROR.
+
+    Args:
+        loop: the event loop.
+        sock: the bound, listening, non-blocking socket (closed by :meth:`close`).
+        factory: ``address -> S3RequestHandler`` (the address already counted).
+        policy: limits and logs of the port.
+    """
+
+    _BATCH = 64  # connections accepted per wake-up
+    _RETRY_S = 0.1  # pause after running out of descriptors, seconds
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                 factory: Callable[[str], S3RequestHandler], policy: ConnectionPolicy) -> None:
+        self._loop, self._sock, self._factory, self._policy = loop, sock, factory, policy
+        self._closed = False
+        self.sockets = [sock]
+        loop.add_reader(sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        """Stop accepting and close the listening socket. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self.sockets = []
+
+    async def wait_closed(self) -> None:
+        return None
+
+    def _resume(self) -> None:
+        if not self._closed:
+            self._loop.add_reader(self._sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
+        for _ in range(self._BATCH):
+            try:
+                conn, peer = self._sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    raise  # the event loop logs it and keeps serving
+                self._policy.warn.warn("S3 port cannot accept (%s): pausing %s s", exc, self._RETRY_S)
+                self._loop.remove_reader(self._sock.fileno())
+                self._loop.call_later(self._RETRY_S, self._resume)
+                return
+            address = str(peer[0])
+            if not self._policy.limits.acquire(address):
+                self._refuse(conn, address)
+                continue
+            conn.setblocking(False)
+            self._loop.create_task(self._serve(conn, address))
+
+    async def _serve(self, conn: socket.socket, address: str) -> None:
+        handler = self._factory(address)
+        try:
+            await self._loop.connect_accepted_socket(lambda: handler, sock=conn)
+        except BaseException:
+            handler.release_address()
+            conn.close()
+            raise
+
+    def _refuse(self, conn: socket.socket, address: str) -> None:
+        """Answer 503 SlowDown without reading anything, then close."""
         request_id = new_request_id()
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(_raw_error(SlowDown(
-            f"Too many connections from {address}: at most "
-            f"{self._policy.limits.max_per_address} at once. Please reduce your request rate."), request_id))
-        self._loop.call_later(_REFUSE_LINGER_S, transport.abort)
+        try:
+            conn.setblocking(False)
+            conn.send(_raw_error(SlowDown(
+                f"Too many connections from {address}: at most {self._policy.limits.max_per_address} "
+                f"at once. Please reduce your request rate."), request_id))
+        except OSError:
+            pass
+        conn.close()
         self._policy.access_log.write({"remote": address, "method": "-", "status": 503, "error": "SlowDown",
                                        "bytes": 0, "duration_s": 0.0, "request_id": request_id})
         self._policy.warn.warn("S3 connection from %s refused: it holds %d connections already",
@@ -405,15 +477,30 @@ class S3Site(web.BaseSite):
     def name(self) -> str:
         return f"http://{self._host}:{self._port}"
 
-    def _make_handler(self) -> S3RequestHandler:
+    def _make_handler(self, address: str) -> S3RequestHandler:
         server = self._runner.server
         assert server is not None
         return S3RequestHandler(server, loop=asyncio.get_running_loop(), policy=self._policy,
-                                **self._handler_args)
+                                address=address, **self._handler_args)
 
     async def start(self) -> None:
+        """Bind ``host:port`` (the first address ``host`` resolves to) and accept.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
         await super().start()
         loop = asyncio.get_running_loop()
-        factory: Callable[[], S3RequestHandler] = self._make_handler
-        self._server = await loop.create_server(factory, self._host, self._port, backlog=self._backlog,
-                                                reuse_address=True)
+        infos = await loop.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+        family, _, _, _, sockaddr = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(sockaddr)
+            sock.listen(self._backlog)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._server = _Listener(loop, sock, self._make_handler, self._policy)  # type: ignore[assignment]
