@@ -19,7 +19,7 @@ from aiohttp import web
 
 from ..config import NodeConfig
 from ..engine import Engine
-from ..errors import GpufeedError, InternalError, NotModified
+from ..errors import GpufeedError, InternalError, NotModified, SignatureDoesNotMatch
 from . import _buckets, _listing, _multipart, _objects
 from ._accesslog import AccessLog
 from ._auth import AuthResult, verify_request
@@ -90,15 +90,29 @@ class S3Front(Services):
         return target
 
     def _verify(self, request: web.BaseRequest, target: Target) -> AuthResult:
-        """The SigV4 check; headers only (the signed payload hash is checked as the body streams)."""
-        return verify_request(
-            method=request.method,
-            raw_path=target.raw_path,
-            raw_query=target.raw_query,
-            headers=request.headers,
-            credentials=self.credentials,
-            virtual_bucket=target.virtual_bucket,
-        )
+        """The SigV4 check; headers only (the signed payload hash is checked as the body streams).
+
+        Raises:
+            SignatureDoesNotMatch: also when botocore cannot even build the
+                canonical request (a signed header value it cannot represent, a
+                malformed host): such a request cannot carry a valid signature.
+        """
+        try:
+            return verify_request(
+                method=request.method,
+                raw_path=target.raw_path,
+                raw_query=target.raw_query,
+                headers=request.headers,
+                credentials=self.credentials,
+                virtual_bucket=target.virtual_bucket,
+            )
+        except GpufeedError:
+            raise
+        except (ValueError, AttributeError, UnicodeError) as exc:
+            log.debug("S3 signature of %s %s not computable: %r", request.method, target.raw_path, exc)
+            raise SignatureDoesNotMatch(
+                "The request signature we calculated does not match the signature you provided. "
+                "Check your key and signing method.") from exc
 
     async def expect(self, request: web.BaseRequest) -> web.StreamResponse | None:
         """aiohttp expect handler: answer ``Expect: 100-continue`` only once the
@@ -138,7 +152,7 @@ class S3Front(Services):
             return _not_modified(exc)
         except GpufeedError as exc:
             request[ERROR_CODE] = exc.code
-            if exc.status >= 500:
+            if exc.status == 500:  # the node's fault; 501 and the like are answers
                 log.error("S3 %s %s answered %s %s: %s (request id %s)", request.method, target.raw_path,
                           exc.status, exc.code, exc.message, request_id)
             else:
