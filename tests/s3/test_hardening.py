@@ -297,3 +297,39 @@ def test_access_log_lines_match_request_ids(endpoint, tmp_path):
     assert get["bytes"] == 5 and get["duration_s"] >= 0 and get["time"].endswith("Z")
     assert miss["status"] == 404 and miss["error"] == "NoSuchKey"
     assert by_id[malformed_id]["status"] == 400 and by_id[malformed_id]["method"] == "-"
+
+
+# -- settings and helpers ----------------------------------------------------------------
+def test_node_config_reads_s3_limits_from_env(monkeypatch):
+    from gpufeed.config import NodeConfig
+
+    monkeypatch.setenv("GPUFEED_S3_HEADER_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("GPUFEED_S3_BODY_TIMEOUT_S", "0")
+    monkeypatch.setenv("GPUFEED_S3_KEEPALIVE_TIMEOUT_S", "9")
+    monkeypatch.setenv("GPUFEED_S3_MAX_CONNECTIONS_PER_ADDRESS", "7")
+    monkeypatch.setenv("GPUFEED_ACCESS_LOG", "-")
+    cfg = NodeConfig.from_env()
+    assert (cfg.s3_header_timeout_s, cfg.s3_body_timeout_s, cfg.s3_keepalive_timeout_s) == (2.5, 0.0, 9.0)
+    assert cfg.s3_max_connections_per_address == 7 and cfg.access_log == "-"
+    for name, bad in (("GPUFEED_S3_HEADER_TIMEOUT_S", "-1"), ("GPUFEED_S3_MAX_CONNECTIONS_PER_ADDRESS", "-2"),
+                      ("GPUFEED_S3_BODY_TIMEOUT_S", "nan")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name):
+            NodeConfig.from_env()
+        monkeypatch.delenv(name)
+
+
+def test_connection_limits_and_rate_limited_warning(caplog):
+    from gpufeed.s3._accesslog import RateLimitedWarning
+    from gpufeed.s3._server import ConnectionLimits
+
+    limits = ConnectionLimits(2)
+    assert limits.acquire("a") and limits.acquire("a") and not limits.acquire("a")
+    assert limits.acquire("b")
+    limits.release("a")
+    assert limits.acquire("a") and limits.open_count("a") == 2
+    assert ConnectionLimits(0).acquire("x")  # 0: no cap
+    warn = RateLimitedWarning(logging.getLogger("gpufeed.test"), interval_s=60)
+    for i in range(100):
+        warn.warn("bad thing %d", i)
+    assert [r.getMessage() for r in caplog.records if r.name == "gpufeed.test"] == ["bad thing 0"]

@@ -6,6 +6,8 @@ signature, routes it to a typed endpoint (:func:`~gpufeed.s3._router.route`)
 and runs that endpoint's handler from its family module (``_buckets``,
 ``_listing``, ``_objects``, ``_multipart``). Every :class:`GpufeedError` becomes
 an S3 error document here; any other exception a 500 with no traceback.
+:func:`start_s3` serves the app through :mod:`~gpufeed.s3._server` (timeouts,
+per-address cap, malformed requests, access log).
 
 Source: Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API/
 """

@@ -208,6 +208,7 @@ class S3RequestHandler(web.RequestHandler):
                  policy: ConnectionPolicy, address: str, **kwargs) -> None:
         super().__init__(manager, loop=loop, **kwargs)
         self._policy = policy
+        self._peer = address
         self._address: str | None = address  # counted in policy.limits until release_address()
         self._dropping = False  # the body timed out: further input is ignored
         self._busy: web.BaseRequest | None = None  # request whose handler runs
@@ -285,7 +286,7 @@ class S3RequestHandler(web.RequestHandler):
         if method != "HEAD" and response.status not in (204, 304):
             nbytes = response.content_length if response.content_length is not None else response.body_length
         self._policy.access_log.write({
-            "remote": self._address, "access_key": getattr(auth, "access_key", None),
+            "remote": self._peer, "access_key": getattr(auth, "access_key", None),
             "method": method, "bucket": getattr(target, "bucket", None), "key": getattr(target, "key", None),
             "status": response.status, "error": request.get(ERROR_CODE), "bytes": nbytes,
             "duration_s": round(duration, 6), "request_id": request.get(REQUEST_ID),
@@ -308,7 +309,7 @@ class S3RequestHandler(web.RequestHandler):
         else:
             reason = _printable(message or str(exc) or "malformed request")
             self._policy.warn.warn("S3 malformed HTTP request from %s (request id %s): %s",
-                                   self._address, request_id, reason)
+                                   self._peer, request_id, reason)
             err = InvalidRequestError(f"Malformed HTTP request: {reason}")
         request[ERROR_CODE] = err.code
         resp = error_response(request.method, err, "/", request_id)
@@ -331,12 +332,12 @@ class S3RequestHandler(web.RequestHandler):
             transport.write(_raw_error(RequestTimeout(
                 "Your socket connection to the server was not read from or written to within "
                 "the timeout period."), request_id))
-            self._policy.access_log.write({"remote": self._address, "method": "-", "status": 400,
+            self._policy.access_log.write({"remote": self._peer, "method": "-", "status": 400,
                                            "error": "RequestTimeout", "bytes": 0,
                                            "duration_s": self._policy.header_timeout_s,
                                            "request_id": request_id})
             self._policy.warn.warn("S3 connection from %s sent no complete request headers within %s s",
-                                   self._address, self._policy.header_timeout_s)
+                                   self._peer, self._policy.header_timeout_s)
         self.force_close()
         transport.close()
 
@@ -355,7 +356,7 @@ class S3RequestHandler(web.RequestHandler):
         elif now - self._last_rx >= self._policy.body_timeout_s:
             self._dropping = True
             self._policy.warn.warn("S3 request body from %s made no progress for %s s",
-                                   self._address, self._policy.body_timeout_s)
+                                   self._peer, self._policy.body_timeout_s)
             request.content.set_exception(RequestTimeout(
                 "Your socket connection to the server was not read from or written to within "
                 "the timeout period."))

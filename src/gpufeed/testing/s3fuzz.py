@@ -69,6 +69,7 @@ class FuzzResult:
             NotImplemented and 503 SlowDown are answers, not failures).
         hung: no response and no close within the timeout.
         seconds: time from connect to answer or close.
+        request_id: the response carried ``x-amz-request-id`` (False without a response).
     """
 
     case: FuzzCase
@@ -76,6 +77,7 @@ class FuzzResult:
     internal: bool
     hung: bool
     seconds: float
+    request_id: bool = False
 
 
 @dataclass
@@ -106,9 +108,14 @@ class FuzzReport:
         return [r for r in self.results if r.case.complete and r.status is None and not r.hung]
 
     @property
+    def without_request_id(self) -> list[FuzzResult]:
+        """Responses that carried no ``x-amz-request-id``."""
+        return [r for r in self.results if r.status is not None and not r.request_id]
+
+    @property
     def ok(self) -> bool:
-        """No hang, no internal error, every complete request answered."""
-        return not (self.hangs or self.internal_errors or self.unanswered)
+        """No hang, no internal error, every complete request answered, every answer with a request id."""
+        return not (self.hangs or self.internal_errors or self.unanswered or self.without_request_id)
 
     def summary(self) -> str:
         """One paragraph: counts by status and by failure, with a few examples."""
@@ -116,8 +123,8 @@ class FuzzReport:
         lines = [f"{len(self.results)} cases in {self.seconds:.1f} s; statuses "
                  f"{dict(sorted(statuses.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))}",
                  f"hangs {len(self.hangs)}, internal errors {len(self.internal_errors)}, "
-                 f"unanswered {len(self.unanswered)}"]
-        for name in ("hangs", "internal_errors", "unanswered"):
+                 f"unanswered {len(self.unanswered)}, without request id {len(self.without_request_id)}"]
+        for name in ("hangs", "internal_errors", "unanswered", "without_request_id"):
             for r in getattr(self, name)[:3]:
                 lines.append(f"  {name}: {r.case.kind}: {r.case.data[:160]!r}")
         return "\n".join(lines)
@@ -312,7 +319,9 @@ def _run_one(case: FuzzCase, addr: tuple[str, int], timeout_s: float) -> FuzzRes
     finally:
         sock.close()
     internal = status == 500 or b"<Code>InternalError" in body
-    return FuzzResult(case, status, internal, hung, time.monotonic() - t0)
+    head = body.split(b"\r\n\r\n", 1)[0].lower()
+    return FuzzResult(case, status, internal, hung, time.monotonic() - t0,
+                      request_id=b"\r\nx-amz-request-id:" in head)
 
 
 def run_fuzz(s3_url: str, access_key: str, secret_key: str, *, cases: int = 3000, seed: int = 0,
