@@ -15,10 +15,10 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from ._version import __version__
 from .config import parse_size
 
-__all__ = ["main"]
+__all__ = ["main", "SizeType"]
 
 
 class SizeType(click.ParamType):

@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-__all__ = ["NodeConfig", "DEFAULT_ACCESS_KEY", "DEFAULT_SECRET_KEY", "default_data_dir"]
+__all__ = ["NodeConfig", "DEFAULT_ACCESS_KEY", "DEFAULT_SECRET_KEY", "default_data_dir", "parse_size",
+           "host_memory_bytes"]
 
 #: Credentials a fresh node accepts when none are configured (printed on start).
 DEFAULT_ACCESS_KEY = "gpufeed"

@@ -306,8 +306,8 @@ class InternalError(GpufeedError):
     code, status = "InternalError", 500
 
 
-def _all_subclasses(cls: type) -> list[type]:
-    out = []
+def _all_subclasses(cls: type[GpufeedError]) -> list[type[GpufeedError]]:
+    out: list[type[GpufeedError]] = []
     for sub in cls.__subclasses__():
         out.append(sub)
         out.extend(_all_subclasses(sub))
@@ -317,7 +317,8 @@ def _all_subclasses(cls: type) -> list[type]:
 #: Map of S3 error code -> (exception class, HTTP status). Where two classes
 #: share a code (RequestExpired answers as AccessDenied) the more general wins.
 S3_ERRORS: dict[str, tuple[type[GpufeedError], int]] = {}
-for _cls in [GpufeedError, *_all_subclasses(GpufeedError)]:
+_ERROR_CLASSES: list[type[GpufeedError]] = [GpufeedError, *_all_subclasses(GpufeedError)]
+for _cls in _ERROR_CLASSES:
     S3_ERRORS.setdefault(_cls.code, (_cls, _cls.status))
 
 

@@ -13,3 +13,5 @@
 
 The first three import pytest / Hypothesis, so import them from tests only.
 """
+
+__all__: list[str] = []  # the submodules are the public surface

@@ -108,6 +108,7 @@ def start_node(data_dir: str | Path, *, extra_args: list[str] | None = None,
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                             env={**os.environ, **(env or {})})
     log.close()
+    assert proc.stdout is not None  # stdout=PIPE
     deadline = time.monotonic() + timeout_s
     line = b""
     while time.monotonic() < deadline:

@@ -34,7 +34,7 @@ __all__ = [
     "Get", "GetV", "Put", "Delete",
     "List", "BucketReq", "Empty", "ObjectMeta", "GetReply", "GetVReply", "ListReply",
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
-    "close_fds",
+    "close_fds", "ListEntry", "MapReply", "decode",
 ]
 
 MAGIC = b"GF"

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .. import __version__
+from .._version import __version__
 from ..config import NodeConfig
 from ..engine import Engine
 from ._conn import Connection
