@@ -61,6 +61,13 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _count(text: str) -> int:
+    count = int(text)
+    if count < 0:
+        raise ValueError("a count cannot be negative")
+    return count
+
+
 def _env(name: str, cast, default):
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -107,6 +114,21 @@ class NodeConfig:
             touched (no start or part upload since) is aborted and its parts
             deleted, whatever the bucket's rules; default 7 days; 0 never. Env
             ``GPUFEED_ABORT_IDLE_UPLOADS_S``.
+        s3_header_timeout_s: seconds an S3 connection may take to deliver a request's
+            headers (from its opening, or from the first byte of a later request);
+            past it the connection is answered 400 RequestTimeout (if it sent
+            anything) and closed. 0 never times out. Env ``GPUFEED_S3_HEADER_TIMEOUT_S``.
+        s3_body_timeout_s: seconds an S3 request body may make no progress while the
+            node waits for it; past it the request is answered 400 RequestTimeout and
+            the connection closed. 0 never times out. Env ``GPUFEED_S3_BODY_TIMEOUT_S``.
+        s3_keepalive_timeout_s: seconds an idle keep-alive S3 connection is kept open
+            between requests. Env ``GPUFEED_S3_KEEPALIVE_TIMEOUT_S``.
+        s3_max_connections_per_address: open S3 connections one client IP address may
+            hold; a connection past it is answered 503 SlowDown and closed. 0 means no
+            limit. Env ``GPUFEED_S3_MAX_CONNECTIONS_PER_ADDRESS``.
+        access_log: where the S3 access log goes, one JSON line per request: a file
+            path (appended to), ``"-"`` for stdout, or ``None`` for none. Env
+            ``GPUFEED_ACCESS_LOG``.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -124,6 +146,11 @@ class NodeConfig:
     send_timeout_s: float = 30.0
     lifecycle_interval_s: float = 3600.0  # 1 hour
     abort_idle_uploads_s: float = 7 * 86400.0  # 7 days
+    s3_header_timeout_s: float = 15.0
+    s3_body_timeout_s: float = 30.0
+    s3_keepalive_timeout_s: float = 75.0
+    s3_max_connections_per_address: int = 256
+    access_log: str | None = None
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -144,6 +171,13 @@ class NodeConfig:
             send_timeout_s=_env("GPUFEED_SEND_TIMEOUT_S", _seconds, cls.send_timeout_s),
             lifecycle_interval_s=_env("GPUFEED_LIFECYCLE_INTERVAL_S", _seconds, cls.lifecycle_interval_s),
             abort_idle_uploads_s=_env("GPUFEED_ABORT_IDLE_UPLOADS_S", _seconds, cls.abort_idle_uploads_s),
+            s3_header_timeout_s=_env("GPUFEED_S3_HEADER_TIMEOUT_S", _seconds, cls.s3_header_timeout_s),
+            s3_body_timeout_s=_env("GPUFEED_S3_BODY_TIMEOUT_S", _seconds, cls.s3_body_timeout_s),
+            s3_keepalive_timeout_s=_env("GPUFEED_S3_KEEPALIVE_TIMEOUT_S", _seconds,
+                                        cls.s3_keepalive_timeout_s),
+            s3_max_connections_per_address=_env("GPUFEED_S3_MAX_CONNECTIONS_PER_ADDRESS", _count,
+                                                cls.s3_max_connections_per_address),
+            access_log=_env("GPUFEED_ACCESS_LOG", str, None),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

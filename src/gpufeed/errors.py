@@ -41,9 +41,11 @@ Tree::
     │   ├── XAmzContentSHA256Mismatch
     │   ├── AuthorizationHeaderMalformed
     │   ├── AuthorizationQueryParametersError
+    │   ├── RequestTimeout        (the body stopped arriving)
     │   ├── MissingContentLength  (411)
     │   └── MethodNotAllowed      (405)
     ├── NotModified            (304 for conditional GET; not really an error)
+    ├── SlowDown               (503: a client holds too many connections)
     ├── NotImplementedByGpufeed
     ├── ProtocolError          (fast path: malformed or truncated frame)
     ├── FormatError (ValueError)  stored bytes not in their format: KV chunk /
@@ -94,6 +96,8 @@ __all__ = [
     "MissingContentLength",
     "MethodNotAllowed",
     "RequestTimeTooSkewed",
+    "RequestTimeout",
+    "SlowDown",
     "NotModified",
     "NotImplementedByGpufeed",
     "ProtocolError",
@@ -263,6 +267,18 @@ class RequestTimeTooSkewed(AccessError):
     """The signed ``X-Amz-Date`` is more than 15 minutes from the server's clock."""
 
     code, status = "RequestTimeTooSkewed", 403
+
+
+class RequestTimeout(InvalidRequestError):
+    """The request body stopped arriving for longer than the S3 body timeout."""
+
+    code, status = "RequestTimeout", 400
+
+
+class SlowDown(GpufeedError):
+    """Refused to spare the node: the client address holds too many connections."""
+
+    code, status = "SlowDown", 503
 
 
 class NotModified(GpufeedError):

@@ -95,6 +95,17 @@ class LifecycleWorker:
             self._thread.join(timeout_s)
 
 
+async def _stop_s3(runner) -> None:
+    """Clean the S3 runner up, then cancel what aiohttp leaves behind: a connection
+    whose client left while aiohttp drained its unread body keeps a task that the
+    runner's shutdown does not reach (it would be destroyed pending with the loop)."""
+    await runner.cleanup()
+    rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in rest:
+        task.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
+
+
 class Node:
     """A running storage node.
 
@@ -185,7 +196,7 @@ class Node:
         if self._loop is not None:
             loop = self._loop
             if self._runner is not None:
-                fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop)
+                fut = asyncio.run_coroutine_threadsafe(_stop_s3(self._runner), loop)
                 try:
                     fut.result(timeout=10)
                 except Exception:  # pragma: no cover - best effort on shutdown

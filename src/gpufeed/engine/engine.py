@@ -99,8 +99,8 @@ class Engine:
 
     Raises:
         InternalError: ``data_dir`` is in use by another open Engine (an
-            exclusive ``flock`` on ``data_dir/lock``), or the catalog cannot
-            be opened.
+            exclusive ``flock`` on ``data_dir/lock``, which holds the pid of
+            its process; the message names it), or the catalog cannot be opened.
 
     All methods raise the typed errors of :mod:`gpufeed.errors`. Usable as a
     context manager (closes on exit).
@@ -113,8 +113,13 @@ class Engine:
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
+            holder = os.pread(self._lock_fd, 32, 0).decode("ascii", "replace").strip()
             os.close(self._lock_fd)
-            raise InternalError(f"{self.data_dir} is in use by another Engine") from exc
+            by = f" (process {holder})" if holder.isdigit() else ""
+            raise InternalError(f"{self.data_dir} is in use by another Engine{by}") from exc
+        # The holder's pid, for the message above in whoever tries next.
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
         try:
             self._files = BlobFiles(self.data_dir, fsync=fsync)
             # Every metadata operation below goes through the Catalog interface.

@@ -23,7 +23,6 @@ from ..errors import (
 )
 from ._context import HandlerTable, S3Request, Services
 from ._headers import (
-    RESPONSE_OVERRIDES,
     check_conditions,
     checksum_headers,
     content_md5,
@@ -31,6 +30,7 @@ from ._headers import (
     object_headers,
     parse_range,
     quote_etag,
+    response_overrides,
     stored_headers,
     user_metadata,
     write_conditions,
@@ -116,9 +116,7 @@ async def _get(s: Services, req: S3Request, ep: GetObject | HeadObject, *, head:
             raise InvalidRequestError("Cannot specify both Range header and partNumber query parameter")
         headers = object_headers(info, checksums=rng is None and
                                  h.get("x-amz-checksum-mode", "").upper() == "ENABLED")
-        for param, header in RESPONSE_OVERRIDES.items():
-            if param in req.query:
-                headers[header] = req.query[param]
+        headers.update(response_overrides(req.query))
         status = 200
         offset, count = 0, info.size
         if rng is not None:

@@ -126,6 +126,18 @@ def start_node(data_dir: str | Path, *, extra_args: list[str] | None = None,
     info = json.loads(line)
     return NodeProcess(
         s3_url=info["s3"], tcp_url=info["tcp"], shm_url=info["shm"],
-        access_key=info["access_key"], secret_key=info["secret_key"],
+        access_key=info["access_key"],
+        # null when the secret was given (not printed): then it is the one passed in
+        secret_key=info["secret_key"] or _given_secret(extra_args or [], {**os.environ, **(env or {})}),
         data_dir=data_dir, proc=proc, log_path=log_path,
     )
+
+
+def _given_secret(args: list[str], env: dict) -> str:
+    """The secret key a node was started with: ``--secret-key`` or ``GPUFEED_SECRET_KEY``."""
+    for i, arg in enumerate(args):
+        if arg == "--secret-key" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--secret-key="):
+            return arg.split("=", 1)[1]
+    return env.get("GPUFEED_SECRET_KEY", "")
