@@ -66,27 +66,23 @@ from ..errors import (
     KeyTooLong,
     NoSuchKey,
 )
-from ..store import ByteRequest, resolve_range
 from ._blobs import BlobFiles
 from ._kvpolicy import KVBucketPolicy, check_policy
 from ._lifecycle import Lifecycle
 from ._listing import read_page, start_position
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_text
-from ._openfiles import ObjectHandle
 from ._private import FILE_MODE, check_private, make_private_dirs
+from ._reads import ObjectReads
 from ._sqlite import SqliteCatalog
-from ._writes import PendingWrite, WritePath, as_bytes_view, check_hash_kind, feed
+from ._writes import PendingWrite, WritePath, check_hash_kind, feed
 from .catalog import Catalog, require_bucket
 from .types import BucketInfo, LifecycleResult, LifecycleRule, ListResult, ObjectInfo, PartInfo, UploadInfo
 
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
-_OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
-_READ_RETRIES = 64  # a version replaced between lookup and open is looked up again this often
 
-
-class Engine:
+class Engine(ObjectReads):
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
@@ -369,125 +365,6 @@ class Engine:
             raise NoSuchKey(f"{bucket}/{key} does not exist (expired)", bucket=bucket, key=key)
         require_bucket(self._cat, bucket)
         raise NoSuchKey(f"{bucket}/{key} does not exist", bucket=bucket, key=key)
-
-    def open_version(self, bucket: str, key: str) -> ObjectHandle:
-        """Look up the current version of an object and take a shared, cached
-        descriptor of its data file (one catalog lookup; the open is skipped when
-        another reader has the version open). A version replaced between the
-        lookup and the open is looked up again.
-
-        Returns:
-            An :class:`ObjectHandle` the caller MUST close (``with`` works). The
-            descriptor stays valid until then, across overwrites and deletes;
-            the old version's space returns when its last handle is closed.
-
-        Raises:
-            NoSuchBucket, NoSuchKey: the bucket or key does not exist.
-            InternalError: the key was replaced on every one of many attempts.
-        """
-        files = self._files.open_files
-        for _ in range(_READ_RETRIES):
-            info = self.head_object(bucket, key)
-            try:
-                return ObjectHandle(info, files.acquire(info.blob_id, info.path), files)
-            except FileNotFoundError:
-                continue  # replaced between lookup and open: look it up again
-        raise InternalError(f"{bucket}/{key} kept changing while being opened")
-
-    def open_files(self) -> int:
-        """Data-file descriptors the engine holds open now (cached or in use)."""
-        return self._files.open_files.open_count()
-
-    def open_object(self, bucket: str, key: str) -> tuple[ObjectInfo, int]:
-        """Look up the current version of an object and open its immutable data file.
-
-        A version replaced between the lookup and the open is looked up again, so
-        a reader racing overwriters gets the old or the new version, never a
-        spurious NoSuchKey. The file stays readable after later overwrites or
-        deletes (POSIX keeps an open file's data).
-
-        Returns:
-            ``(info, fd)``: the version's metadata and a read-only descriptor the
-            caller must ``os.close``.
-
-        Raises:
-            NoSuchBucket, NoSuchKey: the bucket or key does not exist.
-            InternalError: the key was replaced on every one of many attempts.
-        """
-        for _ in range(_READ_RETRIES):
-            info = self.head_object(bucket, key)
-            try:
-                return info, os.open(info.path, _OPEN_READ)
-            except FileNotFoundError:
-                continue  # replaced between lookup and open: look it up again
-        raise InternalError(f"{bucket}/{key} kept changing while being opened")
-
-    def get_object(self, bucket: str, key: str, byte_range: ByteRequest | None = None) -> bytes:
-        """Read an object (or a range) into memory. Large reads should use
-        ``open(info.path)`` / :meth:`read_into` instead.
-
-        Args:
-            byte_range: ``None`` for all of it, else a :mod:`gpufeed.store` byte request.
-
-        Returns:
-            The bytes.
-
-        Raises:
-            NoSuchBucket, NoSuchKey: missing bucket or key.
-            InvalidRange: the range is unsatisfiable (see :func:`gpufeed.store.resolve_range`).
-        """
-        info, fd = self.open_object(bucket, key)
-        try:
-            start, length = resolve_range(byte_range, info.size)
-            data = os.pread(fd, length, start)
-            if len(data) < length:  # only on reads over ~2 GiB
-                parts = [data]
-                got = len(data)
-                while got < length:
-                    more = os.pread(fd, length - got, start + got)
-                    if not more:
-                        raise InternalError(f"blob of {bucket}/{key} is shorter than its catalog size")
-                    parts.append(more)
-                    got += len(more)
-                data = b"".join(parts)
-            return data
-        finally:
-            os.close(fd)
-
-    def read_into(self, info: ObjectInfo, buffer, offset: int = 0) -> int:
-        """Read object version ``info`` from ``offset`` straight into ``buffer``.
-
-        Args:
-            info: from :meth:`head_object` (identifies one immutable version).
-            buffer: writable buffer; up to ``len(buffer)`` bytes are read (``os.preadv``).
-            offset: byte offset in the object.
-
-        Returns:
-            Bytes read; short only at the end of the object.
-
-        Raises:
-            NoSuchKey: that version was overwritten or deleted meanwhile.
-            InvalidArgument: negative offset.
-        """
-        if offset < 0:
-            raise InvalidArgument("offset must be >= 0")
-        mv = as_bytes_view(buffer)
-        want = min(mv.nbytes, max(0, info.size - offset))
-        try:
-            fd = os.open(info.path, _OPEN_READ)
-        except FileNotFoundError as exc:
-            raise NoSuchKey(f"{info.bucket}/{info.key} (version {info.blob_id}) is gone",
-                            bucket=info.bucket, key=info.key) from exc
-        try:
-            done = 0
-            while done < want:
-                n = os.preadv(fd, [mv[done:want]], offset + done)
-                if n == 0:
-                    break
-                done += n
-            return done
-        finally:
-            os.close(fd)
 
     def delete_object(self, bucket: str, key: str) -> None:
         """Delete; a missing key is not an error.
