@@ -66,6 +66,7 @@ GB/s are 10^9 bytes per second.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -166,6 +167,7 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
     node = start_node(root / "node")
     results: list[dict] = []
     dedup: dict = {}
+    load_avg = [round(os.getloadavg()[0], 2)]  # at the start and the end: other work on the machine
     try:
         clients = {"gpufeed": Client(node.shm_url), "gpufeed_tcp": Client(node.tcp_url)}
         clients["gpufeed"].create_bucket(BUCKET)
@@ -198,6 +200,7 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
         if tmp is not None:
             tmp.cleanup()
 
+    load_avg.append(round(os.getloadavg()[0], 2))
     peer_best = _peer_best(results)
     _add_ratios(results, peer_best)
     out = {"benchmark": "checkpoint",
@@ -206,7 +209,7 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
            "machine": machine_info(),
            "params": {"size_bytes": total, "memcpy_gbps": memcpy_gbps, "repeat": repeat, "best_of": repeat,
                       "async_steps_per_row": repeat + 1, "fsync": True,
-                      "chunk_bytes": 16 << 20, "lora_rank": lora_rank,
+                      "chunk_bytes": 16 << 20, "lora_rank": lora_rank, "load_avg_1m": load_avg,
                       "fs_writer": "FileSystemWriter(sync_files=True, thread_count=T), T in "
                                    f"{list(FS_THREAD_COUNTS)} (1 is its default), each with its "
                                    "default blocking staging; then the best T with "

@@ -23,7 +23,10 @@ One run, one node, side by side:
   beside ``speedup`` (recompute TTFT / the row's TTFT). A cached row's TTFT is
   the best of ``repeat + 1`` runs (the first also warms up); the ``in_memory``
   row's is the best of all its runs (``runs``: its own ``repeat + 1`` and the
-  alternating ones).
+  alternating ones). ``node_cpu_s``: the node's CPU seconds during the row's
+  best TTFT run (work that competes with the prefill on a small machine).
+  ``params.load_avg_1m``: the machine's 1-minute load average at the start and
+  the end.
 * ``io_shm`` / ``io_tcp``: large-read GB/s of one ``io_size`` object on the
   same node (``Client.get_into``, best of ``repeat``): the yardstick for
   ``reload_gbps`` (``reload_vs_io`` in the cached rows).
@@ -59,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .io import machine_info
+from .io import CpuMeter, machine_info
 
 __all__ = ["run_kv_bench"]
 
@@ -168,6 +171,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
     root = Path(tmp.name if tmp else data_dir)
     node = start_node(root / "node", extra_args=["--no-fsync"])
     results: list[dict] = []
+    load_avg = [round(os.getloadavg()[0], 2)]  # at the start and the end: other work on the machine
     try:
         console.print(f"[bold]gpufeed bench kv[/]: {tokens} tokens, {cached} cached, "
                       f"{layers} layers, hidden {hidden}, {heads}/{kv_heads} heads, {dtype}, "
@@ -223,6 +227,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
                     io[transport] = _io_gbps(c, io_size, repeat, None)
                 results.append({"path": f"io_{transport}", "gbps": io[transport], "size_bytes": io_size})
 
+        cpu = CpuMeter(node.pid)
         for transport, url in (("shm", node.shm_url), ("tcp", node.tcp_url)):
             console.print(f"  cached via {transport} ...")
             with store_for_model(url, model, model_id=mid, bucket=BUCKET, chunk_tokens=chunk_tokens,
@@ -254,12 +259,13 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
                 with st.landing(cached) as kv:
                     best_scatter = best_of(lambda: st.get_into(ids[0, :st.lookup(ids[0, :tokens - 1])], kv))
                 reload_gbps = kv_bytes / best / GB
-                ttfts, mem_ttfts, outs = [], [], None
+                ttfts, mem_ttfts, node_cpu, outs = [], [], [], None
                 for _ in range(repeat + 1):  # the first also warms up (landing buffer faulted in)
-                    t0 = time.perf_counter()
+                    c0, t0 = cpu.server_s(), time.perf_counter()
                     cache, n = _load_cache(model, ids, st)
                     outs, t_first = _generate(model, ids, new_tokens, cache)
                     ttfts.append(t_first - t0)
+                    node_cpu.append(cpu.server_s() - c0)
                     del cache
                     # the limit, alternately with the cached runs: both see the same machine load
                     mem, same_mem = _in_memory_ttft(model, ids, ref, cached, new_tokens, 1)
@@ -275,6 +281,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
                     "reload_scatter_gbps": kv_bytes / best_scatter / GB, "speedup": ttft_recompute / min(ttfts),
                     "reload_vs_io": reload_gbps / io[transport] if transport in io else None,
                     "in_memory_ttft_s": min(mem_ttfts),
+                    "node_cpu_s": node_cpu[ttfts.index(min(ttfts))],
                     "ttft_vs_in_memory": min(ttfts) / min(mem_ttfts),
                     "max_logit_diff": diff,
                 })
@@ -290,6 +297,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
         if tmp is not None:
             tmp.cleanup()
 
+    load_avg.append(round(os.getloadavg()[0], 2))
     out = {"benchmark": "kv",
            "command": f"gpufeed bench kv --tokens {tokens} --cached {cached} --layers {layers} "
                       f"--hidden {hidden} --heads {heads} --kv-heads {kv_heads} --dtype {dtype} "
@@ -301,7 +309,8 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
                       "vocab": vocab, "dtype": dtype, "new_tokens": new_tokens, "repeat": repeat,
                       "io_size_bytes": io_size, "clients": clients, "rounds": rounds,
                       "concurrent_tokens": concurrent_tokens, "chunk_tokens": chunk_tokens,
-                      "torch_threads": torch.get_num_threads(), "node_fsync": False},
+                      "torch_threads": torch.get_num_threads(), "node_fsync": False,
+                      "load_avg_1m": load_avg},
            "results": results,
            "targets": [{"target": f"{r['path']} TTFT / in_memory TTFT", "compare": "<=",
                         "want": 1.1, "got": round(r["ttft_vs_in_memory"], 3),
