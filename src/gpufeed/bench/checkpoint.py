@@ -160,7 +160,7 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
     from ..testing.node import start_node
 
     paths = paths or ["gpufeed", "gpufeed_tcp", "dcp_fs"]
-    console = Console(quiet=quiet, width=max(Console().width, 110))
+    console = Console(quiet=quiet, width=max(Console().width, 150))
     tmp = tempfile.TemporaryDirectory(prefix="gpufeed-bench-ckpt-") if data_dir is None else None
     root = Path(tmp.name if tmp else data_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -182,7 +182,7 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             for path in paths:
                 if path != "dcp_fs":
-                    results.append(bench.row(path, "Writer defaults; async steps: background_staging=True"))
+                    results.append(bench.row(path, "Writer; async: background_staging=True"))
                     continue
                 fs_rows = [bench.row(path, f"thread_count={t}", threads=t) for t in FS_THREAD_COUNTS]
                 results += fs_rows
@@ -344,16 +344,16 @@ def _print(console, out: dict, memcpy_gbps: float, repeat: int) -> None:
 
     results, dedup, total = out["results"], out["dedup"], out["params"]["size_bytes"]
     table = Table(title=f"gpufeed bench checkpoint — {total / GB:.2f} GB state dict (best of {repeat})")
-    for col in ("path", "setting", "save GB/s", "sync s", "async blocks s", "block / sync",
-                "× dcp_fs best", "stall × dcp_fs best"):
-        table.add_column(col, justify="left" if col in ("path", "setting") else "right",
-                         no_wrap=col != "setting")
+    for col in ("path", "setting", "save GB/s", "sync s", "stall s", "stall/sync",
+                "× peer best", "stall × peer best"):
+        table.add_column(col, justify="left" if col in ("path", "setting") else "right", no_wrap=True)
 
     def f(v, spec):
         return "—" if v is None else format(v, spec)
 
     for r in results:
-        table.add_row(r["path"], r["setting"], f(r["save_gbps"], ".2f"), f(r["sync_s"], ".2f"),
+        setting = r["setting"].replace(ASYNC_STAGER, "DefaultStager(async)")
+        table.add_row(r["path"], setting, f(r["save_gbps"], ".2f"), f(r["sync_s"], ".2f"),
                       f(r["async_block_s"], ".3f"),
                       f(r["async_block_s"] / r["sync_s"] if r["sync_s"] else None, ".1%"),
                       f(r.get("save_vs_peer_best"), ".2f"), f(r.get("async_block_vs_peer_best"), ".3f"))
