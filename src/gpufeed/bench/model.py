@@ -255,16 +255,19 @@ def _fresh_targets(first: list[dict]) -> list[dict]:
     fresh-process loads."""
     import statistics
 
+    def key(r: dict) -> tuple:
+        return r["path"], r["region_pool"], r["way"], r.get("setting")
+
     med: dict[tuple, float] = {}
-    for key in {(r["path"], r["region_pool"], r["way"]) for r in first}:
-        med[key] = statistics.median(r["gbps"] for r in first
-                                     if (r["path"], r["region_pool"], r["way"]) == key)
+    for k in {key(r) for r in first}:
+        med[k] = statistics.median(r["gbps"] for r in first if key(r) == k)
     peers = [(g, k) for k, g in med.items() if k[0] in LOCAL_PEERS]
     out = []
     if not peers:
         return out
-    best, (_peer, _pool, way) = max(peers)
-    for (path, pool, label), g in sorted(med.items(), key=lambda kv: str(kv[0])):
+    best, (_peer, _pool, way, setting) = max(peers)
+    way += f" at {setting}" if setting else ""
+    for (path, pool, label, _setting), g in sorted(med.items(), key=lambda kv: str(kv[0])):
         if path in ("shm", "shm_map"):
             got = g / best
             out.append({"target": f"{label} vs fastest local peer ({way}), first load in a fresh "
