@@ -267,7 +267,7 @@ def _fresh_targets(first: list[dict]) -> list[dict]:
         return out
     best, (_peer, _pool, way, setting) = max(peers)
     way += f" at {setting}" if setting else ""
-    for (path, pool, label, _setting), g in sorted(med.items(), key=lambda kv: str(kv[0])):
+    for (path, _pool, label, _setting), g in sorted(med.items(), key=lambda kv: str(kv[0])):
         if path in ("shm", "shm_map"):
             got = g / best
             out.append({"target": f"{label} vs fastest local peer ({way}), first load in a fresh "
