@@ -71,7 +71,7 @@ def _env(name: str, cast, default):
         raise ValueError(f"environment variable {name}={raw!r}: {exc}") from None
 
 
-def _count(text: str) -> int:
+def _at_least_one(text: str) -> int:
     value = int(text)
     if value < 1:
         raise ValueError("a count must be >= 1")
@@ -134,8 +134,8 @@ class WireLimits:
         """
         d = cls()
         return cls(
-            max_connections=_env("GPUFEED_WIRE_MAX_CONNECTIONS", _count, d.max_connections),
-            max_connections_per_client=_env("GPUFEED_WIRE_MAX_CONNECTIONS_PER_CLIENT", _count,
+            max_connections=_env("GPUFEED_WIRE_MAX_CONNECTIONS", _at_least_one, d.max_connections),
+            max_connections_per_client=_env("GPUFEED_WIRE_MAX_CONNECTIONS_PER_CLIENT", _at_least_one,
                                             d.max_connections_per_client),
             max_meta_bytes=_env("GPUFEED_WIRE_MAX_META_BYTES", _size, d.max_meta_bytes),
             header_timeout_s=_env("GPUFEED_WIRE_HEADER_TIMEOUT_S", _seconds, d.header_timeout_s),

@@ -298,3 +298,20 @@ def test_valid_clients_keep_working_beside_idle_and_slow_connections(tmp_path):
             assert len(c.get("bkt", "k")) == 65536
     finally:
         assert proc.stop() == 0, proc.log_path.read_text()
+
+
+@pytest.mark.parametrize("pause_s,expected", [(0.1, "ok"), (0.45, "RequestTimeout")])
+def test_large_metadata_arriving_in_pieces_is_served_within_the_header_timeout(tight, pause_s, expected):
+    items = [["nobucket", f"key-{i:06d}", 0, 8] for i in range(8000)]
+    frame = raw_frame(p.Op.GETV, msgspec.msgpack.encode([items]))
+    assert len(frame) > 128 << 10  # past the size buffered at once
+    s = connect_raw(tight.tcp_url, 5)
+    try:
+        step = len(frame) // 3 + 1
+        for i in range(0, len(frame), step):
+            _send(s, frame[i:i + step])
+            time.sleep(pause_s)
+        answer = read_answer(s, time.monotonic() + 5)
+        assert answer is not None and answer[0] == expected, answer
+    finally:
+        s.close()

@@ -126,17 +126,18 @@ def _value(rng: random.Random, depth: int = 0) -> Any:
     return [[_value(rng, depth + 2) for _ in range(rng.randrange(0, 8))] for _ in range(rng.randrange(0, 4))]
 
 
-def _valid(rng: random.Random, op: int) -> list:
+def _valid(rng: random.Random, op: int) -> list[Any]:
     """A well-formed request array of ``op`` (fields as the spec orders them)."""
     b, k = rng.choice(["fuzz", "nobucket"]), rng.choice(["k", "missing", "a/b"])
-    get = [b, k, rng.randrange(0, 64), rng.choice([-1, 0, 8]), -1, 0, 0]
-    return {
+    get: list[Any] = [b, k, rng.randrange(0, 64), rng.choice([-1, 0, 8]), -1, 0, 0]
+    requests: dict[int, list[Any]] = {
         p.Op.HELLO: ["fuzz", 1], p.Op.REGISTER: [1, 4096], p.Op.UNREGISTER: [1, False],
         p.Op.ALLOC_REGION: [1, 4096], p.Op.FORKED: [], p.Op.HEAD: [b, k], p.Op.GET: get,
         p.Op.GETV: [[get, get]], p.Op.PUT: [b, k, 4, -1, 0, None, {}], p.Op.DELETE: [b, k],
         p.Op.LIST: [b, "", "", None, 10, ""], p.Op.CREATE_BUCKET: [b], p.Op.LIST_BUCKETS: [],
         p.Op.DELETE_BUCKET: ["nobucket"], p.Op.BUCKET_STATS: [b], p.Op.MAP: [b, k],
-    }[op]
+    }
+    return requests[op]
 
 
 def _meta_case(rng: random.Random, ops: list[int]) -> FuzzCase:
@@ -153,14 +154,14 @@ def _meta_case(rng: random.Random, ops: list[int]) -> FuzzCase:
             fields[rng.randrange(len(fields))] = _value(rng)
         meta, name = msgspec.msgpack.encode(fields), "one field hostile"
     elif style == 3:
-        raw = bytearray(msgspec.msgpack.encode(_valid(rng, op)))
+        flipped = bytearray(msgspec.msgpack.encode(_valid(rng, op)))
         for _ in range(rng.randrange(1, 4)):
-            if raw:
-                raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
-        meta, name = bytes(raw), "bit flips"
+            if flipped:
+                flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+        meta, name = bytes(flipped), "bit flips"
     else:
-        raw = msgspec.msgpack.encode(_valid(rng, op))
-        meta, name = raw[: rng.randrange(0, max(1, len(raw)))], "cut metadata"
+        whole = msgspec.msgpack.encode(_valid(rng, op))
+        meta, name = whole[: rng.randrange(0, max(1, len(whole)))], "cut metadata"
     payload = b""
     if op == p.Op.PUT:
         try:

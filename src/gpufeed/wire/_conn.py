@@ -66,7 +66,7 @@ class Connection(FrameIO):
                  peer: tuple[int, int | None] | None = None) -> None:
         self.limits = limits = limits or WireLimits()
         waits = [t for t in (limits.header_timeout_s, limits.idle_timeout_s) if t > 0]
-        super().__init__(sock, transport, min(waits) if waits else 0.0)
+        super().__init__(sock, transport, min(waits) if waits else 0.0, limits.header_timeout_s)
         self._handlers = handlers
         self._put_stream = put_stream
         self._pool = pool
@@ -147,7 +147,7 @@ class Connection(FrameIO):
     def _timed_out(self, exc: RecvTimeout) -> None:
         """Tell the client why its connection closes (``RequestTimeout``, request id 0)."""
         lim = self.limits
-        if exc.mid_frame:
+        if exc.mid_frame and lim.header_timeout_s > 0:
             why = f"a frame's bytes stopped arriving (limit {lim.header_timeout_s} s)"
         elif self._frames == 0 and lim.header_timeout_s > 0:
             why = f"no request within {lim.header_timeout_s} s of connecting"

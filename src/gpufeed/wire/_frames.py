@@ -88,15 +88,20 @@ class FrameIO:
             descriptors).
         recv_timeout_s: seconds a receive may wait for a byte (``SO_RCVTIMEO``);
             0 waits forever.
+        frame_timeout_s: seconds a frame's header and metadata may take once its
+            first byte arrived; 0: no deadline (each receive still waits at most
+            ``recv_timeout_s``).
 
     Replies may be sent from several threads at once (requests run on a pool);
     each reply frame is written whole under :attr:`send_lock`.
     """
 
-    def __init__(self, sock: socket.socket, transport: str, recv_timeout_s: float = 0.0) -> None:
+    def __init__(self, sock: socket.socket, transport: str, recv_timeout_s: float = 0.0,
+                 frame_timeout_s: float = 0.0) -> None:
         self.sock = sock
         self.transport = transport
         self.recv_timeout_s = recv_timeout_s
+        self.frame_timeout_s = frame_timeout_s
         self._armed = False  # SO_RCVTIMEO holds a shorter wait than recv_timeout_s
         if recv_timeout_s > 0:
             set_recv_timeout(sock, recv_timeout_s)
@@ -116,7 +121,7 @@ class FrameIO:
             at_boundary: ``mv`` starts a frame (a clean EOF before its first byte
                 is no error).
             deadline: ``time.monotonic()`` by which ``mv`` must be full; at a
-                boundary ``None`` sets one ``recv_timeout_s`` after the first
+                boundary ``None`` sets one ``frame_timeout_s`` after the first
                 byte. ``None`` elsewhere: each receive may wait ``recv_timeout_s``.
 
         Returns:
@@ -137,9 +142,9 @@ class FrameIO:
                         return False
                     raise ProtocolError(f"connection closed mid-frame ({pos} of {n} bytes)")
                 pos += got
-                if pos < n and self.recv_timeout_s > 0:  # a partial frame: its bytes have a deadline
+                if pos < n and self.frame_timeout_s > 0:  # a partial frame: its bytes have a deadline
                     if deadline is None:
-                        deadline = time.monotonic() + self.recv_timeout_s
+                        deadline = time.monotonic() + self.frame_timeout_s
                     self._arm(deadline - time.monotonic())
         finally:
             self.disarm()

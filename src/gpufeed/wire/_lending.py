@@ -431,9 +431,9 @@ class Lending:
             held = sum(r.size for r in rs)
             everyone += held
             mine += held if c.client == client else 0
-        for c, r in self._parked:
-            everyone += r.size
-            mine += r.size if c.client == client else 0
+        for c, parked in self._parked:
+            everyone += parked.size
+            mine += parked.size if c.client == client else 0
         return mine, everyone
 
     def forked(self, mem: ClientMemory) -> None:
