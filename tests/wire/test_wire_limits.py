@@ -307,7 +307,7 @@ def test_large_metadata_arriving_in_pieces_is_served_within_the_header_timeout(t
     assert len(frame) > 128 << 10  # past the size buffered at once
     s = connect_raw(tight.tcp_url, 5)
     try:
-        step = len(frame) // 3 + 1
+        step = len(frame) // 4 + 1  # four pieces: the last one 3 pauses after the first
         for i in range(0, len(frame), step):
             _send(s, frame[i:i + step])
             time.sleep(pause_s)
