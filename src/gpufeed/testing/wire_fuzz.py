@@ -30,6 +30,7 @@ import select
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,13 +40,12 @@ import msgspec
 from ..wire import protocol as p
 
 __all__ = ["FuzzCase", "FuzzReport", "make_cases", "run_fuzz", "node_resources", "raw_frame",
-           "read_answer", "connect_raw", "make_memfd"]
+           "read_answer", "connect_raw", "make_memfd", "CASE_RID"]
 
 #: Request id of every fuzz frame (0 is what the node uses for connection-level errors).
 CASE_RID = 7
 _HOSTILE_INTS = [0, -1, 1, -(2**63), 2**63 - 1, 2**64 - 1, 2**31, -(2**31), 1 << 40, 255]
-_HOSTILE_STRS = ["", "\x00", "a\r\nb", "..", "/", "k" * 2000, "\udcff".encode("utf-8", "surrogatepass")
-                 .decode("utf-8", "replace"), "b\x00ucket", "UPPER", "bucket"]
+_HOSTILE_STRS = ["", "\x00", "a\r\nb", "..", "/", "k" * 2000, "\ufffd\u202e", "b\x00ucket", "UPPER", "bucket"]
 
 
 @dataclass
@@ -55,14 +55,15 @@ class FuzzCase:
     Attributes:
         name: what the case is (for reports).
         data: the bytes sent.
-        fds: descriptors sent with the first bytes (shm; closed by the runner).
+        fds: makes the descriptors sent with the first bytes (shm; the runner
+            closes them), or ``None``.
         complete: ``data`` is whole frames, so the node must answer (else the
             runner closes its side after sending and only a prompt close is due).
     """
 
     name: str
     data: bytes
-    fds: list[int] = field(default_factory=list)
+    fds: Callable[[], list[int]] | None = None
     complete: bool = True
 
 
@@ -220,29 +221,35 @@ def make_memfd(size: int, seal: bool = True) -> int:
     return fd
 
 
+def _pipe() -> list[int]:
+    r, w = os.pipe()
+    os.close(w)
+    return [r]
+
+
 def _shm_case(rng: random.Random) -> FuzzCase:
     """A region request with hostile descriptors or sizes (shm only)."""
     style = rng.randrange(7)
     size = rng.choice([0, 1, 4096, -1, 2**62, 2**63 - 1])
     reg = msgspec.msgpack.encode([1, size if style != 0 else 0])
     if style == 0:
-        return FuzzCase("REGISTER an empty memfd", raw_frame(p.Op.REGISTER, reg), [make_memfd(0)])
+        return FuzzCase("REGISTER an empty memfd", raw_frame(p.Op.REGISTER, reg), lambda: [make_memfd(0)])
     if style == 1:
         return FuzzCase("REGISTER an unsealed memfd",
-                        raw_frame(p.Op.REGISTER, msgspec.msgpack.encode([1, 4096])), [make_memfd(4096, False)])
+                        raw_frame(p.Op.REGISTER, msgspec.msgpack.encode([1, 4096])),
+                        lambda: [make_memfd(4096, False)])
     if style == 2:
-        return FuzzCase(f"REGISTER size {size} of a 4 KiB memfd", raw_frame(p.Op.REGISTER, reg), [make_memfd(4096)])
+        return FuzzCase(f"REGISTER size {size} of a 4 KiB memfd", raw_frame(p.Op.REGISTER, reg),
+                        lambda: [make_memfd(4096)])
     if style == 3:
-        r, w = os.pipe()
-        os.close(w)
-        return FuzzCase("REGISTER a pipe", raw_frame(p.Op.REGISTER, msgspec.msgpack.encode([1, 4096])), [r])
+        return FuzzCase("REGISTER a pipe", raw_frame(p.Op.REGISTER, msgspec.msgpack.encode([1, 4096])), _pipe)
     if style == 4:
         return FuzzCase("REGISTER with two memfds", raw_frame(p.Op.REGISTER, msgspec.msgpack.encode([1, 4096])),
-                        [make_memfd(4096), make_memfd(4096)])
+                        lambda: [make_memfd(4096), make_memfd(4096)])
     if style == 5:
         return FuzzCase(f"ALLOC_REGION size {size}", raw_frame(p.Op.ALLOC_REGION, msgspec.msgpack.encode([1, size])))
     return FuzzCase("descriptor with HEAD", raw_frame(p.Op.HEAD, msgspec.msgpack.encode(["fuzz", "k"])),
-                    [make_memfd(16)])
+                    lambda: [make_memfd(16)])
 
 
 def make_cases(n: int, *, shm: bool, seed: int = 0, max_meta: int = p.MAX_META) -> list[FuzzCase]:
@@ -342,11 +349,12 @@ def _run_case(url: str, case: FuzzCase, timeout_s: float, report: FuzzReport) ->
     except OSError as exc:
         report.hangs.append(f"{case.name}: cannot connect ({exc})")
         return
+    fds = case.fds() if case.fds else []
     try:
         deadline = time.monotonic() + timeout_s
         try:
-            if case.fds:
-                socket.send_fds(sock, [case.data], case.fds)
+            if fds:
+                socket.send_fds(sock, [case.data], fds)
             else:
                 sock.sendall(case.data)
             if not case.complete:
@@ -371,11 +379,8 @@ def _run_case(url: str, case: FuzzCase, timeout_s: float, report: FuzzReport) ->
         if code == "InternalError":
             report.internal.append(f"{case.name}: {message}")
     finally:
-        for fd in case.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        for fd in fds:
+            os.close(fd)
         sock.close()
 
 
@@ -411,11 +416,8 @@ def run_fuzz(url: str, n: int = 2000, *, seed: int = 0, timeout_s: float = 10.0,
     for i, case in enumerate(cases):
         _run_case(url, case, timeout_s, report)
         report.cases += 1
-        if node_pid is not None and i % 50 == 0 and not Path(f"/proc/{node_pid}").exists():
+        if node_pid is not None and i % 50 == 0 and not _alive(node_pid):
             report.crashed = True
-            for rest in cases[i + 1:]:
-                for fd in rest.fds:
-                    os.close(fd)
             break
     if node_pid is not None and not _alive(node_pid):
         report.crashed = True
