@@ -297,7 +297,7 @@ def decoder_for(tp: type) -> msgspec.msgpack.Decoder:
     return dec
 
 
-def decode(tp: type, data: bytes | memoryview):
+def decode(tp: type, data: bytes | bytearray | memoryview):
     """Decode metadata of type ``tp``. Raises ProtocolError on malformed input."""
     try:
         return decoder_for(tp).decode(data)
