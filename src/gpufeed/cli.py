@@ -128,7 +128,8 @@ def _split(path: str) -> tuple[str, str]:
     return bucket, key
 
 
-URL_OPTION = click.option("--url", default=None, help="Node URL (gpufeed+tcp://... or gpufeed+shm://...; env GPUFEED_URL).")
+URL_OPTION = click.option("--url", default=None,
+                          help="Node URL (gpufeed+tcp://... or gpufeed+shm://...; env GPUFEED_URL).")
 
 
 @main.command()
@@ -263,7 +264,8 @@ def bench() -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
 @click.option("--paths", default="local,shm,tcp,s3", help="Comma-separated paths to measure.")
 @click.option("--repeat", type=int, default=3, help="Large-read repetitions per path (best is kept).")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Node data folder (default: a temp dir).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Node data folder (default: a temp dir).")
 def bench_io(size, cold, json_path, paths, repeat, data_dir) -> None:
     """Read/write GB/s, CPU s/GB, 4 KiB latency and IOPS per data path, side by side."""
     from .bench.io import run_io_bench
@@ -305,7 +307,8 @@ def bench_kv(tokens, cached, layers, hidden, heads, kv_heads, dtype, new_tokens,
 @click.option("--repeat", type=int, default=2, help="Saves per path (best is kept).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
 @click.option("--paths", default="gpufeed,gpufeed_tcp,dcp_fs", help="Comma-separated paths to measure.")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Node data + FileSystemWriter folders (default: a temp dir).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Node data + FileSystemWriter folders (default: a temp dir).")
 def bench_checkpoint(size, versions, lora_rank, repeat, json_path, paths, data_dir) -> None:
     """DCP save GB/s and async blocking vs FileSystemWriter; dedup over LoRA versions."""
     from .bench.checkpoint import run_checkpoint_bench

@@ -69,7 +69,7 @@ def test_put_get_metadata_roundtrip(s3, bucket):
     assert got["ResponseMetadata"]["HTTPHeaders"]["x-amz-request-id"]
     head = s3.head_object(Bucket=bucket, Key="dir/obj.bin")
     assert head["ContentLength"] == len(body) and head["Metadata"]["alpha"] == "one"
-    age = dt.datetime.now(dt.timezone.utc) - head["LastModified"]
+    age = dt.datetime.now(dt.UTC) - head["LastModified"]
     assert abs(age.total_seconds()) < 120
 
 
@@ -149,8 +149,8 @@ def test_conditional_get_and_head(s3, bucket):
     with pytest.raises(ClientError) as ei:
         s3.head_object(Bucket=bucket, Key="c", IfNoneMatch="*")
     assert _status(ei.value) == 304
-    future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)
-    past = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+    future = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    past = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
     with pytest.raises(ClientError) as ei:
         s3.get_object(Bucket=bucket, Key="c", IfModifiedSince=future)
     assert _status(ei.value) == 304

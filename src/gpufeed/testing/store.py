@@ -242,7 +242,8 @@ class StoreTests:
         value = _pattern(10_000, seed=2)
         store.set("g", value)
         got = store.get_ranges(
-            "g", [RangeByteRequest(0, 10), OffsetByteRequest(9_990), SuffixByteRequest(5), RangeByteRequest(500, 20_000)]
+            "g", [RangeByteRequest(0, 10), OffsetByteRequest(9_990), SuffixByteRequest(5),
+                  RangeByteRequest(500, 20_000)]
         )
         assert [_b(x) for x in got] == [value[:10], value[9_990:], value[-5:], value[500:]]
 
