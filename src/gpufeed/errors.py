@@ -13,7 +13,8 @@ Tree::
     │   ├── NoSuchBucket
     │   ├── NoSuchKey
     │   ├── NoSuchUpload
-    │   └── NoSuchLifecycleConfiguration
+    │   ├── NoSuchLifecycleConfiguration
+    │   └── NoSuchConfiguration  (its code names the configuration: NoSuchBucketPolicy, ...)
     ├── AccessError (PermissionError)
     │   ├── AccessDenied
     │   ├── InvalidAccessKeyId
@@ -29,6 +30,7 @@ Tree::
     │   ├── KeyTooLong
     │   ├── InvalidArgument
     │   ├── InvalidRange
+    │   │   └── InvalidCopySourceRange  (400, code InvalidRange)
     │   ├── BadDigest
     │   ├── EntityTooSmall
     │   ├── EntityTooLarge
@@ -42,6 +44,7 @@ Tree::
     │   ├── AuthorizationHeaderMalformed
     │   ├── AuthorizationQueryParametersError
     │   ├── RequestTimeout        (the body stopped arriving)
+    │   ├── AccessControlListNotSupported
     │   ├── MissingContentLength  (411)
     │   └── MethodNotAllowed      (405)
     ├── NotModified            (304 for conditional GET; not really an error)
@@ -67,6 +70,7 @@ __all__ = [
     "NoSuchKey",
     "NoSuchUpload",
     "NoSuchLifecycleConfiguration",
+    "NoSuchConfiguration",
     "AccessError",
     "AccessDenied",
     "InvalidAccessKeyId",
@@ -81,6 +85,8 @@ __all__ = [
     "KeyTooLong",
     "InvalidArgument",
     "InvalidRange",
+    "InvalidCopySourceRange",
+    "AccessControlListNotSupported",
     "BadDigest",
     "EntityTooSmall",
     "EntityTooLarge",
@@ -146,6 +152,19 @@ class NoSuchLifecycleConfiguration(NotFoundError):
     code, status = "NoSuchLifecycleConfiguration", 404
 
 
+class NoSuchConfiguration(NotFoundError):
+    """A bucket configuration (policy, CORS, website, ...) that is not set. S3
+    has one code per configuration, so the instance carries it: ``code``
+    (``"NoSuchBucketPolicy"``, ``"NoSuchCORSConfiguration"``, ...)."""
+
+    code, status = "NoSuchConfiguration", 404
+
+    def __init__(self, message: str = "", *, code: str | None = None, **details: object) -> None:
+        super().__init__(message, **details)
+        if code is not None:
+            self.code = code
+
+
 class AccessError(GpufeedError, PermissionError):
     code, status = "AccessDenied", 403
 
@@ -201,6 +220,18 @@ class InvalidArgument(InvalidRequestError):
 
 class InvalidRange(InvalidRequestError):
     code, status = "InvalidRange", 416
+
+
+class InvalidCopySourceRange(InvalidRange):
+    """``x-amz-copy-source-range`` past the end of the source: 400, not 416."""
+
+    code, status = "InvalidRange", 400
+
+
+class AccessControlListNotSupported(InvalidRequestError):
+    """An ACL other than the owner's full control (gpufeed buckets enforce bucket ownership)."""
+
+    code, status = "AccessControlListNotSupported", 400
 
 
 class BadDigest(InvalidRequestError):

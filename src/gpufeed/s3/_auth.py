@@ -31,6 +31,7 @@ from ..errors import (
     AuthorizationHeaderMalformed,
     AuthorizationQueryParametersError,
     InvalidAccessKeyId,
+    InvalidArgument,
     InvalidRequestError,
     RequestExpired,
     RequestTimeTooSkewed,
@@ -264,10 +265,11 @@ def _query_claim(query: dict[str, str]) -> _Claim:
             "X-Amz-Credential, X-Amz-Signature, X-Amz-Date, X-Amz-SignedHeaders, "
             "and X-Amz-Expires parameters."
         ) from exc
-    if not 0 <= claim.expires_s <= MAX_EXPIRES_S:
-        raise AuthorizationQueryParametersError(
-            "X-Amz-Expires must be between 0 and 604800 seconds"
-        )
+    # S3 answers both with 403 AccessDenied (not the 400 of a malformed query).
+    if claim.expires_s < 0:
+        raise AccessDenied("X-Amz-Expires must be non-negative")
+    if claim.expires_s > MAX_EXPIRES_S:
+        raise AccessDenied("X-Amz-Expires must be less than a week (in seconds) that is 604800")
     return claim
 
 
@@ -287,6 +289,15 @@ def _check_time(claim: _Claim, date: str, now_s: float) -> None:
         )
 
 
+def _is_utf8(value: str) -> bool:
+    """Whether a header value decoded with ``surrogateescape`` was valid UTF-8 on the wire."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _signed_headers(claim: _Claim, headers, header_signed: bool) -> tuple[list[str], dict[str, str]]:
     """The signed header names and their canonical values."""
     signed_names = claim.signed.lower().split(";")
@@ -295,6 +306,9 @@ def _signed_headers(claim: _Claim, headers, header_signed: bool) -> tuple[list[s
     sign_headers = {}
     for name in signed_names:
         values = headers.getall(name, [])
+        for v in values:
+            if not v.isascii() and not _is_utf8(v):
+                raise InvalidArgument(f"The value of header {name} is not valid UTF-8")
         if values:
             sign_headers[name] = ",".join(" ".join(v.split()) for v in values)
     if header_signed:
