@@ -127,7 +127,7 @@ async def get_object_attributes(s: Services, req: S3Request, ep: GetObjectAttrib
         numbered = list(enumerate(parts, start=1))[marker:]
         page, truncated = numbered[:max_parts], len(numbered) > max_parts
         el = sub(root, "ObjectParts")
-        sub(el, "TotalPartsCount", len(parts))
+        sub(el, "PartsCount", len(parts))  # the wire name of TotalPartsCount
         sub(el, "PartNumberMarker", marker)
         sub(el, "NextPartNumberMarker", page[-1][0] if page else marker)
         sub(el, "MaxParts", max_parts)
