@@ -266,9 +266,10 @@ def _query_claim(query: dict[str, str]) -> _Claim:
             "and X-Amz-Expires parameters."
         ) from exc
     # S3 answers both with 403 AccessDenied (not the 400 of a malformed query).
-    if claim.expires_s < 0:
+    expires_s = claim.expires_s or 0
+    if expires_s < 0:
         raise AccessDenied("X-Amz-Expires must be non-negative")
-    if claim.expires_s > MAX_EXPIRES_S:
+    if expires_s > MAX_EXPIRES_S:
         raise AccessDenied("X-Amz-Expires must be less than a week (in seconds) that is 604800")
     return claim
 
