@@ -45,6 +45,8 @@ Tree::
     │   ├── AuthorizationQueryParametersError
     │   ├── RequestTimeout        (the body stopped arriving)
     │   ├── AccessControlListNotSupported
+    │   ├── InvalidPolicyDocument
+    │   ├── MalformedPOSTRequest
     │   ├── MissingContentLength  (411)
     │   └── MethodNotAllowed      (405)
     ├── NotModified            (304 for conditional GET; not really an error)
@@ -87,6 +89,8 @@ __all__ = [
     "InvalidRange",
     "InvalidCopySourceRange",
     "AccessControlListNotSupported",
+    "InvalidPolicyDocument",
+    "MalformedPOSTRequest",
     "BadDigest",
     "EntityTooSmall",
     "EntityTooLarge",
@@ -232,6 +236,18 @@ class AccessControlListNotSupported(InvalidRequestError):
     """An ACL other than the owner's full control (gpufeed buckets enforce bucket ownership)."""
 
     code, status = "AccessControlListNotSupported", 400
+
+
+class InvalidPolicyDocument(InvalidRequestError):
+    """A browser-form POST whose policy document is not one S3 accepts."""
+
+    code, status = "InvalidPolicyDocument", 400
+
+
+class MalformedPOSTRequest(InvalidRequestError):
+    """A browser-form POST whose body is not well-formed multipart/form-data."""
+
+    code, status = "MalformedPOSTRequest", 400
 
 
 class BadDigest(InvalidRequestError):

@@ -55,6 +55,7 @@ def test_first_of_repeated_query_names_wins():
     ("PUT", "/b?x-id=CreateBucket", r.CreateBucket("b")),
     ("DELETE", "/b/", r.DeleteBucket("b")),
     ("POST", "/b?delete", r.DeleteObjects("b")),
+    ("POST", "/b", r.PostObject("b")),
     ("GET", "/b/k", r.GetObject("b", "k")),
     ("HEAD", "/b/k", r.HeadObject("b", "k")),
     ("GET", "/b/k?acl", r.GetObjectAcl("b", "k")),
@@ -88,7 +89,7 @@ def test_virtual_host_routes_like_path_style():
 @pytest.mark.parametrize(("method", "target", "headers", "error", "message"), [
     ("PUT", "/", {}, MethodNotAllowed, "not allowed"),
     ("PATCH", "/b", {}, MethodNotAllowed, "not allowed"),
-    ("POST", "/b", {}, MethodNotAllowed, "not allowed"),
+    ("POST", "/b?foo", {}, MethodNotAllowed, "not allowed"),
     ("PATCH", "/b/k", {}, MethodNotAllowed, "not allowed"),
     ("GET", "/b?logging&cors", {}, NotImplementedByGpufeed, "'cors'"),
     ("PUT", "/b?policy", {}, NotImplementedByGpufeed, "'policy'"),

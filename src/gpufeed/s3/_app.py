@@ -22,7 +22,7 @@ from aiohttp import web
 from ..config import NodeConfig
 from ..engine import Engine
 from ..errors import GpufeedError, InternalError, NotModified, SignatureDoesNotMatch
-from . import _acl, _attributes, _bucketconfig, _buckets, _lifecycle, _listing, _multipart, _objects
+from . import _acl, _attributes, _bucketconfig, _buckets, _lifecycle, _listing, _multipart, _objects, _post
 from ._accesslog import AccessLog
 from ._auth import AuthResult, verify_request
 from ._context import MAX_XML, HandlerTable, S3Request, Services
@@ -70,6 +70,7 @@ HANDLERS: HandlerTable = {
     **_acl.HANDLERS,
     **_attributes.HANDLERS,
     **_bucketconfig.HANDLERS,
+    **_post.HANDLERS,
 }
 
 

@@ -65,6 +65,8 @@ class AuthResult:
         timestamp: the signed ``X-Amz-Date`` (``YYYYMMDDTHHMMSSZ``).
         scope: the credential scope ``date/region/service/aws4_request``.
         signing_key: the derived SigV4 key (for chunk signatures).
+        deferred: an unsigned browser-form POST to a bucket: its handler checks
+            the signed policy in the form (``gpufeed.s3._post``); nothing else is proved.
     """
 
     access_key: str
@@ -73,6 +75,7 @@ class AuthResult:
     timestamp: str
     scope: str
     signing_key: bytes
+    deferred: bool = False
 
 
 class _ClientSigned(SigV4Auth):
@@ -318,6 +321,15 @@ def _signed_headers(claim: _Claim, headers, header_signed: bool) -> tuple[list[s
     return signed_names, sign_headers
 
 
+def _is_form_post(method: str, raw_path: str, raw_query: str, headers, virtual_bucket: str | None) -> bool:
+    """Whether a request is a browser-form POST Object (``POST /bucket``, no query,
+    ``multipart/form-data``): the only request whose signature is in its body."""
+    if method != "POST" or raw_query or not headers.get("Content-Type", "").lower().startswith("multipart/form-data"):
+        return False
+    path = raw_path.strip("/")
+    return path == "" if virtual_bucket is not None else bool(path) and "/" not in path
+
+
 def verify_request(
     *,
     method: str,
@@ -343,6 +355,9 @@ def verify_request(
     Returns:
         An :class:`AuthResult`.
 
+    A browser-form POST to a bucket is let through ``deferred`` (its policy
+    signature is in the body; the POST Object handler checks it).
+
     Raises:
         AccessDenied: no signature at all (anonymous request).
         InvalidAccessKeyId: unknown access key.
@@ -367,6 +382,9 @@ def verify_request(
         claim = _header_claim(auth, headers)
     elif presigned:
         claim = _query_claim(query)
+    elif _is_form_post(method, raw_path, raw_query, headers, virtual_bucket):
+        return AuthResult(access_key="", payload_hash="UNSIGNED-PAYLOAD", signature="", timestamp="",
+                          scope="", signing_key=b"", deferred=True)
     else:
         raise AccessDenied("Anonymous access is not allowed")
 

@@ -59,6 +59,7 @@ __all__ = [
     "ListObjects",
     "ListMultipartUploads",
     "DeleteObjects",
+    "PostObject",
     "GetObject",
     "HeadObject",
     "GetObjectAcl",
@@ -300,6 +301,7 @@ _LIFECYCLE: dict[str, type[BucketEndpoint]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
 class PutBucketAcl(BucketEndpoint):
     """``PUT /bucket?acl``: PutBucketAcl (only the owner's full control is accepted)."""
 
@@ -345,6 +347,11 @@ class ListMultipartUploads(BucketEndpoint):
 @dataclass(frozen=True, slots=True)
 class DeleteObjects(BucketEndpoint):
     """``POST /bucket?delete``: DeleteObjects."""
+
+
+@dataclass(frozen=True, slots=True)
+class PostObject(BucketEndpoint):
+    """``POST /bucket`` with a ``multipart/form-data`` body: POST Object (browser form upload)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,6 +538,8 @@ def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
         return DeleteBucket(bucket)
     if method == "POST" and "delete" in q:
         return DeleteObjects(bucket)
+    if method == "POST" and not q:
+        return PostObject(bucket)
     raise _not_allowed()
 
 
