@@ -296,5 +296,9 @@ def test_other_requests_naming_features_not_built_are_501(s3c, bkt):
         assert _err(ei.value)[0] == 501  # a HEAD answer has no body, so no code
     assert s3c.get_object(Bucket=bkt, Key="v", VersionId="null")["Body"].read() == b"v"
     with pytest.raises(ClientError) as ei:
+        s3c.delete_objects(Bucket=bkt, Delete={"Objects": [{"Key": "v", "VersionId": "3HL4kqtJlcpXroDTDmJ"}]})
+    assert _err(ei.value) == (501, "NotImplemented")
+    assert s3c.get_object(Bucket=bkt, Key="v")["Body"].read() == b"v"  # nothing was deleted
+    with pytest.raises(ClientError) as ei:
         s3c.put_bucket_policy(Bucket=bkt, Policy="{}")
     assert _err(ei.value) == (501, "NotImplemented")

@@ -61,6 +61,7 @@ _UNBUILT_WRITE_HEADERS = {
     "x-amz-server-side-encryption-aws-kms-key-id": _SSE_KMS,
     "x-amz-server-side-encryption-context": _SSE_KMS,
     "x-amz-mfa": "MFA delete (x-amz-mfa)",
+    "x-amz-write-offset-bytes": "appending to objects (x-amz-write-offset-bytes)",
 }
 _SSE_C_HEADERS = ("x-amz-server-side-encryption-customer-algorithm",
                   "x-amz-server-side-encryption-customer-key",

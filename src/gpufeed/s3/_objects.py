@@ -245,6 +245,7 @@ def _delete_keys(data: bytes) -> tuple[list[str], bool]:
     Raises:
         MalformedXML: not a Delete document, an Object without a Key, or not
             1 to 1000 objects.
+        NotImplementedByGpufeed: an Object naming a version other than ``null``.
     """
     doc = parse_xml(data)
     if local(doc.tag) != "Delete":
@@ -256,6 +257,9 @@ def _delete_keys(data: bytes) -> tuple[list[str], bool]:
             key = child_text(el, "Key")
             if key is None:
                 raise MalformedXML("an Object without a Key")
+            version = child_text(el, "VersionId")
+            if version is not None:
+                check_version_id({"versionId": version})
             keys.append(key)
     if not keys or len(keys) > _MAX_DELETE_KEYS:
         raise MalformedXML("Delete must name between 1 and 1000 objects")
