@@ -92,6 +92,8 @@ def test_virtual_host_routes_like_path_style():
     ("POST", "/b?foo", {}, MethodNotAllowed, "not allowed"),
     ("PATCH", "/b/k", {}, MethodNotAllowed, "not allowed"),
     ("GET", "/b?logging&cors", {}, NotImplementedByGpufeed, "'cors'"),
+    ("GET", "/b?policy&cors", {}, NotImplementedByGpufeed, "'cors'"),
+    ("DELETE", "/b?acl&cors", {}, NotImplementedByGpufeed, "'cors'"),
     ("PUT", "/b?policy", {}, NotImplementedByGpufeed, "'policy'"),
     ("PUT", "/b?tagging", {}, NotImplementedByGpufeed, "'tagging'"),
     ("PUT", "/b?foo", {}, NotImplementedByGpufeed, "PUT bucket ?foo"),

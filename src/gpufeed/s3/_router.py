@@ -91,6 +91,10 @@ UNSUPPORTED_OBJECT = frozenset({
     "tagging", "retention", "legal-hold", "torrent", "restore", "select",
 })
 
+#: Every bucket sub-resource the router knows (a request naming two is refused).
+_SUB_RESOURCES = UNSUPPORTED_BUCKET | BUCKET_CONFIGURATIONS | {
+    "lifecycle", "acl", "location", "versioning", "uploads", "delete"}
+
 _PART_NUMBER_RANGE = "Part number must be an integer between 1 and 10000, inclusive"
 
 
@@ -508,8 +512,9 @@ def route(target: Target) -> Endpoint:
 
 def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
     configs = BUCKET_CONFIGURATIONS & q.keys()
-    if configs and method in ("GET", "DELETE") and not (UNSUPPORTED_BUCKET - BUCKET_CONFIGURATIONS) & q.keys():
-        config = sorted(configs)[0]
+    if len(configs) == 1 and method in ("GET", "DELETE") and not (_SUB_RESOURCES - configs) & q.keys():
+        # one configuration named alone (with several, the 501 below names one)
+        config = next(iter(configs))
         return GetBucketConfiguration(bucket, config) if method == "GET" else DeleteBucketConfiguration(bucket, config)
     unsupported = UNSUPPORTED_BUCKET & q.keys()
     if unsupported:
