@@ -13,7 +13,8 @@ Tree::
     │   ├── NoSuchBucket
     │   ├── NoSuchKey
     │   ├── NoSuchUpload
-    │   └── NoSuchLifecycleConfiguration
+    │   ├── NoSuchLifecycleConfiguration
+    │   └── NoSuchConfiguration  (its code names the configuration: NoSuchBucketPolicy, ...)
     ├── AccessError (PermissionError)
     │   ├── AccessDenied
     │   ├── InvalidAccessKeyId
@@ -29,6 +30,7 @@ Tree::
     │   ├── KeyTooLong
     │   ├── InvalidArgument
     │   ├── InvalidRange
+    │   │   └── InvalidCopySourceRange  (400, code InvalidRange)
     │   ├── BadDigest
     │   ├── EntityTooSmall
     │   ├── EntityTooLarge
@@ -42,6 +44,9 @@ Tree::
     │   ├── AuthorizationHeaderMalformed
     │   ├── AuthorizationQueryParametersError
     │   ├── RequestTimeout        (the body stopped arriving)
+    │   ├── AccessControlListNotSupported
+    │   ├── InvalidPolicyDocument
+    │   ├── MalformedPOSTRequest
     │   ├── MissingContentLength  (411)
     │   └── MethodNotAllowed      (405)
     ├── NotModified            (304 for conditional GET; not really an error)
@@ -67,6 +72,7 @@ __all__ = [
     "NoSuchKey",
     "NoSuchUpload",
     "NoSuchLifecycleConfiguration",
+    "NoSuchConfiguration",
     "AccessError",
     "AccessDenied",
     "InvalidAccessKeyId",
@@ -81,6 +87,10 @@ __all__ = [
     "KeyTooLong",
     "InvalidArgument",
     "InvalidRange",
+    "InvalidCopySourceRange",
+    "AccessControlListNotSupported",
+    "InvalidPolicyDocument",
+    "MalformedPOSTRequest",
     "BadDigest",
     "EntityTooSmall",
     "EntityTooLarge",
@@ -146,6 +156,19 @@ class NoSuchLifecycleConfiguration(NotFoundError):
     code, status = "NoSuchLifecycleConfiguration", 404
 
 
+class NoSuchConfiguration(NotFoundError):
+    """A bucket configuration (policy, CORS, website, ...) that is not set. S3
+    has one code per configuration, so the instance carries it: ``code``
+    (``"NoSuchBucketPolicy"``, ``"NoSuchCORSConfiguration"``, ...)."""
+
+    code, status = "NoSuchConfiguration", 404
+
+    def __init__(self, message: str = "", *, code: str | None = None, **details: object) -> None:
+        super().__init__(message, **details)
+        if code is not None:
+            self.code = code
+
+
 class AccessError(GpufeedError, PermissionError):
     code, status = "AccessDenied", 403
 
@@ -201,6 +224,30 @@ class InvalidArgument(InvalidRequestError):
 
 class InvalidRange(InvalidRequestError):
     code, status = "InvalidRange", 416
+
+
+class InvalidCopySourceRange(InvalidRange):
+    """``x-amz-copy-source-range`` past the end of the source: 400, not 416."""
+
+    code, status = "InvalidRange", 400
+
+
+class AccessControlListNotSupported(InvalidRequestError):
+    """An ACL other than the owner's full control (gpufeed buckets enforce bucket ownership)."""
+
+    code, status = "AccessControlListNotSupported", 400
+
+
+class InvalidPolicyDocument(InvalidRequestError):
+    """A browser-form POST whose policy document is not one S3 accepts."""
+
+    code, status = "InvalidPolicyDocument", 400
+
+
+class MalformedPOSTRequest(InvalidRequestError):
+    """A browser-form POST whose body is not well-formed multipart/form-data."""
+
+    code, status = "MalformedPOSTRequest", 400
 
 
 class BadDigest(InvalidRequestError):

@@ -68,10 +68,11 @@ def test_version_1_catalog_is_migrated(tmp_path):
         with c.write() as w:
             w.set_lifecycle("old", [LifecycleRule("r", expiration_days=3)])
         assert c.lifecycle("old") == [LifecycleRule("r", expiration_days=3)]
+        assert c.completed_upload("a" * 32) is None and c.completion_of("b1") is None  # version 3
     finally:
         c.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     db.close()
 
 

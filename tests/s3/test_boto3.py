@@ -27,9 +27,8 @@ def test_bucket_lifecycle(s3):
     assert name in [b["Name"] for b in s3.list_buckets()["Buckets"]]
     s3.head_bucket(Bucket=name)
     assert s3.get_bucket_location(Bucket=name)["LocationConstraint"] is None
-    with pytest.raises(ClientError) as ei:
-        s3.create_bucket(Bucket=name)
-    assert _code(ei.value) == "BucketAlreadyOwnedByYou" and _status(ei.value) == 409
+    # the node is in us-east-1, where S3 answers 200 to creating a bucket you own
+    assert s3.create_bucket(Bucket=name)["ResponseMetadata"]["HTTPStatusCode"] == 200
     s3.put_object(Bucket=name, Key="x", Body=b"1")
     with pytest.raises(ClientError) as ei:
         s3.delete_bucket(Bucket=name)

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 
 from ..errors import InternalError, InvalidArgument
 from ._private import create_private_file
-from .catalog import Catalog, CatalogReader, CatalogWriter, LiveFiles, ObjectUse, PartRecord
+from .catalog import Catalog, CatalogReader, CatalogWriter, CompletedUpload, LiveFiles, ObjectUse, PartRecord
 from .types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, UploadInfo
 
 __all__ = ["SqliteCatalog", "SCHEMA_VERSION"]
@@ -36,7 +36,7 @@ __all__ = ["SqliteCatalog", "SCHEMA_VERSION"]
 #: Bumped when the schema changes; stored in ``PRAGMA user_version``. A catalog
 #: of an older version is brought up to this one on open (:data:`_MIGRATIONS`);
 #: a newer one is refused, so an older gpufeed never ignores what it cannot read.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (
@@ -83,11 +83,28 @@ CREATE TABLE IF NOT EXISTS lifecycle (
 ) WITHOUT ROWID;
 """
 
+# Version 3: completed multipart uploads, for a repeated CompleteMultipartUpload
+# and the part layout of multipart objects (GetObject partNumber).
+_COMPLETED_UPLOADS_TABLE = """
+CREATE TABLE IF NOT EXISTS completed_uploads (
+    upload_id TEXT PRIMARY KEY,
+    bucket    TEXT NOT NULL,
+    key       TEXT NOT NULL,
+    etag      TEXT NOT NULL,
+    blob_id   TEXT NOT NULL,
+    completed REAL NOT NULL,
+    parts     TEXT NOT NULL    -- JSON [[part_number, etag, size, last_modified, {checksums}], ...]
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS completed_uploads_by_blob ON completed_uploads (blob_id);
+CREATE INDEX IF NOT EXISTS completed_uploads_by_time ON completed_uploads (completed);
+"""
+
 #: ``version -> SQL`` that takes a catalog of that version to the next one. A
 #: fresh catalog (version 0) gets :data:`_SCHEMA` and then every step. Each step
 #: is idempotent (``IF NOT EXISTS``). Append a step when bumping SCHEMA_VERSION.
 _MIGRATIONS: dict[int, str] = {
     1: _LIFECYCLE_TABLE,
+    2: _COMPLETED_UPLOADS_TABLE,
 }
 
 #: Columns added after the first release: ``(table, column, declaration)``. Each
@@ -270,6 +287,23 @@ class _Reads(CatalogReader):
         rows = self._conn().execute("SELECT bucket, rules FROM lifecycle ORDER BY bucket").fetchall()
         return {b: _rules_loads(r) for b, r in rows}
 
+    def completed_upload(self, upload_id: str) -> CompletedUpload | None:
+        rows = self._conn().execute(_COMPLETED_COLS + " WHERE upload_id=?", (upload_id,)).fetchall()
+        return _completed(rows[0]) if rows else None
+
+    def completion_of(self, blob_id: str) -> CompletedUpload | None:
+        rows = self._conn().execute(_COMPLETED_COLS + " WHERE blob_id=?", (blob_id,)).fetchall()
+        return _completed(rows[0]) if rows else None
+
+
+_COMPLETED_COLS = "SELECT bucket, key, upload_id, etag, blob_id, completed, parts FROM completed_uploads"
+
+
+def _completed(row) -> CompletedUpload:
+    bucket, key, upload_id, etag, blob_id, completed, parts = row
+    infos = tuple(PartInfo(n, e, sz, lm, ck) for n, e, sz, lm, ck in json.loads(parts))
+    return CompletedUpload(bucket, key, upload_id, etag, blob_id, completed, infos)
+
 
 class _View(_Reads):
     """Reads over one connection (inside a snapshot or the write transaction)."""
@@ -352,6 +386,22 @@ class _Writer(_View, CatalogWriter):
     def delete_upload(self, upload_id: str) -> None:
         self._c.execute("DELETE FROM parts WHERE upload_id=?", (upload_id,))
         self._c.execute("DELETE FROM uploads WHERE upload_id=?", (upload_id,))
+
+    def insert_completed(self, record: CompletedUpload) -> None:
+        parts = [[p.part_number, p.etag, p.size, p.last_modified, p.checksums] for p in record.parts]
+        self._c.execute(
+            "INSERT OR REPLACE INTO completed_uploads (upload_id, bucket, key, etag, blob_id, completed, parts)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (record.upload_id, record.bucket, record.key, record.etag, record.blob_id, record.completed,
+             json.dumps(parts, separators=(",", ":"), ensure_ascii=False)),
+        )
+
+    def prune_completed(self, before: float) -> int:
+        cur = self._c.execute(
+            "DELETE FROM completed_uploads WHERE completed < ? AND NOT EXISTS (SELECT 1 FROM objects o"
+            " WHERE o.bucket=completed_uploads.bucket AND o.key=completed_uploads.key"
+            " AND o.blob_id=completed_uploads.blob_id)", (before,))
+        return cur.rowcount
 
 
 class SqliteCatalog(_Reads, Catalog):

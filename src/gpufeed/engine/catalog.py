@@ -37,7 +37,10 @@ from dataclasses import dataclass
 from ..errors import NoSuchBucket
 from .types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, UploadInfo
 
-__all__ = ["Catalog", "CatalogReader", "CatalogWriter", "PartRecord", "ObjectUse", "LiveFiles", "require_bucket"]
+__all__ = [
+    "Catalog", "CatalogReader", "CatalogWriter", "PartRecord", "CompletedUpload", "ObjectUse", "LiveFiles",
+    "require_bucket",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,29 @@ class PartRecord:
 
     info: PartInfo
     file: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedUpload:
+    """A multipart upload that completed: what a repeated CompleteMultipartUpload
+    answers, and the part layout of the object version it made.
+
+    Attributes:
+        bucket, key, upload_id: the upload.
+        etag: the object's ETag (``<hex md5>-N``).
+        blob_id: the data file of the version it made.
+        completed: Unix s of the completion.
+        parts: the parts joined, in object order (their upload part numbers,
+            ETags, sizes in bytes and checksums).
+    """
+
+    bucket: str
+    key: str
+    upload_id: str
+    etag: str
+    blob_id: str
+    completed: float
+    parts: tuple[PartInfo, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +194,15 @@ class CatalogReader(ABC):
     def lifecycles(self) -> dict[str, list[LifecycleRule]]:
         """``bucket -> rules`` of every bucket that has a lifecycle configuration."""
 
+    # completed uploads -------------------------------------------------------
+    @abstractmethod
+    def completed_upload(self, upload_id: str) -> CompletedUpload | None:
+        """The record of the completed upload ``upload_id``, or ``None``."""
+
+    @abstractmethod
+    def completion_of(self, blob_id: str) -> CompletedUpload | None:
+        """The record of the upload whose completion made the version ``blob_id``, or ``None``."""
+
 
 class CatalogWriter(CatalogReader):
     """The open write transaction: reads see its own changes."""
@@ -239,6 +274,20 @@ class CatalogWriter(CatalogReader):
     @abstractmethod
     def delete_upload(self, upload_id: str) -> None:
         """Remove an upload and all its parts."""
+
+    # completed uploads -------------------------------------------------------
+    @abstractmethod
+    def insert_completed(self, record: CompletedUpload) -> None:
+        """Remember a completed upload (replacing a record of the same id)."""
+
+    @abstractmethod
+    def prune_completed(self, before: float) -> int:
+        """Forget the completed uploads finished before ``before`` (Unix s) whose
+        version is no longer the current one of its key.
+
+        Returns:
+            How many records were removed.
+        """
 
 
 class Catalog(CatalogReader):

@@ -566,11 +566,17 @@ class Engine(ObjectReads):
         checksums"); algorithms only some parts have are dropped.
         ``if_match`` / ``if_none_match``: as for :meth:`PendingWrite.commit`.
 
+        Repeating a completion that succeeded, with the same parts, returns the
+        version it made again (its record as completed, with an empty ``path``,
+        once it is no longer current); completions are remembered while their
+        version is current and for ``COMPLETED_KEEP_S`` (24 h) after.
+
         Returns:
             The new object's :class:`ObjectInfo`.
 
         Raises:
-            NoSuchUpload: no such upload (or it completed/aborted meanwhile).
+            NoSuchUpload: no such upload (aborted, or never started; a completed
+                one repeated with other parts or after it was forgotten).
             MalformedXML: ``parts`` is empty.
             InvalidPart: an unknown part, or an ETag that does not match.
             InvalidPartOrder: part numbers not strictly ascending.
@@ -583,6 +589,12 @@ class Engine(ObjectReads):
         """
         return self._multipart.complete(bucket, key, upload_id, parts, if_match=if_match,
                                         if_none_match=if_none_match)
+
+    def object_parts(self, info: ObjectInfo) -> list[PartInfo]:
+        """The parts the version ``info`` was completed from, in object order
+        (S3 GetObject ``partNumber`` n is the n-th); ``[]`` for a version that
+        no multipart completion made (a put, a copy)."""
+        return self._multipart.parts_of(info)
 
     def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None:
         """Drop an upload and its parts.

@@ -22,7 +22,7 @@ from aiohttp import web
 from ..config import NodeConfig
 from ..engine import Engine
 from ..errors import GpufeedError, InternalError, NotModified, SignatureDoesNotMatch
-from . import _buckets, _lifecycle, _listing, _multipart, _objects
+from . import _acl, _attributes, _bucketconfig, _buckets, _lifecycle, _listing, _multipart, _objects, _post
 from ._accesslog import AccessLog
 from ._auth import AuthResult, verify_request
 from ._context import MAX_XML, HandlerTable, S3Request, Services
@@ -67,6 +67,10 @@ HANDLERS: HandlerTable = {
     **_objects.HANDLERS,
     **_multipart.HANDLERS,
     **_lifecycle.HANDLERS,
+    **_acl.HANDLERS,
+    **_attributes.HANDLERS,
+    **_bucketconfig.HANDLERS,
+    **_post.HANDLERS,
 }
 
 
@@ -120,9 +124,10 @@ class S3Front(Services):
     async def expect(self, request: web.BaseRequest) -> web.StreamResponse | None:
         """aiohttp expect handler: answer ``Expect: 100-continue`` only once the
         signature holds, so an unauthenticated client is refused before it sends
-        its body (the handler then reuses the result)."""
-        if request.headers.get("Expect", "").lower() != "100-continue":
-            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers.get('Expect')}")
+        its body (the handler then reuses the result). Any other expectation is
+        ignored, as S3 does."""
+        if request.headers.get("Expect", "").strip().lower() != "100-continue":
+            return None
         _started(request)
         request_id = new_request_id()
         request[REQUEST_ID] = request_id

@@ -45,7 +45,7 @@ MAX_USER_METADATA = 2 << 10  # 2 KiB
 #: Source: "PutObject" request headers, Amazon S3 API Reference.
 _STORED_HEADERS = (
     "Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language", "Expires",
-    "x-amz-website-redirect-location",
+    "x-amz-website-redirect-location", "x-amz-server-side-encryption",
 )
 
 #: GetObject query parameters that override a response header.
@@ -198,8 +198,10 @@ def parse_range(value: str | None, size: int):
 def stored_headers(headers) -> dict[str, str]:
     """The standard headers of an upload request that S3 stores with the object.
 
-    ``aws-chunked`` is the transfer framing of the request, not the object's
-    coding, so it is dropped from ``Content-Encoding`` (as S3 does).
+    Values are kept as sent, byte for byte (``Content-Encoding: deflate, gzip``
+    comes back so), except that ``aws-chunked``, the transfer framing of the
+    request and not the object's coding, is dropped from ``Content-Encoding``
+    (as S3 does).
     """
     out: dict[str, str] = {}
     for name in _STORED_HEADERS:
@@ -207,7 +209,9 @@ def stored_headers(headers) -> dict[str, str]:
         if value is None:
             continue
         if name == "Content-Encoding":
-            value = ",".join(c.strip() for c in value.split(",") if c.strip().lower() not in ("aws-chunked", ""))
+            codings = value.split(",")
+            if any(c.strip().lower() == "aws-chunked" for c in codings):
+                value = ",".join(c for c in codings if c.strip().lower() != "aws-chunked").strip()
             if not value:
                 continue
         out[name] = header_value(name, value)
@@ -216,17 +220,24 @@ def stored_headers(headers) -> dict[str, str]:
 
 def user_metadata(headers) -> dict[str, str]:
     """The ``x-amz-meta-*`` headers as ``{name: value}`` (names lower-cased,
-    repeated names joined with commas).
+    repeated names joined with commas). Values are kept as sent: UTF-8 bytes
+    outside ASCII come back byte for byte, and RFC 2047 encoded words
+    (``=?UTF-8?B?...?=``) are neither decoded nor added.
 
     Raises:
         MetadataTooLarge: names and values exceed :data:`MAX_USER_METADATA` bytes.
-        InvalidArgument: a value holds a control character.
+        InvalidArgument: a value holds a control character, or bytes that are not UTF-8.
     """
     meta: dict[str, str] = {}
     for name, value in headers.items():
         lname = name.lower()
         if lname.startswith("x-amz-meta-"):
             header_value(name, value)
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise InvalidArgument(f"The value of header {name} is not valid UTF-8") from exc
             k = lname[len("x-amz-meta-"):]
             meta[k] = f"{meta[k]},{value}" if k in meta else value
     size = sum(len(k.encode()) + len(v.encode()) for k, v in meta.items())

@@ -28,7 +28,7 @@ from contextlib import closing
 
 import pytest
 
-from ..engine.catalog import Catalog, CatalogReader, LiveFiles, ObjectUse, PartRecord
+from ..engine.catalog import Catalog, CatalogReader, CompletedUpload, LiveFiles, ObjectUse, PartRecord
 from ..engine.types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, UploadInfo
 from ..errors import InternalError, InvalidArgument
 
@@ -403,6 +403,24 @@ class CatalogTests:
                 w.set_lifecycle(bucket, [LifecycleRule("r", expiration_days=1)])
                 raise KeyError("abort")
         assert catalog.lifecycle(bucket) is None
+
+    def test_completed_uploads_round_trip_and_prune(self, catalog: Catalog, bucket: str) -> None:
+        parts = (PartInfo(1, "p1", 5 << 20, 10.0, {"crc32": "AAAAAA=="}), PartInfo(4, "p4", 7, 11.0))
+        live = CompletedUpload(bucket, "κ/k", "a" * 32, "e-2", "b1", 100.0, parts)
+        gone = CompletedUpload(bucket, "old", "b" * 32, "e-1", "b2", 50.0, parts[1:])
+        fresh = CompletedUpload(bucket, "new", "c" * 32, "e-1", "b3", 300.0, parts[:1])
+        with catalog.write() as w:
+            w.put_object(_obj(bucket, "κ/k", "b1"))
+            w.put_object(_obj(bucket, "old", "b9"))  # overwritten since its completion
+            for rec in (live, gone, fresh):
+                w.insert_completed(rec)
+        assert catalog.completed_upload("a" * 32) == live
+        assert catalog.completion_of("b2") == gone
+        assert catalog.completed_upload("d" * 32) is None and catalog.completion_of("b9") is None
+        with catalog.write() as w:
+            assert w.prune_completed(200.0) == 1  # old and no longer current; live is current; fresh is new
+        assert catalog.completed_upload("b" * 32) is None
+        assert catalog.completed_upload("a" * 32) == live and catalog.completion_of("b3") == fresh
 
     # transactions -----------------------------------------------------------
     def test_write_sees_its_own_changes(self, catalog: Catalog, bucket: str) -> None:
