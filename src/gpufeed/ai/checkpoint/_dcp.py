@@ -255,11 +255,12 @@ class Writer(_Located, StorageWriter, AsyncStager):
         self._stage_future: concurrent.futures.Future | None = None
         self._stage_lock = threading.Lock()
         self._lock = threading.Lock()  # staged-set claims, step reservations, the base location
+        self._claim_lock = threading.Lock()  # one step choice at a time (it reads the node)
         self._reserved_steps: set[int] = set()
         self._tls = threading.local()
 
     # pickling (async_save with a process executor) drops the connection and the caches
-    _unpicklable = ("_client", "_staged", "_stage_executor", "_stage_future", "_stage_lock", "_lock",
+    _unpicklable = ("_client", "_staged", "_stage_executor", "_stage_future", "_stage_lock", "_lock", "_claim_lock",
                     "_reserved_steps", "_tls")
 
     def __setstate__(self, state: dict) -> None:
@@ -421,15 +422,19 @@ class Writer(_Located, StorageWriter, AsyncStager):
 
     def _claim_step(self, cur: _Save, ck: Checkpoints) -> int:
         """The step this save commits: its own, else one past the latest committed
-        step and past every step other saves of this Writer are committing now."""
-        if cur.step is not None:
+        step and past every step other saves of this Writer are committing now.
+
+        The latest step is read under the claim lock: a save that reads it while
+        another holds a claim sees that claim, and one that reads it after the
+        claim was given back (in ``finish``, after its commit) sees the commit."""
+        with self._claim_lock:
             step = cur.step
-        else:
-            latest = ck.latest()
+            if step is None:
+                latest = ck.latest()
+                with self._lock:
+                    step = max([-1 if latest is None else latest, *self._reserved_steps]) + 1
             with self._lock:
-                step = max([-1 if latest is None else latest, *self._reserved_steps]) + 1
-        with self._lock:
-            self._reserved_steps.add(step)
+                self._reserved_steps.add(step)
         return step
 
     @classmethod
