@@ -5,8 +5,8 @@ CRC32C, CRC64NVME, SHA1 or SHA256. The server recomputes each one the client
 declared while the body streams through and refuses the upload on mismatch.
 
 The algorithms themselves live in :mod:`gpufeed.checksums` (re-exported
-here); CRC32C and CRC64NVME are pure Python there, so they are only computed
-when the client sends that header.
+here): zlib, awscrt and hashlib, native code that releases the GIL, so bodies
+are hashed on worker threads at several GB/s (MD5 and SHA-256 ~0.5-1 GB/s).
 
 Source: "Checking object integrity", Amazon S3 User Guide,
 https://docs.aws.amazon.com/AmazonS3/latest/userguide/checking-object-integrity.html
@@ -83,14 +83,25 @@ class BodyDigests:
         """True when there is anything to compute."""
         return bool(self._hashers) or self._sha256 is not None or self._md5 is not None
 
-    def update(self, data) -> None:
-        """Feed the next bytes of the (decoded) body."""
-        for h in self._hashers.values():
-            h.update(data)
+    def _all(self) -> list:
+        hashers = list(self._hashers.values())
         if self._sha256 is not None and self._sha256 is not self._hashers.get("sha256"):
-            self._sha256.update(data)
+            hashers.append(self._sha256)
         if self._md5 is not None:
-            self._md5.update(data)
+            hashers.append(self._md5)
+        return hashers
+
+    def update(self, data) -> None:
+        """Feed the next bytes of the (decoded) body (native code; releases the GIL)."""
+        for h in self._all():
+            h.update(data)
+
+    def update_many(self, pieces: list[bytes]) -> None:
+        """Feed consecutive pieces of the body, each to every hasher while it is in cache."""
+        hashers = self._all()
+        for piece in pieces:
+            for h in hashers:
+                h.update(piece)
 
     def set_trailer(self, algorithm: str, value: str) -> None:
         """Record a checksum value that came in an aws-chunked trailer."""

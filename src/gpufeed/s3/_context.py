@@ -29,15 +29,13 @@ from ..config import NodeConfig
 from ..engine import Engine
 from ..errors import BadDigest, EntityTooLarge, InvalidArgument, MissingContentLength
 from ._auth import AuthResult
-from ._body import RequestBody
+from ._body import RequestBody, stream_body
 from ._headers import content_md5
 from ._router import Endpoint, Target
 from ._xml import element, sub, to_bytes
 
 __all__ = ["Services", "S3Request", "Handler", "HandlerTable", "MAX_XML"]
 
-#: Batch of body bytes handed to one worker-thread write, bytes.
-_WRITE_BATCH = 4 << 20  # 4 MiB
 #: Largest XML request document accepted, bytes.
 MAX_XML = 4 << 20  # 4 MiB
 
@@ -185,54 +183,12 @@ class Services:
                 raise MissingContentLength("You must provide the Content-Length HTTP header.")
             if body.expected_size is not None and body.expected_size > self.config.max_object_bytes:
                 raise EntityTooLarge("Your proposed upload exceeds the maximum allowed size")
-            await self._stream_to(body, pending)
+            await stream_body(body, pending, self.executor)
             checksums = body.digests.verify()
             return await self.call(commit, checksums, body.expected_size), checksums
         except BaseException:
             pending.abort()
             raise
-
-    async def _stream_to(self, body: RequestBody, pending) -> None:
-        """Copy the decoded body into a PendingWrite in 4 MiB batches on the pool.
-
-        The next batch is read from the socket while the previous one is written;
-        within a batch the client-declared digests (SHA-256, CRC32, ...) run on a
-        second worker while the engine writes and MD5-hashes (all release the GIL).
-        """
-        digests = body.digests
-        loop = asyncio.get_running_loop()
-
-        async def write(batch: list[bytes]) -> None:
-            buf = batch[0] if len(batch) == 1 else b"".join(batch)
-            if digests.active:
-                await asyncio.gather(
-                    loop.run_in_executor(self.executor, pending.write, buf),
-                    loop.run_in_executor(self.executor, digests.update, buf),
-                )
-            else:
-                await loop.run_in_executor(self.executor, pending.write, buf)
-
-        inflight = None
-        batch: list[bytes] = []
-        size = 0
-        try:
-            async for piece in body.chunks():
-                batch.append(piece)
-                size += len(piece)
-                if size >= _WRITE_BATCH:
-                    if inflight is not None:
-                        await inflight
-                    inflight = asyncio.ensure_future(write(batch))
-                    batch, size = [], 0
-        except BaseException:
-            if inflight is not None and not inflight.done():
-                # Never leave a worker writing into a PendingWrite the caller aborts next.
-                await asyncio.wait([inflight])
-            raise
-        if inflight is not None:
-            await inflight
-        if batch:
-            await write(batch)
 
 
 #: An endpoint handler: ``(services, request, endpoint) -> response``.
