@@ -39,7 +39,7 @@ import binascii
 import functools
 import hashlib
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .errors import InvalidRequestError
 
@@ -58,7 +58,10 @@ __all__ = [
     "crc32c",
     "crc64nvme",
     "full_object_checksum",
+    "multipart_checksums",
     "new_hasher",
+    "CHECKSUM_TYPES",
+    "UPLOAD_CHECKSUM_TYPE",
 ]
 
 
@@ -123,6 +126,13 @@ COMPOSITE_ALGORITHMS = ("crc32", "crc32c", "sha1", "sha256")
 
 #: Algorithms with a full-object multipart checksum (the CRCs, combinable).
 FULL_OBJECT_ALGORITHMS = ("crc32", "crc32c", "crc64nvme")
+
+#: How a multipart object's checksum is made from its parts' checksums.
+CHECKSUM_TYPES = ("COMPOSITE", "FULL_OBJECT")
+
+#: Key of an upload's stored headers that holds its checksum type (set at
+#: CreateMultipartUpload, read at completion, never published with the object).
+UPLOAD_CHECKSUM_TYPE = "x-gpufeed-checksum-type"
 
 #: CRC name -> (width in bits, reflected polynomial, incremental function).
 _CRCS: dict[str, tuple[int, int, Callable[..., int]]] = {
@@ -292,3 +302,40 @@ def composite_checksum(algorithm: str, parts_b64: Sequence[str]) -> str:
     for value in parts_b64:
         h.update(_decode_part(algorithm, value))
     return f"{base64.b64encode(h.digest()).decode()}-{len(parts_b64)}"
+
+
+def multipart_checksums(parts: Sequence[tuple[Mapping[str, str], int]],
+                        checksum_type: str | None = None) -> dict[str, str]:
+    """The checksums of a multipart object, from its parts' checksums and sizes.
+
+    For each algorithm every part carries: with ``"FULL_OBJECT"``, the CRCs
+    (:data:`FULL_OBJECT_ALGORITHMS`) combined into the CRC of the whole object;
+    with ``"COMPOSITE"``, :func:`composite_checksum` of
+    :data:`COMPOSITE_ALGORITHMS`; with ``None``, each algorithm's S3 default
+    (full object for CRC64NVME, composite for the others). Algorithms only
+    some parts carry, or that the type cannot combine, are left out.
+
+    Args:
+        parts: ``({algorithm: base64}, size in bytes)`` of each part, in part order.
+        checksum_type: ``"COMPOSITE"``, ``"FULL_OBJECT"`` or ``None``.
+
+    Returns:
+        ``{algorithm: value}``: composites end in ``-<number of parts>``.
+
+    Raises:
+        InvalidRequestError: an unknown checksum type, or a malformed part checksum.
+    """
+    if checksum_type not in (None, *CHECKSUM_TYPES):
+        raise InvalidRequestError(f"unknown checksum type {checksum_type!r}")
+    out: dict[str, str] = {}
+    if not parts:
+        return out
+    for alg in CHECKSUM_ALGORITHMS:
+        if not all(alg in ck for ck, _ in parts):
+            continue
+        full = checksum_type == "FULL_OBJECT" or (checksum_type is None and alg not in COMPOSITE_ALGORITHMS)
+        if full and alg in FULL_OBJECT_ALGORITHMS:
+            out[alg] = full_object_checksum(alg, [(ck[alg], size) for ck, size in parts])
+        elif not full and alg in COMPOSITE_ALGORITHMS:
+            out[alg] = composite_checksum(alg, [ck[alg] for ck, _ in parts])
+    return out

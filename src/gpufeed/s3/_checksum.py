@@ -28,6 +28,7 @@ __all__ = [
     "crc64nvme",
     "new_hasher",
     "decode_b64_digest",
+    "checksum_value",
 ]
 
 
@@ -46,6 +47,22 @@ def decode_b64_digest(value: str, nbytes: int, what: str) -> bytes:
     return raw
 
 
+def checksum_value(algorithm: str, value: str, what: str) -> bytes:
+    """Decode one ``x-amz-checksum-<algorithm>`` value (header, trailer or XML element).
+
+    Raises:
+        InvalidRequestError: not base64 of the algorithm's digest length (S3:
+            "Value for x-amz-checksum-crc32 header is invalid.").
+    """
+    try:
+        raw = base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequestError(f"Value for {what} is invalid.") from exc
+    if len(raw) != CHECKSUM_ALGORITHMS[algorithm]:
+        raise InvalidRequestError(f"Value for {what} is invalid.")
+    return raw
+
+
 class BodyDigests:
     """All digests a request body must match, fed chunk by chunk.
 
@@ -54,6 +71,9 @@ class BodyDigests:
         checksums: ``{algorithm: base64 value}`` from ``x-amz-checksum-*`` headers;
             an algorithm whose value is ``None`` is computed (for a trailer that
             arrives after the body) but not yet checked.
+
+    Raises:
+        InvalidRequestError: a checksum value that is not base64 of its algorithm's length.
         want_md5: also compute MD5 (for ``Content-MD5`` on requests the engine does not check).
     """
 
@@ -68,9 +88,8 @@ class BodyDigests:
         self.expected: dict[str, bytes | None] = {}
         self._hashers: dict[str, object] = {}
         for alg, value in (checksums or {}).items():
-            nbytes = CHECKSUM_ALGORITHMS[alg]
             self.expected[alg] = (
-                None if value is None else decode_b64_digest(value, nbytes, f"x-amz-checksum-{alg}")
+                None if value is None else checksum_value(alg, value, f"x-amz-checksum-{alg} header")
             )
             self._hashers[alg] = new_hasher(alg)
         self._sha256 = None
@@ -107,9 +126,7 @@ class BodyDigests:
         """Record a checksum value that came in an aws-chunked trailer."""
         if algorithm not in self._hashers:
             raise InvalidRequestError(f"trailer x-amz-checksum-{algorithm} was not announced")
-        self.expected[algorithm] = decode_b64_digest(
-            value, CHECKSUM_ALGORITHMS[algorithm], f"x-amz-checksum-{algorithm}"
-        )
+        self.expected[algorithm] = checksum_value(algorithm, value, f"x-amz-checksum-{algorithm} trailer")
 
     def md5_b64(self) -> str:
         """Base64 MD5 of everything fed (only when ``want_md5``)."""
