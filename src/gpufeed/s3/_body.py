@@ -66,6 +66,9 @@ class RequestBody:
         request: the aiohttp request.
         auth: the verified signature (payload hash mode, chunk-signing key).
         want_md5: also compute MD5 (the caller checks ``Content-MD5`` itself).
+        checksum_headers: check the ``x-amz-checksum-*`` headers against this body
+            (False where they describe something else: CompleteMultipartUpload's
+            name the whole object).
 
     Attributes:
         digests: the :class:`BodyDigests` to feed and verify.
@@ -77,7 +80,8 @@ class RequestBody:
         InvalidRequestError: a checksum header that is not base64 of its algorithm's length.
     """
 
-    def __init__(self, request: web.BaseRequest, auth: AuthResult, *, want_md5: bool = False) -> None:
+    def __init__(self, request: web.BaseRequest, auth: AuthResult, *, want_md5: bool = False,
+                 checksum_headers: bool = True) -> None:
         self._request = request
         self._auth = auth
         mode = auth.payload_hash
@@ -92,7 +96,7 @@ class RequestBody:
                 )
             sha256_hex = mode
         checksums: dict[str, str | None] = {}
-        for alg in CHECKSUM_ALGORITHMS:
+        for alg in CHECKSUM_ALGORITHMS if checksum_headers else ():
             value = headers.get(f"x-amz-checksum-{alg}")
             if value is not None:
                 checksums[alg] = value

@@ -137,13 +137,16 @@ class Services:
             raise InvalidArgument(f"Argument {name} must be an integer between 0 and 2147483647")
         return min(value, cap)
 
-    async def read_xml(self, req: S3Request, *, check_md5: bool = True) -> bytes:
+    async def read_xml(self, req: S3Request, *, check_md5: bool = True, checksum_headers: bool = True) -> bytes:
         """The request body (an XML document) of at most :data:`MAX_XML` bytes.
+
+        ``checksum_headers=False``: the ``x-amz-checksum-*`` headers are not the
+        body's (CompleteMultipartUpload's describe the object).
 
         Raises:
             BadDigest: ``Content-MD5`` does not match the body.
         """
-        body = RequestBody(req.http, req.auth, want_md5=check_md5)
+        body = RequestBody(req.http, req.auth, want_md5=check_md5, checksum_headers=checksum_headers)
         data = await body.read_all(MAX_XML)
         if check_md5:
             md5 = content_md5(req.headers)

@@ -274,7 +274,7 @@ async def complete_multipart_upload(s: Services, req: S3Request, ep: CompleteMul
     (with the request's If-Match / If-None-Match checked inside the commit).
     The object's checksums are composite (``<base64>-<n>``) or full-object
     CRCs, as the upload was created."""
-    parts = _complete_parts(await s.read_xml(req))
+    parts = _complete_parts(await s.read_xml(req, checksum_headers=False))
     await s.call(_check_complete_checksums, s, req, ep, parts)
     info = await s.call(s.engine.complete_multipart_upload, ep.bucket, ep.key,
                         ep.upload_id, [(n, e) for n, e, _ in parts], **write_conditions(req.headers))
