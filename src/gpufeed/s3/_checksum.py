@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+from typing import Any
 
 from ..checksums import CHECKSUM_ALGORITHMS, crc32c, crc64nvme, new_hasher
 from ..errors import BadDigest, InvalidDigest, InvalidRequestError
@@ -86,7 +87,7 @@ class BodyDigests:
     ) -> None:
         self.sha256_hex = sha256_hex
         self.expected: dict[str, bytes | None] = {}
-        self._hashers: dict[str, object] = {}
+        self._hashers: dict[str, Any] = {}
         for alg, value in (checksums or {}).items():
             self.expected[alg] = (
                 None if value is None else checksum_value(alg, value, f"x-amz-checksum-{alg} header")
