@@ -124,10 +124,13 @@ def _get_rows(s3, bucket: str, key: str, src_path: Path, size: int, meter, meter
             if _read_url(http, url, mv) != size:  # warm: connection, page cache
                 raise RuntimeError(f"{path}: short read")
             rows.append(_row(path, size, _timed(lambda url=url: _read_url(http, url, mv), m, repeat)))
+        http.clear()
         return rows
     finally:
         proc.terminate()
         proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _small_put_rows(node, s3, bucket: str, meter, repeat: int) -> tuple[list[dict], str | None]:
