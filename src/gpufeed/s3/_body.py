@@ -348,9 +348,11 @@ async def stream_body(body: RequestBody, pending, executor: Executor) -> None:
         done.add_done_callback(_retrieve)
         window.append((size, done))
         ahead += size
-        while ahead > _READ_AHEAD:
-            n, done = window.popleft()
-            await asyncio.shield(done)
+        # Finished batches leave the window (a failed one raises here, early);
+        # past the read-ahead, wait for the oldest.
+        while window and (window[0][1].done() or ahead > _READ_AHEAD):
+            n, oldest = window.popleft()
+            await asyncio.shield(oldest)
             ahead -= n
 
     batch: list[bytes] = []
