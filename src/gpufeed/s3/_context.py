@@ -80,6 +80,11 @@ class Services:
         self.executor = ThreadPoolExecutor(
             max_workers=max(4, config.io_threads), thread_name_prefix="gpufeed-s3"
         )
+        # Upload bodies (file writes and hashing) get workers of their own, so a
+        # request's engine calls never queue behind another upload's hashing.
+        self.body_executor = ThreadPoolExecutor(
+            max_workers=max(4, config.io_threads), thread_name_prefix="gpufeed-s3-body"
+        )
         self.owner_id = hashlib.sha256(config.access_key.encode()).hexdigest()
 
     async def call(self, fn, *args, **kwargs):
@@ -88,8 +93,9 @@ class Services:
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
     def close(self) -> None:
-        """Stop the worker pool (queued calls are cancelled)."""
+        """Stop the worker pools (queued calls are cancelled)."""
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.body_executor.shutdown(wait=False, cancel_futures=True)
 
     # XML answers -----------------------------------------------------------------
     @staticmethod
@@ -186,7 +192,7 @@ class Services:
                 raise MissingContentLength("You must provide the Content-Length HTTP header.")
             if body.expected_size is not None and body.expected_size > self.config.max_object_bytes:
                 raise EntityTooLarge("Your proposed upload exceeds the maximum allowed size")
-            await stream_body(body, pending, self.executor)
+            await stream_body(body, pending, self.body_executor)
             checksums = body.digests.verify()
             return await self.call(commit, checksums, body.expected_size), checksums
         except BaseException:
