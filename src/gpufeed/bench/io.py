@@ -181,7 +181,8 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
         rng = np.random.default_rng(0)
         console.print(f"[bold]gpufeed bench io[/]: {size / GB:.2f} GB object, paths {paths}")
         src = np.empty(size, dtype=np.uint8)
-        src[:] = rng.integers(0, 256, size=min(size, 1 << 20), dtype=np.uint8)[np.arange(size) % min(size, 1 << 20)] if size else 0
+        if size:  # a random 1 MiB pattern, repeated (no size-long index array)
+            src[:] = np.resize(rng.integers(0, 256, size=min(size, 1 << 20), dtype=np.uint8), size)
         src_path = root / "local.bin"
         with open(src_path, "wb") as f:
             f.write(memoryview(src))
