@@ -22,6 +22,7 @@ bytes per second.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import subprocess
@@ -116,14 +117,14 @@ def _get_rows(s3, bucket: str, key: str, src_path: Path, size: int, meter, meter
         http = urllib3.PoolManager(maxsize=2)
         buf = np.empty(size, dtype=np.uint8)
         buf[:] = 0
-        mv = memoryview(buf).cast("B")
+        mv = buf.data.cast("B")
         s3_url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=3600)
         file_url = f"http://127.0.0.1:{port}/f"
         rows = []
         for path, url, m in (("http_fileresponse_get", file_url, file_meter), ("s3_get", s3_url, meter)):
             if _read_url(http, url, mv) != size:  # warm: connection, page cache
                 raise RuntimeError(f"{path}: short read")
-            rows.append(_row(path, size, _timed(lambda url=url: _read_url(http, url, mv), m, repeat)))
+            rows.append(_row(path, size, _timed(functools.partial(_read_url, http, url, mv), m, repeat)))
         http.clear()
         return rows
     finally:
