@@ -230,18 +230,20 @@ def _check_complete_checksums(s: Services, req: S3Request, ep: CompleteMultipart
     wanted_type = (h.get("x-amz-checksum-type") or "").strip().upper()
     if not given and not wanted_type and not any(ck for _, _, ck in parts):
         return
-    upload = next((u for u in s.engine.list_multipart_uploads(ep.bucket, ep.key) if u.upload_id == ep.upload_id),
-                  None)
+    try:
+        upload = next((u for u in s.engine.list_multipart_uploads(ep.bucket, ep.key)
+                       if u.upload_id == ep.upload_id), None)
+        have = {p.part_number: p for p in s.engine.list_parts(ep.bucket, ep.key, ep.upload_id)}
+    except NoSuchUpload:
+        upload = None
     if upload is None:
-        raise NoSuchUpload("The specified upload does not exist. The upload ID may be invalid, or the upload "
-                           "may have been aborted or completed.", upload_id=ep.upload_id)
+        return  # unknown, completed or aborted: the completion itself answers that
     ctype = upload.headers.get(UPLOAD_CHECKSUM_TYPE)
     if wanted_type and wanted_type not in CHECKSUM_TYPES:
         raise InvalidRequestError("Value for x-amz-checksum-type header is invalid.")
     if wanted_type and wanted_type != (ctype or "COMPOSITE"):
         raise InvalidRequestError(f"The upload was created using the {ctype or 'COMPOSITE'} checksum mode. "
                                   f"The complete request must use the same checksum mode.")
-    have = {p.part_number: p for p in s.engine.list_parts(ep.bucket, ep.key, ep.upload_id)}
     chosen = []
     for number, _etag, checksums in parts:
         part = have.get(number)
