@@ -11,7 +11,7 @@ LMCACHE_STAMP := $(LMCACHE)/.installed
 # Local wheels (the CPU build of torch on these machines), when present.
 export PIP_FIND_LINKS := $(or $(PIP_FIND_LINKS),$(wildcard /opt/wheels))
 
-.PHONY: demo test install bench clean
+.PHONY: demo test lint install bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,8 +29,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/gpufeed demo
 
-test: $(STAMP) $(LMCACHE_STAMP)
+test: $(STAMP) $(LMCACHE_STAMP) lint
 	GPUFEED_LMCACHE_PATH=$(abspath $(LMCACHE)) GPUFEED_REQUIRE_LMCACHE=1 $(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/python -m ruff check src tests
+	$(BIN)/python -m mypy
 
 bench: $(STAMP)
 	$(BIN)/gpufeed bench io --size 1GiB --cold --json docs/bench/io-1gib.json

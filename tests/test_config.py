@@ -33,3 +33,25 @@ def test_send_timeout_reaches_the_socket():
     finally:
         a.close()
         b.close()
+
+
+def test_wire_limits_defaults_and_env(monkeypatch):
+    for name in ("MAX_CONNECTIONS", "HEADER_TIMEOUT_S", "IDLE_TIMEOUT_S", "MAX_META_BYTES",
+                 "CLIENT_MEMORY_BYTES"):
+        monkeypatch.delenv(f"GPUFEED_WIRE_{name}", raising=False)
+    wire = NodeConfig.from_env().wire
+    assert (wire.max_connections, wire.header_timeout_s, wire.idle_timeout_s) == (1024, 10.0, 0.0)
+    assert wire.max_meta_bytes == 16 << 20 and wire.client_memory_bytes > 0
+    monkeypatch.setenv("GPUFEED_WIRE_MAX_CONNECTIONS", "7")
+    monkeypatch.setenv("GPUFEED_WIRE_IDLE_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("GPUFEED_WIRE_CLIENT_MEMORY_BYTES", "64MiB")
+    wire = NodeConfig.from_env().wire
+    assert (wire.max_connections, wire.idle_timeout_s, wire.client_memory_bytes) == (7, 2.5, 64 << 20)
+
+
+@pytest.mark.parametrize("name,raw", [("MAX_CONNECTIONS", "0"), ("HEADER_TIMEOUT_S", "-1"),
+                                      ("NODE_MEMORY_BYTES", "lots")])
+def test_wire_limits_bad_env_names_the_variable(monkeypatch, name, raw):
+    monkeypatch.setenv(f"GPUFEED_WIRE_{name}", raw)
+    with pytest.raises(ValueError, match=f"GPUFEED_WIRE_{name}"):
+        NodeConfig.from_env()

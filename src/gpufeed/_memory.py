@@ -24,6 +24,7 @@ import mmap
 import os
 import threading
 import weakref
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,9 @@ MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _MIN_SLICE_BYTES = 64 << 20
 
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_madvise: Any
+_mmap: Any
+_munmap: Any
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
     _madvise = _libc.madvise

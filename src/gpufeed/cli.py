@@ -15,10 +15,10 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from ._version import __version__
 from .config import parse_size
 
-__all__ = ["main"]
+__all__ = ["main", "SizeType"]
 
 
 class SizeType(click.ParamType):
@@ -70,31 +70,41 @@ def main() -> None:
 @click.option("--region-pool", "region_pool", type=SizeType(), default=None,
               help="Shared memory kept for reuse by the next shm client (default 4GiB; 0 disables; "
                    "env GPUFEED_REGION_POOL_BYTES).")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              default="WARNING", envvar="GPUFEED_LOG_LEVEL", show_default=True,
+              help="Level of the node's log on stderr (env GPUFEED_LOG_LEVEL).")
+@click.option("--access-log", default=None,
+              help="S3 access log, one JSON line per request: a file path or '-' for stdout "
+                   "(env GPUFEED_ACCESS_LOG; default none).")
 def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no_fsync,
-          region_pool) -> None:
+          region_pool, log_level, access_log) -> None:
     """Run a storage node: S3 endpoint plus the fast data path.
 
     Prints the endpoints as one JSON line on stdout, then serves until
-    SIGINT/SIGTERM.
+    SIGINT/SIGTERM. The line shows the secret key only when it is the built-in
+    default; one given by option or environment shows as null.
     """
     import logging
 
-    from .config import NodeConfig
+    from .config import DEFAULT_SECRET_KEY, NodeConfig
     from .node import Node
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = NodeConfig.from_env(
         data_dir=data_dir, host=host, s3_port=s3_port, port=port, socket_path=socket_path,
         access_key=access_key, secret_key=secret_key, fsync=False if no_fsync else None,
-        region_pool_bytes=region_pool,
+        region_pool_bytes=region_pool, access_log=access_log,
     )
     node = Node(cfg)
     endpoints = node.start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    print(json.dumps(endpoints.as_dict()), flush=True)
+    started = endpoints.as_dict()
+    if cfg.secret_key != DEFAULT_SECRET_KEY:
+        started["secret_key"] = None  # the user's own secret never goes to stdout
+    print(json.dumps(started), flush=True)
     try:
         while not stop.wait(0.5):
             pass
@@ -118,7 +128,8 @@ def _split(path: str) -> tuple[str, str]:
     return bucket, key
 
 
-URL_OPTION = click.option("--url", default=None, help="Node URL (gpufeed+tcp://... or gpufeed+shm://...; env GPUFEED_URL).")
+URL_OPTION = click.option("--url", default=None,
+                          help="Node URL (gpufeed+tcp://... or gpufeed+shm://...; env GPUFEED_URL).")
 
 
 @main.command()
@@ -253,7 +264,8 @@ def bench() -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
 @click.option("--paths", default="local,shm,tcp,s3", help="Comma-separated paths to measure.")
 @click.option("--repeat", type=int, default=3, help="Large-read repetitions per path (best is kept).")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Node data folder (default: a temp dir).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Node data folder (default: a temp dir).")
 def bench_io(size, cold, json_path, paths, repeat, data_dir) -> None:
     """Read/write GB/s, CPU s/GB, 4 KiB latency and IOPS per data path, side by side."""
     from .bench.io import run_io_bench
@@ -295,7 +307,8 @@ def bench_kv(tokens, cached, layers, hidden, heads, kv_heads, dtype, new_tokens,
 @click.option("--repeat", type=int, default=2, help="Saves per path (best is kept).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
 @click.option("--paths", default="gpufeed,gpufeed_tcp,dcp_fs", help="Comma-separated paths to measure.")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Node data + FileSystemWriter folders (default: a temp dir).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Node data + FileSystemWriter folders (default: a temp dir).")
 def bench_checkpoint(size, versions, lora_rank, repeat, json_path, paths, data_dir) -> None:
     """DCP save GB/s and async blocking vs FileSystemWriter; dedup over LoRA versions."""
     from .bench.checkpoint import run_checkpoint_bench

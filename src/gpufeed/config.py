@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-__all__ = ["NodeConfig", "DEFAULT_ACCESS_KEY", "DEFAULT_SECRET_KEY", "default_data_dir"]
+__all__ = ["NodeConfig", "WireLimits", "DEFAULT_ACCESS_KEY", "DEFAULT_SECRET_KEY", "default_data_dir",
+           "parse_size", "host_memory_bytes"]
 
 #: Credentials a fresh node accepts when none are configured (printed on start).
 DEFAULT_ACCESS_KEY = "gpufeed"
@@ -60,6 +61,13 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _count(text: str) -> int:
+    count = int(text)
+    if count < 0:
+        raise ValueError("a count cannot be negative")
+    return count
+
+
 def _env(name: str, cast, default):
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -68,6 +76,80 @@ def _env(name: str, cast, default):
         return cast(raw)
     except ValueError as exc:
         raise ValueError(f"environment variable {name}={raw!r}: {exc}") from None
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("a count must be >= 1")
+    return value
+
+
+@dataclass
+class WireLimits:
+    """Limits of the fast path (``NodeConfig.wire``): what one node gives clients
+    it has not vetted, so that hostile or broken clients cannot wear it down.
+    Each refusal is an error frame, never a silent hang (``docs/wire-protocol.md``).
+
+    Attributes:
+        max_connections: fast-path connections open at once, TCP and shm together;
+            a connection past it gets a ``SlowDown`` error frame and is closed.
+            One reader thread serves each connection, so this also bounds threads.
+            Env ``GPUFEED_WIRE_MAX_CONNECTIONS``.
+        max_connections_per_client: connections open at once from one client: one
+            remote address (TCP) or one process (shm, ``SO_PEERCRED``); past it,
+            ``SlowDown`` and close. Env ``GPUFEED_WIRE_MAX_CONNECTIONS_PER_CLIENT``.
+        max_meta_bytes: largest metadata section of a request frame, bytes (the
+            protocol's ceiling is 16 MiB, a get_many of ~100k items); checked on the
+            header, and metadata is buffered only as its bytes arrive.
+            Env ``GPUFEED_WIRE_MAX_META_BYTES``.
+        header_timeout_s: seconds a frame's header and metadata may take once its
+            first byte arrived, the seconds a new connection has to send its first
+            frame, and the seconds a PUT payload may make no progress; past it,
+            ``RequestTimeout`` and close. 0 never times out.
+            Env ``GPUFEED_WIRE_HEADER_TIMEOUT_S``.
+        idle_timeout_s: seconds a connection with no request in flight and nothing
+            received may stay open; then ``RequestTimeout`` and close. 0 (the
+            default) never closes idle connections: the Python SDK keeps its
+            connections for a ``Client``'s lifetime and does not reconnect (a closed
+            one fails its next request with ``TransportError``), and a shm
+            connection holds the client's registered regions.
+            Env ``GPUFEED_WIRE_IDLE_TIMEOUT_S``.
+        client_memory_bytes: shared memory one client process may have mapped into
+            the node (regions it registered, each memfd counted once, plus regions
+            lent to it), bytes; past it, ``InvalidArgument``. Default: half the
+            host's memory. Env ``GPUFEED_WIRE_CLIENT_MEMORY_BYTES``.
+        node_memory_bytes: the same for all clients together, plus lent regions
+            waiting for their process to exit, bytes. Default: 3/4 of the host's
+            memory. Env ``GPUFEED_WIRE_NODE_MEMORY_BYTES``.
+    """
+
+    max_connections: int = 1024
+    max_connections_per_client: int = 256
+    max_meta_bytes: int = 16 << 20  # 16 MiB
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 0.0
+    client_memory_bytes: int = field(default_factory=lambda: host_memory_bytes() // 2)
+    node_memory_bytes: int = field(default_factory=lambda: host_memory_bytes() * 3 // 4)
+
+    @classmethod
+    def from_env(cls) -> "WireLimits":
+        """Defaults, then the ``GPUFEED_WIRE_*`` environment variables.
+
+        Raises:
+            ValueError: a variable does not parse (the message names it).
+        """
+        d = cls()
+        return cls(
+            max_connections=_env("GPUFEED_WIRE_MAX_CONNECTIONS", _at_least_one, d.max_connections),
+            max_connections_per_client=_env("GPUFEED_WIRE_MAX_CONNECTIONS_PER_CLIENT", _at_least_one,
+                                            d.max_connections_per_client),
+            max_meta_bytes=_env("GPUFEED_WIRE_MAX_META_BYTES", _size, d.max_meta_bytes),
+            header_timeout_s=_env("GPUFEED_WIRE_HEADER_TIMEOUT_S", _seconds, d.header_timeout_s),
+            idle_timeout_s=_env("GPUFEED_WIRE_IDLE_TIMEOUT_S", _seconds, d.idle_timeout_s),
+            client_memory_bytes=_env("GPUFEED_WIRE_CLIENT_MEMORY_BYTES", _size, d.client_memory_bytes),
+            node_memory_bytes=_env("GPUFEED_WIRE_NODE_MEMORY_BYTES", _size, d.node_memory_bytes),
+        )
 
 
 @dataclass
@@ -98,6 +180,31 @@ class NodeConfig:
             stopped reading) before the server closes that connection, so one stuck
             client cannot hold the worker threads; 0 never times out. Env
             ``GPUFEED_SEND_TIMEOUT_S``.
+        lifecycle_interval_s: seconds between two passes of the lifecycle worker,
+            which applies every bucket's lifecycle rules and aborts idle multipart
+            uploads (the first pass runs at start); 0 turns the worker off. Env
+            ``GPUFEED_LIFECYCLE_INTERVAL_S``.
+        abort_idle_uploads_s: seconds after which a multipart upload nobody has
+            touched (no start or part upload since) is aborted and its parts
+            deleted, whatever the bucket's rules; default 7 days; 0 never. Env
+            ``GPUFEED_ABORT_IDLE_UPLOADS_S``.
+        s3_header_timeout_s: seconds an S3 connection may take to deliver a request's
+            headers (from its opening, or from the first byte of a later request);
+            past it the connection is answered 400 RequestTimeout (if it sent
+            anything) and closed. 0 never times out. Env ``GPUFEED_S3_HEADER_TIMEOUT_S``.
+        s3_body_timeout_s: seconds an S3 request body may make no progress while the
+            node waits for it; past it the request is answered 400 RequestTimeout and
+            the connection closed. 0 never times out. Env ``GPUFEED_S3_BODY_TIMEOUT_S``.
+        s3_keepalive_timeout_s: seconds an idle keep-alive S3 connection is kept open
+            between requests. Env ``GPUFEED_S3_KEEPALIVE_TIMEOUT_S``.
+        s3_max_connections_per_address: open S3 connections one client IP address may
+            hold; a connection past it is answered 503 SlowDown and closed. 0 means no
+            limit. Env ``GPUFEED_S3_MAX_CONNECTIONS_PER_ADDRESS``.
+        access_log: where the S3 access log goes, one JSON line per request: a file
+            path (appended to), ``"-"`` for stdout, or ``None`` for none. Env
+            ``GPUFEED_ACCESS_LOG``.
+        wire: the fast path's limits on connections, frames, timeouts and shared
+            memory (:class:`WireLimits`; env ``GPUFEED_WIRE_*``).
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -113,6 +220,14 @@ class NodeConfig:
     region_pool_bytes: int = 4 << 30  # 4 GiB
     max_object_bytes: int = 5 << 40  # 5 TiB
     send_timeout_s: float = 30.0
+    lifecycle_interval_s: float = 3600.0  # 1 hour
+    abort_idle_uploads_s: float = 7 * 86400.0  # 7 days
+    s3_header_timeout_s: float = 15.0
+    s3_body_timeout_s: float = 30.0
+    s3_keepalive_timeout_s: float = 75.0
+    s3_max_connections_per_address: int = 256
+    access_log: str | None = None
+    wire: WireLimits = field(default_factory=WireLimits)
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -131,6 +246,16 @@ class NodeConfig:
             io_threads=_env("GPUFEED_IO_THREADS", int, cls.io_threads),
             region_pool_bytes=_env("GPUFEED_REGION_POOL_BYTES", _size, cls.region_pool_bytes),
             send_timeout_s=_env("GPUFEED_SEND_TIMEOUT_S", _seconds, cls.send_timeout_s),
+            lifecycle_interval_s=_env("GPUFEED_LIFECYCLE_INTERVAL_S", _seconds, cls.lifecycle_interval_s),
+            abort_idle_uploads_s=_env("GPUFEED_ABORT_IDLE_UPLOADS_S", _seconds, cls.abort_idle_uploads_s),
+            s3_header_timeout_s=_env("GPUFEED_S3_HEADER_TIMEOUT_S", _seconds, cls.s3_header_timeout_s),
+            s3_body_timeout_s=_env("GPUFEED_S3_BODY_TIMEOUT_S", _seconds, cls.s3_body_timeout_s),
+            s3_keepalive_timeout_s=_env("GPUFEED_S3_KEEPALIVE_TIMEOUT_S", _seconds,
+                                        cls.s3_keepalive_timeout_s),
+            s3_max_connections_per_address=_env("GPUFEED_S3_MAX_CONNECTIONS_PER_ADDRESS", _count,
+                                                cls.s3_max_connections_per_address),
+            access_log=_env("GPUFEED_ACCESS_LOG", str, None),
+            wire=WireLimits.from_env(),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

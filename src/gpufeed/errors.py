@@ -12,7 +12,9 @@ Tree::
     ├── NotFoundError (FileNotFoundError)
     │   ├── NoSuchBucket
     │   ├── NoSuchKey
-    │   └── NoSuchUpload
+    │   ├── NoSuchUpload
+    │   ├── NoSuchLifecycleConfiguration
+    │   └── NoSuchConfiguration  (its code names the configuration: NoSuchBucketPolicy, ...)
     ├── AccessError (PermissionError)
     │   ├── AccessDenied
     │   ├── InvalidAccessKeyId
@@ -28,6 +30,7 @@ Tree::
     │   ├── KeyTooLong
     │   ├── InvalidArgument
     │   ├── InvalidRange
+    │   │   └── InvalidCopySourceRange  (400, code InvalidRange)
     │   ├── BadDigest
     │   ├── EntityTooSmall
     │   ├── EntityTooLarge
@@ -40,9 +43,14 @@ Tree::
     │   ├── XAmzContentSHA256Mismatch
     │   ├── AuthorizationHeaderMalformed
     │   ├── AuthorizationQueryParametersError
+    │   ├── RequestTimeout        (the body stopped arriving)
+    │   ├── AccessControlListNotSupported
+    │   ├── InvalidPolicyDocument
+    │   ├── MalformedPOSTRequest
     │   ├── MissingContentLength  (411)
     │   └── MethodNotAllowed      (405)
     ├── NotModified            (304 for conditional GET; not really an error)
+    ├── SlowDown               (503: a client holds too many connections)
     ├── NotImplementedByGpufeed
     ├── ProtocolError          (fast path: malformed or truncated frame)
     ├── FormatError (ValueError)  stored bytes not in their format: KV chunk /
@@ -63,6 +71,8 @@ __all__ = [
     "NoSuchBucket",
     "NoSuchKey",
     "NoSuchUpload",
+    "NoSuchLifecycleConfiguration",
+    "NoSuchConfiguration",
     "AccessError",
     "AccessDenied",
     "InvalidAccessKeyId",
@@ -77,6 +87,10 @@ __all__ = [
     "KeyTooLong",
     "InvalidArgument",
     "InvalidRange",
+    "InvalidCopySourceRange",
+    "AccessControlListNotSupported",
+    "InvalidPolicyDocument",
+    "MalformedPOSTRequest",
     "BadDigest",
     "EntityTooSmall",
     "EntityTooLarge",
@@ -92,6 +106,8 @@ __all__ = [
     "MissingContentLength",
     "MethodNotAllowed",
     "RequestTimeTooSkewed",
+    "RequestTimeout",
+    "SlowDown",
     "NotModified",
     "NotImplementedByGpufeed",
     "ProtocolError",
@@ -134,6 +150,23 @@ class NoSuchKey(NotFoundError):
 
 class NoSuchUpload(NotFoundError):
     code, status = "NoSuchUpload", 404
+
+
+class NoSuchLifecycleConfiguration(NotFoundError):
+    code, status = "NoSuchLifecycleConfiguration", 404
+
+
+class NoSuchConfiguration(NotFoundError):
+    """A bucket configuration (policy, CORS, website, ...) that is not set. S3
+    has one code per configuration, so the instance carries it: ``code``
+    (``"NoSuchBucketPolicy"``, ``"NoSuchCORSConfiguration"``, ...)."""
+
+    code, status = "NoSuchConfiguration", 404
+
+    def __init__(self, message: str = "", *, code: str | None = None, **details: object) -> None:
+        super().__init__(message, **details)
+        if code is not None:
+            self.code = code
 
 
 class AccessError(GpufeedError, PermissionError):
@@ -191,6 +224,30 @@ class InvalidArgument(InvalidRequestError):
 
 class InvalidRange(InvalidRequestError):
     code, status = "InvalidRange", 416
+
+
+class InvalidCopySourceRange(InvalidRange):
+    """``x-amz-copy-source-range`` past the end of the source: 400, not 416."""
+
+    code, status = "InvalidRange", 400
+
+
+class AccessControlListNotSupported(InvalidRequestError):
+    """An ACL other than the owner's full control (gpufeed buckets enforce bucket ownership)."""
+
+    code, status = "AccessControlListNotSupported", 400
+
+
+class InvalidPolicyDocument(InvalidRequestError):
+    """A browser-form POST whose policy document is not one S3 accepts."""
+
+    code, status = "InvalidPolicyDocument", 400
+
+
+class MalformedPOSTRequest(InvalidRequestError):
+    """A browser-form POST whose body is not well-formed multipart/form-data."""
+
+    code, status = "MalformedPOSTRequest", 400
 
 
 class BadDigest(InvalidRequestError):
@@ -259,6 +316,18 @@ class RequestTimeTooSkewed(AccessError):
     code, status = "RequestTimeTooSkewed", 403
 
 
+class RequestTimeout(InvalidRequestError):
+    """The request body stopped arriving for longer than the S3 body timeout."""
+
+    code, status = "RequestTimeout", 400
+
+
+class SlowDown(GpufeedError):
+    """Refused to spare the node: the client address holds too many connections."""
+
+    code, status = "SlowDown", 503
+
+
 class NotModified(GpufeedError):
     code, status = "NotModified", 304
 
@@ -290,8 +359,8 @@ class InternalError(GpufeedError):
     code, status = "InternalError", 500
 
 
-def _all_subclasses(cls: type) -> list[type]:
-    out = []
+def _all_subclasses(cls: type[GpufeedError]) -> list[type[GpufeedError]]:
+    out: list[type[GpufeedError]] = []
     for sub in cls.__subclasses__():
         out.append(sub)
         out.extend(_all_subclasses(sub))
@@ -301,7 +370,8 @@ def _all_subclasses(cls: type) -> list[type]:
 #: Map of S3 error code -> (exception class, HTTP status). Where two classes
 #: share a code (RequestExpired answers as AccessDenied) the more general wins.
 S3_ERRORS: dict[str, tuple[type[GpufeedError], int]] = {}
-for _cls in [GpufeedError, *_all_subclasses(GpufeedError)]:
+_ERROR_CLASSES: list[type[GpufeedError]] = [GpufeedError, *_all_subclasses(GpufeedError)]
+for _cls in _ERROR_CLASSES:
     S3_ERRORS.setdefault(_cls.code, (_cls, _cls.status))
 
 

@@ -3,6 +3,11 @@
 ``gpufeed serve`` builds a :class:`Node` from a :class:`~gpufeed.config.NodeConfig`,
 starts it, prints the endpoints as one JSON line and waits for SIGINT/SIGTERM.
 Tests and benchmarks start nodes the same way (in a subprocess).
+
+Besides the endpoints a node runs one background thread, the lifecycle worker
+(:class:`LifecycleWorker`): every ``lifecycle_interval_s`` it applies the
+buckets' lifecycle rules and aborts multipart uploads idle for
+``abort_idle_uploads_s`` (:meth:`gpufeed.engine.Engine.apply_lifecycle`).
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from pathlib import Path
 
 from .config import NodeConfig
 from .engine import Engine
+from .engine._private import make_private_dirs
 
-__all__ = ["Node", "Endpoints"]
+__all__ = ["Node", "Endpoints", "LifecycleWorker"]
 
 log = logging.getLogger("gpufeed.node")
 
@@ -31,6 +37,9 @@ class Endpoints:
     access_key: str
     secret_key: str
     data_dir: str
+    #: Problems found at start that the operator should fix (a data folder other
+    #: users can read); also logged.
+    warnings: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         return {
@@ -40,7 +49,61 @@ class Endpoints:
             "access_key": self.access_key,
             "secret_key": self.secret_key,
             "data_dir": self.data_dir,
+            "warnings": list(self.warnings),
         }
+
+
+class LifecycleWorker:
+    """A daemon thread that calls ``engine.apply_lifecycle`` every ``interval_s``
+    seconds (first at start) until :meth:`stop`. A failed pass is logged and the
+    next one runs on time.
+
+    Args:
+        engine: the node's engine.
+        interval_s: seconds between passes (> 0).
+        idle_upload_s: passed on as ``idle_upload_s`` (0: no idle-upload default).
+    """
+
+    def __init__(self, engine: Engine, interval_s: float, idle_upload_s: float) -> None:
+        self._engine = engine
+        self._interval_s = interval_s
+        self._idle_upload_s = idle_upload_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpufeed-lifecycle", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                done = self._engine.apply_lifecycle(idle_upload_s=self._idle_upload_s)
+                if done.expired_objects or done.aborted_uploads:
+                    log.info("lifecycle: %d objects expired, %d uploads aborted",
+                             done.expired_objects, done.aborted_uploads)
+            except Exception:
+                if self._stop.is_set():
+                    return  # the engine closed under a pass that was ending anyway
+                log.exception("lifecycle pass failed")
+            self._stop.wait(self._interval_s)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask the thread to end and wait up to ``timeout_s`` for a pass in progress."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+
+async def _stop_s3(runner) -> None:
+    """Clean the S3 runner up, then cancel what aiohttp leaves behind: a connection
+    whose client left while aiohttp drained its unread body keeps a task that the
+    runner's shutdown does not reach (it would be destroyed pending with the loop)."""
+    await runner.cleanup()
+    rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in rest:
+        task.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
 
 
 class Node:
@@ -64,6 +127,7 @@ class Node:
         self._loop_thread: threading.Thread | None = None
         self._runner = None
         self._wire = None
+        self._lifecycle: LifecycleWorker | None = None
         self.endpoints: Endpoints | None = None
 
     def start(self) -> Endpoints:
@@ -76,7 +140,11 @@ class Node:
         from .wire.server import WireServer
 
         cfg = self.config
-        Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
+        data_dir = Path(cfg.data_dir).resolve()
+        make_private_dirs(data_dir)
+        sock = cfg.resolved_socket_path
+        if sock and Path(sock).resolve().parent.is_relative_to(data_dir):
+            make_private_dirs(Path(sock).resolve().parent)  # the socket's folder is private too
         self.engine = Engine(cfg.data_dir, fsync=cfg.fsync)
         self._wire = WireServer(self.engine, cfg)
         tcp_port = self._wire.start()
@@ -103,26 +171,32 @@ class Node:
             self._wire.stop()
             raise result["error"]
         self._runner = result["runner"]
-        sock = cfg.resolved_socket_path
+        if cfg.lifecycle_interval_s > 0:
+            self._lifecycle = LifecycleWorker(self.engine, cfg.lifecycle_interval_s, cfg.abort_idle_uploads_s)
+            self._lifecycle.start()
         self.endpoints = Endpoints(
             s3=f"http://{cfg.host}:{result['port']}",
             tcp=f"gpufeed+tcp://{cfg.host}:{tcp_port}" if tcp_port else None,
             shm=f"gpufeed+shm://{sock}" if sock else None,
             access_key=cfg.access_key,
             secret_key=cfg.secret_key,
-            data_dir=str(Path(cfg.data_dir).resolve()),
+            data_dir=str(data_dir),
+            warnings=tuple(self.engine.permission_warnings),
         )
         return self.endpoints
 
     def stop(self) -> None:
-        """Stop every endpoint and close the engine. Idempotent."""
+        """Stop every endpoint and the lifecycle worker, and close the engine. Idempotent."""
+        if self._lifecycle is not None:
+            self._lifecycle.stop()
+            self._lifecycle = None
         if self._wire is not None:
             self._wire.stop()
             self._wire = None
         if self._loop is not None:
             loop = self._loop
             if self._runner is not None:
-                fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop)
+                fut = asyncio.run_coroutine_threadsafe(_stop_s3(self._runner), loop)
                 try:
                     fut.result(timeout=10)
                 except Exception:  # pragma: no cover - best effort on shutdown

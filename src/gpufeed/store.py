@@ -27,6 +27,7 @@ __all__ = [
     "OffsetByteRequest",
     "SuffixByteRequest",
     "resolve_range",
+    "check_page_keys",
     "Store",
 ]
 
@@ -92,6 +93,15 @@ def resolve_range(byte_range: ByteRequest | None, size: int) -> tuple[int, int]:
     raise TypeError(f"not a byte request: {byte_range!r}")
 
 
+def check_page_keys(page_keys: int) -> int:
+    """``page_keys`` if it is an int >= 1, else :class:`~gpufeed.errors.InvalidArgument`."""
+    if type(page_keys) is not int or page_keys < 1:
+        from .errors import InvalidArgument
+
+        raise InvalidArgument(f"page_keys must be an int >= 1, not {page_keys!r}")
+    return page_keys
+
+
 class Store(ABC):
     """Abstract key/value store over one bucket (or one namespace).
 
@@ -102,7 +112,10 @@ class Store(ABC):
     ``*_async`` twins have correct-but-slow defaults that backends override.
     """
 
+    #: Writes (``set``, ``delete``) raise :class:`~gpufeed.errors.AccessDenied`.
     read_only: bool = False
+    #: Keys a listing asks the backend for per page (a small value exercises paging).
+    page_keys: int = 1000
 
     @abstractmethod
     def get(self, key: str, byte_range: ByteRequest | None = None) -> memoryview | bytes:
@@ -127,7 +140,11 @@ class Store(ABC):
 
     @abstractmethod
     def delete(self, key: str) -> None:
-        """Delete ``key``; deleting a missing key is not an error (S3 semantics)."""
+        """Delete ``key``; deleting a missing key is not an error (S3 semantics).
+
+        Raises:
+            AccessDenied: the store is read-only.
+        """
 
     @abstractmethod
     def list_prefix(self, prefix: str) -> Iterator[str]:

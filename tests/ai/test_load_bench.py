@@ -24,9 +24,10 @@ def test_small_model_bench(tmp_path):
     rows = report["results"]
     caches = [r["cache"] for r in rows]
     assert caches == sorted(caches, key=lambda c: c != "warm") and "cold" in caches
-    measured = [r["path"] for r in rows if r["cache"] == "warm"]
+    measured = {r["path"] for r in rows if r["cache"] == "warm"}  # a peer: one row per setting
     skipped = [n for n in report["notes"] if "skipped" in n]
     assert len(measured) + len(skipped) == len(paths)
+    _check_peer_settings(report)
     for r in rows:
         assert {"path", "cache", "seconds", "gbps"} <= set(r)
         assert r["seconds"] > 0 and r["gbps"] > 0
@@ -44,3 +45,31 @@ def test_small_model_bench(tmp_path):
     assert {t["target"] for t in report["targets"]} >= {
         "shm_map vs s3, warm", "shm_map vs s3, cold"}
     assert not list(tmp_path.glob("bench-model-*"))  # node data removed
+
+
+def _check_peer_settings(report: dict) -> None:
+    """Each swept peer: one row per setting and cache, every row naming its setting,
+    exactly one best per cache; the fresh-process load uses the best warm one."""
+    from gpufeed.bench.peers import FST_THREADS, RUNAI_SETTINGS
+
+    rows = report["results"]
+    for r in rows:
+        assert (r["setting"] is None) == (r["path"] not in ("runai", "fastsafetensors"))
+    expected = {"runai": sum(len(cs) for _, cs in RUNAI_SETTINGS), "fastsafetensors": len(FST_THREADS)}
+    for path, n in expected.items():
+        for cache in ("warm", "cold"):
+            mine = [r for r in rows if r["path"] == path and r["cache"] == cache]
+            if not mine:  # not installed: skipped
+                continue
+            assert len(mine) == n and len({r["setting"] for r in mine}) == n
+            best = [r for r in mine if r["best_setting"]]
+            assert len(best) == 1 and best[0]["gbps"] == max(r["gbps"] for r in mine)
+            if cache == "warm":
+                assert all(r["verified"] is True for r in mine)
+                fresh = {r["setting"] for r in report["first_load"] if r["path"] == path}
+                assert fresh == {best[0]["setting"]}
+    runai = [r["setting"] for r in rows if r["path"] == "runai"]
+    if runai:
+        assert any("RUNAI_STREAMER_FS_STRATEGY=unset" in s and "CONCURRENCY=16" in s for s in runai)
+        assert any("RUNAI_STREAMER_FS_STRATEGY=sync_buffered" in s for s in runai)
+    assert report["params"]["sweep_repeat"] >= 1

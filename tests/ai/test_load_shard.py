@@ -10,8 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from gpufeed.ai import load_safetensors
-from gpufeed.ai import _models
+from gpufeed.ai import _device, _readplan, _reads, load_safetensors
 from gpufeed.client import Client, ReadRequest
 from gpufeed.errors import InvalidArgument
 
@@ -127,8 +126,8 @@ def test_rows_mode_reads_whole_rows_of_strided_slices_only(client, bucket, store
 
 
 def test_rows_mode_in_small_blocks(client, bucket, stored, monkeypatch):
-    monkeypatch.setattr(_models, "GATHER_SCRATCH_BYTES", 40)  # one or two rows per block
-    monkeypatch.setattr(_models, "GATHER_SLOTS", 2)
+    monkeypatch.setattr(_reads, "GATHER_SCRATCH_BYTES", 40)  # one or two rows per block
+    monkeypatch.setattr(_reads, "GATHER_SLOTS", 2)
     got = load_safetensors(client, bucket, "m.safetensors", keys=["w3", "row"],
                            shard=(0, 2, -1), strided="rows")
     assert bits_equal(got["w3"], stored["w3"].chunk(2, -1)[0])
@@ -187,8 +186,8 @@ def test_staged_path_casts(client, bucket, stored):
 
 def test_copier_fallback_without_cuda():
     slots = [torch.zeros(8, dtype=torch.uint8)]
-    copier = _models._copier_for(torch.device("cpu"), slots)
-    assert isinstance(copier, _models._SyncCopier)
+    copier = _device._copier_for(torch.device("cpu"), slots)
+    assert isinstance(copier, _device._SyncCopier)
     dst = torch.empty(8, dtype=torch.uint8)
     copier.copy(torch.arange(8, dtype=torch.uint8), dst)
     copier.record(0)
@@ -196,13 +195,13 @@ def test_copier_fallback_without_cuda():
     copier.close()
     assert dst.tolist() == list(range(8))
     if not torch.cuda.is_available():
-        assert _models.gds_status().startswith("unavailable")
+        assert _device.gds_status().startswith("unavailable")
 
 
 def test_copy_runs_merge_neighbours():
-    r = _models._Range
+    r = _readplan._Range
     batch = [(r("k", 0, 100, 10), 0), (r("k", 50, 110, 5), 10), (r("k", 0, 200, 4), 15)]
-    assert _models._copy_runs(batch) == [(0, 100, 15), (15, 200, 4)]
+    assert _reads._copy_runs(batch) == [(0, 100, 15), (15, 200, 4)]
 
 
 def test_device_errors(client, bucket, stored):
@@ -230,9 +229,9 @@ def test_cuda_staged_shard(client, bucket, stored):
 # --- progress ---------------------------------------------------------------------------
 
 def test_progress_bar(client, bucket, stored, monkeypatch):
-    assert not _models._want_progress(False, 10**12)
-    assert _models._want_progress(True, 1)
+    assert not _reads._want_progress(False, 10**12)
+    assert _reads._want_progress(True, 1)
     monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
-    assert not _models._want_progress(None, 10**12)
+    assert not _reads._want_progress(None, 10**12)
     got = load_safetensors(client, bucket, "m.safetensors", progress=True)
     assert all(bits_equal(got[k], stored[k]) for k in stored)

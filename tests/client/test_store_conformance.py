@@ -37,16 +37,33 @@ def _fresh_bucket(client) -> str:
     return name
 
 
-class TestClientStoreTCP(StoreTests):
+class _NodeHooks(StoreTests):
+    """Raw access to the same bucket over S3 (boto3), beside the store under test."""
+
+    @pytest.fixture(autouse=True)
+    def _raw_s3(self, s3):
+        self.s3 = s3
+
+    def set_raw(self, store, key, value):
+        self.s3.put_object(Bucket=store.bucket, Key=key, Body=value)
+
+    def get_raw(self, store, key):
+        return self.s3.get_object(Bucket=store.bucket, Key=key)["Body"].read()
+
+    def open_read_only(self, store):
+        return type(store)(store.client, store.bucket, read_only=True, page_keys=store.page_keys)
+
+
+class TestClientStoreTCP(_NodeHooks):
     @pytest.fixture
     def store(self, tcp_client):
-        return ClientStore(tcp_client, _fresh_bucket(tcp_client))
+        return ClientStore(tcp_client, _fresh_bucket(tcp_client), page_keys=7)
 
 
-class TestClientStoreShm(StoreTests):
+class TestClientStoreShm(_NodeHooks):
     @pytest.fixture
     def store(self, shm_client):
-        return ClientStore(shm_client, _fresh_bucket(shm_client))
+        return ClientStore(shm_client, _fresh_bucket(shm_client), page_keys=7)
 
 
 class TestS3Store(StoreTests):
@@ -54,7 +71,20 @@ class TestS3Store(StoreTests):
     def store(self, s3):
         name = "conf-" + uuid.uuid4().hex[:16]
         s3.create_bucket(Bucket=name)
-        return S3Store(s3, name)
+        return S3Store(s3, name, page_keys=7)
+
+    @pytest.fixture(autouse=True)
+    def _raw_client(self, tcp_client):
+        self.client = tcp_client  # raw access over the fast path, beside boto3
+
+    def set_raw(self, store, key, value):
+        self.client.put(store.bucket, key, value)
+
+    def get_raw(self, store, key):
+        return bytes(self.client.get(store.bucket, key))
+
+    def open_read_only(self, store):
+        return S3Store(store.s3, store.bucket, read_only=True, page_keys=store.page_keys)
 
 
 class _InProcessNode:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from gpufeed.engine import Catalog, SqliteCatalog
-from gpufeed.engine.types import BucketInfo, ObjectInfo
+from gpufeed.engine._sqlite import SCHEMA_VERSION
+from gpufeed.engine.types import BucketInfo, LifecycleRule, ObjectInfo
+from gpufeed.errors import InternalError
 from gpufeed.testing.catalog import CatalogTests
 
 
@@ -32,3 +36,51 @@ def test_sqlite_catalog_keeps_commits_across_reopen(tmp_path):
         assert c.live_files().blobs == {"b1"}
     finally:
         c.close()
+
+
+# A catalog as the first release wrote it (schema version 1, before lifecycle rules).
+_VERSION_1 = """
+CREATE TABLE buckets (name TEXT PRIMARY KEY, created REAL NOT NULL) WITHOUT ROWID;
+CREATE TABLE objects (bucket TEXT NOT NULL, key TEXT NOT NULL, size INTEGER NOT NULL, etag TEXT NOT NULL,
+    last_modified REAL NOT NULL, content_type TEXT NOT NULL, metadata TEXT NOT NULL, checksums TEXT NOT NULL,
+    blob_id TEXT NOT NULL, PRIMARY KEY (bucket, key)) WITHOUT ROWID;
+CREATE TABLE uploads (upload_id TEXT PRIMARY KEY, bucket TEXT NOT NULL, key TEXT NOT NULL,
+    initiated REAL NOT NULL, content_type TEXT NOT NULL, metadata TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE parts (upload_id TEXT NOT NULL, part_number INTEGER NOT NULL, etag TEXT NOT NULL,
+    size INTEGER NOT NULL, last_modified REAL NOT NULL, file TEXT NOT NULL,
+    PRIMARY KEY (upload_id, part_number)) WITHOUT ROWID;
+INSERT INTO buckets VALUES ('old', 7.0);
+INSERT INTO objects VALUES ('old', 'k', 3, 'e', 5.0, 'text/plain', '', '', 'b1');
+PRAGMA user_version=1;
+"""
+
+
+def test_version_1_catalog_is_migrated(tmp_path):
+    path = str(tmp_path / "catalog.sqlite3")
+    with sqlite3.connect(path) as db:
+        db.executescript(_VERSION_1)
+    db.close()
+    c = SqliteCatalog(path, fsync=False)
+    try:
+        assert c.bucket("old") == BucketInfo("old", 7.0)
+        assert c.object("old", "k").content_type == "text/plain"
+        assert c.lifecycle("old") is None
+        with c.write() as w:
+            w.set_lifecycle("old", [LifecycleRule("r", expiration_days=3)])
+        assert c.lifecycle("old") == [LifecycleRule("r", expiration_days=3)]
+        assert c.completed_upload("a" * 32) is None and c.completion_of("b1") is None  # version 3
+    finally:
+        c.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    db.close()
+
+
+def test_newer_catalog_is_refused(tmp_path):
+    path = str(tmp_path / "catalog.sqlite3")
+    SqliteCatalog(path, fsync=False).close()
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(InternalError, match="newer than this gpufeed"):
+        SqliteCatalog(path, fsync=False)

@@ -56,7 +56,7 @@ def md5_b64(data: bytes) -> str:
 
 def blob_files(e: Engine) -> set[str]:
     out = set()
-    for root, _, files in os.walk(e.data_dir / "blobs"):
+    for _root, _, files in os.walk(e.data_dir / "blobs"):
         out.update(files)
     return out
 
@@ -325,7 +325,7 @@ def test_traversal_keys_stay_inside_data_dir(tmp_path):
         assert sorted(all_keys(e)) == sorted(keys)
     # Nothing was written outside the data folder, and inside it only our names.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
-    for root, dirs, files in os.walk(data):
+    for root, _dirs, files in os.walk(data):
         for name in files:
             rel = os.path.relpath(os.path.join(root, name), data)
             assert "escape" not in rel

@@ -28,7 +28,7 @@ def eng(tmp_path):
 
 def _blob_files(data_dir) -> set[str]:
     out = set()
-    for root, _, files in os.walk(data_dir / "blobs"):
+    for _root, _, files in os.walk(data_dir / "blobs"):
         out.update(files)
     return out
 

@@ -27,9 +27,8 @@ def test_bucket_lifecycle(s3):
     assert name in [b["Name"] for b in s3.list_buckets()["Buckets"]]
     s3.head_bucket(Bucket=name)
     assert s3.get_bucket_location(Bucket=name)["LocationConstraint"] is None
-    with pytest.raises(ClientError) as ei:
-        s3.create_bucket(Bucket=name)
-    assert _code(ei.value) == "BucketAlreadyOwnedByYou" and _status(ei.value) == 409
+    # the node is in us-east-1, where S3 answers 200 to creating a bucket you own
+    assert s3.create_bucket(Bucket=name)["ResponseMetadata"]["HTTPStatusCode"] == 200
     s3.put_object(Bucket=name, Key="x", Body=b"1")
     with pytest.raises(ClientError) as ei:
         s3.delete_bucket(Bucket=name)
@@ -69,7 +68,7 @@ def test_put_get_metadata_roundtrip(s3, bucket):
     assert got["ResponseMetadata"]["HTTPHeaders"]["x-amz-request-id"]
     head = s3.head_object(Bucket=bucket, Key="dir/obj.bin")
     assert head["ContentLength"] == len(body) and head["Metadata"]["alpha"] == "one"
-    age = dt.datetime.now(dt.timezone.utc) - head["LastModified"]
+    age = dt.datetime.now(dt.UTC) - head["LastModified"]
     assert abs(age.total_seconds()) < 120
 
 
@@ -149,8 +148,8 @@ def test_conditional_get_and_head(s3, bucket):
     with pytest.raises(ClientError) as ei:
         s3.head_object(Bucket=bucket, Key="c", IfNoneMatch="*")
     assert _status(ei.value) == 304
-    future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)
-    past = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+    future = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    past = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
     with pytest.raises(ClientError) as ei:
         s3.get_object(Bucket=bucket, Key="c", IfModifiedSince=future)
     assert _status(ei.value) == 304

@@ -26,7 +26,7 @@ def _status(exc: ClientError) -> int:
     return exc.response["ResponseMetadata"]["HTTPStatusCode"]
 
 
-EXPIRES = dt.datetime(2037, 10, 21, 7, 28, tzinfo=dt.timezone.utc)
+EXPIRES = dt.datetime(2037, 10, 21, 7, 28, tzinfo=dt.UTC)
 STD = dict(CacheControl="max-age=60", ContentDisposition='attachment; filename="r.csv"',
            ContentLanguage="de-CH", Expires=EXPIRES, WebsiteRedirectLocation="/elsewhere")
 

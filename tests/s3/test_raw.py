@@ -70,7 +70,7 @@ def test_error_document_and_request_id(raw, bkt, code_of):
 def test_method_not_allowed_and_not_implemented(raw, bkt, code_of):
     r = raw.request("POST", "/")
     assert r.status == 405 and code_of(r.body) == "MethodNotAllowed"
-    r = raw.request("GET", f"/{bkt}?policy")
+    r = raw.request("GET", f"/{bkt}?logging")
     assert r.status == 501 and code_of(r.body) == "NotImplemented"
     r = raw.request("PUT", f"/{bkt}/k?tagging", body=b"<Tagging/>")
     assert r.status == 501 and code_of(r.body) == "NotImplemented"

@@ -310,7 +310,6 @@ def test_hostile_descriptors_and_shrinking_memfds(node):
     """Unsealed memfds are refused (shrinking one would SIGBUS the node), lent
     ones cannot be shrunk, and descriptors sent with other frames are closed."""
     import os
-    import socket
 
     from gpufeed.errors import InvalidArgument, ProtocolError, TransportError
     from gpufeed.wire import protocol as p

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import struct
 import threading
@@ -34,10 +33,17 @@ def client(request, node):
         yield c
 
 
+@pytest.fixture(scope="module")
+def setup_client(node):
+    """A client for setup only, so tests that pick their own transport run once."""
+    with Client(node.tcp_url) as c:
+        yield c
+
+
 @pytest.fixture
-def bucket(client):
+def bucket(setup_client):
     name = "wire-" + uuid.uuid4().hex[:12]
-    client.create_bucket(name)
+    setup_client.create_bucket(name)
     return name
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -219,6 +220,22 @@ def parse_header(object_name: str, head: bytes | memoryview, object_size: int) -
             the message names the object and, if any, the tensor.
     """
     n = header_length(object_name, head, object_size)
+    doc = _header_json(object_name, head, n)
+    metadata = doc.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise SafetensorsError(object_name, "__metadata__ must map strings to strings")
+
+    data_start = HEADER_PREFIX_BYTES + n
+    data_bytes = object_size - data_start
+    tensors = [_tensor_info(object_name, name, entry, data_bytes) for name, entry in doc.items()]
+    tensors.sort(key=lambda t: (t.begin, t.end))
+    _check_coverage(object_name, tensors, data_bytes)
+    return SafetensorsHeader(object_name, n, data_start, data_bytes, tuple(tensors), metadata)
+
+
+def _header_json(object_name: str, head: bytes | memoryview, n: int) -> dict:
+    """The ``n``-byte JSON header after the length prefix, as a dict (duplicate keys refused)."""
     if len(head) < HEADER_PREFIX_BYTES + n:
         raise SafetensorsError(object_name, f"got {len(head)} bytes, need the {8 + n}-byte header")
     raw = bytes(head[HEADER_PREFIX_BYTES:HEADER_PREFIX_BYTES + n])
@@ -232,45 +249,43 @@ def parse_header(object_name: str, head: bytes | memoryview, object_size: int) -
         raise SafetensorsError(object_name, f"the header is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise SafetensorsError(object_name, "the header is not a JSON object")
+    return doc
 
-    metadata = doc.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-        raise SafetensorsError(object_name, "__metadata__ must map strings to strings")
 
-    data_start = HEADER_PREFIX_BYTES + n
-    data_bytes = object_size - data_start
-    tensors: list[TensorInfo] = []
-    for name, entry in doc.items():
-        if not isinstance(entry, dict):
-            raise SafetensorsError(object_name, "entry is not an object", tensor=name)
-        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in _ITEMSIZE:
-            raise SafetensorsError(object_name, f"unknown or unsupported dtype {dtype!r}", tensor=name)
-        if DTYPES[dtype] is None:
-            raise SafetensorsError(object_name, f"dtype {dtype} needs a newer torch than "
-                                                f"{torch.__version__}", tensor=name)
-        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise SafetensorsError(object_name, f"shape {shape!r} is not a list of non-negative "
-                                                f"integers", tensor=name)
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(_is_int(o) and o >= 0 for o in offsets)):
-            raise SafetensorsError(object_name, f"data_offsets {offsets!r} is not [begin, end]",
-                                   tensor=name)
-        begin, end = offsets
-        if end < begin:
-            raise SafetensorsError(object_name, f"data_offsets [{begin}, {end}) end before they "
-                                                f"begin", tensor=name)
-        if end > data_bytes:
-            raise SafetensorsError(object_name, f"data_offsets [{begin}, {end}) run past the data "
-                                                f"section ({data_bytes} bytes)", tensor=name)
-        want = math.prod(shape) * _ITEMSIZE[dtype]
-        if end - begin != want:
-            raise SafetensorsError(object_name, f"data_offsets [{begin}, {end}) hold {end - begin} "
-                                                f"bytes; {dtype} {shape} needs {want}", tensor=name)
-        tensors.append(TensorInfo(name, dtype, tuple(shape), begin, end))
+def _tensor_info(object_name: str, name: str, entry: object, data_bytes: int) -> TensorInfo:
+    """One tensor's header entry, validated against a data section of ``data_bytes``."""
+    if not isinstance(entry, dict):
+        raise SafetensorsError(object_name, "entry is not an object", tensor=name)
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in _ITEMSIZE:
+        raise SafetensorsError(object_name, f"unknown or unsupported dtype {dtype!r}", tensor=name)
+    if DTYPES[dtype] is None:
+        raise SafetensorsError(object_name, f"dtype {dtype} needs a newer torch than "
+                                            f"{torch.__version__}", tensor=name)
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise SafetensorsError(object_name, f"shape {shape!r} is not a list of non-negative "
+                                            f"integers", tensor=name)
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(_is_int(o) and o >= 0 for o in offsets)):
+        raise SafetensorsError(object_name, f"data_offsets {offsets!r} is not [begin, end]",
+                               tensor=name)
+    begin, end = offsets
+    if end < begin:
+        raise SafetensorsError(object_name, f"data_offsets [{begin}, {end}) end before they "
+                                            f"begin", tensor=name)
+    if end > data_bytes:
+        raise SafetensorsError(object_name, f"data_offsets [{begin}, {end}) run past the data "
+                                            f"section ({data_bytes} bytes)", tensor=name)
+    want = math.prod(shape) * _ITEMSIZE[dtype]
+    if end - begin != want:
+        raise SafetensorsError(object_name, f"data_offsets [{begin}, {end}) hold {end - begin} "
+                                            f"bytes; {dtype} {shape} needs {want}", tensor=name)
+    return TensorInfo(name, dtype, tuple(shape), begin, end)
 
-    tensors.sort(key=lambda t: (t.begin, t.end))
+
+def _check_coverage(object_name: str, tensors: Sequence[TensorInfo], data_bytes: int) -> None:
+    """Refuse holes, overlaps and trailing bytes: ``tensors`` (sorted by offset) must
+    cover the data section exactly."""
     pos, prev = 0, None
     for t in tensors:
         if t.begin > pos:
@@ -284,4 +299,3 @@ def parse_header(object_name: str, head: bytes | memoryview, object_size: int) -
     if pos != data_bytes:
         raise SafetensorsError(object_name, f"the tensors cover {pos} bytes but the data section "
                                             f"has {data_bytes} (trailing bytes)")
-    return SafetensorsHeader(object_name, n, data_start, data_bytes, tuple(tensors), metadata)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import warnings
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -20,16 +20,9 @@ from torch import nn
 
 from ..client import Client
 from ..errors import InvalidArgument
-from ._models import (
-    ShardDim,
-    _check_device,
-    _check_names,
-    _check_shard,
-    _join,
-    _load_planned,
-    find_safetensors,
-    read_headers,
-)
+from ._device import _check_device
+from ._models import _check_names, _load_planned, _wanted, find_safetensors, read_headers
+from ._readplan import ShardDim, _check_shard, _join
 
 __all__ = ["load_pretrained", "iterate_weights", "empty_weights", "StateDictMismatch", "TiedWeightsDiffer"]
 
@@ -108,23 +101,12 @@ def iterate_weights(client_or_url: Client | str, bucket: str, prefix: str | Sequ
     """
     dev = _check_device(device)
     shard = _check_shard(shard) if shard is not None else None
-    opts = {"staging_bytes": None, "strided": "auto", "chunk_bytes": 16 << 20,
-            "batch_bytes": 64 << 20, "max_inflight_bytes": 256 << 20}
-    unknown = set(kwargs) - set(opts)
-    if unknown:
-        raise InvalidArgument(f"iterate_weights got unexpected arguments: {sorted(unknown)}")
-    opts.update(kwargs)
+    opts = _read_options(kwargs)
     with _client_of(client_or_url) as client:
         shard_keys, weight_map = find_safetensors(client, bucket, prefix)
         headers = read_headers(client, bucket, shard_keys)
         _check_names(bucket, shard_keys, headers, weight_map)
-        wanted = None
-        if keys is not None:
-            wanted = {keys} if isinstance(keys, str) else set(keys)
-            missing = wanted - {t.name for h in headers for t in h.tensors}
-            if missing:
-                raise InvalidArgument(f"tensors not in {_join(bucket, str(prefix))}: "
-                                      f"{sorted(missing)}")
+        wanted = _wanted(bucket, prefix, keys, headers)
         todo = [(k, h) for k, h in zip(shard_keys, headers)
                 if wanted is None or any(t.name in wanted for t in h.tensors)]
 
@@ -133,28 +115,48 @@ def iterate_weights(client_or_url: Client | str, bucket: str, prefix: str | Sequ
             return _load_planned(client, bucket, [k], [h], wanted, shard, dev, dtype,
                                  progress=False, **opts)
 
-        # The next shard is read once the consumer holds this shard's first
-        # tensor (so no longer the previous shard's last one): at most two
-        # shards' buffers are alive at a time, if the consumer copies.
-        pool = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-weights") if prefetch else None
-        try:
-            nxt: Future | None = pool.submit(load, 0) if pool and todo else None
-            for i in range(len(todo)):
-                part = nxt.result() if nxt is not None else load(i)
-                nxt = None
-                for name in list(part):
-                    yield name, part.pop(name)
-                    if pool is not None and nxt is None and i + 1 < len(todo):
-                        nxt = pool.submit(load, i + 1)
-                del part
-                # The SDK's batch futures hold their destination views in reference
-                # cycles (a future's callbacks close over the future), so a shard's
-                # buffer returns to the client's pool only when the cycle collector
-                # runs; run it here, or memory grows with the model, not the shard.
-                gc.collect(1)
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+        yield from _shard_by_shard(len(todo), load, prefetch)
+
+
+def _read_options(kwargs: dict) -> dict:
+    """:func:`iterate_weights`' ``**kwargs`` over the defaults of the read options;
+    raises InvalidArgument for any other name."""
+    opts = {"staging_bytes": None, "strided": "auto", "chunk_bytes": 16 << 20,
+            "batch_bytes": 64 << 20, "max_inflight_bytes": 256 << 20}
+    unknown = set(kwargs) - set(opts)
+    if unknown:
+        raise InvalidArgument(f"iterate_weights got unexpected arguments: {sorted(unknown)}")
+    opts.update(kwargs)
+    return opts
+
+
+def _shard_by_shard(count: int, load: Callable[[int], dict[str, torch.Tensor]], prefetch: bool
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield the tensors of ``load(0)``, ..., ``load(count - 1)``, each shard's
+    dict emptied as it is yielded; with ``prefetch`` the next shard is read in a
+    background thread."""
+    # The next shard is read once the consumer holds this shard's first
+    # tensor (so no longer the previous shard's last one): at most two
+    # shards' buffers are alive at a time, if the consumer copies.
+    pool = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-weights") if prefetch else None
+    try:
+        nxt: Future | None = pool.submit(load, 0) if pool and count else None
+        for i in range(count):
+            part = nxt.result() if nxt is not None else load(i)
+            nxt = None
+            for name in list(part):
+                yield name, part.pop(name)
+                if pool is not None and nxt is None and i + 1 < count:
+                    nxt = pool.submit(load, i + 1)
+            del part
+            # The SDK's batch futures hold their destination views in reference
+            # cycles (a future's callbacks close over the future), so a shard's
+            # buffer returns to the client's pool only when the cycle collector
+            # runs; run it here, or memory grows with the model, not the shard.
+            gc.collect(1)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def load_pretrained(client_or_url: Client | str, bucket: str, prefix: str | Sequence[str],
@@ -215,47 +217,69 @@ def load_pretrained(client_or_url: Client | str, bucket: str, prefix: str | Sequ
     expected = model.state_dict(keep_vars=True)
     groups = _tied_groups(model)  # the names of each parameter registered under several
     aliases = {n: [o for o in g if o != n] for g in groups for n in g}
-    metas = any(t.is_meta for t in expected.values())
     if assign is None:
-        assign = metas
+        assign = any(t.is_meta for t in expected.values())
     if device is None:
-        device = next((t.device for t in expected.values() if not t.is_meta),
-                      torch.device("cpu"))
+        device = next((t.device for t in expected.values() if not t.is_meta), torch.device("cpu"))
+    where = _join(bucket, str(prefix))
     with _client_of(client_or_url) as client:
         shard_keys, weight_map = find_safetensors(client, bucket, prefix)
         headers = read_headers(client, bucket, shard_keys)
         stored = {t.name for h in headers for t in h.tensors}
-        missing = sorted(n for n in expected if n not in stored
-                         and not any(a in stored for a in aliases.get(n, ())))
-        unexpected = sorted(stored - set(expected))
-        if strict and (missing or unexpected):
-            raise StateDictMismatch(_join(bucket, str(prefix)), missing, unexpected)
-        wanted = stored & set(expected)
+        wanted = _names_to_load(where, expected, aliases, stored, strict)
         sd = load_safetensors(client, bucket, shard_keys, keys=wanted, shard=shard,
                               device=device, dtype=dtype, **kwargs)
-    ties = [_tie_classes(g, sd, _join(bucket, str(prefix))) for g in groups]
-    if not assign:  # untied names get parameters of their own to copy into
-        for classes in ties:
-            for names in classes[1:]:
-                old = model.get_parameter(names[0])
-                fresh = nn.Parameter(torch.empty_like(old), requires_grad=old.requires_grad)
-                for n in names:
-                    _set_parameter(model, n, fresh)
+    ties = [_tie_classes(g, sd, where) for g in groups]
+    if not assign:
+        _untie(model, ties)
     model.load_state_dict(sd, strict=strict, assign=assign)
-    for classes in ties:  # names holding equal values share one parameter
+    _retie(model, ties)
+    _check_not_meta(model, where)
+    return model
+
+
+def _check_not_meta(model: nn.Module, where: str) -> None:
+    """Raise InvalidArgument naming the parameters and buffers still on the meta device."""
+    still = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if still:
+        raise InvalidArgument(
+            f"still on the meta device after loading {where}: "
+            f"{still[:20]} (not in the checkpoint: build the model with "
+            f"gpufeed.ai.empty_weights(), which keeps buffers real)")
+
+
+def _names_to_load(where: str, expected: Collection[str], aliases: dict[str, list[str]],
+                   stored: set[str], strict: bool) -> set[str]:
+    """The stored names the model has; with ``strict``, raises StateDictMismatch when a
+    name is missing from either side (a tied name is present if one of its aliases is)."""
+    missing = sorted(n for n in expected if n not in stored
+                     and not any(a in stored for a in aliases.get(n, ())))
+    unexpected = sorted(stored - set(expected))
+    if strict and (missing or unexpected):
+        raise StateDictMismatch(where, missing, unexpected)
+    return stored & set(expected)
+
+
+def _untie(model: nn.Module, ties: list[list[list[str]]]) -> None:
+    """Before a copying load: names to be untied get parameters of their own to copy into."""
+    for classes in ties:
+        for names in classes[1:]:
+            old = model.get_parameter(names[0])
+            fresh = nn.Parameter(torch.empty_like(old), requires_grad=old.requires_grad)
+            for n in names:
+                _set_parameter(model, n, fresh)
+
+
+def _retie(model: nn.Module, ties: list[list[list[str]]]) -> None:
+    """After the load: names holding equal values share one parameter; untied
+    groups are dropped from the model's tied-weight keys."""
+    for classes in ties:
         for names in classes:
             first = model.get_parameter(names[0])
             for n in names[1:]:
                 _set_parameter(model, n, first)
         if len(classes) > 1:
             _forget_ties(model, classes)
-    still = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
-    if still:
-        raise InvalidArgument(
-            f"still on the meta device after loading {_join(bucket, str(prefix))}: "
-            f"{still[:20]} (not in the checkpoint: build the model with "
-            f"gpufeed.ai.empty_weights(), which keeps buffers real)")
-    return model
 
 
 class TiedWeightsDiffer(UserWarning):

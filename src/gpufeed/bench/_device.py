@@ -8,6 +8,7 @@ CUDA; the rest work on any device: on CPU, syncing and pinning do nothing.
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 __all__ = ["resolve_device", "cuda_missing", "device_info", "sync", "pinned", "bits_equal",
            "same_tensors"]
@@ -78,7 +79,7 @@ def device_info(dev) -> dict:
     """
     import torch
 
-    info = {"device": str(dev), "torch": torch.__version__, "cuda": torch.version.cuda}
+    info: dict[str, Any] = {"device": str(dev), "torch": torch.__version__, "cuda": torch.version.cuda}
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
         info.update(name=props.name, memory_gib=round(props.total_memory / (1 << 30), 1),

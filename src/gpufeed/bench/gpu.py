@@ -65,8 +65,11 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from ._device import bits_equal, device_info, pinned, resolve_device, same_tensors, sync
 from .demo import (  # the demo's model, upload and loaders: one definition of each
     BUCKET,
     MODEL_SIZES,
@@ -79,7 +82,6 @@ from .demo import (  # the demo's model, upload and loaders: one definition of e
     _shard_files,
     _upload,
 )
-from ._device import bits_equal, device_info, pinned, resolve_device, same_tensors, sync
 from .io import machine_info
 from .model import _FastSafetensors, _missing, _peer_versions, _runai
 
@@ -157,7 +159,7 @@ def _load_rows(node, prefix: str, files: list[Path], reference: dict, nbytes: in
     from ..ai import load_safetensors
     from ..client import Client
 
-    def check(out: dict) -> bool:
+    def check(out: Any) -> bool:
         if not same_tensors(reference, out):
             raise RuntimeError("tensors loaded into the device differ from the model files")
         return True
@@ -281,7 +283,7 @@ def _checkpoint_rows(rows: list[dict], node, reference: dict, nbytes: int, dev, 
 
     url = f"{node.shm_url}/{CKPT_BUCKET}/run"
     with torch.no_grad():
-        sd = {"model": {k: v.clone() for k, v in reference.items()}, "step": 0}
+        sd: dict[str, Any] = {"model": {k: v.clone() for k, v in reference.items()}, "step": 0}
 
     def check(out) -> bool:  # the step restored to the device is the one saved
         if not (out["step"] == sd["step"] and same_tensors(sd["model"], out["model"])):
@@ -358,7 +360,7 @@ def _kv_rows(rows: list[dict], node, config: dict, tokens: int, dev, repeat: int
                 pinned(land, dev) as is_pinned:
             out = torch.empty(land.shape, dtype=land.dtype, device=dev)
 
-            def run():
+            def run(out: torch.Tensor = out):
                 got = store.get_into(ids[:tokens], land)
                 if got != tokens:
                     raise RuntimeError(f"KV reload found {got} of {tokens} tokens")
@@ -566,9 +568,10 @@ def _measure(model: dict, files: list[Path], reference: dict, dev, workdir: Path
         say(f"[bold]gpufeed bench gpu[/]: {nbytes / 1e9:.2f} GB into {dev}")
         rows += _load_rows(node, prefix, files, reference, nbytes, dev, paths, repeat, meter,
                            notes, failures, say)
-        for name, wanted, section, args in (
-                ("checkpoint", checkpoint, _checkpoint_rows, (reference, nbytes)),
-                ("kv", kv_tokens, _kv_rows, (model["config"], kv_tokens))):
+        sections: list[tuple[str, object, Callable[..., None], tuple]] = [
+            ("checkpoint", checkpoint, _checkpoint_rows, (reference, nbytes)),
+            ("kv", kv_tokens, _kv_rows, (model["config"], kv_tokens))]
+        for name, wanted, section, args in sections:
             try:
                 if wanted:
                     section(rows, node, *args, dev, repeat, meter, say)

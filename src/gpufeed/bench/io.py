@@ -45,7 +45,7 @@ def machine_info() -> dict:
     """CPU, memory, OS and library versions, for every benchmark's JSON."""
     import sys
 
-    from .. import __version__
+    from .._version import __version__
 
     info = {
         "cpus": os.cpu_count(),

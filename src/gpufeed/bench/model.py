@@ -18,16 +18,30 @@ stored in a fresh node. Every path loads every tensor into CPU memory:
   ``.clone()``); ``local_load_file_lazy``: plain ``load_file`` (mmap: returns
   before reading anything, listed for reference, not a peer);
 * ``runai``: runai-model-streamer ``SafetensorsStreamer().stream_files(files,
-  device="cpu")`` over the local files; ``runai_s3``: the same against the
-  node's S3 endpoint (``s3://`` paths, custom endpoint, path-style);
-* ``fastsafetensors``: ``SafeTensorsFileLoader(device="cpu", nogds=True)``;
+  device="cpu")`` over the local files, one row per setting of
+  :data:`RUNAI_SETTINGS`: ``RUNAI_STREAMER_CONCURRENCY`` (read when a streamer
+  is created; 16 is its default) under each read strategy
+  (``RUNAI_STREAMER_FS_STRATEGY``: unset, which resolves to ``O_DIRECT`` reads
+  that bypass the page cache where the file system allows them, and
+  ``sync_buffered``). The strategy is fixed once per process, so each strategy
+  runs in a fresh interpreter (after one untimed first call: ~1 s of setup);
+  ``runai_s3``: the library's defaults against the node's S3 endpoint
+  (``s3://`` paths, custom endpoint, path-style);
+* ``fastsafetensors``: ``SafeTensorsFileLoader(device="cpu", nogds=True,
+  max_threads=N)``, one row per ``N`` of :data:`FST_THREADS` (copier threads;
+  16 is its default). ``nogds=False`` is not swept: without GDS it falls back
+  to the same copier.
 * ``readinto``: plain ``readinto`` of the files into a preallocated, touched
   buffer (the physical limit of the host).
 
 ``warm``: every file page-cached first; best of ``repeat``, all in this
 process. ``cold``: before each run the pages of the local files and of the
 node's blob files are dropped with ``posix_fadvise(POSIX_FADV_DONTNEED)``;
-best of ``cold_repeat``. The first warm run of each path is checked bit for
+best of ``cold_repeat``. A peer's settings other than its default are
+measured fewer times (``params.sweep_repeat`` / ``sweep_cold_repeat``); every
+row names its ``setting`` (``None`` for paths without one) and ``runs_s`` lists
+its runs. The targets compare with the fastest row of any local peer at any
+setting. The first warm run of each path and setting is checked bit for
 bit against the files. Every timed run of a resident path ends with a read of
 one byte per 4 KiB page of every tensor (``bench.demo._touch``): a loader
 that leaves page faults to its caller pays them here.
@@ -39,16 +53,17 @@ on the 2-core VM: memory bandwidth). ``first_load`` rows measure what a
 serving process pays instead: ``first_loads`` fresh interpreters per way, each
 loading the model once into memory it has never touched (imports and the
 gpufeed connection before the clock): shm with and without the node's region
-pool, tcp, and every local peer. ``targets`` compares shm with the fastest
+pool, tcp, and every local peer (runai and fastsafetensors at their fastest
+warm setting, named in ``setting``). ``targets`` compares shm with the fastest
 local peer there too (medians).
 
 JSON (the shape of ``bench io``)::
 
     {"benchmark": "model", "machine": {...}, "model": {...}, "params": {...},
-     "results": [{"path", "cache": "warm"|"cold", "seconds", "gbps",
-                  "cpu_s_per_gb", "runs_s", "verified", "method"}],  # warm first
+     "results": [{"path", "cache": "warm"|"cold", "setting", "best_setting", "seconds",
+                  "gbps", "cpu_s_per_gb", "runs_s", "verified", "method"}],  # warm first
      "first_load": [{"path", "region_pool": "on"|"off"|None, "process", "seconds",
-                     "gbps", "bytes", "regions_reused", "way", "method"}],
+                     "gbps", "bytes", "regions_reused", "way", "setting", "method"}],
      "targets": [{"target", "want", "got", "met"}], "notes": [...]}
 
 GB means 10**9 bytes (of tensor data).
@@ -78,6 +93,16 @@ from .demo import (  # the demo's model, upload and loaders: one definition of e
     _upload,
 )
 from .io import drop_cache, machine_info
+from .peers import (  # the peers' loaders and settings sweeps
+    FST_THREADS,
+    RUNAI_SETTINGS,
+    _best_peer_settings,
+    _FastSafetensors,
+    _mark_best_settings,
+    _peer_versions,
+    _runai,
+    _runai_sweep,
+)
 
 __all__ = ["run_model_bench", "PATHS"]
 
@@ -94,52 +119,6 @@ def _load_lazy(files: list[Path]) -> dict:
     out: dict = {}
     for f in files:
         out.update(load_file(f))
-    return out
-
-
-def _runai(paths: list[str], credentials=None) -> dict:
-    from runai_model_streamer import SafetensorsStreamer
-
-    out: dict = {}
-    with SafetensorsStreamer() as streamer:
-        streamer.stream_files(paths, s3_credentials=credentials, device="cpu")
-        for name, tensor in streamer.get_tensors():
-            out[name] = tensor
-    return out
-
-
-class _FastSafetensors:
-    """fastsafetensors on CPU without GDS; tensors view its buffer until close()."""
-
-    def __init__(self, files: list[Path]) -> None:
-        self.files = [str(f) for f in files]
-        self.open: list = []
-
-    def __call__(self) -> dict:
-        from fastsafetensors import SafeTensorsFileLoader, SingleGroup
-
-        loader = SafeTensorsFileLoader(SingleGroup(), "cpu", nogds=True)
-        loader.add_filenames({0: self.files})
-        fb = loader.copy_files_to_device()
-        self.open.append((fb, loader))
-        return {k: fb.get_tensor(k) for k in fb.key_to_rank_lidx}
-
-    def close(self) -> None:
-        for fb, loader in self.open:
-            fb.close()
-            loader.close()
-        self.open.clear()
-
-
-def _peer_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for dist in ("runai-model-streamer", "fastsafetensors", "boto3"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = None
     return out
 
 
@@ -165,12 +144,13 @@ if mode in ("shm", "shm_map", "tcp"):
     load = lambda: load_safetensors(c, args[1], args[2], zero_copy=mode == "shm_map")
 elif mode == "runai":
     import runai_model_streamer  # noqa: F401
-    from gpufeed.bench.model import _runai
+    from gpufeed.bench.peers import _runai
     load = lambda: _runai(args)
 elif mode == "fastsafetensors":
+    import os
     import fastsafetensors  # noqa: F401
-    from gpufeed.bench.model import _FastSafetensors
-    load = _FastSafetensors(args)
+    from gpufeed.bench.peers import _FastSafetensors
+    load = _FastSafetensors(args, int(os.environ.get("GPUFEED_BENCH_FST_THREADS", "16")))
 else:
     import safetensors.torch  # noqa: F401
     from gpufeed.bench import demo
@@ -205,20 +185,23 @@ FRESH_WAYS = [
 ]
 
 
-def _fresh_load(args: list[str]) -> tuple[float, int, int]:
+def _fresh_load(args: list[str], env: dict | None = None) -> tuple[float, int, int]:
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-c", _FRESH, *args], capture_output=True, text=True,
-                         timeout=600, check=True).stdout.split()
+                         timeout=600, check=True,
+                         env={**os.environ, **env} if env else None).stdout.split()
     return float(out[0]), int(out[1]), int(out[2])
 
 
 def _first_loads(files: list[Path], model_dir: Path, prefix: str, tmp: Path, node, runs: int,
-                 paths: list[str], say) -> list[dict]:
+                 paths: list[str], say, peer_settings: dict | None = None) -> list[dict]:
     """``runs`` fresh-process loads per way of :data:`FRESH_WAYS` whose path is in
     ``paths`` (shm with and without the node's region pool, tcp, and the local
-    peers reading the files into fresh anonymous memory), page cache warm."""
+    peers reading the files into fresh anonymous memory), page cache warm.
+    ``peer_settings`` maps a peer's path to ``(environment, setting)`` for its
+    loads (its fastest warm setting)."""
     from ..client import Client
     from ..testing.node import start_node
 
@@ -233,12 +216,14 @@ def _first_loads(files: list[Path], model_dir: Path, prefix: str, tmp: Path, nod
 
     def run(path: str, pool: str | None, mode: str, label: str, method: str,
             args: list[str]) -> None:
+        env, setting = (peer_settings or {}).get(path, (None, None))
         say(f"  first load in a fresh process: {label} ...")
         for i in range(runs):
-            seconds, n, reused = _fresh_load([mode, *args])
+            seconds, n, reused = _fresh_load([mode, *args], env)
             rows.append({"path": path, "region_pool": pool, "process": i + 1,
                          "seconds": round(seconds, 4), "gbps": round(n / seconds / 1e9, 3),
-                         "bytes": n, "regions_reused": reused, "way": label, "method": method})
+                         "bytes": n, "regions_reused": reused, "way": label, "setting": setting,
+                         "method": method + (f", {setting}" if setting else "")})
 
     warm(tmp / "node" / "blobs")  # once: nothing below evicts them (the model is ~1 GB)
     nopool = None
@@ -270,16 +255,19 @@ def _fresh_targets(first: list[dict]) -> list[dict]:
     fresh-process loads."""
     import statistics
 
+    def key(r: dict) -> tuple:
+        return r["path"], r["region_pool"], r["way"], r.get("setting")
+
     med: dict[tuple, float] = {}
-    for key in {(r["path"], r["region_pool"], r["way"]) for r in first}:
-        med[key] = statistics.median(r["gbps"] for r in first
-                                     if (r["path"], r["region_pool"], r["way"]) == key)
+    for k in {key(r) for r in first}:
+        med[k] = statistics.median(r["gbps"] for r in first if key(r) == k)
     peers = [(g, k) for k, g in med.items() if k[0] in LOCAL_PEERS]
     out = []
     if not peers:
         return out
-    best, (_peer, _pool, way) = max(peers)
-    for (path, pool, label), g in sorted(med.items(), key=lambda kv: str(kv[0])):
+    best, (_peer, _pool, way, setting) = max(peers)
+    way += f" at {setting}" if setting else ""
+    for (path, _pool, label, _setting), g in sorted(med.items(), key=lambda kv: str(kv[0])):
         if path in ("shm", "shm_map"):
             got = g / best
             out.append({"target": f"{label} vs fastest local peer ({way}), first load in a fresh "
@@ -351,7 +339,8 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
     tmp = Path(tempfile.mkdtemp(prefix="bench-model-", dir=workdir))
     node = start_node(tmp / "node")
     results: list[PathResult] = []
-    caches: list[str] = []
+    tags: list[tuple[str, str | None]] = []  # (cache, setting) of each result
+    sweep_repeat, sweep_cold_repeat = min(repeat, 2), min(cold_repeat, 1)
     fst = _FastSafetensors(files)
     try:
         prefix = f"llama-{size}/"
@@ -393,12 +382,8 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
             "local_load_file": (None, None, nbytes),  # two variants, the faster kept
             "local_load_file_lazy": ("safetensors load_file (mmap; reads nothing until used)",
                                      lambda: _load_lazy(files), nbytes),
-            "runai": ('runai-model-streamer SafetensorsStreamer.stream_files(device="cpu")',
-                      lambda: _runai([str(f) for f in files]), nbytes),
             "runai_s3": ("runai-model-streamer from the node's S3 endpoint (s3:// paths)",
                          lambda: _runai(s3_paths, runai_creds), nbytes),
-            "fastsafetensors": ('fastsafetensors SafeTensorsFileLoader(device="cpu", nogds=True)',
-                                fst, nbytes),
             "readinto": ("readinto into one preallocated touched buffer, 64 MiB calls",
                          lambda: _readinto(files, scratch), file_bytes),
         }
@@ -409,6 +394,24 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
             verify = check if cache == "warm" and path != "readinto" else None
             cleanup = fst.close if path == "fastsafetensors" else None
             say(f"  {cache} {path} ...")
+            if path == "runai":
+                for res, setting in _runai_sweep(files, cache, nbytes, runs,
+                                                 sweep_repeat if cache == "warm" else sweep_cold_repeat):
+                    results.append(res)
+                    tags.append((cache, setting))
+                return
+            if path == "fastsafetensors":
+                for n in FST_THREADS:
+                    fst.max_threads = n
+                    setting = f"max_threads={n}"
+                    results.append(meter.measure(
+                        path, f'fastsafetensors SafeTensorsFileLoader(device="cpu", nogds=True, '
+                              f'{setting})', nbytes,
+                        runs if n == FST_THREADS[0] else
+                        (sweep_repeat if cache == "warm" else sweep_cold_repeat),
+                        fst, check=verify, prepare=prepare, cleanup=cleanup))
+                    tags.append((cache, setting))
+                return
             if path == "local_load_file":
                 a = meter.measure(path, 'safetensors load_file(backend="pread")', nbytes, runs,
                                   lambda: _load_local_pread(files), check=verify, prepare=prepare)
@@ -422,7 +425,7 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
                 results.append(meter.measure(path, method, n, runs, run, check=verify,
                                              prepare=prepare, cleanup=cleanup,
                                              touch=path != "local_load_file_lazy"))
-            caches.append(cache)
+            tags.append((cache, None))
 
         # warm-up: every file and blob page-cached, clients connected
         _readinto(files, scratch)
@@ -447,28 +450,34 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
             c.close()
         s3.close()
         del scratch
-        first = (_first_loads(files, model_dir, prefix, tmp, node, first_loads, paths, say)
+        first = (_first_loads(files, model_dir, prefix, tmp, node, first_loads, paths, say,
+                              _best_peer_settings(results, tags))
                  if first_loads else [])
     finally:
         fst.close()
         node.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
-    rows = [{"path": r.path, "cache": c, "seconds": round(r.seconds, 4),
-             "gbps": round(r.gbps, 3), "cpu_s_per_gb": round(r.cpu_s_per_gb, 3),
-             "runs_s": [round(s, 4) for s in r.runs_s], "verified": r.verified,
-             "method": r.method} for r, c in zip(results, caches)]
+    rows = [{"path": r.path, "cache": c, "setting": setting, "best_setting": None,
+             "seconds": round(r.seconds, 4), "gbps": round(r.gbps, 3),
+             "cpu_s_per_gb": round(r.cpu_s_per_gb, 3), "runs_s": [round(s, 4) for s in r.runs_s],
+             "verified": r.verified, "method": r.method} for r, (c, setting) in zip(results, tags)]
+    _mark_best_settings(rows)
     targets = []
     for cache in ("warm", "cold") if cold else ("warm",):
-        by = {r["path"]: r for r in rows if r["cache"] == cache}
+        by: dict[str, dict] = {}  # each path's fastest row (a peer's best setting)
+        for r in rows:
+            if r["cache"] == cache and (r["path"] not in by or r["gbps"] > by[r["path"]]["gbps"]):
+                by[r["path"]] = r
         peers = [by[p] for p in LOCAL_PEERS if p in by]
         for ours in ("shm", "shm_map"):
             if ours not in by:
                 continue
             if peers:
                 fastest = max(peers, key=lambda r: r["gbps"])
+                at = f" at {fastest['setting']}" if fastest["setting"] else ""
                 got = by[ours]["gbps"] / fastest["gbps"]
-                targets.append({"target": f"{ours} vs fastest local peer ({fastest['path']}), "
+                targets.append({"target": f"{ours} vs fastest local peer ({fastest['path']}{at}), "
                                           f"{cache}", "want": 1.5, "got": round(got, 2),
                                 "met": got >= 1.5})
             if "s3" in by:
@@ -480,11 +489,12 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
     table = Table(title=f"gpufeed bench model: {nbytes / 1e9:.2f} GB bf16 Llama, {len(files)} "
                         f"shards (warm best of {repeat}"
                         + (f", cold best of {cold_repeat})" if cold else ")"))
-    for col in ("path", "cache", "seconds", "GB/s", "CPU s/GB", "identical"):
-        table.add_column(col, justify="left" if col in ("path", "cache") else "right")
+    for col in ("path", "cache", "setting", "seconds", "GB/s", "CPU s/GB", "identical"):
+        table.add_column(col, justify="left" if col in ("path", "cache", "setting") else "right")
     for r in rows:
         ok = "n/a" if r["verified"] is None else ("yes" if r["verified"] else "NO")
-        table.add_row(r["path"], r["cache"], f"{r['seconds']:.3f}", f"{r['gbps']:.2f}",
+        setting = (r["setting"] or "") + (" (best)" if r["best_setting"] else "")
+        table.add_row(r["path"], r["cache"], setting, f"{r['seconds']:.3f}", f"{r['gbps']:.2f}",
                       f"{r['cpu_s_per_gb']:.2f}", ok)
     console.print(table)
     if first:
@@ -512,6 +522,14 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
                   "config": spec["config"], "tensors": ntensors, "bytes": nbytes,
                   "file_bytes": file_bytes, "shards": len(files)},
         "params": {"repeat": repeat, "cold_repeat": cold_repeat, "keep": "fastest run",
+                   "sweep_repeat": sweep_repeat, "sweep_cold_repeat": sweep_cold_repeat,
+                   "sweeps": {"runai": [{"RUNAI_STREAMER_FS_STRATEGY": st or "unset",
+                                         "RUNAI_STREAMER_CONCURRENCY": list(cs)}
+                                        for st, cs in RUNAI_SETTINGS],
+                              "fastsafetensors": {"max_threads": list(FST_THREADS)},
+                              "default_settings": "measured repeat / cold_repeat times; the "
+                                                  "other settings sweep_repeat / "
+                                                  "sweep_cold_repeat times"},
                    "cold": "posix_fadvise(DONTNEED) of the local files and node blobs before "
                            "each run"},
         "results": rows,

@@ -178,6 +178,8 @@ class Connection:
         hmv = memoryview(hdr)
         scratch = None
         pend = None
+        meta: bytearray | None = None
+        dests: list[memoryview] | None = None
         try:
             while True:
                 self._recv_exact(hmv)
@@ -187,25 +189,25 @@ class Connection:
                 with self._pending_lock:
                     pend = self._pending.pop(rid, None)
                 if op == p.ERROR_OP:
-                    err = p.decode(p.ErrorReply, meta)
-                    exc = error_from_code(err.code, err.message)
+                    err = p.decode(p.ErrorReply, memoryview(meta))
+                    failure = error_from_code(err.code, err.message)
                     if pend is None:  # connection-level error (e.g. bad frame)
-                        raise exc
-                    pend.future.set_exception(exc)
+                        raise failure
+                    pend.future.set_exception(failure)
                     continue
                 if pend is None:
                     raise ProtocolError(f"reply for unknown request {rid}")
                 try:
-                    reply = p.decode(pend.reply_type, meta)
-                except ProtocolError as exc:
-                    pend.future.set_exception(exc)
+                    reply = p.decode(pend.reply_type, memoryview(meta))
+                except ProtocolError as bad:
+                    pend.future.set_exception(bad)
                     raise
                 if isinstance(reply, (p.AllocRegionReply, p.MapReply)):  # an fd came with it
                     if not self._fds_in:
-                        exc = ProtocolError(f"{p.Op(op & ~p.REPLY).name} reply arrived without "
-                                            f"a descriptor")
-                        pend.future.set_exception(exc)
-                        raise exc
+                        missing = ProtocolError(f"{p.Op(op & ~p.REPLY).name} reply arrived without "
+                                                f"a descriptor")
+                        pend.future.set_exception(missing)
+                        raise missing
                     pend.future.set_result((reply, self._fds_in.pop(0)))
                     continue
                 self._close_fds()  # nothing else carries descriptors

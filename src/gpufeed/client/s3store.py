@@ -5,8 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..errors import InvalidArgument, InvalidRange, NoSuchBucket, NoSuchKey, error_from_code
-from ..store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest, resolve_range
+from ..errors import AccessDenied, InvalidArgument, InvalidRange, NoSuchBucket, NoSuchKey, error_from_code
+from ..store import (
+    ByteRequest,
+    OffsetByteRequest,
+    RangeByteRequest,
+    Store,
+    SuffixByteRequest,
+    check_page_keys,
+    resolve_range,
+)
 
 __all__ = ["S3Store"]
 
@@ -17,14 +25,25 @@ class S3Store(Store):
     Args:
         s3: a boto3 S3 client (``boto3.client("s3", endpoint_url=...)``).
         bucket: the bucket (must exist).
+        read_only: refuse writes with :class:`~gpufeed.errors.AccessDenied`.
+        page_keys: ``MaxKeys`` of each ListObjectsV2 request (at most 1,000).
 
     Errors are translated from botocore's ``ClientError`` to the typed errors
     of :mod:`gpufeed.errors` at this boundary.
     """
 
-    def __init__(self, s3, bucket: str) -> None:
+    def __init__(self, s3, bucket: str, *, read_only: bool = False, page_keys: int = 1000) -> None:
         self.s3 = s3
         self.bucket = bucket
+        self.read_only = read_only
+        self.page_keys = min(check_page_keys(page_keys), 1000)
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.s3.meta.endpoint_url!r}, {self.bucket!r})"
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise AccessDenied(f"{self!r} is read-only")
 
     def _call(self, fn, **kw):
         from botocore.exceptions import ClientError, ParamValidationError
@@ -73,6 +92,7 @@ class S3Store(Store):
             raise
 
     def set(self, key: str, value) -> None:
+        self._check_writable()
         self._call(self.s3.put_object, Key=key, Body=bytes(value))
 
     def exists(self, key: str) -> bool:
@@ -83,12 +103,13 @@ class S3Store(Store):
         return True
 
     def delete(self, key: str) -> None:
+        self._check_writable()
         self._call(self.s3.delete_object, Key=key)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
         token = None
         while True:
-            kw = {"Prefix": prefix}
+            kw = {"Prefix": prefix, "MaxKeys": self.page_keys}
             if token:
                 kw["ContinuationToken"] = token
             page = self._call(self.s3.list_objects_v2, **kw)

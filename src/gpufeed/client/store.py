@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..errors import InvalidRange
-from ..store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
+from ..errors import AccessDenied, InvalidRange
+from ..store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest, check_page_keys
 from ._client import Client
 
 __all__ = ["ClientStore"]
@@ -17,11 +17,26 @@ class ClientStore(Store):
     Args:
         client: a connected client (not closed by the store).
         bucket: the bucket (must exist).
+        read_only: refuse writes with :class:`~gpufeed.errors.AccessDenied`.
+        page_keys: keys per listing request.
+
+    Raises:
+        InvalidArgument: ``page_keys`` is not an int >= 1.
     """
 
-    def __init__(self, client: Client, bucket: str) -> None:
+    def __init__(self, client: Client, bucket: str, *, read_only: bool = False,
+                 page_keys: int = 1000) -> None:
         self.client = client
         self.bucket = bucket
+        self.read_only = read_only
+        self.page_keys = check_page_keys(page_keys)
+
+    def __repr__(self) -> str:
+        return f"ClientStore({self.client.url!r}, {self.bucket!r})"
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise AccessDenied(f"{self!r} is read-only")
 
     def get(self, key: str, byte_range: ByteRequest | None = None):
         if byte_range is None:
@@ -46,6 +61,7 @@ class ClientStore(Store):
         raise TypeError(f"not a byte request: {byte_range!r}")
 
     def set(self, key: str, value) -> None:
+        self._check_writable()
         self.client.put(self.bucket, key, value)
 
     def exists(self, key: str) -> bool:
@@ -56,8 +72,9 @@ class ClientStore(Store):
         return True
 
     def delete(self, key: str) -> None:
+        self._check_writable()
         self.client.delete(self.bucket, key)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        for entry in self.client.list(self.bucket, prefix):
+        for entry in self.client.list(self.bucket, prefix, page_size=self.page_keys):
             yield entry.key

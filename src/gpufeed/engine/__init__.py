@@ -1,11 +1,11 @@
-"""The storage node with no network: catalog, blobs, buckets, objects, multipart."""
+"""The storage node with no network: catalog, blobs, buckets, objects, multipart, lifecycle."""
 
 from ._openfiles import ObjectHandle
 from ._sqlite import SqliteCatalog
 from .catalog import Catalog, CatalogReader, CatalogWriter
 from .engine import MAX_KEY_BYTES, MAX_PARTS, MIN_PART_BYTES, Engine, PendingWrite
 from .store import EngineStore
-from .types import BucketInfo, ListResult, ObjectInfo, PartInfo, UploadInfo
+from .types import BucketInfo, LifecycleResult, LifecycleRule, ListResult, ObjectInfo, PartInfo, UploadInfo
 
 __all__ = [
     "Engine",
@@ -17,6 +17,8 @@ __all__ = [
     "ListResult",
     "UploadInfo",
     "PartInfo",
+    "LifecycleRule",
+    "LifecycleResult",
     "MAX_KEY_BYTES",
     "MIN_PART_BYTES",
     "MAX_PARTS",

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from ._openfiles import OpenFiles
+from ._private import DIR_MODE, FILE_MODE, make_private_dirs
 
 __all__ = ["BlobFiles", "new_id", "remove_quietly", "fsync_dir", "copy_range"]
 
@@ -101,6 +102,9 @@ def write_all(fd: int, mv: memoryview, offset: int) -> int:
 class BlobFiles:
     """The data folders under ``root``: ``blobs/``, ``uploads/``, ``tmp/``.
 
+    Every folder and file made here is private to the user (``0700``/``0600``,
+    see :mod:`._private`); renames keep a file's mode.
+
     Args:
         root: the engine's data folder.
         fsync: fsync files and directories before they count as written.
@@ -114,7 +118,7 @@ class BlobFiles:
         self.uploads = str(root / "uploads")
         self.tmp = str(root / "tmp")
         for d in (self.blobs, self.uploads, self.tmp):
-            os.makedirs(d, exist_ok=True)
+            make_private_dirs(d)
         if fsync:
             fsync_dir(str(root))
         self._known_dirs: set[str] = set()
@@ -144,13 +148,13 @@ class BlobFiles:
     def new_temp(self) -> tuple[int, str]:
         """Create an empty temp file. Returns ``(fd, path)``; fd is read-write."""
         path = f"{self.tmp}/{new_id()}"
-        return os.open(path, _OPEN_TMP, 0o600), path
+        return os.open(path, _OPEN_TMP, FILE_MODE), path
 
     def _ensure_dir(self, path: str) -> None:
         if path in self._known_dirs:
             return
         if not os.path.isdir(path):
-            os.makedirs(path, exist_ok=True)
+            make_private_dirs(path)
             if self.fsync:  # make the new directory entries themselves durable
                 parent = os.path.dirname(path)
                 fsync_dir(parent)
@@ -173,7 +177,7 @@ class BlobFiles:
 
     def new_upload_dir(self, upload_id: str) -> None:
         """Create (durably) the folder of a new multipart upload."""
-        os.mkdir(self.upload_dir(upload_id))
+        os.mkdir(self.upload_dir(upload_id), DIR_MODE)
         if self.fsync:
             fsync_dir(self.uploads)
 

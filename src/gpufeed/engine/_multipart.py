@@ -32,15 +32,19 @@ from ..errors import (
 from ._blobs import BlobFiles, new_id, remove_quietly
 from ._names import check_key, check_str_map, check_text
 from ._writes import PendingWrite, WritePath
-from .catalog import Catalog, CatalogReader, CatalogWriter, PartRecord, require_bucket
+from .catalog import Catalog, CatalogReader, CatalogWriter, CompletedUpload, PartRecord, require_bucket
 from .types import ObjectInfo, PartInfo, UploadInfo
 
-__all__ = ["Multipart", "MIN_PART_BYTES", "MAX_PARTS"]
+__all__ = ["Multipart", "MIN_PART_BYTES", "MAX_PARTS", "COMPLETED_KEEP_S"]
 
 #: Smallest part other than the last one (S3: 5 MiB).
 MIN_PART_BYTES = 5 << 20
 #: Highest part number S3 accepts.
 MAX_PARTS = 10_000
+
+#: How long a completed upload is remembered after its version stopped being
+#: the current one (a repeated CompleteMultipartUpload answers it meanwhile), s.
+COMPLETED_KEEP_S = 24 * 3600.0
 
 _DEFAULT_TYPE = "application/octet-stream"
 _UPLOAD_ID_RE = re.compile(r"[0-9a-f]{32}")
@@ -93,6 +97,25 @@ def _joined_etag_and_checksums(chosen: list[PartRecord], checksum_type: str | No
     joined = hashlib.md5(b"".join(bytes.fromhex(rec.info.etag) for rec in chosen)).hexdigest()
     checksums = multipart_checksums([(rec.info.checksums, rec.info.size) for rec in chosen], checksum_type)
     return f"{joined}-{len(chosen)}", checksums
+
+
+def _same_parts(done: CompletedUpload, parts: list[tuple[int, str]]) -> bool:
+    """Whether ``[(part_number, etag)]`` names exactly the parts ``done`` joined."""
+    given = [(n, e.strip().strip('"') if isinstance(e, str) else e) for n, e in parts]
+    return given == [(p.part_number, p.etag) for p in done.parts]
+
+
+def _repeat_answer(reader: CatalogReader, done: CompletedUpload) -> ObjectInfo:
+    """What a repeated completion returns: the version it made while that is
+    current, else that version's record as completed (``path`` and ``blob_id`` empty)."""
+    current = reader.object(done.bucket, done.key)
+    if current is not None and current.blob_id == done.blob_id:
+        return current
+    # The upload's checksum type is gone with its row: each algorithm's default
+    # (FULL_OBJECT for CRC64NVME, COMPOSITE otherwise).
+    checksums = _joined_etag_and_checksums([PartRecord(p, "") for p in done.parts], None)[1]
+    return ObjectInfo(done.bucket, done.key, sum(p.size for p in done.parts), done.etag, done.completed,
+                      checksums=checksums)
 
 
 class Multipart:
@@ -174,7 +197,13 @@ class Multipart:
         if not parts:
             raise MalformedXML("CompleteMultipartUpload needs at least one part")
         with self._cat.snapshot() as c:
-            upload = get_upload(c, bucket, key, upload_id)
+            try:
+                upload = get_upload(c, bucket, key, upload_id)
+            except NoSuchUpload:
+                done = c.completed_upload(upload_id)
+                if done is None or (done.bucket, done.key) != (bucket, key) or not _same_parts(done, parts):
+                    raise
+                return _repeat_answer(c, done)
             have = {rec.info.part_number: rec for rec in c.parts(upload_id)}
         chosen = _choose_parts(have, parts)
         # The part rows read above are the ones committed with (drop_upload checks
@@ -184,12 +213,15 @@ class Multipart:
         etag, composite = _joined_etag_and_checksums(chosen, checksum_type)
         files = {rec.info.part_number: rec.file for rec in chosen}
 
-        def drop_upload(w: CatalogWriter) -> None:
+        def drop_upload(w: CatalogWriter, info: ObjectInfo) -> None:
             get_upload(w, bucket, key, upload_id)
             for number, file in files.items():
                 if w.part_file(upload_id, number) != file:
                     raise InvalidPart(f"part {number} was replaced meanwhile", part_number=number)
             w.delete_upload(upload_id)
+            w.prune_completed(info.last_modified - COMPLETED_KEEP_S)
+            w.insert_completed(CompletedUpload(bucket, key, upload_id, etag, info.blob_id, info.last_modified,
+                                               tuple(rec.info for rec in chosen)))
 
         def finish(pw, tmp, _etag, _md5, **_kw):
             return self._writes.publish_object(
@@ -217,6 +249,11 @@ class Multipart:
                 raise InternalError(f"part file {rec.file} of upload {upload_id} is short")
         finally:
             os.close(sfd)
+
+    def parts_of(self, info: ObjectInfo) -> list[PartInfo]:
+        """The parts the version ``info`` was completed from, in object order (``[]``: not multipart)."""
+        done = self._cat.completion_of(info.blob_id) if info.blob_id else None
+        return list(done.parts) if done is not None else []
 
     def abort(self, bucket: str, key: str, upload_id: str) -> None:
         """Drop an upload, its rows, then its part files."""

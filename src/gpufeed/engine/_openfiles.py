@@ -55,7 +55,8 @@ class ObjectHandle:
     __slots__ = ("info", "fd", "_file", "_files")
 
     def __init__(self, info, file: OpenFile, files: "OpenFiles") -> None:
-        self.info, self.fd, self._file, self._files = info, file.fd, file, files
+        self.info, self.fd, self._files = info, file.fd, files
+        self._file: OpenFile | None = file
 
     def close(self) -> None:
         """Let go of the file (idempotent)."""

@@ -18,6 +18,7 @@ state; all writes go through one connection guarded by a lock
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -26,13 +27,16 @@ from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 
 from ..errors import InternalError, InvalidArgument
-from .catalog import Catalog, CatalogReader, CatalogWriter, LiveFiles, ObjectUse, PartRecord
-from .types import BucketInfo, ObjectInfo, PartInfo, UploadInfo
+from ._private import create_private_file
+from .catalog import Catalog, CatalogReader, CatalogWriter, CompletedUpload, LiveFiles, ObjectUse, PartRecord
+from .types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, UploadInfo
 
 __all__ = ["SqliteCatalog", "SCHEMA_VERSION"]
 
-#: Bumped when the schema changes; stored in ``PRAGMA user_version``.
-SCHEMA_VERSION = 1
+#: Bumped when the schema changes; stored in ``PRAGMA user_version``. A catalog
+#: of an older version is brought up to this one on open (:data:`_MIGRATIONS`);
+#: a newer one is refused, so an older gpufeed never ignores what it cannot read.
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (
@@ -71,6 +75,38 @@ CREATE TABLE IF NOT EXISTS parts (
 ) WITHOUT ROWID;
 """
 
+# Version 2: bucket lifecycle rules, one row per bucket that has a configuration.
+_LIFECYCLE_TABLE = """
+CREATE TABLE IF NOT EXISTS lifecycle (
+    bucket TEXT PRIMARY KEY,
+    rules  TEXT NOT NULL   -- JSON list of LifecycleRule fields, in order
+) WITHOUT ROWID;
+"""
+
+# Version 3: completed multipart uploads, for a repeated CompleteMultipartUpload
+# and the part layout of multipart objects (GetObject partNumber).
+_COMPLETED_UPLOADS_TABLE = """
+CREATE TABLE IF NOT EXISTS completed_uploads (
+    upload_id TEXT PRIMARY KEY,
+    bucket    TEXT NOT NULL,
+    key       TEXT NOT NULL,
+    etag      TEXT NOT NULL,
+    blob_id   TEXT NOT NULL,
+    completed REAL NOT NULL,
+    parts     TEXT NOT NULL    -- JSON [[part_number, etag, size, last_modified, {checksums}], ...]
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS completed_uploads_by_blob ON completed_uploads (blob_id);
+CREATE INDEX IF NOT EXISTS completed_uploads_by_time ON completed_uploads (completed);
+"""
+
+#: ``version -> SQL`` that takes a catalog of that version to the next one. A
+#: fresh catalog (version 0) gets :data:`_SCHEMA` and then every step. Each step
+#: is idempotent (``IF NOT EXISTS``). Append a step when bumping SCHEMA_VERSION.
+_MIGRATIONS: dict[int, str] = {
+    1: _LIFECYCLE_TABLE,
+    2: _COMPLETED_UPLOADS_TABLE,
+}
+
 #: Columns added after the first release: ``(table, column, declaration)``. Each
 #: is added with ``ALTER TABLE ... ADD COLUMN`` when ``PRAGMA table_info`` lacks
 #: it, so a catalog made by an older gpufeed opens unchanged otherwise (rows it
@@ -108,6 +144,13 @@ _SQL_HEAD = (
 )
 _OBJ_COLS = "key, size, etag, last_modified, content_type, metadata, checksums, blob_id, headers"
 _UPLOAD_COLS = "SELECT key, upload_id, initiated, content_type, metadata, headers FROM uploads"
+_IDLE_UPLOADS_SQL = (
+    "SELECT u.bucket, u.key, u.upload_id, u.initiated, u.content_type, u.metadata, u.headers"
+    " FROM uploads AS u LEFT JOIN parts AS p ON p.upload_id = u.upload_id"
+    " GROUP BY u.upload_id HAVING MAX(u.initiated, COALESCE(MAX(p.last_modified), u.initiated)) < ?"
+    " ORDER BY u.bucket, u.key, u.initiated"
+)
+_RULE_FIELDS = frozenset(f.name for f in dataclasses.fields(LifecycleRule))
 _SCAN_SQL: dict[tuple[bool, bool], str] = {}
 
 
@@ -118,6 +161,16 @@ def _dumps(d: dict[str, str]) -> str:
 
 def _loads(s: str) -> dict[str, str]:
     return json.loads(s) if s else {}
+
+
+def _rules_dumps(rules: list[LifecycleRule]) -> str:
+    return json.dumps([dataclasses.asdict(r) for r in rules], separators=(",", ":"), ensure_ascii=False)
+
+
+def _rules_loads(s: str) -> list[LifecycleRule]:
+    """Stored rules; fields a later gpufeed added and this one lacks are ignored
+    (the schema version guards against that), missing ones take their defaults."""
+    return [LifecycleRule(**{k: v for k, v in d.items() if k in _RULE_FIELDS}) for d in json.loads(s)]
 
 
 def _no_path(blob_id: str) -> str:
@@ -222,6 +275,35 @@ class _Reads(CatalogReader):
         ).fetchall()
         return rows[0][0] if rows else None
 
+    def idle_uploads(self, before: float) -> list[UploadInfo]:
+        rows = self._conn().execute(_IDLE_UPLOADS_SQL, (before,)).fetchall()
+        return [UploadInfo(b, k, u, i, ct, _loads(md), _loads(hd)) for b, k, u, i, ct, md, hd in rows]
+
+    def lifecycle(self, bucket: str) -> list[LifecycleRule] | None:
+        rows = self._conn().execute("SELECT rules FROM lifecycle WHERE bucket=?", (bucket,)).fetchall()
+        return _rules_loads(rows[0][0]) if rows else None
+
+    def lifecycles(self) -> dict[str, list[LifecycleRule]]:
+        rows = self._conn().execute("SELECT bucket, rules FROM lifecycle ORDER BY bucket").fetchall()
+        return {b: _rules_loads(r) for b, r in rows}
+
+    def completed_upload(self, upload_id: str) -> CompletedUpload | None:
+        rows = self._conn().execute(_COMPLETED_COLS + " WHERE upload_id=?", (upload_id,)).fetchall()
+        return _completed(rows[0]) if rows else None
+
+    def completion_of(self, blob_id: str) -> CompletedUpload | None:
+        rows = self._conn().execute(_COMPLETED_COLS + " WHERE blob_id=?", (blob_id,)).fetchall()
+        return _completed(rows[0]) if rows else None
+
+
+_COMPLETED_COLS = "SELECT bucket, key, upload_id, etag, blob_id, completed, parts FROM completed_uploads"
+
+
+def _completed(row) -> CompletedUpload:
+    bucket, key, upload_id, etag, blob_id, completed, parts = row
+    infos = tuple(PartInfo(n, e, sz, lm, ck) for n, e, sz, lm, ck in json.loads(parts))
+    return CompletedUpload(bucket, key, upload_id, etag, blob_id, completed, infos)
+
 
 class _View(_Reads):
     """Reads over one connection (inside a snapshot or the write transaction)."""
@@ -253,6 +335,14 @@ class _Writer(_View, CatalogWriter):
 
     def delete_bucket(self, name: str) -> None:
         self._c.execute("DELETE FROM buckets WHERE name=?", (name,))
+        self._c.execute("DELETE FROM lifecycle WHERE bucket=?", (name,))
+
+    def set_lifecycle(self, bucket: str, rules: list[LifecycleRule]) -> None:
+        self._c.execute("INSERT OR REPLACE INTO lifecycle (bucket, rules) VALUES (?, ?)",
+                        (bucket, _rules_dumps(rules)))
+
+    def delete_lifecycle(self, bucket: str) -> bool:
+        return self._c.execute("DELETE FROM lifecycle WHERE bucket=?", (bucket,)).rowcount > 0
 
     def put_object(self, info: ObjectInfo) -> None:
         self._c.execute(
@@ -297,6 +387,22 @@ class _Writer(_View, CatalogWriter):
         self._c.execute("DELETE FROM parts WHERE upload_id=?", (upload_id,))
         self._c.execute("DELETE FROM uploads WHERE upload_id=?", (upload_id,))
 
+    def insert_completed(self, record: CompletedUpload) -> None:
+        parts = [[p.part_number, p.etag, p.size, p.last_modified, p.checksums] for p in record.parts]
+        self._c.execute(
+            "INSERT OR REPLACE INTO completed_uploads (upload_id, bucket, key, etag, blob_id, completed, parts)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (record.upload_id, record.bucket, record.key, record.etag, record.blob_id, record.completed,
+             json.dumps(parts, separators=(",", ":"), ensure_ascii=False)),
+        )
+
+    def prune_completed(self, before: float) -> int:
+        cur = self._c.execute(
+            "DELETE FROM completed_uploads WHERE completed < ? AND NOT EXISTS (SELECT 1 FROM objects o"
+            " WHERE o.bucket=completed_uploads.bucket AND o.key=completed_uploads.key"
+            " AND o.blob_id=completed_uploads.blob_id)", (before,))
+        return cur.rowcount
+
 
 class SqliteCatalog(_Reads, Catalog):
     """The catalog in ``catalog.sqlite3``: connections, transactions and the SQL of every operation.
@@ -324,8 +430,12 @@ class SqliteCatalog(_Reads, Catalog):
         self._local = threading.local()
         self._readers: dict[int, tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = {}
         try:
+            if path != ":memory:" and not path.startswith("file:"):
+                # SQLite makes the database 0644 and its -wal/-shm files with the
+                # database's mode: creating it 0600 first keeps all three private.
+                create_private_file(path)
             w = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise InternalError(f"cannot open catalog {path}: {exc}") from exc
         try:
             mode = w.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -334,9 +444,11 @@ class SqliteCatalog(_Reads, Catalog):
             w.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
             w.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")
             version = w.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
-                raise InternalError(f"catalog {path} has schema version {version}; expected {SCHEMA_VERSION}")
-            w.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version={SCHEMA_VERSION};")
+            if not 0 <= version <= SCHEMA_VERSION:
+                raise InternalError(f"catalog {path} has schema version {version}, newer than this gpufeed's "
+                                    f"{SCHEMA_VERSION}; open it with a newer gpufeed")
+            steps = " ".join(_MIGRATIONS[v] for v in range(max(version, 1), SCHEMA_VERSION))
+            w.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} {steps} PRAGMA user_version={SCHEMA_VERSION};")
             try:
                 _add_columns(w)
             except BaseException:

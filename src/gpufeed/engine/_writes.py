@@ -93,12 +93,13 @@ class WritePath:
         self, bucket: str, key: str, tmp: str, size: int, etag: str, *,
         content_type: str | None, metadata: dict[str, str] | None, checksums: dict[str, str] | None,
         headers: dict[str, str] | None = None, if_match: str | None = None,
-        if_none_match: str | None = None, extra: Callable[[CatalogWriter], None] | None = None,
+        if_none_match: str | None = None, extra: Callable[[CatalogWriter, ObjectInfo], None] | None = None,
     ) -> ObjectInfo:
         """Rename a finished temp file into ``blobs/`` and commit its catalog row.
 
-        ``extra(w)``, when given, runs inside the same transaction first (multipart
-        completion uses it to check and drop the upload). ``if_match`` /
+        ``extra(w, info)``, when given, runs inside the same transaction first with
+        the new version's record (multipart completion uses it to check and drop
+        the upload and to remember the completion). ``if_match`` /
         ``if_none_match`` are checked against the current row inside the
         transaction (see :meth:`PendingWrite.commit`). In a kv bucket the same
         transaction evicts what the new version needs room for (see
@@ -123,7 +124,7 @@ class WritePath:
         try:
             with self._cat.write() as w:
                 if extra is not None:
-                    extra(w)
+                    extra(w, info)
                 require_bucket(w, bucket)
                 old = w.object(bucket, key)
                 if if_match is not None or if_none_match is not None:

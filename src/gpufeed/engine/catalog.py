@@ -35,9 +35,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from ..errors import NoSuchBucket
-from .types import BucketInfo, ObjectInfo, PartInfo, UploadInfo
+from .types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, UploadInfo
 
-__all__ = ["Catalog", "CatalogReader", "CatalogWriter", "PartRecord", "ObjectUse", "LiveFiles", "require_bucket"]
+__all__ = [
+    "Catalog", "CatalogReader", "CatalogWriter", "PartRecord", "CompletedUpload", "ObjectUse", "LiveFiles",
+    "require_bucket",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,29 @@ class PartRecord:
 
     info: PartInfo
     file: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedUpload:
+    """A multipart upload that completed: what a repeated CompleteMultipartUpload
+    answers, and the part layout of the object version it made.
+
+    Attributes:
+        bucket, key, upload_id: the upload.
+        etag: the object's ETag (``<hex md5>-N``).
+        blob_id: the data file of the version it made.
+        completed: Unix s of the completion.
+        parts: the parts joined, in object order (their upload part numbers,
+            ETags, sizes in bytes and checksums).
+    """
+
+    bucket: str
+    key: str
+    upload_id: str
+    etag: str
+    blob_id: str
+    completed: float
+    parts: tuple[PartInfo, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +179,30 @@ class CatalogReader(ABC):
     def part_file(self, upload_id: str, part_number: int) -> str | None:
         """The file name of one part, or ``None`` when it was not uploaded."""
 
+    @abstractmethod
+    def idle_uploads(self, before: float) -> list[UploadInfo]:
+        """Uploads of every bucket untouched since ``before`` (Unix s): started
+        before it, and no part uploaded at or after it. By bucket, key, start time."""
+
+    # lifecycle -------------------------------------------------------------
+    @abstractmethod
+    def lifecycle(self, bucket: str) -> list[LifecycleRule] | None:
+        """The bucket's lifecycle rules in the order they were set, or ``None`` when
+        it has no configuration (also when the bucket is missing)."""
+
+    @abstractmethod
+    def lifecycles(self) -> dict[str, list[LifecycleRule]]:
+        """``bucket -> rules`` of every bucket that has a lifecycle configuration."""
+
+    # completed uploads -------------------------------------------------------
+    @abstractmethod
+    def completed_upload(self, upload_id: str) -> CompletedUpload | None:
+        """The record of the completed upload ``upload_id``, or ``None``."""
+
+    @abstractmethod
+    def completion_of(self, blob_id: str) -> CompletedUpload | None:
+        """The record of the upload whose completion made the version ``blob_id``, or ``None``."""
+
 
 class CatalogWriter(CatalogReader):
     """The open write transaction: reads see its own changes."""
@@ -174,7 +224,21 @@ class CatalogWriter(CatalogReader):
 
     @abstractmethod
     def delete_bucket(self, name: str) -> None:
-        """Remove a bucket row (the caller checked it is empty)."""
+        """Remove a bucket row and its lifecycle configuration (the caller checked it is empty)."""
+
+    @abstractmethod
+    def set_lifecycle(self, bucket: str, rules: list[LifecycleRule]) -> None:
+        """Make ``rules`` (kept in this order) the bucket's whole lifecycle
+        configuration, replacing any (the caller checked the bucket exists and
+        the rules are valid). Fields of :class:`LifecycleRule` round-trip exactly."""
+
+    @abstractmethod
+    def delete_lifecycle(self, bucket: str) -> bool:
+        """Remove the bucket's lifecycle configuration.
+
+        Returns:
+            Whether it had one.
+        """
 
     # objects -------------------------------------------------------------
     @abstractmethod
@@ -210,6 +274,20 @@ class CatalogWriter(CatalogReader):
     @abstractmethod
     def delete_upload(self, upload_id: str) -> None:
         """Remove an upload and all its parts."""
+
+    # completed uploads -------------------------------------------------------
+    @abstractmethod
+    def insert_completed(self, record: CompletedUpload) -> None:
+        """Remember a completed upload (replacing a record of the same id)."""
+
+    @abstractmethod
+    def prune_completed(self, before: float) -> int:
+        """Forget the completed uploads finished before ``before`` (Unix s) whose
+        version is no longer the current one of its key.
+
+        Returns:
+            How many records were removed.
+        """
 
 
 class Catalog(CatalogReader):

@@ -13,6 +13,10 @@ On-disk layout under ``data_dir``::
     tmp/                     files being written; emptied on start
     lock                     flock'ed by the one Engine that has the folder open
 
+Every folder is created ``0700`` and every file ``0600``: the data folder is
+private to the node's user (:mod:`._private`; more open modes found at start
+are reported in :attr:`Engine.permission_warnings`).
+
 Write protocol (atomic, durable): data goes to a file in ``tmp/``, is fsynced,
 renamed into ``blobs/``, the directory is fsynced, then the catalog row is
 committed (``synchronous=FULL``). Only the commit makes an object visible. On
@@ -40,6 +44,7 @@ the fronts call, which delegates to:
 - :mod:`._kvpolicy`: capacity, LRU and TTL of kv buckets, as hooks the
   engine calls on read, commit and delete.
 - :mod:`._multipart`: uploads, parts and their completion.
+- :mod:`._lifecycle`: bucket lifecycle rules and the pass that applies them.
 - :mod:`._listing`: paging through keys.
 - :mod:`._names`: S3 naming rules, key-space arithmetic.
 """
@@ -61,37 +66,37 @@ from ..errors import (
     KeyTooLong,
     NoSuchKey,
 )
-from ..store import ByteRequest, resolve_range
 from ._blobs import BlobFiles
 from ._kvpolicy import KVBucketPolicy, check_policy
+from ._lifecycle import Lifecycle
 from ._listing import read_page, start_position
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_text
-from ._openfiles import ObjectHandle
+from ._private import FILE_MODE, check_private, make_private_dirs
+from ._reads import ObjectReads
 from ._sqlite import SqliteCatalog
-from ._writes import PendingWrite, WritePath, as_bytes_view, check_hash_kind, feed
+from ._writes import PendingWrite, WritePath, check_hash_kind, feed
 from .catalog import Catalog, require_bucket
-from .types import BucketInfo, ListResult, ObjectInfo, PartInfo, UploadInfo
+from .types import BucketInfo, LifecycleResult, LifecycleRule, ListResult, ObjectInfo, PartInfo, UploadInfo
 
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
-_OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
-_READ_RETRIES = 64  # a version replaced between lookup and open is looked up again this often
 
-
-class Engine:
+class Engine(ObjectReads):
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
-        data_dir: folder for catalog and data (created if missing).
+        data_dir: folder for catalog and data (created ``0700`` if missing;
+            everything the engine makes in it is private to the user, see
+            :attr:`permission_warnings`).
         fsync: fsync data, directories and catalog before a write returns
             (``synchronous=FULL``); with ``False`` writes are still atomic and
             survive a process crash, but not a power loss.
 
     Raises:
         InternalError: ``data_dir`` is in use by another open Engine (an
-            exclusive ``flock`` on ``data_dir/lock``), or the catalog cannot
-            be opened.
+            exclusive ``flock`` on ``data_dir/lock``, which holds the pid of
+            its process; the message names it), or the catalog cannot be opened.
 
     All methods raise the typed errors of :mod:`gpufeed.errors`. Usable as a
     context manager (closes on exit).
@@ -99,13 +104,18 @@ class Engine:
 
     def __init__(self, data_dir: str | Path, *, fsync: bool = True) -> None:
         self.data_dir = Path(data_dir).resolve()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        make_private_dirs(self.data_dir)
+        self._lock_fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
+            holder = os.pread(self._lock_fd, 32, 0).decode("ascii", "replace").strip()
             os.close(self._lock_fd)
-            raise InternalError(f"{self.data_dir} is in use by another Engine") from exc
+            by = f" (process {holder})" if holder.isdigit() else ""
+            raise InternalError(f"{self.data_dir} is in use by another Engine{by}") from exc
+        # The holder's pid, for the message above in whoever tries next.
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
         try:
             self._files = BlobFiles(self.data_dir, fsync=fsync)
             # Every metadata operation below goes through the Catalog interface.
@@ -117,9 +127,13 @@ class Engine:
         self._closed = False
         #: What the start-up sweep removed: ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
         self.recovered = self._recover()
+        #: Warnings about folders or files in ``data_dir`` that other local users
+        #: may read (more open than ``0700``/``0600``), found at start; also logged.
+        self.permission_warnings: list[str] = check_private(self.data_dir)
         self._kv = KVBucketPolicy(self._cat, self._files)
         self._writes = WritePath(self._files, self._cat, self._kv)
         self._multipart = Multipart(self._cat, self._files, self._writes)
+        self._lifecycle = Lifecycle(self._cat, self._files, self._kv.on_delete)
 
     def _recover(self) -> dict[str, int]:
         live = self._cat.live_files()
@@ -352,125 +366,6 @@ class Engine:
         require_bucket(self._cat, bucket)
         raise NoSuchKey(f"{bucket}/{key} does not exist", bucket=bucket, key=key)
 
-    def open_version(self, bucket: str, key: str) -> ObjectHandle:
-        """Look up the current version of an object and take a shared, cached
-        descriptor of its data file (one catalog lookup; the open is skipped when
-        another reader has the version open). A version replaced between the
-        lookup and the open is looked up again.
-
-        Returns:
-            An :class:`ObjectHandle` the caller MUST close (``with`` works). The
-            descriptor stays valid until then, across overwrites and deletes;
-            the old version's space returns when its last handle is closed.
-
-        Raises:
-            NoSuchBucket, NoSuchKey: the bucket or key does not exist.
-            InternalError: the key was replaced on every one of many attempts.
-        """
-        files = self._files.open_files
-        for _ in range(_READ_RETRIES):
-            info = self.head_object(bucket, key)
-            try:
-                return ObjectHandle(info, files.acquire(info.blob_id, info.path), files)
-            except FileNotFoundError:
-                continue  # replaced between lookup and open: look it up again
-        raise InternalError(f"{bucket}/{key} kept changing while being opened")
-
-    def open_files(self) -> int:
-        """Data-file descriptors the engine holds open now (cached or in use)."""
-        return self._files.open_files.open_count()
-
-    def open_object(self, bucket: str, key: str) -> tuple[ObjectInfo, int]:
-        """Look up the current version of an object and open its immutable data file.
-
-        A version replaced between the lookup and the open is looked up again, so
-        a reader racing overwriters gets the old or the new version, never a
-        spurious NoSuchKey. The file stays readable after later overwrites or
-        deletes (POSIX keeps an open file's data).
-
-        Returns:
-            ``(info, fd)``: the version's metadata and a read-only descriptor the
-            caller must ``os.close``.
-
-        Raises:
-            NoSuchBucket, NoSuchKey: the bucket or key does not exist.
-            InternalError: the key was replaced on every one of many attempts.
-        """
-        for _ in range(_READ_RETRIES):
-            info = self.head_object(bucket, key)
-            try:
-                return info, os.open(info.path, _OPEN_READ)
-            except FileNotFoundError:
-                continue  # replaced between lookup and open: look it up again
-        raise InternalError(f"{bucket}/{key} kept changing while being opened")
-
-    def get_object(self, bucket: str, key: str, byte_range: ByteRequest | None = None) -> bytes:
-        """Read an object (or a range) into memory. Large reads should use
-        ``open(info.path)`` / :meth:`read_into` instead.
-
-        Args:
-            byte_range: ``None`` for all of it, else a :mod:`gpufeed.store` byte request.
-
-        Returns:
-            The bytes.
-
-        Raises:
-            NoSuchBucket, NoSuchKey: missing bucket or key.
-            InvalidRange: the range is unsatisfiable (see :func:`gpufeed.store.resolve_range`).
-        """
-        info, fd = self.open_object(bucket, key)
-        try:
-            start, length = resolve_range(byte_range, info.size)
-            data = os.pread(fd, length, start)
-            if len(data) < length:  # only on reads over ~2 GiB
-                parts = [data]
-                got = len(data)
-                while got < length:
-                    more = os.pread(fd, length - got, start + got)
-                    if not more:
-                        raise InternalError(f"blob of {bucket}/{key} is shorter than its catalog size")
-                    parts.append(more)
-                    got += len(more)
-                data = b"".join(parts)
-            return data
-        finally:
-            os.close(fd)
-
-    def read_into(self, info: ObjectInfo, buffer, offset: int = 0) -> int:
-        """Read object version ``info`` from ``offset`` straight into ``buffer``.
-
-        Args:
-            info: from :meth:`head_object` (identifies one immutable version).
-            buffer: writable buffer; up to ``len(buffer)`` bytes are read (``os.preadv``).
-            offset: byte offset in the object.
-
-        Returns:
-            Bytes read; short only at the end of the object.
-
-        Raises:
-            NoSuchKey: that version was overwritten or deleted meanwhile.
-            InvalidArgument: negative offset.
-        """
-        if offset < 0:
-            raise InvalidArgument("offset must be >= 0")
-        mv = as_bytes_view(buffer)
-        want = min(mv.nbytes, max(0, info.size - offset))
-        try:
-            fd = os.open(info.path, _OPEN_READ)
-        except FileNotFoundError as exc:
-            raise NoSuchKey(f"{info.bucket}/{info.key} (version {info.blob_id}) is gone",
-                            bucket=info.bucket, key=info.key) from exc
-        try:
-            done = 0
-            while done < want:
-                n = os.preadv(fd, [mv[done:want]], offset + done)
-                if n == 0:
-                    break
-                done += n
-            return done
-        finally:
-            os.close(fd)
-
     def delete_object(self, bucket: str, key: str) -> None:
         """Delete; a missing key is not an error.
 
@@ -675,11 +570,17 @@ class Engine:
         parts have are dropped.
         ``if_match`` / ``if_none_match``: as for :meth:`PendingWrite.commit`.
 
+        Repeating a completion that succeeded, with the same parts, returns the
+        version it made again (its record as completed, with an empty ``path``,
+        once it is no longer current); completions are remembered while their
+        version is current and for ``COMPLETED_KEEP_S`` (24 h) after.
+
         Returns:
             The new object's :class:`ObjectInfo`.
 
         Raises:
-            NoSuchUpload: no such upload (or it completed/aborted meanwhile).
+            NoSuchUpload: no such upload (aborted, or never started; a completed
+                one repeated with other parts or after it was forgotten).
             MalformedXML: ``parts`` is empty.
             InvalidPart: an unknown part, or an ETag that does not match.
             InvalidPartOrder: part numbers not strictly ascending.
@@ -692,6 +593,12 @@ class Engine:
         """
         return self._multipart.complete(bucket, key, upload_id, parts, if_match=if_match,
                                         if_none_match=if_none_match)
+
+    def object_parts(self, info: ObjectInfo) -> list[PartInfo]:
+        """The parts the version ``info`` was completed from, in object order
+        (S3 GetObject ``partNumber`` n is the n-th); ``[]`` for a version that
+        no multipart completion made (a put, a copy)."""
+        return self._multipart.parts_of(info)
 
     def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None:
         """Drop an upload and its parts.
@@ -708,3 +615,53 @@ class Engine:
             NoSuchBucket: the bucket does not exist.
         """
         return self._multipart.list_uploads(bucket, prefix)
+
+    # lifecycle (see ._lifecycle) ------------------------------------------------
+    def put_bucket_lifecycle(self, bucket: str, rules: list[LifecycleRule]) -> None:
+        """Make ``rules`` the bucket's lifecycle configuration, replacing any.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+            InvalidArgument, InvalidRequestError: rules S3 would refuse
+                (see :func:`gpufeed.engine._lifecycle.check_rules`).
+
+        Source: https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutBucketLifecycleConfiguration.html
+        """
+        self._lifecycle.put(bucket, rules)
+
+    def get_bucket_lifecycle(self, bucket: str) -> list[LifecycleRule]:
+        """The bucket's lifecycle rules, in the order they were set.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+            NoSuchLifecycleConfiguration: it has none.
+        """
+        return self._lifecycle.get(bucket)
+
+    def delete_bucket_lifecycle(self, bucket: str) -> None:
+        """Remove the bucket's lifecycle configuration (having none is fine).
+
+        Raises:
+            NoSuchBucket: it does not exist.
+        """
+        self._lifecycle.delete(bucket)
+
+    def apply_lifecycle(self, now: float | None = None, *, idle_upload_s: float = 0.0) -> LifecycleResult:
+        """Apply every bucket's enabled lifecycle rules once, as of ``now``.
+
+        Expired current objects are deleted (only the version that expired; a
+        key overwritten meanwhile stays), due multipart uploads aborted; then,
+        with ``idle_upload_s > 0``, every upload with no activity (start or part
+        upload) for that many seconds is aborted, whatever the rules say.
+
+        Args:
+            now: Unix s the rules are applied at; ``None`` for the clock.
+            idle_upload_s: seconds after which an untouched upload is aborted; 0 never.
+
+        Returns:
+            What was removed.
+
+        Raises:
+            InternalError: the catalog failed, or the engine is closed.
+        """
+        return self._lifecycle.apply(now, idle_upload_s)

@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..errors import AccessDenied
-from ..store import ByteRequest, Store, resolve_range
+from ..store import ByteRequest, Store, check_page_keys, resolve_range
 from .engine import Engine
 
 __all__ = ["EngineStore"]
 
-_PAGE_KEYS = 1000  # keys per catalog listing page
 
 
 class EngineStore(Store):
@@ -27,12 +26,15 @@ class EngineStore(Store):
         etag: ETag kind for values written by :meth:`set`: ``"xxh3"`` (default;
             tens of GB/s) or ``"md5"`` (S3 compatible, ~0.6 GB/s).
         read_only: refuse writes with :class:`~gpufeed.errors.AccessDenied`.
+        page_keys: keys per catalog listing page.
 
     Raises:
         NoSuchBucket: ``bucket`` does not exist.
     """
 
-    def __init__(self, engine: Engine, bucket: str, *, etag: str = "xxh3", read_only: bool = False) -> None:
+    def __init__(self, engine: Engine, bucket: str, *, etag: str = "xxh3", read_only: bool = False,
+                 page_keys: int = 1000) -> None:
+        self.page_keys = check_page_keys(page_keys)
         engine.head_bucket(bucket)
         self.engine = engine
         self.bucket = bucket
@@ -105,7 +107,7 @@ class EngineStore(Store):
         token = None
         while True:
             page = self.engine.list_objects(
-                self.bucket, prefix=prefix, continuation_token=token, max_keys=_PAGE_KEYS
+                self.bucket, prefix=prefix, continuation_token=token, max_keys=self.page_keys
             )
             for o in page.objects:
                 yield o.key
@@ -121,7 +123,7 @@ class EngineStore(Store):
         token = None
         while True:
             page = self.engine.list_objects(
-                self.bucket, prefix=prefix, delimiter="/", continuation_token=token, max_keys=_PAGE_KEYS
+                self.bucket, prefix=prefix, delimiter="/", continuation_token=token, max_keys=self.page_keys
             )
             keys.extend(o.key for o in page.objects)
             dirs.extend(page.common_prefixes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["BucketInfo", "ObjectInfo", "ListResult", "UploadInfo", "PartInfo"]
+__all__ = ["BucketInfo", "ObjectInfo", "ListResult", "UploadInfo", "PartInfo", "LifecycleRule", "LifecycleResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,3 +108,51 @@ class PartInfo:
     size: int
     last_modified: float
     checksums: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleRule:
+    """One bucket lifecycle rule, of the kinds gpufeed applies (S3 ``LifecycleRule``).
+
+    "N days after" means: the time plus N days, rounded up to the next midnight
+    UTC, as S3 computes it.
+
+    Attributes:
+        id: the rule's ``ID``, 1 to 255 characters, unique in its bucket.
+        enabled: ``Status`` ``Enabled`` (applied) or ``Disabled`` (kept, not applied).
+        prefix: keys (of objects and uploads) the rule applies to start with
+            this; ``""`` for every key.
+        expiration_days: ``Expiration`` ``Days``: current objects are deleted N
+            days after their last write; ``None`` when not set.
+        expiration_date: ``Expiration`` ``Date``: current objects are deleted
+            once this time has come, Unix s (a midnight UTC); ``None`` when not set.
+        abort_days: ``AbortIncompleteMultipartUpload`` ``DaysAfterInitiation``:
+            multipart uploads are aborted N days after they were started; ``None``
+            when not set.
+        legacy_prefix: the rule gave its prefix in the rule-level ``Prefix``
+            element S3 deprecated, not in a ``Filter`` (answered back the same way).
+
+    Source: "LifecycleRule", Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_LifecycleRule.html
+    """
+
+    id: str
+    enabled: bool = True
+    prefix: str = ""
+    expiration_days: int | None = None
+    expiration_date: float | None = None
+    abort_days: int | None = None
+    legacy_prefix: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleResult:
+    """What one pass of lifecycle rules did (:meth:`gpufeed.engine.Engine.apply_lifecycle`).
+
+    Attributes:
+        expired_objects: current objects deleted by ``Expiration`` rules.
+        aborted_uploads: multipart uploads aborted, by rules or as idle.
+    """
+
+    expired_objects: int = 0
+    aborted_uploads: int = 0

@@ -6,9 +6,10 @@ It calls :mod:`gpufeed.engine`, never the other way. Start it with
 
 Layout: ``_router`` turns a request into a typed endpoint; ``_buckets``,
 ``_listing``, ``_objects`` and ``_multipart`` hold the handlers of each
-operation family; ``_app`` is the aiohttp glue (authentication, dispatch,
-error documents); ``_auth``, ``_body``, ``_checksum``, ``_headers`` and
-``_xml`` are the shared protocol pieces.
+operation family; ``_app`` is the aiohttp glue (authentication, dispatch);
+``_server`` the connections (timeouts, per-address cap, error documents,
+access log); ``_auth``, ``_body``, ``_checksum``, ``_headers`` and ``_xml``
+are the shared protocol pieces.
 """
 
 from ._app import S3Front, make_app, start_s3

@@ -6,6 +6,8 @@ signature, routes it to a typed endpoint (:func:`~gpufeed.s3._router.route`)
 and runs that endpoint's handler from its family module (``_buckets``,
 ``_listing``, ``_objects``, ``_multipart``). Every :class:`GpufeedError` becomes
 an S3 error document here; any other exception a 500 with no traceback.
+:func:`start_s3` serves the app through :mod:`~gpufeed.s3._server` (timeouts,
+per-address cap, malformed requests, access log).
 
 Source: Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API/
 """
@@ -13,22 +15,33 @@ Source: Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
-import uuid
-import xml.etree.ElementTree as ET
 
 from aiohttp import web
 
 from ..config import NodeConfig
 from ..engine import Engine
-from ..errors import GpufeedError, InternalError, NotModified
-from . import _buckets, _listing, _multipart, _objects
+from ..errors import GpufeedError, InternalError, NotModified, SignatureDoesNotMatch
+from . import _acl, _attributes, _bucketconfig, _buckets, _lifecycle, _listing, _multipart, _objects, _post
+from ._accesslog import AccessLog
 from ._auth import AuthResult, verify_request
 from ._context import MAX_XML, HandlerTable, S3Request, Services
 from ._headers import quote_etag
 from ._router import Target, parse_target, route
-from ._xml import http_date, sub, to_bytes
+from ._server import (
+    AUTH,
+    ERROR_CODE,
+    REQUEST_ID,
+    TARGET,
+    ConnectionLimits,
+    ConnectionPolicy,
+    S3RequestHandler,
+    S3Site,
+    common_headers,
+    error_response,
+    new_request_id,
+)
+from ._xml import http_date
 
 __all__ = ["S3Front", "make_app", "start_s3", "error_response", "HANDLERS"]
 
@@ -37,9 +50,15 @@ log = logging.getLogger("gpufeed.s3")
 #: Socket read buffer of the HTTP server, bytes.
 _READ_BUFSIZE = 1 << 20  # 1 MiB
 _FRONT_KEY = web.AppKey("gpufeed_s3_front", object)
-_REQUEST_ID = web.RequestKey("gpufeed_s3_request_id", str)
-_TARGET = web.RequestKey("gpufeed_s3_target", object)  # Target parsed by S3Front.expect
-_AUTH = web.RequestKey("gpufeed_s3_auth", object)  # AuthResult found by S3Front.expect
+#: aiohttp connection settings of the S3 port.
+_HANDLER_ARGS = {
+    "auto_decompress": False,  # S3 stores Content-Encoding: gzip bodies as sent
+    "read_bufsize": _READ_BUFSIZE,
+    # room for long presigned URLs and headers; user metadata is then
+    # refused with S3's own MetadataTooLarge rather than a bare 400
+    "max_line_size": 64 << 10,
+    "max_field_size": 64 << 10,
+}
 
 #: Endpoint class -> handler, over every family.
 HANDLERS: HandlerTable = {
@@ -47,41 +66,12 @@ HANDLERS: HandlerTable = {
     **_listing.HANDLERS,
     **_objects.HANDLERS,
     **_multipart.HANDLERS,
+    **_lifecycle.HANDLERS,
+    **_acl.HANDLERS,
+    **_attributes.HANDLERS,
+    **_bucketconfig.HANDLERS,
+    **_post.HANDLERS,
 }
-
-
-def _request_id() -> str:
-    return uuid.uuid4().hex[:16].upper()
-
-
-def error_response(method: str, exc: GpufeedError, resource: str, request_id: str) -> web.Response:
-    """The S3 error document of ``exc`` (no body for HEAD).
-
-    Args:
-        method: the request's HTTP method.
-        exc: the error; its ``code``, ``message``, ``status`` and the details
-            ``bucket``, ``key``, ``condition`` and ``size`` are used.
-        resource: the decoded request path.
-        request_id: the request's id.
-    """
-    status = exc.status
-    if method == "HEAD":
-        return web.Response(status=status)
-    root = ET.Element("Error")  # S3 error documents carry no namespace
-    sub(root, "Code", exc.code)
-    sub(root, "Message", exc.message)
-    for name in ("bucket", "key"):
-        if name in exc.details:
-            sub(root, "BucketName" if name == "bucket" else "Key", exc.details[name])
-    if "condition" in exc.details:
-        sub(root, "Condition", exc.details["condition"])
-    sub(root, "Resource", resource)
-    sub(root, "RequestId", request_id)
-    headers = {}
-    if exc.code == "InvalidRange" and "size" in exc.details:
-        headers["Content-Range"] = f"bytes */{exc.details['size']}"
-    return web.Response(status=status, body=to_bytes(root), content_type="application/xml",
-                        headers=headers)
 
 
 def _not_modified(exc: NotModified) -> web.Response:
@@ -100,35 +90,52 @@ class S3Front(Services):
     """
 
     def _target(self, request: web.BaseRequest) -> Target:
-        target = request.get(_TARGET)
+        target = request.get(TARGET)
         if target is None:
             target = parse_target(request.method, request.raw_path, request.headers)
-            request[_TARGET] = target
+            request[TARGET] = target
         return target
 
     def _verify(self, request: web.BaseRequest, target: Target) -> AuthResult:
-        """The SigV4 check; headers only (the signed payload hash is checked as the body streams)."""
-        return verify_request(
-            method=request.method,
-            raw_path=target.raw_path,
-            raw_query=target.raw_query,
-            headers=request.headers,
-            credentials=self.credentials,
-            virtual_bucket=target.virtual_bucket,
-        )
+        """The SigV4 check; headers only (the signed payload hash is checked as the body streams).
+
+        Raises:
+            SignatureDoesNotMatch: also when botocore cannot even build the
+                canonical request (a signed header value it cannot represent, a
+                malformed host): such a request cannot carry a valid signature.
+        """
+        try:
+            return verify_request(
+                method=request.method,
+                raw_path=target.raw_path,
+                raw_query=target.raw_query,
+                headers=request.headers,
+                credentials=self.credentials,
+                virtual_bucket=target.virtual_bucket,
+            )
+        except GpufeedError:
+            raise
+        except (ValueError, AttributeError, UnicodeError) as exc:
+            log.debug("S3 signature of %s %s not computable: %r", request.method, target.raw_path, exc)
+            raise SignatureDoesNotMatch(
+                "The request signature we calculated does not match the signature you provided. "
+                "Check your key and signing method.") from exc
 
     async def expect(self, request: web.BaseRequest) -> web.StreamResponse | None:
         """aiohttp expect handler: answer ``Expect: 100-continue`` only once the
         signature holds, so an unauthenticated client is refused before it sends
-        its body (the handler then reuses the result)."""
-        if request.headers.get("Expect", "").lower() != "100-continue":
-            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers.get('Expect')}")
-        request_id = _request_id()
-        request[_REQUEST_ID] = request_id
+        its body (the handler then reuses the result). Any other expectation is
+        ignored, as S3 does."""
+        if request.headers.get("Expect", "").strip().lower() != "100-continue":
+            return None
+        _started(request)
+        request_id = new_request_id()
+        request[REQUEST_ID] = request_id
         target = self._target(request)
         try:
-            request[_AUTH] = self._verify(request, target)
+            request[AUTH] = self._verify(request, target)
         except GpufeedError as exc:
+            request[ERROR_CODE] = exc.code
             resp = error_response(request.method, exc, target.path, request_id)
             resp.force_close()  # the body was never sent; do not read it
             return resp
@@ -139,32 +146,51 @@ class S3Front(Services):
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """aiohttp handler: every request of the endpoint comes here."""
-        request_id = request.get(_REQUEST_ID) or _request_id()
-        request[_REQUEST_ID] = request_id
+        _started(request)
+        request_id = request.get(REQUEST_ID) or new_request_id()
+        request[REQUEST_ID] = request_id
         target = self._target(request)
         try:
-            auth = request.get(_AUTH) or self._verify(request, target)
+            auth = request.get(AUTH) or self._verify(request, target)
+            request[AUTH] = auth
             endpoint = route(target)
             handler = HANDLERS[type(endpoint)]
             return await handler(self, S3Request(request, target, auth), endpoint)
         except NotModified as exc:
             return _not_modified(exc)
         except GpufeedError as exc:
+            request[ERROR_CODE] = exc.code
+            if exc.status == 500:  # the node's fault; 501 and the like are answers
+                log.error("S3 %s %s answered %s %s: %s (request id %s)", request.method, target.raw_path,
+                          exc.status, exc.code, exc.message, request_id)
+            else:
+                log.debug("S3 %s %s answered %s %s: %s (request id %s)", request.method, target.raw_path,
+                          exc.status, exc.code, exc.message, request_id)
             return error_response(request.method, exc, target.path, request_id)
         except asyncio.CancelledError:
             raise
         except Exception:  # never a traceback to the client
             log.exception("S3 %s %s failed (request id %s)", request.method, target.raw_path, request_id)
+            request[ERROR_CODE] = InternalError.code
             return error_response(request.method,
                                   InternalError("We encountered an internal error. Please try again."),
                                   target.path, request_id)
 
 
+def _started(request: web.BaseRequest) -> None:
+    """Tell the connection a request's handler runs (its header timeout ends, its body timeout starts)."""
+    protocol = request.protocol
+    if isinstance(protocol, S3RequestHandler):
+        protocol.request_started(request)
+
+
 async def _add_common_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
-    rid = request.get(_REQUEST_ID) or _request_id()
-    response.headers["x-amz-request-id"] = rid
-    response.headers["x-amz-id-2"] = base64.b64encode(rid.encode()).decode()
-    response.headers["Server"] = "gpufeed"
+    rid = request.get(REQUEST_ID) or new_request_id()
+    request[REQUEST_ID] = rid
+    response.headers.update(common_headers(rid))
+    protocol = request.protocol
+    if isinstance(protocol, S3RequestHandler):
+        protocol.response_started(request, response)
 
 
 def make_app(engine: Engine, config: NodeConfig) -> web.Application:
@@ -179,17 +205,7 @@ def make_app(engine: Engine, config: NodeConfig) -> web.Application:
         An application with one catch-all route; its worker pool is shut down
         on cleanup (the engine is not closed: it belongs to the caller).
     """
-    app = web.Application(
-        client_max_size=MAX_XML,
-        handler_args={
-            "auto_decompress": False,  # S3 stores Content-Encoding: gzip bodies as sent
-            "read_bufsize": _READ_BUFSIZE,
-            # room for long presigned URLs and headers; user metadata is then
-            # refused with S3's own MetadataTooLarge rather than a bare 400
-            "max_line_size": 64 << 10,
-            "max_field_size": 64 << 10,
-        },
-    )
+    app = web.Application(client_max_size=MAX_XML, handler_args=_HANDLER_ARGS)
     front = S3Front(engine, config)
     app[_FRONT_KEY] = front
     app.router.add_route("*", "/{tail:[\\s\\S]*}", front.handle,  # keys may hold newlines
@@ -206,13 +222,34 @@ def make_app(engine: Engine, config: NodeConfig) -> web.Application:
 async def start_s3(engine: Engine, config: NodeConfig) -> tuple[web.AppRunner, int]:
     """Serve the S3 endpoint on ``config.host:config.s3_port`` (0 picks a free port).
 
+    Connections get the header and body timeouts, the per-address cap and the
+    access log of ``config`` (see :mod:`gpufeed.s3._server`).
+
     Returns:
-        ``(runner, port)``: call ``await runner.cleanup()`` to stop.
+        ``(runner, port)``: call ``await runner.cleanup()`` to stop (it also
+        closes the access log).
+
+    Raises:
+        OSError: the port is taken, or the access log file cannot be opened.
     """
     app = make_app(engine, config)
+    access_log = AccessLog(config.access_log)
+
+    async def _close_log(_app: web.Application) -> None:
+        access_log.close()
+
+    app.on_cleanup.append(_close_log)
+    policy = ConnectionPolicy(
+        header_timeout_s=config.s3_header_timeout_s, body_timeout_s=config.s3_body_timeout_s,
+        limits=ConnectionLimits(config.s3_max_connections_per_address), access_log=access_log)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.s3_port, reuse_address=True, backlog=1024)
-    await site.start()
+    site = S3Site(runner, config.host, config.s3_port, policy=policy, backlog=1024, handler_args={
+        **_HANDLER_ARGS, "keepalive_timeout": config.s3_keepalive_timeout_s, "access_log": None})
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     port = runner.addresses[0][1]
     return runner, port

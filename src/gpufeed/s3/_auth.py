@@ -31,6 +31,7 @@ from ..errors import (
     AuthorizationHeaderMalformed,
     AuthorizationQueryParametersError,
     InvalidAccessKeyId,
+    InvalidArgument,
     InvalidRequestError,
     RequestExpired,
     RequestTimeTooSkewed,
@@ -64,6 +65,8 @@ class AuthResult:
         timestamp: the signed ``X-Amz-Date`` (``YYYYMMDDTHHMMSSZ``).
         scope: the credential scope ``date/region/service/aws4_request``.
         signing_key: the derived SigV4 key (for chunk signatures).
+        deferred: an unsigned browser-form POST to a bucket: its handler checks
+            the signed policy in the form (``gpufeed.s3._post``); nothing else is proved.
     """
 
     access_key: str
@@ -72,6 +75,7 @@ class AuthResult:
     timestamp: str
     scope: str
     signing_key: bytes
+    deferred: bool = False
 
 
 class _ClientSigned(SigV4Auth):
@@ -264,10 +268,12 @@ def _query_claim(query: dict[str, str]) -> _Claim:
             "X-Amz-Credential, X-Amz-Signature, X-Amz-Date, X-Amz-SignedHeaders, "
             "and X-Amz-Expires parameters."
         ) from exc
-    if not 0 <= claim.expires_s <= MAX_EXPIRES_S:
-        raise AuthorizationQueryParametersError(
-            "X-Amz-Expires must be between 0 and 604800 seconds"
-        )
+    # S3 answers both with 403 AccessDenied (not the 400 of a malformed query).
+    expires_s = claim.expires_s or 0
+    if expires_s < 0:
+        raise AccessDenied("X-Amz-Expires must be non-negative")
+    if expires_s > MAX_EXPIRES_S:
+        raise AccessDenied("X-Amz-Expires must be less than a week (in seconds) that is 604800")
     return claim
 
 
@@ -287,6 +293,15 @@ def _check_time(claim: _Claim, date: str, now_s: float) -> None:
         )
 
 
+def _is_utf8(value: str) -> bool:
+    """Whether a header value decoded with ``surrogateescape`` was valid UTF-8 on the wire."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _signed_headers(claim: _Claim, headers, header_signed: bool) -> tuple[list[str], dict[str, str]]:
     """The signed header names and their canonical values."""
     signed_names = claim.signed.lower().split(";")
@@ -295,12 +310,24 @@ def _signed_headers(claim: _Claim, headers, header_signed: bool) -> tuple[list[s
     sign_headers = {}
     for name in signed_names:
         values = headers.getall(name, [])
+        for v in values:
+            if not v.isascii() and not _is_utf8(v):
+                raise InvalidArgument(f"The value of header {name} is not valid UTF-8")
         if values:
             sign_headers[name] = ",".join(" ".join(v.split()) for v in values)
     if header_signed:
         # Used for the payload line even when the client did not sign the header itself.
         sign_headers.setdefault("x-amz-content-sha256", claim.payload_hash)
     return signed_names, sign_headers
+
+
+def _is_form_post(method: str, raw_path: str, raw_query: str, headers, virtual_bucket: str | None) -> bool:
+    """Whether a request is a browser-form POST Object (``POST /bucket``, no query,
+    ``multipart/form-data``): the only request whose signature is in its body."""
+    if method != "POST" or raw_query or not headers.get("Content-Type", "").lower().startswith("multipart/form-data"):
+        return False
+    path = raw_path.strip("/")
+    return path == "" if virtual_bucket is not None else bool(path) and "/" not in path
 
 
 def verify_request(
@@ -328,6 +355,9 @@ def verify_request(
     Returns:
         An :class:`AuthResult`.
 
+    A browser-form POST to a bucket is let through ``deferred`` (its policy
+    signature is in the body; the POST Object handler checks it).
+
     Raises:
         AccessDenied: no signature at all (anonymous request).
         InvalidAccessKeyId: unknown access key.
@@ -352,6 +382,9 @@ def verify_request(
         claim = _header_claim(auth, headers)
     elif presigned:
         claim = _query_claim(query)
+    elif _is_form_post(method, raw_path, raw_query, headers, virtual_bucket):
+        return AuthResult(access_key="", payload_hash="UNSIGNED-PAYLOAD", signature="", timestamp="",
+                          scope="", signing_key=b"", deferred=True)
     else:
         raise AccessDenied("Anonymous access is not allowed")
 

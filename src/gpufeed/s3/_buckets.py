@@ -6,10 +6,14 @@ Source: Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API
 
 from __future__ import annotations
 
+import base64
+import binascii
+
 from aiohttp import web
 
-from ..errors import InvalidArgument, MalformedXML
+from ..errors import BucketAlreadyOwnedByYou, InvalidArgument, MalformedXML
 from ._context import HandlerTable, S3Request, Services
+from ._features import check_create_bucket_headers
 from ._router import (
     CreateBucket,
     DeleteBucket,
@@ -24,16 +28,67 @@ from ._xml import element, iso8601, local, parse_xml, sub
 __all__ = ["HANDLERS"]
 
 
+#: Most buckets one ListBuckets page holds (S3's ``max-buckets`` range is 1..10000).
+_MAX_BUCKETS = 10000
+_BAD_TOKEN = "The continuation token provided is incorrect"
+
+
+def _token(name: str) -> str:
+    """The continuation token after bucket ``name`` (opaque to clients)."""
+    return base64.urlsafe_b64encode(name.encode()).decode()
+
+
+def _after(token: str) -> str:
+    """The bucket name a continuation token resumes after.
+
+    Raises:
+        InvalidArgument: not a token this node made.
+    """
+    try:
+        return base64.urlsafe_b64decode(token.encode("ascii")).decode()
+    except (binascii.Error, UnicodeError, ValueError) as exc:
+        raise InvalidArgument(_BAD_TOKEN) from exc
+
+
 async def list_buckets(s: Services, req: S3Request, ep: ListBuckets) -> web.Response:
-    """ListBuckets: every bucket with its creation date."""
+    """ListBuckets: buckets by name with their creation dates; one page of
+    ``max-buckets`` (1..10000) after ``continuation-token``, only names starting
+    with ``prefix``, none unless ``bucket-region`` is the node's region.
+
+    Source: "ListBuckets", Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_ListBuckets.html
+
+    Raises:
+        InvalidArgument: ``max-buckets`` outside 1..10000, or a token we did not make.
+    """
+    q = req.query
+    prefix = q.get("prefix", "")
+    after = _after(q["continuation-token"]) if q.get("continuation-token") else ""
+    limit = _MAX_BUCKETS
+    if q.get("max-buckets", "") != "":
+        try:
+            limit = int(q["max-buckets"])
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= _MAX_BUCKETS:
+            raise InvalidArgument("Argument max-buckets must be an integer between 1 and 10000")
     buckets = await s.call(s.engine.list_buckets)
+    region = q.get("bucket-region")
+    chosen = [b for b in buckets if b.name.startswith(prefix) and b.name > after
+              and region in (None, s.config.region)]
+    page = chosen[:limit]
     root = element("ListAllMyBucketsResult")
     s.owner(root)
     bs = sub(root, "Buckets")
-    for b in buckets:
+    for b in page:
         el = sub(bs, "Bucket")
         sub(el, "Name", b.name)
         sub(el, "CreationDate", iso8601(b.created))
+        sub(el, "BucketRegion", s.config.region)
+    if len(chosen) > limit:
+        sub(root, "ContinuationToken", _token(page[-1].name))
+    if "prefix" in q:
+        sub(root, "Prefix", prefix)
     return s.xml(root)
 
 
@@ -48,10 +103,19 @@ async def create_bucket(s: Services, req: S3Request, ep: CreateBucket) -> web.Re
     ``x-gpufeed-bucket-kind: kv`` (+ ``x-gpufeed-capacity-bytes``,
     ``x-gpufeed-ttl-s``) that make an evicting KV-cache bucket.
 
+    Creating a bucket the caller already owns answers 200 in us-east-1 (S3's
+    legacy behaviour there) and 409 BucketAlreadyOwnedByYou in any other region.
+
+    Source: "CreateBucket", Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_CreateBucket.html
+
     Raises:
         MalformedXML: a body that is not a CreateBucketConfiguration.
         InvalidArgument: a policy header that is not a number.
+        NotImplementedByGpufeed: object lock, or an object ownership other than BucketOwnerEnforced.
+        AccessControlListNotSupported: an ACL other than the owner's full control.
     """
+    check_create_bucket_headers(req.headers)
     data = await s.read_xml(req)
     if data.strip():
         doc = parse_xml(data)
@@ -66,7 +130,11 @@ async def create_bucket(s: Services, req: S3Request, ep: CreateBucket) -> web.Re
         }
     except ValueError as exc:
         raise InvalidArgument(f"bad x-gpufeed bucket policy header: {exc}") from exc
-    await s.call(s.engine.create_bucket, ep.bucket, **policy)
+    try:
+        await s.call(s.engine.create_bucket, ep.bucket, **policy)
+    except BucketAlreadyOwnedByYou:
+        if s.config.region != "us-east-1":
+            raise
     return web.Response(status=200, headers={"Location": f"/{ep.bucket}"})
 
 

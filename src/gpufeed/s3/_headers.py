@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 
 from multidict import CIMultiDict
 
 from ..engine import ObjectInfo
-from ..errors import InvalidDigest, InvalidRange, MetadataTooLarge, NotModified, PreconditionFailed
+from ..errors import InvalidArgument, InvalidDigest, InvalidRange, MetadataTooLarge, NotModified, PreconditionFailed
 from ..store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest, resolve_range
 from ._xml import http_date, parse_http_date
 
@@ -31,6 +32,8 @@ __all__ = [
     "object_headers",
     "write_conditions",
     "checksum_headers",
+    "header_value",
+    "response_overrides",
     "RESPONSE_OVERRIDES",
     "MAX_USER_METADATA",
 ]
@@ -42,7 +45,7 @@ MAX_USER_METADATA = 2 << 10  # 2 KiB
 #: Source: "PutObject" request headers, Amazon S3 API Reference.
 _STORED_HEADERS = (
     "Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language", "Expires",
-    "x-amz-website-redirect-location",
+    "x-amz-website-redirect-location", "x-amz-server-side-encryption",
 )
 
 #: GetObject query parameters that override a response header.
@@ -56,6 +59,39 @@ RESPONSE_OVERRIDES = {
 }
 
 _FAILED = "At least one of the pre-conditions you specified did not hold"
+
+#: What an HTTP field value may not hold: control characters other than HTAB
+#: (RFC 9110 section 5.5); CR, LF and NUL would split or end the response head.
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+#: An HTTP field name: a token (RFC 9110 section 5.1).
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def header_value(name: str, value: str) -> str:
+    """``value`` unchanged, checked to be safe to send as the response header ``name``.
+
+    Every value a request or a stored object puts into a response header goes
+    through here, so a hostile one is refused instead of splitting the response.
+
+    Raises:
+        InvalidArgument: ``name`` is not an HTTP token, or ``value`` holds a
+            control character (CR, LF, NUL, ...; HTAB is allowed).
+    """
+    if not _TOKEN.fullmatch(name):
+        raise InvalidArgument(f"{name!r} is not a valid HTTP header name")
+    if _BAD_VALUE.search(value):
+        raise InvalidArgument(f"The value for {name} holds a control character (CR, LF, NUL, ...)")
+    return value
+
+
+def response_overrides(query: dict[str, str]) -> dict[str, str]:
+    """The ``response-*`` query parameters of a GetObject as ``{header: value}``.
+
+    Raises:
+        InvalidArgument: a value holds a control character.
+    """
+    return {header: header_value(header, query[param])
+            for param, header in RESPONSE_OVERRIDES.items() if param in query}
 
 
 def quote_etag(etag: str) -> str:
@@ -162,8 +198,10 @@ def parse_range(value: str | None, size: int):
 def stored_headers(headers) -> dict[str, str]:
     """The standard headers of an upload request that S3 stores with the object.
 
-    ``aws-chunked`` is the transfer framing of the request, not the object's
-    coding, so it is dropped from ``Content-Encoding`` (as S3 does).
+    Values are kept as sent, byte for byte (``Content-Encoding: deflate, gzip``
+    comes back so), except that ``aws-chunked``, the transfer framing of the
+    request and not the object's coding, is dropped from ``Content-Encoding``
+    (as S3 does).
     """
     out: dict[str, str] = {}
     for name in _STORED_HEADERS:
@@ -171,24 +209,35 @@ def stored_headers(headers) -> dict[str, str]:
         if value is None:
             continue
         if name == "Content-Encoding":
-            value = ",".join(c.strip() for c in value.split(",") if c.strip().lower() not in ("aws-chunked", ""))
+            codings = value.split(",")
+            if any(c.strip().lower() == "aws-chunked" for c in codings):
+                value = ",".join(c for c in codings if c.strip().lower() != "aws-chunked").strip()
             if not value:
                 continue
-        out[name] = value
+        out[name] = header_value(name, value)
     return out
 
 
 def user_metadata(headers) -> dict[str, str]:
     """The ``x-amz-meta-*`` headers as ``{name: value}`` (names lower-cased,
-    repeated names joined with commas).
+    repeated names joined with commas). Values are kept as sent: UTF-8 bytes
+    outside ASCII come back byte for byte, and RFC 2047 encoded words
+    (``=?UTF-8?B?...?=``) are neither decoded nor added.
 
     Raises:
         MetadataTooLarge: names and values exceed :data:`MAX_USER_METADATA` bytes.
+        InvalidArgument: a value holds a control character, or bytes that are not UTF-8.
     """
     meta: dict[str, str] = {}
     for name, value in headers.items():
         lname = name.lower()
         if lname.startswith("x-amz-meta-"):
+            header_value(name, value)
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise InvalidArgument(f"The value of header {name} is not valid UTF-8") from exc
             k = lname[len("x-amz-meta-"):]
             meta[k] = f"{meta[k]},{value}" if k in meta else value
     size = sum(len(k.encode()) + len(v.encode()) for k, v in meta.items())
@@ -223,16 +272,20 @@ def object_headers(info: ObjectInfo, *, checksums: bool) -> CIMultiDict:
     Args:
         info: the object.
         checksums: add its ``x-amz-checksum-*`` headers and checksum type.
+
+    Raises:
+        InvalidArgument: a stored header or metadata item cannot be sent as a
+            header (stored through another front with a control character).
     """
     h: CIMultiDict = CIMultiDict()
     h["ETag"] = quote_etag(info.etag)
     h["Last-Modified"] = http_date(info.last_modified)
-    h["Content-Type"] = info.content_type or "application/octet-stream"
+    h["Content-Type"] = header_value("Content-Type", info.content_type or "application/octet-stream")
     h["Accept-Ranges"] = "bytes"
     for k, v in info.headers.items():
-        h[k] = v
+        h[k] = header_value(k, v)
     for k, v in info.metadata.items():
-        h[f"x-amz-meta-{k}"] = v
+        h[f"x-amz-meta-{k}"] = header_value(f"x-amz-meta-{k}", v)
     if checksums and info.checksums:
         for alg, v in info.checksums.items():
             h[f"x-amz-checksum-{alg}"] = v

@@ -1,11 +1,21 @@
 """S3 object listing: ListObjects (markers) and ListObjectsV2 (continuation tokens).
 
-Source: "ListObjects" and "ListObjectsV2", Amazon S3 API Reference.
+With ``encoding-type=url`` S3 encodes every key-valued element of the answer:
+ListObjects its ``Prefix``, ``Marker``, ``Delimiter``, ``NextMarker``, keys
+and common prefixes; ListObjectsV2 its ``Prefix``, ``StartAfter``,
+``Delimiter``, keys and common prefixes (continuation tokens stay opaque).
+The encoding is form encoding with ``/`` kept: a space becomes ``+``, a
+``+`` ``%2B`` (measured on S3: ``a b.txt`` -> ``a+b.txt``, ``a+b.txt`` ->
+``a%2Bb.txt``), so clients that decode with ``unquote_plus`` (botocore)
+get the key back.
+
+Source: "ListObjects" and "ListObjectsV2", Amazon S3 API Reference,
+https://docs.aws.amazon.com/AmazonS3/latest/API/API_ListObjects.html
 """
 
 from __future__ import annotations
 
-from urllib.parse import quote
+from urllib.parse import quote_plus
 
 from aiohttp import web
 
@@ -19,10 +29,11 @@ __all__ = ["HANDLERS", "url_encoder"]
 
 
 def url_encoder(encoding: str | None):
-    """The key encoder of ``encoding-type``: percent-encoding for ``url``, else identity."""
+    """The key encoder of ``encoding-type``: S3's form encoding for ``url``
+    (``/`` kept, space as ``+``), else identity."""
 
     def enc(s: str) -> str:
-        return quote(s, safe="/") if encoding == "url" else s
+        return quote_plus(s, safe="/") if encoding == "url" else s
 
     return enc
 
@@ -30,9 +41,10 @@ def url_encoder(encoding: str | None):
 async def list_objects(s: Services, req: S3Request, ep: ListObjects) -> web.Response:
     """ListObjects / ListObjectsV2: one page of keys and common prefixes.
 
+    An empty ``continuation-token`` starts from the beginning (as S3 does).
+
     Raises:
-        InvalidArgument: a bad ``encoding-type``, ``max-keys`` or empty
-            ``continuation-token``.
+        InvalidArgument: a bad ``encoding-type`` or ``max-keys``, a token we did not make.
     """
     q, v2 = req.query, ep.v2
     prefix = q.get("prefix", "")
@@ -41,10 +53,8 @@ async def list_objects(s: Services, req: S3Request, ep: ListObjects) -> web.Resp
     if encoding not in (None, "url"):
         raise InvalidArgument("Invalid Encoding Method specified in Request")
     max_keys = s.query_int(q, "max-keys", 1000, 1000)
-    token = q.get("continuation-token") if v2 else None
+    token = (q.get("continuation-token") or None) if v2 else None
     start_after = q.get("start-after", "") if v2 else q.get("marker", "")
-    if v2 and token == "":
-        raise InvalidArgument("The continuation token provided is incorrect")
     # A v1 NextMarker that is a common prefix ("b/") skips everything under it:
     # the engine's list_objects does that for any start_after.
     if max_keys == 0:

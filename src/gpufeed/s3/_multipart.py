@@ -24,13 +24,16 @@ from ..errors import (
     BadDigest,
     InternalError,
     InvalidArgument,
+    InvalidCopySourceRange,
     InvalidPart,
     InvalidRequestError,
     MalformedXML,
     NoSuchUpload,
 )
+from ._attributes import CHECKSUM_ELEMENT
 from ._checksum import checksum_value
 from ._context import HandlerTable, S3Request, Services
+from ._features import check_part_headers, check_write_headers, sse_headers
 from ._headers import (
     check_conditions,
     checksum_headers,
@@ -54,12 +57,6 @@ from ._router import (
 from ._xml import child_text, element, iso8601, local, parse_xml, sub
 
 __all__ = ["HANDLERS"]
-
-#: XML element of each checksum algorithm (CompleteMultipartUploadResult, ListParts).
-_CHECKSUM_ELEMENT = {
-    "crc32": "ChecksumCRC32", "crc32c": "ChecksumCRC32C", "crc64nvme": "ChecksumCRC64NVME",
-    "sha1": "ChecksumSHA1", "sha256": "ChecksumSHA256",
-}
 
 
 # -- uploads -----------------------------------------------------------------------
@@ -101,6 +98,7 @@ def _upload_checksum(h) -> tuple[str, str] | None:
 async def create_multipart_upload(s: Services, req: S3Request, ep: CreateMultipartUpload) -> web.Response:
     """CreateMultipartUpload: a new upload id; metadata and checksum type are taken now."""
     h = req.headers
+    check_write_headers(h)
     checksum = _upload_checksum(h)
     stored = stored_headers(h)
     if checksum is not None:
@@ -112,7 +110,7 @@ async def create_multipart_upload(s: Services, req: S3Request, ep: CreateMultipa
     sub(root, "Bucket", ep.bucket)
     sub(root, "Key", ep.key)
     sub(root, "UploadId", up.upload_id)
-    headers = {}
+    headers = sse_headers(h)
     if checksum is not None:
         headers["x-amz-checksum-algorithm"], headers["x-amz-checksum-type"] = checksum
     return s.xml(root, headers=headers)
@@ -120,6 +118,7 @@ async def create_multipart_upload(s: Services, req: S3Request, ep: CreateMultipa
 
 async def upload_part(s: Services, req: S3Request, ep: UploadPart) -> web.Response:
     """UploadPart: stream the body into the part, replacing an earlier one."""
+    check_part_headers(req.headers)
     md5 = content_md5(req.headers)
     pending = await s.call(s.engine.begin_part, ep.bucket, ep.key, ep.upload_id, ep.part_number)
 
@@ -134,23 +133,30 @@ def _copy_range(value: str | None, size: int) -> tuple[int, int]:
     """``x-amz-copy-source-range: bytes=first-last`` -> ``(offset, count)``
     within a source of ``size`` bytes (the whole source when absent).
 
+    Source: "UploadPartCopy", Amazon S3 API Reference (both bounds required,
+    zero-based and inclusive).
+
     Raises:
-        InvalidArgument: malformed, or not inside the source.
+        InvalidArgument: not ``bytes=first-last`` with ``first <= last`` (400).
+        InvalidCopySourceRange: the range reaches past the source's end (400 InvalidRange).
     """
     if value is None:
         return 0, size
-    first, _, last = value.strip().removeprefix("bytes=").partition("-")
-    if not (first.isdigit() and last.isdigit()):
-        raise InvalidArgument("The x-amz-copy-source-range value must be of the form bytes=first-last")
+    value = value.strip()
+    first, _, last = value.removeprefix("bytes=").partition("-")
+    if not value.startswith("bytes=") or not (first.isdigit() and last.isdigit()) or int(last) < int(first):
+        raise InvalidArgument("The x-amz-copy-source-range value must be of the form bytes=first-last "
+                              "where first and last are the zero-based offsets of the first and last bytes to copy")
     offset, end = int(first), int(last)
-    if end < offset or end >= size:
-        raise InvalidArgument(f"Range specified is not valid for source object of size: {size}")
+    if end >= size:
+        raise InvalidCopySourceRange(f"Range specified is not valid for source object of size: {size}")
     return offset, end - offset + 1
 
 
 async def upload_part_copy(s: Services, req: S3Request, ep: UploadPartCopy) -> web.Response:
     """UploadPartCopy: a part copied from (a byte range of) an object, file to file."""
     h = req.headers
+    check_part_headers(h, copy=True)
     src, fobj = await s.open_object(ep.source_bucket, ep.source_key)
     try:
         check_conditions(h, src, copy_source=True)
@@ -187,7 +193,7 @@ def _complete_parts(data: bytes) -> list[tuple[int, str, dict[str, str]]]:
     doc = parse_xml(data)
     if local(doc.tag) != "CompleteMultipartUpload":
         raise MalformedXML("expected a CompleteMultipartUpload document")
-    by_element = {v: k for k, v in _CHECKSUM_ELEMENT.items()}
+    by_element = {v: k for k, v in CHECKSUM_ELEMENT.items()}
     parts = []
     for el in doc:
         if local(el.tag) != "Part":
@@ -287,11 +293,11 @@ async def complete_multipart_upload(s: Services, req: S3Request, ep: CompleteMul
     sub(root, "Key", ep.key)
     sub(root, "ETag", quote_etag(info.etag))
     for alg, value in info.checksums.items():
-        sub(root, _CHECKSUM_ELEMENT[alg], value)
+        sub(root, CHECKSUM_ELEMENT[alg], value)
     if info.checksums:
         composite = any("-" in v for v in info.checksums.values())
         sub(root, "ChecksumType", "COMPOSITE" if composite else "FULL_OBJECT")
-    return s.xml(root)
+    return s.xml(root, headers=sse_headers(info.headers))
 
 
 async def abort_multipart_upload(s: Services, req: S3Request, ep: AbortMultipartUpload) -> web.Response:
@@ -328,7 +334,7 @@ async def list_parts(s: Services, req: S3Request, ep: ListParts) -> web.Response
         sub(el, "ETag", quote_etag(p.etag))
         sub(el, "Size", p.size)
         for alg, value in p.checksums.items():
-            sub(el, _CHECKSUM_ELEMENT[alg], value)
+            sub(el, CHECKSUM_ELEMENT[alg], value)
     return s.xml(root)
 
 

@@ -21,9 +21,10 @@ from ..errors import (
     NoSuchKey,
     PreconditionFailed,
 )
+from ._attributes import parse_part_number, part_range
 from ._context import HandlerTable, S3Request, Services
+from ._features import check_read_request, check_version_id, check_write_headers, sse_headers
 from ._headers import (
-    RESPONSE_OVERRIDES,
     check_conditions,
     checksum_headers,
     content_md5,
@@ -31,6 +32,7 @@ from ._headers import (
     object_headers,
     parse_range,
     quote_etag,
+    response_overrides,
     stored_headers,
     user_metadata,
     write_conditions,
@@ -104,6 +106,9 @@ async def head_object(s: Services, req: S3Request, ep: HeadObject) -> web.Stream
 
 async def _get(s: Services, req: S3Request, ep: GetObject | HeadObject, *, head: bool) -> web.StreamResponse:
     h = req.headers
+    check_read_request(h, req.query)
+    part = req.query.get("partNumber")
+    part_number = parse_part_number(part) if part is not None else None
     fobj = None
     if head:
         info = await s.call(s.engine.head_object, ep.bucket, ep.key)
@@ -111,16 +116,20 @@ async def _get(s: Services, req: S3Request, ep: GetObject | HeadObject, *, head:
         info, fobj = await s.open_object(ep.bucket, ep.key)
     try:
         check_conditions(h, info)
-        rng = parse_range(h.get("Range"), info.size)
-        if rng is not None and req.query.get("partNumber"):
+        if part_number is not None and "Range" in h:
             raise InvalidRequestError("Cannot specify both Range header and partNumber query parameter")
-        headers = object_headers(info, checksums=rng is None and
+        rng = parse_range(h.get("Range"), info.size)
+        headers = object_headers(info, checksums=rng is None and part_number is None and
                                  h.get("x-amz-checksum-mode", "").upper() == "ENABLED")
-        for param, header in RESPONSE_OVERRIDES.items():
-            if param in req.query:
-                headers[header] = req.query[param]
+        headers.update(response_overrides(req.query))
         status = 200
         offset, count = 0, info.size
+        if part_number is not None:
+            offset, count, parts_count = await s.call(part_range, s.engine, info, part_number)
+            if parts_count is not None:
+                headers["x-amz-mp-parts-count"] = str(parts_count)
+            if count:  # S3 answers a part as a range of the object
+                rng = offset, count
         if rng is not None:
             offset, count = rng
             status = 206
@@ -170,6 +179,7 @@ def _check_write_conditions(s: Services, req: S3Request, bucket: str, key: str) 
 async def put_object(s: Services, req: S3Request, ep: PutObject) -> web.Response:
     """PutObject: stream the body into a new version, committed atomically."""
     h = req.headers
+    check_write_headers(h)
     md5 = content_md5(h)
     metadata = user_metadata(h)
     content_type = h.get("Content-Type")
@@ -184,7 +194,7 @@ async def put_object(s: Services, req: S3Request, ep: PutObject) -> web.Response
                               **conditions)
 
     info, checksums = await s.receive(req, pending, commit)
-    return web.Response(status=200, headers=checksum_headers(info.etag, checksums))
+    return web.Response(status=200, headers=checksum_headers(info.etag, checksums) | sse_headers(h))
 
 
 async def copy_object(s: Services, req: S3Request, ep: CopyObject) -> web.Response:
@@ -195,6 +205,7 @@ async def copy_object(s: Services, req: S3Request, ep: CopyObject) -> web.Respon
         InvalidRequestError: a copy onto itself that changes nothing.
     """
     h = req.headers
+    check_write_headers(h, copy=True)
     directive = h.get("x-amz-metadata-directive", "COPY").upper()
     if directive not in ("COPY", "REPLACE"):
         raise InvalidArgument("Unknown metadata directive.")
@@ -216,13 +227,14 @@ async def copy_object(s: Services, req: S3Request, ep: CopyObject) -> web.Respon
     root = element("CopyObjectResult")
     sub(root, "LastModified", iso8601(info.last_modified))
     sub(root, "ETag", quote_etag(info.etag))
-    return s.xml(root)
+    return s.xml(root, headers=sse_headers(h) or sse_headers(info.headers))
 
 
 # -- deletes -----------------------------------------------------------------------
 
 async def delete_object(s: Services, req: S3Request, ep: DeleteObject) -> web.Response:
     """DeleteObject: 204 whether or not the key existed."""
+    check_version_id(req.query)
     await s.call(s.engine.delete_object, ep.bucket, ep.key)
     return web.Response(status=204)
 
@@ -233,6 +245,7 @@ def _delete_keys(data: bytes) -> tuple[list[str], bool]:
     Raises:
         MalformedXML: not a Delete document, an Object without a Key, or not
             1 to 1000 objects.
+        NotImplementedByGpufeed: an Object naming a version other than ``null``.
     """
     doc = parse_xml(data)
     if local(doc.tag) != "Delete":
@@ -244,6 +257,9 @@ def _delete_keys(data: bytes) -> tuple[list[str], bool]:
             key = child_text(el, "Key")
             if key is None:
                 raise MalformedXML("an Object without a Key")
+            version = child_text(el, "VersionId")
+            if version is not None:
+                check_version_id({"versionId": version})
             keys.append(key)
     if not keys or len(keys) > _MAX_DELETE_KEYS:
         raise MalformedXML("Delete must name between 1 and 1000 objects")

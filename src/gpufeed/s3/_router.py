@@ -49,12 +49,22 @@ __all__ = [
     "GetBucketLocation",
     "GetBucketVersioning",
     "GetBucketAcl",
+    "GetBucketLifecycleConfiguration",
+    "PutBucketLifecycleConfiguration",
+    "DeleteBucketLifecycle",
+    "PutBucketAcl",
+    "GetBucketConfiguration",
+    "DeleteBucketConfiguration",
+    "BUCKET_CONFIGURATIONS",
     "ListObjects",
     "ListMultipartUploads",
     "DeleteObjects",
+    "PostObject",
     "GetObject",
     "HeadObject",
     "GetObjectAcl",
+    "PutObjectAcl",
+    "GetObjectAttributes",
     "PutObject",
     "CopyObject",
     "DeleteObject",
@@ -66,17 +76,24 @@ __all__ = [
     "ListParts",
 ]
 
+#: Bucket configurations gpufeed never holds: Get answers S3's "no such
+#: configuration" 404, Delete succeeds; Put stays in :data:`UNSUPPORTED_BUCKET`.
+BUCKET_CONFIGURATIONS = frozenset({"policy", "cors", "encryption", "website", "replication", "tagging"})
 #: Bucket sub-resources S3 has and gpufeed does not implement (answered 501).
 UNSUPPORTED_BUCKET = frozenset({
-    "policy", "cors", "lifecycle", "website", "logging", "notification", "replication",
+    "policy", "cors", "website", "logging", "notification", "replication",
     "encryption", "object-lock", "tagging", "versions", "requestPayment", "accelerate",
     "analytics", "inventory", "metrics", "ownershipControls", "publicAccessBlock",
     "intelligent-tiering", "policyStatus",
 })
 #: Object sub-resources S3 has and gpufeed does not implement (answered 501).
 UNSUPPORTED_OBJECT = frozenset({
-    "tagging", "retention", "legal-hold", "torrent", "restore", "select", "attributes",
+    "tagging", "retention", "legal-hold", "torrent", "restore", "select",
 })
+
+#: Every bucket sub-resource the router knows (a request naming two is refused).
+_SUB_RESOURCES = UNSUPPORTED_BUCKET | BUCKET_CONFIGURATIONS | {
+    "lifecycle", "acl", "location", "versioning", "uploads", "delete"}
 
 _PART_NUMBER_RANGE = "Part number must be an integer between 1 and 10000, inclusive"
 
@@ -267,6 +284,55 @@ class GetBucketAcl(BucketEndpoint):
 
 
 @dataclass(frozen=True, slots=True)
+class GetBucketLifecycleConfiguration(BucketEndpoint):
+    """``GET /bucket?lifecycle``: GetBucketLifecycleConfiguration."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutBucketLifecycleConfiguration(BucketEndpoint):
+    """``PUT /bucket?lifecycle``: PutBucketLifecycleConfiguration."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteBucketLifecycle(BucketEndpoint):
+    """``DELETE /bucket?lifecycle``: DeleteBucketLifecycle."""
+
+
+_LIFECYCLE: dict[str, type[BucketEndpoint]] = {
+    "GET": GetBucketLifecycleConfiguration,
+    "PUT": PutBucketLifecycleConfiguration,
+    "DELETE": DeleteBucketLifecycle,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PutBucketAcl(BucketEndpoint):
+    """``PUT /bucket?acl``: PutBucketAcl (only the owner's full control is accepted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetBucketConfiguration(BucketEndpoint):
+    """``GET /bucket?policy`` (``cors``, ``encryption``, ...): GetBucketPolicy and its kin.
+
+    Attributes:
+        config: the sub-resource, one of :data:`BUCKET_CONFIGURATIONS`.
+    """
+
+    config: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteBucketConfiguration(BucketEndpoint):
+    """``DELETE /bucket?policy`` (``cors``, ...): DeleteBucketPolicy and its kin.
+
+    Attributes:
+        config: the sub-resource, one of :data:`BUCKET_CONFIGURATIONS`.
+    """
+
+    config: str
+
+
+@dataclass(frozen=True, slots=True)
 class ListObjects(BucketEndpoint):
     """``GET /bucket``: ListObjects, or ListObjectsV2 with ``list-type=2``.
 
@@ -288,6 +354,11 @@ class DeleteObjects(BucketEndpoint):
 
 
 @dataclass(frozen=True, slots=True)
+class PostObject(BucketEndpoint):
+    """``POST /bucket`` with a ``multipart/form-data`` body: POST Object (browser form upload)."""
+
+
+@dataclass(frozen=True, slots=True)
 class GetObject(ObjectEndpoint):
     """``GET /bucket/key``: GetObject."""
 
@@ -300,6 +371,16 @@ class HeadObject(ObjectEndpoint):
 @dataclass(frozen=True, slots=True)
 class GetObjectAcl(ObjectEndpoint):
     """``GET /bucket/key?acl`` (and ``HEAD``): GetObjectAcl."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutObjectAcl(ObjectEndpoint):
+    """``PUT /bucket/key?acl``: PutObjectAcl (only the owner's full control is accepted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetObjectAttributes(ObjectEndpoint):
+    """``GET /bucket/key?attributes`` (and ``HEAD``): GetObjectAttributes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,9 +511,16 @@ def route(target: Target) -> Endpoint:
 
 
 def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
+    configs = BUCKET_CONFIGURATIONS & q.keys()
+    if len(configs) == 1 and method in ("GET", "DELETE") and not (_SUB_RESOURCES - configs) & q.keys():
+        # one configuration named alone (with several, the 501 below names one)
+        config = next(iter(configs))
+        return GetBucketConfiguration(bucket, config) if method == "GET" else DeleteBucketConfiguration(bucket, config)
     unsupported = UNSUPPORTED_BUCKET & q.keys()
     if unsupported:
         raise NotImplementedByGpufeed(f"bucket sub-resource {sorted(unsupported)[0]!r} is not implemented")
+    if "lifecycle" in q and method in _LIFECYCLE:
+        return _LIFECYCLE[method](bucket)
     if method == "GET":
         if "location" in q:
             return GetBucketLocation(bucket)
@@ -446,6 +534,8 @@ def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
     if method == "HEAD":
         return HeadBucket(bucket)
     if method == "PUT":
+        if "acl" in q:
+            return PutBucketAcl(bucket)
         if q.keys() - {"x-id"}:
             raise NotImplementedByGpufeed(f"PUT bucket ?{next(iter(q))} is not implemented")
         return CreateBucket(bucket)
@@ -453,6 +543,8 @@ def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
         return DeleteBucket(bucket)
     if method == "POST" and "delete" in q:
         return DeleteObjects(bucket)
+    if method == "POST" and not q:
+        return PostObject(bucket)
     raise _not_allowed()
 
 
@@ -466,6 +558,8 @@ def _route_object(target: Target, bucket: str, key: str) -> Endpoint:
             return ListParts(bucket, key, q["uploadId"])
         if "acl" in q:
             return GetObjectAcl(bucket, key)
+        if "attributes" in q:
+            return GetObjectAttributes(bucket, key)
         return GetObject(bucket, key) if method == "GET" else HeadObject(bucket, key)
     if method == "PUT":
         return _route_object_put(target, bucket, key)
@@ -485,7 +579,7 @@ def _route_object(target: Target, bucket: str, key: str) -> Endpoint:
 def _route_object_put(target: Target, bucket: str, key: str) -> Endpoint:
     q = target.query
     if "acl" in q:
-        raise NotImplementedByGpufeed("PUT object ?acl is not implemented")
+        return PutObjectAcl(bucket, key)
     if "uploadId" in q or "partNumber" in q:
         upload_id, number = _part(q)
         if target.copy_source is not None:

@@ -15,8 +15,9 @@ is inherited::
 The tests use only the interface (no SQL), each in a few dozen operations,
 and cover what the engine relies on: UTF-8 byte order of keys (S3 listing
 order, which a database collation easily breaks), replace-on-put, lazy range
-scans, commit hooks, rollback, and isolation of plain reads and snapshots
-from an open write.
+scans, commit hooks, rollback, isolation of plain reads and snapshots
+from an open write, idle uploads, and lifecycle rules (round trip, replace,
+dropped with their bucket).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from contextlib import closing
 
 import pytest
 
-from ..engine.catalog import Catalog, CatalogReader, LiveFiles, ObjectUse, PartRecord
-from ..engine.types import BucketInfo, ObjectInfo, PartInfo, UploadInfo
+from ..engine.catalog import Catalog, CatalogReader, CompletedUpload, LiveFiles, ObjectUse, PartRecord
+from ..engine.types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, UploadInfo
 from ..errors import InternalError, InvalidArgument
 
 __all__ = ["CatalogTests", "BYTE_ORDER_KEYS"]
@@ -336,6 +337,90 @@ class CatalogTests:
         assert catalog.parts(uid) == []
         assert [p.file for p in catalog.parts(keep)] == ["00001.b"]
         assert not catalog.bucket_has_uploads("no-bucket")
+
+    def test_idle_uploads_by_last_activity(self, catalog: Catalog, bucket: str) -> None:
+        quiet, busy, fresh, other = "1" * 32, "2" * 32, "3" * 32, "4" * 32
+        with catalog.write() as w:
+            w.insert_bucket(BucketInfo("a-first", 1.0))
+            w.insert_upload(UploadInfo(bucket, "k", quiet, 100.0))
+            w.put_part(quiet, PartRecord(PartInfo(1, "p", 5, 150.0), "00001.a"))
+            w.insert_upload(UploadInfo(bucket, "k", busy, 100.0))
+            w.put_part(busy, PartRecord(PartInfo(1, "p", 5, 150.0), "00001.b"))
+            w.put_part(busy, PartRecord(PartInfo(2, "p", 5, 300.0), "00002.b"))  # touched late
+            w.insert_upload(UploadInfo(bucket, "j", fresh, 250.0))  # started late, no parts
+            w.insert_upload(UploadInfo("a-first", "z", other, 50.0))
+        assert [u.upload_id for u in catalog.idle_uploads(200.0)] == [other, quiet]
+        assert catalog.idle_uploads(50.0) == []
+        assert [u.upload_id for u in catalog.idle_uploads(250.0)] == [other, quiet]  # strictly before
+        got = catalog.idle_uploads(1000.0)
+        assert [u.upload_id for u in got] == [other, fresh, quiet, busy]
+        assert got[0] == UploadInfo("a-first", "z", other, 50.0)
+
+    # lifecycle -----------------------------------------------------------
+    def test_lifecycle_round_trip_and_replace(self, catalog: Catalog, bucket: str) -> None:
+        assert catalog.lifecycle(bucket) is None
+        assert catalog.lifecycles() == {}
+        rules = [
+            LifecycleRule("expire logs", True, "logs/é", expiration_days=30),
+            LifecycleRule("x" * 255, False, "", expiration_date=1893456000.0, abort_days=7),
+            LifecycleRule("old-style", True, "tmp/", abort_days=1, legacy_prefix=True),
+        ]
+        with catalog.write() as w:
+            w.set_lifecycle(bucket, rules)
+            assert w.lifecycle(bucket) == rules
+        assert catalog.lifecycle(bucket) == rules
+        assert catalog.lifecycles() == {bucket: rules}
+        with catalog.write() as w:
+            w.set_lifecycle(bucket, rules[:1])
+        assert catalog.lifecycle(bucket) == rules[:1]
+        assert catalog.lifecycle("no-bucket") is None
+
+    def test_delete_lifecycle(self, catalog: Catalog, bucket: str) -> None:
+        with catalog.write() as w:
+            w.insert_bucket(BucketInfo("other", 1.0))
+            w.set_lifecycle(bucket, [LifecycleRule("r", abort_days=1)])
+            w.set_lifecycle("other", [LifecycleRule("s", expiration_days=2)])
+        with catalog.write() as w:
+            assert w.delete_lifecycle(bucket) is True
+            assert w.delete_lifecycle(bucket) is False
+        assert catalog.lifecycle(bucket) is None
+        assert catalog.lifecycles() == {"other": [LifecycleRule("s", expiration_days=2)]}
+
+    def test_deleting_a_bucket_drops_its_lifecycle(self, catalog: Catalog) -> None:
+        with catalog.write() as w:
+            w.insert_bucket(BucketInfo("gone", 1.0))
+            w.set_lifecycle("gone", [LifecycleRule("r", expiration_days=1)])
+        with catalog.write() as w:
+            w.delete_bucket("gone")
+        with catalog.write() as w:
+            w.insert_bucket(BucketInfo("gone", 2.0))  # a new bucket of the same name starts without rules
+        assert catalog.lifecycle("gone") is None
+        assert catalog.lifecycles() == {}
+
+    def test_lifecycle_rolls_back(self, catalog: Catalog, bucket: str) -> None:
+        with pytest.raises(KeyError):
+            with catalog.write() as w:
+                w.set_lifecycle(bucket, [LifecycleRule("r", expiration_days=1)])
+                raise KeyError("abort")
+        assert catalog.lifecycle(bucket) is None
+
+    def test_completed_uploads_round_trip_and_prune(self, catalog: Catalog, bucket: str) -> None:
+        parts = (PartInfo(1, "p1", 5 << 20, 10.0, {"crc32": "AAAAAA=="}), PartInfo(4, "p4", 7, 11.0))
+        live = CompletedUpload(bucket, "κ/k", "a" * 32, "e-2", "b1", 100.0, parts)
+        gone = CompletedUpload(bucket, "old", "b" * 32, "e-1", "b2", 50.0, parts[1:])
+        fresh = CompletedUpload(bucket, "new", "c" * 32, "e-1", "b3", 300.0, parts[:1])
+        with catalog.write() as w:
+            w.put_object(_obj(bucket, "κ/k", "b1"))
+            w.put_object(_obj(bucket, "old", "b9"))  # overwritten since its completion
+            for rec in (live, gone, fresh):
+                w.insert_completed(rec)
+        assert catalog.completed_upload("a" * 32) == live
+        assert catalog.completion_of("b2") == gone
+        assert catalog.completed_upload("d" * 32) is None and catalog.completion_of("b9") is None
+        with catalog.write() as w:
+            assert w.prune_completed(200.0) == 1  # old and no longer current; live is current; fresh is new
+        assert catalog.completed_upload("b" * 32) is None
+        assert catalog.completed_upload("a" * 32) == live and catalog.completion_of("b3") == fresh
 
     # transactions -----------------------------------------------------------
     def test_write_sees_its_own_changes(self, catalog: Catalog, bucket: str) -> None:

@@ -99,7 +99,7 @@ def start_node(data_dir: str | Path, *, extra_args: list[str] | None = None,
             message includes its stderr).
     """
     data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = data_dir.parent / f"{data_dir.name}.node.log"
     args = [sys.executable, "-m", "gpufeed", "serve", "--data-dir", str(data_dir),
             "--s3-port", "0", "--port", "0", "--socket", str(data_dir / "gpufeed.sock"),
@@ -108,6 +108,7 @@ def start_node(data_dir: str | Path, *, extra_args: list[str] | None = None,
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                             env={**os.environ, **(env or {})})
     log.close()
+    assert proc.stdout is not None  # stdout=PIPE
     deadline = time.monotonic() + timeout_s
     line = b""
     while time.monotonic() < deadline:
@@ -125,6 +126,18 @@ def start_node(data_dir: str | Path, *, extra_args: list[str] | None = None,
     info = json.loads(line)
     return NodeProcess(
         s3_url=info["s3"], tcp_url=info["tcp"], shm_url=info["shm"],
-        access_key=info["access_key"], secret_key=info["secret_key"],
+        access_key=info["access_key"],
+        # null when the secret was given (not printed): then it is the one passed in
+        secret_key=info["secret_key"] or _given_secret(extra_args or [], {**os.environ, **(env or {})}),
         data_dir=data_dir, proc=proc, log_path=log_path,
     )
+
+
+def _given_secret(args: list[str], env: dict) -> str:
+    """The secret key a node was started with: ``--secret-key`` or ``GPUFEED_SECRET_KEY``."""
+    for i, arg in enumerate(args):
+        if arg == "--secret-key" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--secret-key="):
+            return arg.split("=", 1)[1]
+    return env.get("GPUFEED_SECRET_KEY", "")

@@ -58,6 +58,91 @@ def _expected_range(value: bytes, request: ByteRequest) -> bytes | None:
     return value[start : start + length]
 
 
+class _StoreRules(RuleBasedStateMachine):
+    """The rules and invariant, comparing ``self.store`` with the ``dict`` ``self.model``;
+    subclasses say how a store is opened and closed (:func:`make_store_state_machine`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = self._open()
+        self.model: dict[str, bytes] = {}
+
+    def teardown(self) -> None:
+        self._close(self.store)
+
+    def _open(self) -> Store:
+        """A fresh, empty, writable store (once per run)."""
+        raise NotImplementedError
+
+    def _close(self, store: Store) -> None:
+        """Release ``store`` after its run."""
+
+    @rule(key=keys, value=values)
+    def set(self, key: str, value: bytes) -> None:
+        self.store.set(key, value)
+        self.model[key] = value
+
+    @rule(key=keys)
+    def get(self, key: str) -> None:
+        if key in self.model:
+            assert bytes(self.store.get(key)) == self.model[key]
+        else:
+            try:
+                self.store.get(key)
+            except NoSuchKey:
+                pass
+            else:
+                raise AssertionError(f"get({key!r}) of a missing key returned a value")
+
+    @rule(key=keys, request=byte_requests)
+    def get_range(self, key: str, request: ByteRequest) -> None:
+        if key not in self.model:
+            return
+        want = _expected_range(self.model[key], request)
+        if want is None:
+            try:
+                self.store.get(key, request)
+            except InvalidRange:
+                return
+            raise AssertionError(f"get({key!r}, {request}) should be unsatisfiable")
+        assert bytes(self.store.get(key, request)) == want
+
+    @rule(key=keys)
+    def delete(self, key: str) -> None:
+        self.store.delete(key)
+        self.model.pop(key, None)
+
+    @rule(key=keys)
+    def exists(self, key: str) -> None:
+        assert self.store.exists(key) == (key in self.model)
+
+    @rule(prefix=st.text(alphabet="ab/é%", max_size=3))
+    def list_prefix(self, prefix: str) -> None:
+        want = sorted((k for k in self.model if k.startswith(prefix)), key=lambda k: k.encode("utf-8"))
+        assert list(self.store.list_prefix(prefix)) == want
+
+    @rule(prefix=st.sampled_from(["", "a/", "b/", "a/b/", "é/"]))
+    def list_dir(self, prefix: str) -> None:
+        got_keys, got_dirs = self.store.list_dir(prefix)
+        want_keys, want_dirs = [], set()
+        for k in self.model:
+            if not k.startswith(prefix):
+                continue
+            rest = k[len(prefix) :]
+            if "/" in rest:
+                want_dirs.add(prefix + rest.split("/", 1)[0] + "/")
+            else:
+                want_keys.append(k)
+        order = lambda k: k.encode("utf-8")  # noqa: E731
+        assert got_keys == sorted(want_keys, key=order)
+        assert got_dirs == sorted(want_dirs, key=order)
+
+    @invariant()
+    def count_matches(self) -> None:
+        # Cheap global check: the whole listing equals the model's keys.
+        assert list(self.store.list_prefix("")) == sorted(self.model, key=lambda k: k.encode("utf-8"))
+
+
 def make_store_state_machine(
     open_store: Callable[[], Store],
     close_store: Callable[[Store], None] | None = None,
@@ -78,80 +163,13 @@ def make_store_state_machine(
         module-level ``Test*`` name for pytest to collect it.
     """
 
-    class StoreStateMachine(RuleBasedStateMachine):
-        def __init__(self) -> None:
-            super().__init__()
-            self.store = open_store()
-            self.model: dict[str, bytes] = {}
+    class StoreStateMachine(_StoreRules):
+        def _open(self) -> Store:
+            return open_store()
 
-        def teardown(self) -> None:
+        def _close(self, store: Store) -> None:
             if close_store is not None:
-                close_store(self.store)
-
-        @rule(key=keys, value=values)
-        def set(self, key: str, value: bytes) -> None:
-            self.store.set(key, value)
-            self.model[key] = value
-
-        @rule(key=keys)
-        def get(self, key: str) -> None:
-            if key in self.model:
-                assert bytes(self.store.get(key)) == self.model[key]
-            else:
-                try:
-                    self.store.get(key)
-                except NoSuchKey:
-                    pass
-                else:
-                    raise AssertionError(f"get({key!r}) of a missing key returned a value")
-
-        @rule(key=keys, request=byte_requests)
-        def get_range(self, key: str, request: ByteRequest) -> None:
-            if key not in self.model:
-                return
-            want = _expected_range(self.model[key], request)
-            if want is None:
-                try:
-                    self.store.get(key, request)
-                except InvalidRange:
-                    return
-                raise AssertionError(f"get({key!r}, {request}) should be unsatisfiable")
-            assert bytes(self.store.get(key, request)) == want
-
-        @rule(key=keys)
-        def delete(self, key: str) -> None:
-            self.store.delete(key)
-            self.model.pop(key, None)
-
-        @rule(key=keys)
-        def exists(self, key: str) -> None:
-            assert self.store.exists(key) == (key in self.model)
-
-        @rule(prefix=st.text(alphabet="ab/é%", max_size=3))
-        def list_prefix(self, prefix: str) -> None:
-            want = sorted((k for k in self.model if k.startswith(prefix)), key=lambda k: k.encode("utf-8"))
-            assert list(self.store.list_prefix(prefix)) == want
-
-        @rule(prefix=st.sampled_from(["", "a/", "b/", "a/b/", "é/"]))
-        def list_dir(self, prefix: str) -> None:
-            got_keys, got_dirs = self.store.list_dir(prefix)
-            want_keys, want_dirs = [], set()
-            for k in self.model:
-                if not k.startswith(prefix):
-                    continue
-                rest = k[len(prefix) :]
-                if "/" in rest:
-                    want_dirs.add(prefix + rest.split("/", 1)[0] + "/")
-                else:
-                    want_keys.append(k)
-            order = lambda k: k.encode("utf-8")  # noqa: E731
-            assert got_keys == sorted(want_keys, key=order)
-            assert got_dirs == sorted(want_dirs, key=order)
-
-        @invariant()
-        def count_matches(self) -> None:
-            # Cheap global check: the whole listing equals the model's keys.
-            assert list(self.store.list_prefix("")) == sorted(self.model, key=lambda k: k.encode("utf-8"))
+                close_store(store)
 
     StoreStateMachine.TestCase.settings = settings(
         max_examples=max_examples, stateful_step_count=stateful_step_count, deadline=None

@@ -69,12 +69,56 @@ class StoreTests:
     """Behavioural tests for a :class:`~gpufeed.store.Store`.
 
     Subclasses must provide a ``store`` fixture returning a fresh, empty,
-    writable store. Nothing else is required; a backend may add its own tests.
+    writable store (give it a small ``page_keys``, e.g. 7, so the listing
+    tests cross pages with a few keys). They should also implement
+    :meth:`set_raw` / :meth:`get_raw` (write and read the backing storage
+    without the store under test) and :meth:`open_read_only`; the tests that
+    need those are skipped otherwise. A backend may add its own tests.
     """
 
     @pytest.fixture
     def store(self) -> Store:
         raise NotImplementedError("subclasses of StoreTests provide a `store` fixture")
+
+    # hooks that bypass the store under test ---------------------------------------
+    def set_raw(self, store: Store, key: str, value: bytes) -> None:
+        """Write ``value`` under ``key`` of ``store``'s backing storage, not through ``store``."""
+        pytest.skip(f"{type(self).__name__} has no set_raw")
+
+    def get_raw(self, store: Store, key: str) -> bytes:
+        """Read ``key`` of ``store``'s backing storage, not through ``store``."""
+        pytest.skip(f"{type(self).__name__} has no get_raw")
+
+    def open_read_only(self, store: Store) -> Store:
+        """A read-only store over the same data as ``store``."""
+        pytest.skip(f"{type(self).__name__} has no open_read_only")
+
+    def test_reads_what_was_written_behind_its_back(self, store: Store) -> None:
+        value = _pattern(5000, seed=3)
+        self.set_raw(store, "raw/k", value)
+        assert _b(store.get("raw/k")) == value
+        assert store.exists("raw/k")
+        assert list(store.list_prefix("raw/")) == ["raw/k"]
+
+    def test_writes_what_a_raw_read_sees(self, store: Store) -> None:
+        value = _pattern(5000, seed=4)
+        store.set("raw/w", value)
+        assert self.get_raw(store, "raw/w") == value
+        store.set("raw/w", b"second")
+        assert self.get_raw(store, "raw/w") == b"second"
+
+    def test_read_only_refuses_writes_and_reads(self, store: Store) -> None:
+        store.set("ro/k", b"kept")
+        ro = self.open_read_only(store)
+        assert ro.read_only is True
+        with pytest.raises(PermissionError):  # AccessDenied is a PermissionError
+            ro.set("ro/k", b"changed")
+        with pytest.raises(PermissionError):
+            ro.set("ro/new", b"x")
+        with pytest.raises(PermissionError):
+            ro.delete("ro/k")
+        assert _b(ro.get("ro/k")) == b"kept" and ro.exists("ro/k") and not ro.exists("ro/new")
+        assert list(ro.list_prefix("ro/")) == ["ro/k"]
 
     # get / set -----------------------------------------------------------
     def test_store_is_a_store(self, store: Store) -> None:
@@ -198,7 +242,8 @@ class StoreTests:
         value = _pattern(10_000, seed=2)
         store.set("g", value)
         got = store.get_ranges(
-            "g", [RangeByteRequest(0, 10), OffsetByteRequest(9_990), SuffixByteRequest(5), RangeByteRequest(500, 20_000)]
+            "g", [RangeByteRequest(0, 10), OffsetByteRequest(9_990), SuffixByteRequest(5),
+                  RangeByteRequest(500, 20_000)]
         )
         assert [_b(x) for x in got] == [value[:10], value[9_990:], value[-5:], value[500:]]
 
@@ -260,10 +305,21 @@ class StoreTests:
         assert list(store.list_prefix("p/")) == ["p/1", "p/3"]
 
     def test_list_prefix_many_keys(self, store: Store) -> None:
-        keys = [f"many/{i:05d}" for i in range(1_050)]  # more than one 1,000-key page
+        page = store.page_keys
+        keys = [f"many/{i:05d}" for i in range(page + max(3, min(page, 50)))]  # past a page boundary
         for k in keys:
             store.set(k, b"")
+        store.set("many0", b"")  # sorts after the prefix's keys, outside it
         assert list(store.list_prefix("many/")) == keys
+
+    def test_list_dir_across_pages(self, store: Store) -> None:
+        page = store.page_keys
+        n = page + max(3, min(page, 50))
+        files = [f"d/f{i:05d}" for i in range(n)]
+        dirs = [f"d/s{i:05d}/" for i in range(n)]
+        for k in files + [d + "x" for d in dirs] + [dirs[0] + "y"]:
+            store.set(k, b"")
+        assert store.list_dir("d/") == (files, dirs)
 
     def test_list_dir(self, store: Store) -> None:
         for k in ["root.json", "d/a", "d/b/c", "d/b/d", "d/e/f", "dd/x", "d/z"]:

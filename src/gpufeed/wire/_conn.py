@@ -12,13 +12,16 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
-from ..errors import GpufeedError, InternalError, NoSuchKey, ProtocolError
+from ..config import WireLimits
+from ..errors import GpufeedError, InternalError, NoSuchKey, ProtocolError, error_from_code
 from . import protocol as p
-from ._frames import FrameIO
+from ._frames import FrameIO, RecvTimeout
 from ._lending import Lending
 from ._regions import peer_process
 
@@ -52,12 +55,18 @@ class Connection(FrameIO):
         pool: runs requests too large to answer inline.
         lending: the server's region lending (shm: this connection's regions).
         on_close: called once when the connection has closed.
+        limits: frame size and timeouts (defaults: :class:`WireLimits`'s).
+        peer: ``(pid, pidfd)`` of the shm client (:func:`peer_process`), when the
+            caller has it already.
     """
 
     def __init__(self, sock: socket.socket, transport: str, *, handlers: Mapping[int, Handler],
                  put_stream: StreamHandler, pool: Executor, lending: Lending,
-                 on_close: Callable[["Connection"], None]) -> None:
-        super().__init__(sock, transport)
+                 on_close: Callable[["Connection"], None], limits: WireLimits | None = None,
+                 peer: tuple[int, int | None] | None = None) -> None:
+        self.limits = limits = limits or WireLimits()
+        waits = [t for t in (limits.header_timeout_s, limits.idle_timeout_s) if t > 0]
+        super().__init__(sock, transport, min(waits) if waits else 0.0, limits.header_timeout_s)
         self._handlers = handlers
         self._put_stream = put_stream
         self._pool = pool
@@ -65,29 +74,43 @@ class Connection(FrameIO):
         self._on_close = on_close
         # shm: the peer process (to learn when it exits); requests still running
         # are counted, as lent regions are reused only when none can touch them
-        self.memory = lending.attach(*peer_process(sock)) if transport == "shm" else lending.attach()
+        if transport == "shm":
+            self.memory = lending.attach(*(peer or peer_process(sock)))
+        else:
+            self.memory = lending.attach()
         self.closed = False
+        self._inflight = 0  # requests dispatched and not yet done
+        self._inflight_lock = threading.Lock()
+        self._frames = 0  # frames received
+        self._last_activity = time.monotonic()  # a frame arrived or a request ended
 
     # --- main loop -------------------------------------------------------------
     def serve(self) -> None:
-        """Read and dispatch frames until EOF, a protocol error or a socket error;
-        then close the connection."""
+        """Read and dispatch frames until EOF, a protocol error, a timeout or a
+        socket error; then close the connection."""
+        header_s = self.limits.header_timeout_s
         try:
             while not self.closed:
-                hdr = self.recv_header()
+                hdr = self._next_header()
                 if hdr is None:
                     return
+                deadline = time.monotonic() + header_s if header_s > 0 else None
                 try:
-                    op, meta_len, rid, payload_len = p.unpack_header(hdr)
+                    op, meta_len, rid, payload_len = p.unpack_header(
+                        hdr, max_meta=self.limits.max_meta_bytes)
                 except ProtocolError as exc:
                     self.reply_error(0, exc)
                     return
-                meta = self.recv_meta(meta_len)
+                meta = self.recv_meta(meta_len, deadline)
+                self._frames += 1
+                self._last_activity = time.monotonic()
                 try:
                     self.dispatch(op, rid, meta, payload_len)
                 except ProtocolError as exc:
                     self.reply_error(rid, exc)
                     return
+        except RecvTimeout as exc:
+            self._timed_out(exc)
         except ProtocolError as exc:
             log.info("closing %s connection: %s", self.transport, exc)
         except OSError as exc:
@@ -95,6 +118,44 @@ class Connection(FrameIO):
                 log.info("connection error: %s", exc)
         finally:
             self.close()
+
+    def _next_header(self) -> memoryview | None:
+        """The next frame's header, waiting between frames for as long as the
+        limits allow: ``header_timeout_s`` for a connection's first frame,
+        ``idle_timeout_s`` once nothing is in flight, else forever.
+
+        Raises:
+            RecvTimeout: the wait allowed has passed, or a header began and did
+                not complete in time.
+        """
+        lim = self.limits
+        while True:
+            try:
+                return self.recv_header()
+            except RecvTimeout as exc:
+                if exc.mid_frame:
+                    raise
+                first = self._frames == 0 and lim.header_timeout_s > 0
+                allowed = lim.header_timeout_s if first else lim.idle_timeout_s
+                if allowed <= 0 or self._inflight:
+                    continue
+                quiet = time.monotonic() - self._last_activity
+                if quiet >= allowed - 0.001:
+                    raise
+                self._arm(allowed - quiet)
+
+    def _timed_out(self, exc: RecvTimeout) -> None:
+        """Tell the client why its connection closes (``RequestTimeout``, request id 0)."""
+        lim = self.limits
+        if exc.mid_frame and lim.header_timeout_s > 0:
+            why = f"a frame's bytes stopped arriving (limit {lim.header_timeout_s} s)"
+        elif self._frames == 0 and lim.header_timeout_s > 0:
+            why = f"no request within {lim.header_timeout_s} s of connecting"
+        else:
+            why = f"the connection was idle for {lim.idle_timeout_s} s"
+        log.info("closing a %s connection: %s", self.transport, why)
+        self.reply_error(0, error_from_code("RequestTimeout", f"{why}; closing the connection"))
+        self.shutdown_politely()
 
     def close(self) -> None:
         """Close the socket and release what the connection holds. Idempotent."""
@@ -130,25 +191,35 @@ class Connection(FrameIO):
         if payload_len:
             raise ProtocolError(f"op {op} carries no payload")
         # every request is counted until it is done (inline ones too): a region lent
-        # to this client is reused only when nothing of its process is running
-        if self.transport == "shm":
-            self._lending.request_started(self.memory)
+        # to this client is reused only when nothing of its process is running, and
+        # a connection with a request in flight is not idle
+        self._count(+1)
         if op in _DATA_OPS and not _small(op, req):
             try:
                 self._pool.submit(self._run_counted, op, rid, req)
             except BaseException:
-                if self.transport == "shm":
-                    self._lending.request_done(self.memory)
+                self._count(-1)
                 raise
         else:
             self._run_counted(op, rid, req)
+
+    def _count(self, delta: int) -> None:
+        """A request started (+1) or ended (-1)."""
+        with self._inflight_lock:
+            self._inflight += delta
+        if delta < 0:
+            self._last_activity = time.monotonic()
+        if self.transport == "shm":
+            if delta > 0:
+                self._lending.request_started(self.memory)
+            else:
+                self._lending.request_done(self.memory)
 
     def _run_counted(self, op: int, rid: int, req) -> None:
         try:
             self._run(op, rid, req)
         finally:
-            if self.transport == "shm":
-                self._lending.request_done(self.memory)
+            self._count(-1)
 
     def _run(self, op: int, rid: int, req) -> None:
         """Run one handler; its errors become error replies."""

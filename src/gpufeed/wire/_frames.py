@@ -16,15 +16,20 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 
 from ..errors import GpufeedError, InternalError, ProtocolError
 from . import protocol as p
 
-__all__ = ["FrameIO", "set_send_timeout", "RECV_CHUNK"]
+__all__ = ["FrameIO", "RecvTimeout", "set_send_timeout", "set_recv_timeout", "RECV_CHUNK"]
 
 #: Receive buffer for TCP PUT payloads.
 RECV_CHUNK = 4 << 20  # 4 MiB
+#: Metadata up to this size is received into one buffer at once; larger metadata
+#: grows its buffer as the bytes arrive (at most doubling), never to the size
+#: the header merely announced.
+META_STEP_BYTES = 64 << 10  # 64 KiB
 #: Room for the descriptors one ``recvmsg`` may carry (16 ints).
 _ANCILLARY_BYTES = socket.CMSG_SPACE(16 * 4)
 
@@ -38,9 +43,40 @@ def set_send_timeout(sock: socket.socket, timeout_s: float) -> None:
         sock: a connected socket.
         timeout_s: seconds, >= 0.
     """
+    _set_timeout(sock, socket.SO_SNDTIMEO, timeout_s)
+
+
+def set_recv_timeout(sock: socket.socket, timeout_s: float) -> None:
+    """Make a receive on ``sock`` that gets no byte for ``timeout_s`` seconds fail
+    (``BlockingIOError``), the socket staying blocking. 0 means never.
+
+    Args:
+        sock: a connected socket.
+        timeout_s: seconds, >= 0.
+    """
+    _set_timeout(sock, socket.SO_RCVTIMEO, timeout_s)
+
+
+def _set_timeout(sock: socket.socket, option: int, timeout_s: float) -> None:
+    timeout_s = max(0.0, timeout_s)
     whole = int(timeout_s)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
-                    struct.pack("ll", whole, int((timeout_s - whole) * 1_000_000)))
+    usec = int((timeout_s - whole) * 1_000_000)
+    if whole == 0 and usec == 0 and timeout_s > 0:
+        usec = 1  # 0 would mean "never"
+    sock.setsockopt(socket.SOL_SOCKET, option, struct.pack("ll", whole, usec))
+
+
+class RecvTimeout(Exception):
+    """A receive waited the connection's receive timeout (or a frame's deadline
+    passed) without the bytes it needed.
+
+    Attributes:
+        mid_frame: part of a frame had arrived (else the wait was between frames).
+    """
+
+    def __init__(self, mid_frame: bool) -> None:
+        super().__init__("mid-frame" if mid_frame else "between frames")
+        self.mid_frame = mid_frame
 
 
 class FrameIO:
@@ -50,14 +86,25 @@ class FrameIO:
         sock: the connected socket (blocking).
         transport: ``"tcp"`` or ``"shm"`` (a Unix socket that also carries
             descriptors).
+        recv_timeout_s: seconds a receive may wait for a byte (``SO_RCVTIMEO``);
+            0 waits forever.
+        frame_timeout_s: seconds a frame's header and metadata may take once its
+            first byte arrived; 0: no deadline (each receive still waits at most
+            ``recv_timeout_s``).
 
     Replies may be sent from several threads at once (requests run on a pool);
     each reply frame is written whole under :attr:`send_lock`.
     """
 
-    def __init__(self, sock: socket.socket, transport: str) -> None:
+    def __init__(self, sock: socket.socket, transport: str, recv_timeout_s: float = 0.0,
+                 frame_timeout_s: float = 0.0) -> None:
         self.sock = sock
         self.transport = transport
+        self.recv_timeout_s = recv_timeout_s
+        self.frame_timeout_s = frame_timeout_s
+        self._armed = False  # SO_RCVTIMEO holds a shorter wait than recv_timeout_s
+        if recv_timeout_s > 0:
+            set_recv_timeout(sock, recv_timeout_s)
         self.send_lock = threading.Lock()
         #: descriptors received and not yet taken by a REGISTER
         self.fds_in: list[int] = []
@@ -65,8 +112,17 @@ class FrameIO:
         self._recv_buf: bytearray | None = None
 
     # --- reading ---------------------------------------------------------------
-    def recv_exact(self, mv: memoryview, *, at_boundary: bool = False) -> bool:
+    def recv_exact(self, mv: memoryview, *, at_boundary: bool = False,
+                   deadline: float | None = None) -> bool:
         """Fill ``mv`` from the socket, collecting descriptors on shm.
+
+        Args:
+            mv: the destination.
+            at_boundary: ``mv`` starts a frame (a clean EOF before its first byte
+                is no error).
+            deadline: ``time.monotonic()`` by which ``mv`` must be full; at a
+                boundary ``None`` sets one ``frame_timeout_s`` after the first
+                byte. ``None`` elsewhere: each receive may wait ``recv_timeout_s``.
 
         Returns:
             False on a clean EOF at a frame boundary (``at_boundary`` and nothing
@@ -74,35 +130,90 @@ class FrameIO:
 
         Raises:
             ProtocolError: EOF in the middle of a frame.
+            RecvTimeout: no byte within the receive timeout, or the deadline passed.
             OSError: the socket failed.
         """
         pos, n = 0, len(mv)
-        while pos < n:
-            if self.transport == "shm":
-                got, anc, _flags, _addr = self.sock.recvmsg_into([mv[pos:]], _ANCILLARY_BYTES)
+        try:
+            while pos < n:
+                got = self._recv_once(mv[pos:], deadline, mid_frame=pos > 0 or not at_boundary)
+                if got == 0:
+                    if at_boundary and pos == 0:
+                        return False
+                    raise ProtocolError(f"connection closed mid-frame ({pos} of {n} bytes)")
+                pos += got
+                if pos < n and self.frame_timeout_s > 0:  # a partial frame: its bytes have a deadline
+                    if deadline is None:
+                        deadline = time.monotonic() + self.frame_timeout_s
+                    self._arm(deadline - time.monotonic())
+        finally:
+            self.disarm()
+        return True
+
+    def _recv_once(self, mv: memoryview, deadline: float | None, *, mid_frame: bool) -> int:
+        """One receive; a receive timeout before ``deadline`` waits out the rest.
+
+        Raises:
+            RecvTimeout: the receive timed out with no (or a passed) deadline.
+        """
+        while True:
+            try:
+                if self.transport != "shm":
+                    return self.sock.recv_into(mv)
+                got, anc, _flags, _addr = self.sock.recvmsg_into([mv], _ANCILLARY_BYTES)
                 for level, typ, data in anc:
                     if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
                         cnt = len(data) // 4
                         self.fds_in.extend(int.from_bytes(data[i * 4:(i + 1) * 4], "little")
                                            for i in range(cnt))
-            else:
-                got = self.sock.recv_into(mv[pos:])
-            if got == 0:
-                if at_boundary and pos == 0:
-                    return False
-                raise ProtocolError(f"connection closed mid-frame ({pos} of {n} bytes)")
-            pos += got
-        return True
+                return got
+            except BlockingIOError:  # SO_RCVTIMEO
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is None or left <= 0.001:
+                    raise RecvTimeout(mid_frame) from None
+                self._arm(left)
+
+    def _arm(self, timeout_s: float) -> None:
+        """Shorten the receive timeout to ``timeout_s`` until :meth:`disarm`."""
+        set_recv_timeout(self.sock, max(0.001, timeout_s))
+        self._armed = True
+
+    def disarm(self) -> None:
+        """Restore the connection's receive timeout after :meth:`_arm`."""
+        if self._armed:
+            self._armed = False
+            set_recv_timeout(self.sock, self.recv_timeout_s)
 
     def recv_header(self) -> memoryview | None:
-        """The next frame's header bytes (reused buffer), or ``None`` at a clean EOF."""
+        """The next frame's header bytes (reused buffer), or ``None`` at a clean EOF.
+
+        Raises:
+            RecvTimeout: nothing arrived within the receive timeout (``mid_frame``
+                False), or the header did not complete within it after its first byte.
+        """
         hdr = memoryview(self._hdr)
         return hdr if self.recv_exact(hdr, at_boundary=True) else None
 
-    def recv_meta(self, meta_len: int) -> bytearray:
-        """The ``meta_len`` metadata bytes that follow a header."""
-        meta = bytearray(meta_len)
-        self.recv_exact(memoryview(meta))
+    def recv_meta(self, meta_len: int, deadline: float | None = None) -> bytearray:
+        """The ``meta_len`` metadata bytes that follow a header, by ``deadline``
+        (``time.monotonic()``). The buffer grows as the bytes arrive (see
+        :data:`META_STEP_BYTES`), so an announced size costs nothing until sent.
+
+        Raises:
+            ProtocolError: the connection closed first.
+            RecvTimeout: the deadline passed.
+        """
+        if meta_len <= META_STEP_BYTES:
+            meta = bytearray(meta_len)
+            self.recv_exact(memoryview(meta), deadline=deadline)
+            return meta
+        meta = bytearray()
+        while len(meta) < meta_len:
+            have = len(meta)
+            step = min(meta_len - have, max(META_STEP_BYTES, have))
+            meta.extend(bytes(step))
+            with memoryview(meta) as mv:
+                self.recv_exact(mv[have:], deadline=deadline)
         return meta
 
     def recv_payload(self, n: int) -> Iterator[memoryview]:
@@ -115,6 +226,7 @@ class FrameIO:
 
         Raises:
             ProtocolError: the connection closed before ``n`` bytes arrived.
+            RecvTimeout: no byte arrived within the receive timeout.
         """
         buf = self._payload_buffer()
         remaining = n
@@ -122,7 +234,7 @@ class FrameIO:
             want = min(remaining, len(buf))
             filled = 0
             while filled < want:
-                got = self.sock.recv_into(buf[filled:want])
+                got = self._recv_payload_once(buf[filled:want])
                 if got == 0:
                     raise ProtocolError(f"connection closed after "
                                         f"{n - remaining + filled} of {n} bytes")
@@ -135,13 +247,20 @@ class FrameIO:
 
         Raises:
             ProtocolError: the connection closed first.
+            RecvTimeout: no byte arrived within the receive timeout.
         """
         buf = self._payload_buffer()
         while n:
-            got = self.sock.recv_into(buf[: min(n, len(buf))])
+            got = self._recv_payload_once(buf[: min(n, len(buf))])
             if got == 0:
                 raise ProtocolError("connection closed mid-payload")
             n -= got
+
+    def _recv_payload_once(self, mv: memoryview) -> int:
+        try:
+            return self.sock.recv_into(mv)
+        except BlockingIOError:  # SO_RCVTIMEO: the payload stopped coming
+            raise RecvTimeout(True) from None
 
     def _payload_buffer(self) -> memoryview:
         if self._recv_buf is None:
@@ -217,6 +336,18 @@ class FrameIO:
         except (OSError, ValueError):  # already closed here
             return True
         return bool(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR))
+
+    def shutdown_politely(self) -> None:
+        """End the connection after a last reply: stop sending, drop what the client
+        had already sent (closing over unread bytes would reset the connection, and
+        the client might lose that reply), without waiting for more."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+            for _ in range(64):
+                if not self.sock.recv(1 << 16, socket.MSG_DONTWAIT):
+                    break
+        except OSError:  # nothing more waiting, or the client is gone
+            pass
 
     def abort(self) -> None:
         """Shut the socket down: the reader sees EOF and closes the connection, and

@@ -26,18 +26,24 @@ __all__ = ["ClientMemory", "Lending", "MappedRegion", "MAX_REGION_BYTES", "MAX_L
 #: Largest region a client may register or ask for: the server maps regions
 #: populated, so an absurd size must not exhaust the host's memory.
 MAX_REGION_BYTES = host_memory_bytes() // 2
-#: Most shared memory lent to all clients together (regions are populated when lent).
+#: Default of the most shared memory mapped for all clients together (regions
+#: are populated when lent or registered): ``NodeConfig.wire.node_memory_bytes``.
 MAX_LENT_BYTES = host_memory_bytes() * 3 // 4
 
 
-def check_region_size(size: int) -> None:
+def check_region_size(size: int, *, least: int = 0) -> None:
     """The server maps regions populated: refuse sizes that could exhaust the host.
 
+    Args:
+        size: bytes asked for.
+        least: the smallest size accepted (1 for a registered region: an empty
+            file cannot be mapped).
+
     Raises:
-        InvalidArgument: ``size`` is negative or over :data:`MAX_REGION_BYTES`.
+        InvalidArgument: ``size`` is under ``least`` or over :data:`MAX_REGION_BYTES`.
     """
-    if not 0 <= size <= MAX_REGION_BYTES:
-        raise InvalidArgument(f"region size {size} is out of range (at most half the "
+    if not least <= size <= MAX_REGION_BYTES:
+        raise InvalidArgument(f"region size {size} is out of range ({least} to half the "
                               f"host's memory, {MAX_REGION_BYTES} bytes)")
 
 
@@ -58,11 +64,14 @@ class MappedRegion:
         InvalidArgument: the memfd is smaller than ``size``.
     """
 
-    __slots__ = ("mm", "mv", "size", "owned", "alias", "lend_no")
+    __slots__ = ("mm", "mv", "size", "owned", "alias", "lend_no", "key")
 
     def __init__(self, fd: int | None, size: int, owned: ServerRegion | None = None,
                  alias: ServerRegion | None = None) -> None:
         self.owned, self.alias = owned, alias
+        #: ``(st_dev, st_ino)`` of a client's memfd (``None`` for lent regions): a
+        #: memfd registered on several connections is counted once
+        self.key: tuple[int, int] | None = None
         lent = owned or alias
         if lent is not None:
             self.mm, self.size, self.lend_no = lent.mm, size, lent.lends
@@ -73,6 +82,9 @@ class MappedRegion:
         st = os.fstat(fd)
         if st.st_size < size:
             raise InvalidArgument(f"region of {size} bytes is larger than its memfd ({st.st_size})")
+        if size <= 0:
+            raise InvalidArgument("an empty region cannot be mapped (size must be at least 1 byte)")
+        self.key = (st.st_dev, st.st_ino)
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         self.mm = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self.mv = memoryview(self.mm)
@@ -124,6 +136,12 @@ class ClientMemory:
         self.peer_pid = peer_pid
         self.pidfd = pidfd
 
+    @property
+    def client(self) -> int:
+        """Whose memory this is: the client's pid, or this record's id when the pid
+        is unknown (such a connection is a client of its own)."""
+        return self.peer_pid or id(self)
+
     def region(self, region_id: int) -> MappedRegion:
         """The region registered as ``region_id`` on this connection.
 
@@ -136,6 +154,16 @@ class ClientMemory:
         if region.stale():
             raise InvalidArgument(f"region {region_id} was released (its memory went back to the node)")
         return region
+
+
+def _regions_of(mem: ClientMemory) -> list[MappedRegion]:
+    """A snapshot of ``mem``'s regions (its connection's thread may change them)."""
+    for _ in range(3):
+        try:
+            return list(mem.regions.values())
+        except RuntimeError:
+            continue
+    return list(mem.regions.copy().values())
 
 
 def _polled(fd: int, events: int) -> int:
@@ -156,13 +184,21 @@ class Lending:
     Args:
         pool_bytes: capacity of the pool of zeroed regions kept for reuse, bytes.
         stopping: set when the server stops (lent regions are then freed, not pooled).
+        client_bytes: most shared memory one client process may have mapped in the
+            node (registered memfds, each counted once, plus lent regions), bytes.
+        node_bytes: the same for all clients together, plus lent regions parked or
+            waiting for their process to exit, bytes.
 
     Thread-safe. Clients of one process share a key, their pid: a region lent
     to a process is reused only when nothing of that process is running.
     """
 
-    def __init__(self, pool_bytes: int, stopping: threading.Event) -> None:
+    def __init__(self, pool_bytes: int, stopping: threading.Event, *,
+                 client_bytes: int = MAX_REGION_BYTES, node_bytes: int = MAX_LENT_BYTES) -> None:
         self.pool = RegionPool(pool_bytes)
+        self.client_bytes = client_bytes
+        self.node_bytes = node_bytes
+        self._reserved: dict[ClientMemory, int] = {}  # bytes being mapped, not yet in regions
         self._stopping = stopping
         self._busy_lock = threading.Condition()
         self._clients: set[ClientMemory] = set()
@@ -254,10 +290,11 @@ class Lending:
         connection) as ``region_id``. The caller keeps and closes ``fd``.
 
         Raises:
-            InvalidArgument: a bad size, a taken id, or a memfd not sealed
-                against shrinking (shrinking it would SIGBUS the server).
+            InvalidArgument: a bad size (0 included), a taken id, a memfd not
+                sealed against shrinking (shrinking it would SIGBUS the server), or
+                the client's or the node's limit on mapped memory would be passed.
         """
-        check_region_size(size)
+        check_region_size(size, least=1)
         if region_id in mem.regions:
             raise InvalidArgument(f"region {region_id} is already registered")
         st = os.fstat(fd)
@@ -276,7 +313,13 @@ class Lending:
         if not seals & fcntl.F_SEAL_SHRINK:
             raise InvalidArgument("a region must be a memfd sealed against shrinking "
                                   "(MFD_ALLOW_SEALING, then F_ADD_SEALS F_SEAL_SHRINK)")
-        mem.regions[region_id] = MappedRegion(fd, size)
+        # a memfd this client has mapped already (on another connection) costs nothing more
+        extra = 0 if self._maps(mem, (st.st_dev, st.st_ino)) else size
+        self._reserve(mem, extra)
+        try:
+            mem.regions[region_id] = MappedRegion(fd, size)
+        finally:
+            self._unreserve(mem, extra)
 
     def unregister(self, mem: ClientMemory, region_id: int, unmapped: bool) -> None:
         """Drop ``region_id``; a lent one the client has unmapped is pooled once
@@ -302,27 +345,96 @@ class Lending:
             ``(region, reused)``; the caller sends ``region.fd`` to the client.
 
         Raises:
-            InvalidArgument: a taken id, a bad size, or the node's limit on lent
-                memory (:data:`MAX_LENT_BYTES`) would be passed.
+            InvalidArgument: a taken id, a bad size, or the client's or the node's
+                limit on mapped memory (``client_bytes``, ``node_bytes``) would be passed.
             InternalError: the memory cannot be allocated.
         """
         if region_id in mem.regions:
             raise InvalidArgument(f"region {region_id} is already registered")
         check_region_size(size)
-        lent = self.lent_bytes()
-        if lent + size > MAX_LENT_BYTES:
-            raise InvalidArgument(f"the node has lent {lent} bytes of shared memory; {size} more "
-                                  f"would pass its limit of {MAX_LENT_BYTES} (3/4 of the host's memory)")
+        self._reserve(mem, max(size, 1))
         try:
-            owned, reused = self.pool.take(size)
-        except OSError as exc:
-            raise InternalError(f"cannot allocate a {size}-byte region: {exc}") from exc
-        with self._busy_lock:
-            owned.lends += 1
-            owned.live = True
-            self._lent_by_key[owned.key] = owned
-        mem.regions[region_id] = MappedRegion(None, owned.size, owned)
+            try:
+                owned, reused = self.pool.take(size)
+            except OSError as exc:
+                raise InternalError(f"cannot allocate a {size}-byte region: {exc}") from exc
+            with self._busy_lock:
+                owned.lends += 1
+                owned.live = True
+                self._lent_by_key[owned.key] = owned
+            mem.regions[region_id] = MappedRegion(None, owned.size, owned)
+        finally:
+            self._unreserve(mem, max(size, 1))
         return owned, reused
+
+    # --- limits on mapped memory ------------------------------------------------
+    def _reserve(self, mem: ClientMemory, size: int) -> None:
+        """Count ``size`` more bytes for ``mem``'s client while they are mapped.
+
+        Raises:
+            InvalidArgument: the client's or the node's limit would be passed.
+        """
+        if size <= 0:
+            return
+        with self._busy_lock:
+            mine, everyone = self._usage_locked(mem.client)
+            if mine + size > self.client_bytes:
+                raise InvalidArgument(
+                    f"this client has {mine} bytes of shared memory mapped in the node; {size} more "
+                    f"would pass the limit per client of {self.client_bytes} "
+                    f"(GPUFEED_WIRE_CLIENT_MEMORY_BYTES)")
+            if everyone + size > self.node_bytes:
+                raise InvalidArgument(
+                    f"the node has {everyone} bytes of client shared memory mapped; {size} more "
+                    f"would pass its limit of {self.node_bytes} (GPUFEED_WIRE_NODE_MEMORY_BYTES)")
+            self._reserved[mem] = self._reserved.get(mem, 0) + size
+
+    def _unreserve(self, mem: ClientMemory, size: int) -> None:
+        """Undo :meth:`_reserve` once the region is in ``mem.regions`` (or failed)."""
+        if size <= 0:
+            return
+        with self._busy_lock:
+            left = self._reserved.get(mem, 0) - size
+            if left > 0:
+                self._reserved[mem] = left
+            else:
+                self._reserved.pop(mem, None)
+
+    def _maps(self, mem: ClientMemory, key: tuple[int, int]) -> bool:
+        """``mem``'s client has the memfd ``key`` mapped on some connection."""
+        with self._busy_lock:
+            clients = [c for c in self._clients if c.client == mem.client]
+        return any(r.key == key for c in clients for r in _regions_of(c))
+
+    def _usage_locked(self, client: int) -> tuple[int, int]:
+        """``(bytes mapped for client, bytes mapped for everyone)`` (under
+        ``_busy_lock``): lent regions, client memfds counted once, and
+        reservations; the node's total also counts regions parked or waiting."""
+        mine = everyone = 0
+        memfds: dict[tuple[int, int], tuple[int, bool]] = {}  # key -> (size, client's)
+        for c in self._clients:
+            is_mine = c.client == client
+            for r in _regions_of(c):
+                if r.owned is not None:
+                    everyone += r.owned.size
+                    mine += r.owned.size if is_mine else 0
+                elif r.key is not None:
+                    size, seen_mine = memfds.get(r.key, (0, False))
+                    memfds[r.key] = (max(size, r.size), seen_mine or is_mine)
+        for size, is_mine in memfds.values():
+            everyone += size
+            mine += size if is_mine else 0
+        for c, size in self._reserved.items():
+            everyone += size
+            mine += size if c.client == client else 0
+        for _f, c, rs in self._waiting:
+            held = sum(r.size for r in rs)
+            everyone += held
+            mine += held if c.client == client else 0
+        for c, parked in self._parked:
+            everyone += parked.size
+            mine += parked.size if c.client == client else 0
+        return mine, everyone
 
     def forked(self, mem: ClientMemory) -> None:
         """The client forked: a child may map what was lent so far, and the parent's
@@ -343,14 +455,7 @@ class Lending:
         """Bytes of lent regions not back in the pool: registered, parked, waiting."""
         with self._busy_lock:
             clients = list(self._clients)
-        total = 0
-        for c in clients:
-            for _ in range(3):  # the connection's thread may change its dict meanwhile
-                try:
-                    total += sum(r.size for r in list(c.regions.values()) if r.owned is not None)
-                    break
-                except RuntimeError:
-                    continue
+        total = sum(r.size for c in clients for r in _regions_of(c) if r.owned is not None)
         with self._busy_lock:
             total += sum(r.size for _f, _c, rs in self._waiting for r in rs)
             total += sum(r.size for _c, r in self._parked)

@@ -44,7 +44,7 @@ import numpy as np
 
 from .._memory import populate
 
-__all__ = ["ServerRegion", "RegionPool", "peer_process"]
+__all__ = ["ServerRegion", "RegionPool", "peer_pid", "peer_process"]
 
 
 
@@ -164,16 +164,23 @@ class RegionPool:
             region.close()
 
 
+def peer_pid(sock: socket.socket) -> int:
+    """The pid of the process at the other end of a Unix socket (``SO_PEERCRED``);
+    0 when unknown (another PID namespace)."""
+    try:
+        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+    except OSError:
+        return 0
+    return max(pid, 0)
+
+
 def peer_process(sock: socket.socket) -> tuple[int, int | None]:
     """``(pid, pidfd)`` of the process at the other end of a Unix socket; pid 0
     when unknown (another PID namespace), pidfd None when it cannot be watched
     (no ``pidfd_open``, an unknown pid, or this very process: an in-process
     node's clients never "exit")."""
-    try:
-        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                              struct.calcsize("3i")))
-    except OSError:
-        return 0, None
+    pid = peer_pid(sock)
     if pid <= 0:
         return 0, None
     if pid == os.getpid():

@@ -34,7 +34,7 @@ __all__ = [
     "Get", "GetV", "Put", "Delete",
     "List", "BucketReq", "Empty", "ObjectMeta", "GetReply", "GetVReply", "ListReply",
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
-    "close_fds",
+    "close_fds", "ListEntry", "MapReply", "decode",
 ]
 
 MAGIC = b"GF"
@@ -297,7 +297,7 @@ def decoder_for(tp: type) -> msgspec.msgpack.Decoder:
     return dec
 
 
-def decode(tp: type, data: bytes | memoryview):
+def decode(tp: type, data: bytes | bytearray | memoryview):
     """Decode metadata of type ``tp``. Raises ProtocolError on malformed input."""
     try:
         return decoder_for(tp).decode(data)
@@ -309,19 +309,24 @@ def pack_header(op: int, meta_len: int, request_id: int, payload_len: int = 0) -
     return HEADER.pack(MAGIC, VERSION, op, meta_len, request_id, payload_len)
 
 
-def unpack_header(buf) -> tuple[int, int, int, int]:
+def unpack_header(buf, max_meta: int = MAX_META) -> tuple[int, int, int, int]:
     """Parse a 24-byte header -> ``(op, meta_len, request_id, payload_len)``.
 
+    Args:
+        buf: the 24 header bytes.
+        max_meta: largest metadata accepted, bytes (at most :data:`MAX_META`).
+
     Raises:
-        ProtocolError: bad magic, unknown version, or meta_len over MAX_META.
+        ProtocolError: bad magic, unknown version, or meta_len over the limit.
     """
     magic, version, op, meta_len, rid, payload_len = HEADER.unpack(buf)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {magic!r}")
     if version != VERSION:
         raise ProtocolError(f"unsupported protocol version {version}")
-    if meta_len > MAX_META:
-        raise ProtocolError(f"metadata of {meta_len} bytes exceeds {MAX_META}")
+    limit = min(max_meta, MAX_META)
+    if meta_len > limit:
+        raise ProtocolError(f"metadata of {meta_len} bytes exceeds {limit}")
     return op, meta_len, rid, payload_len
 
 

@@ -11,11 +11,16 @@ connections and wires the parts together:
 * :mod:`._reads`: reads into client memory, split across threads when large;
 * :mod:`._lending`, :mod:`._regions`: client memory on the shm transport, and
   the pool that reuses what the server lent.
+
+Connections are capped (``NodeConfig.wire``: per node and per client, a client
+being a remote address on TCP and a process on shm); one past a cap gets a
+``SlowDown`` error frame (request id 0) and is closed at once.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
 import stat
@@ -24,16 +29,23 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .. import __version__
+from .._version import __version__
 from ..config import NodeConfig
 from ..engine import Engine
+from ..errors import error_from_code
 from ._conn import Connection
-from ._frames import set_send_timeout
+from ._frames import FrameIO, set_send_timeout
 from ._lending import Lending
 from ._ops import Ops
 from ._reads import SplitReader
+from ._regions import peer_process
 
 __all__ = ["WireServer"]
+
+log = logging.getLogger("gpufeed.wire")
+
+#: Seconds between two warnings about refused connections (the rest are counted).
+REFUSAL_LOG_INTERVAL_S = 10.0
 
 
 class WireServer:
@@ -43,7 +55,7 @@ class WireServer:
         engine: the node's engine.
         config: uses ``host``, ``port`` (0 = free port, negative disables TCP),
             ``resolved_socket_path`` (``None`` disables shm), ``io_threads``,
-            ``region_pool_bytes`` and ``send_timeout_s``.
+            ``region_pool_bytes``, ``send_timeout_s`` and the limits in ``wire``.
     """
 
     def __init__(self, engine: Engine, config: NodeConfig) -> None:
@@ -52,12 +64,17 @@ class WireServer:
         self.pool = ThreadPoolExecutor(max(2, config.io_threads), thread_name_prefix="gpufeed-io")
         self.reader = SplitReader(max(2, os.cpu_count() or 2))
         self._stopping = threading.Event()
-        self.lending = Lending(config.region_pool_bytes, self._stopping)
+        self.lending = Lending(config.region_pool_bytes, self._stopping,
+                               client_bytes=config.wire.client_memory_bytes,
+                               node_bytes=config.wire.node_memory_bytes)
         self.ops = Ops(engine, self.reader, self.lending, f"gpufeed/{__version__}")
         self._listeners: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
-        self._conns: set[Connection] = set()
+        self._conns: dict[Connection, tuple] = {}  # -> its client (remote address or process)
+        self._per_client: dict[tuple, int] = {}  # client key -> open connections
         self._lock = threading.Lock()
+        self._refused = 0  # connections refused since the last warning
+        self._refusal_logged = 0.0
         self.socket_path: str | None = None
 
     # --- lifecycle ---------------------------------------------------------------
@@ -113,7 +130,7 @@ class WireServer:
     def _accept_loop(self, lsock: socket.socket, transport: str) -> None:
         while not self._stopping.is_set():
             try:
-                sock, _ = lsock.accept()
+                sock, addr = lsock.accept()
             except OSError:
                 if self._stopping.is_set():
                     return
@@ -124,17 +141,77 @@ class WireServer:
             set_send_timeout(sock, self.config.send_timeout_s)
             if transport == "tcp":
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Connection(sock, transport, handlers=self.ops.handlers,
-                              put_stream=self.ops.put_stream, pool=self.pool,
-                              lending=self.lending, on_close=self._forget)
+                key, peer = ("tcp", addr[0]), None
+            else:
+                peer = peer_process(sock)
+                key = ("shm", peer[0] or id(sock))  # pid 0: unknown, a client of its own
+            refusal = self._admit(key)
+            if refusal:
+                if peer is not None and peer[1] is not None:
+                    os.close(peer[1])
+                self._refuse(sock, transport, refusal)
+                continue
+            try:
+                conn = Connection(sock, transport, handlers=self.ops.handlers,
+                                  put_stream=self.ops.put_stream, pool=self.pool,
+                                  lending=self.lending, on_close=self._forget,
+                                  limits=self.config.wire, peer=peer)
+            except BaseException:
+                self._release(key)
+                sock.close()
+                raise
             with self._lock:
-                self._conns.add(conn)
+                self._conns[conn] = key
             threading.Thread(target=conn.serve, name=f"gpufeed-conn-{transport}",
                              daemon=True).start()
 
+    def _admit(self, key: tuple) -> str | None:
+        """Count a new connection of client ``key``; the reason it is refused, if it is."""
+        lim = self.config.wire
+        with self._lock:
+            held = self._per_client.get(key, 0)
+            if len(self._conns) >= lim.max_connections:
+                return (f"the node serves {len(self._conns)} fast-path connections, its limit "
+                        f"(GPUFEED_WIRE_MAX_CONNECTIONS)")
+            if held >= lim.max_connections_per_client:
+                return (f"this client has {held} fast-path connections open, the limit per "
+                        f"client (GPUFEED_WIRE_MAX_CONNECTIONS_PER_CLIENT)")
+            self._per_client[key] = held + 1
+        return None
+
+    def _refuse(self, sock: socket.socket, transport: str, reason: str) -> None:
+        """Answer a connection past a cap with ``SlowDown`` (request id 0) and close it."""
+        frames = FrameIO(sock, transport)
+        frames.reply_error(0, error_from_code("SlowDown", f"{reason}; try again later"))
+        frames.shutdown_politely()
+        sock.close()
+        now = time.monotonic()
+        with self._lock:
+            self._refused += 1
+            if now - self._refusal_logged < REFUSAL_LOG_INTERVAL_S:
+                return
+            refused, self._refused, self._refusal_logged = self._refused, 0, now
+        log.warning("refused %d fast-path connection(s): %s", refused, reason)
+
     def _forget(self, conn: Connection) -> None:
         with self._lock:
-            self._conns.discard(conn)
+            key = self._conns.pop(conn, None)
+        if key is not None:
+            self._release(key)
+
+    def _release(self, key: tuple) -> None:
+        """A connection of client ``key`` is gone."""
+        with self._lock:
+            left = self._per_client.get(key, 1) - 1
+            if left > 0:
+                self._per_client[key] = left
+            else:
+                self._per_client.pop(key, None)
+
+    def connection_counts(self) -> dict[str, int]:
+        """Open fast-path connections: ``{"total": n, "clients": distinct clients}``."""
+        with self._lock:
+            return {"total": len(self._conns), "clients": len(self._per_client)}
 
     def stop(self) -> None:
         """Stop accepting, close every connection, release files. Idempotent."""

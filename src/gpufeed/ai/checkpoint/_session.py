@@ -7,12 +7,13 @@ import os
 import threading
 
 from ...client import Client
+from .._session import NodeSession
 from ._format import Location, parse_checkpoint_url
 
 __all__ = ["client_for", "open_location"]
 
-_clients: dict[tuple[int, str], Client] = {}
-_clients_lock = threading.Lock()
+_sessions: dict[tuple[int, str], NodeSession] = {}
+_sessions_lock = threading.Lock()
 
 
 def client_for(node_url: str) -> Client:
@@ -20,15 +21,17 @@ def client_for(node_url: str) -> Client:
 
     A pooled client that lost a connection (node restarted, a request timed out
     while the node was stopped) is closed and replaced, so one failure does not
-    fail every later save and load of the process."""
+    fail every later save and load of the process.
+
+    Raises:
+        TransportError, OSError: the node cannot be reached.
+    """
     k = (os.getpid(), node_url)
-    with _clients_lock:
-        c = _clients.get(k)
-        if c is not None and not c.closed and c.lost_connection:
-            c.close()  # its buffers stay valid; its requests already failed
-        if c is None or c.closed:
-            c = _clients[k] = Client(node_url)
-        return c
+    with _sessions_lock:
+        session = _sessions.get(k)
+        if session is None:
+            session = _sessions[k] = NodeSession(node_url, replace_lost=True)
+    return session.require()
 
 
 def open_location(url: str | Location, client: Client | None, bucket: str | None,

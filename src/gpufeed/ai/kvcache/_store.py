@@ -21,99 +21,29 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
 from ...client import Client
-from ...errors import (
-    BucketAlreadyOwnedByYou,
-    GpufeedError,
-    InvalidRange,
-    InvalidRequestError,
-    NotFoundError,
-)
-from ._format import ChunkFormatError, ChunkHeader, block_checksum, header_len
+from ...errors import BucketAlreadyOwnedByYou, GpufeedError, InvalidRequestError
+from .._session import NodeSession
+from ._format import ChunkHeader, block_checksum, header_len
 from ._keys import ChunkKey, KVLayout, chunk_keys
+from ._layers import ChunkUnavailable, LayerStream
+from ._metrics import Counters, KVMetrics
+from ._reads import _ChunkReads, _u8
 from ._tier import CpuTier
 
-__all__ = ["KVCacheStore", "KVMetrics", "ChunkUnavailable", "LayerStream"]
+# Counters: the base of the LMCache plugin's counters too
+__all__ = ["KVCacheStore", "KVMetrics", "ChunkUnavailable", "LayerStream", "Counters"]
 
 log = logging.getLogger("gpufeed.kvcache")
 
-#: Default bytes of chunks per batch read on shm (see ``chunks_per_request``).
-SHM_BATCH_BYTES = 256 << 20  # 256 MiB
-#: Default chunks per batch read on TCP.
-TCP_BATCH_CHUNKS = 4
 
-
-class ChunkUnavailable(LookupError):
-    """A chunk became unavailable (evicted, corrupt, node down) during a layer-wise read.
-
-    Attributes:
-        tokens: leading tokens whose KV is still valid for every layer.
-    """
-
-    def __init__(self, msg: str, tokens: int) -> None:
-        super().__init__(msg)
-        self.tokens = tokens
-
-
-class Counters:
-    """Base of a ``@dataclass`` of ``int`` counters: thread-safe :meth:`add` and a
-    consistent :meth:`snapshot`."""
-
-    def __post_init__(self) -> None:
-        self._lock = threading.Lock()
-
-    def add(self, **deltas: int) -> None:
-        with self._lock:
-            for k, v in deltas.items():
-                setattr(self, k, getattr(self, k) + v)
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass
-class KVMetrics(Counters):
-    """Counters of one store (monotonic; read with :meth:`snapshot`).
-
-    ``node_errors`` is the warning metric: node calls that failed because the
-    node was unreachable or broken (serving continued by recompute).
-    """
-
-    lookups: int = 0
-    hit_tokens: int = 0
-    miss_tokens: int = 0
-    tier_hits: int = 0
-    chunks_read: int = 0
-    bytes_read: int = 0
-    chunks_written: int = 0
-    bytes_written: int = 0
-    missing_chunks: int = 0
-    corrupt_chunks: int = 0
-    node_errors: int = 0
-    put_errors: int = 0
-
-
-def _u8(t: torch.Tensor) -> np.ndarray:
-    """A contiguous tensor's bytes as a writable numpy uint8 array (no copy)."""
-    if not t.is_contiguous():
-        raise ValueError("expected a contiguous block")
-    return t.reshape(-1).view(torch.uint8).numpy()
-
-
-class _Miss(Exception):
-    """Internal: chunk unusable (missing, corrupt)."""
-
-
-class KVCacheStore:
+class KVCacheStore(_ChunkReads):
     """KV cache of one model shard keyed by token prefix, on a gpufeed node.
 
     Args:
@@ -130,7 +60,7 @@ class KVCacheStore:
         cpu_tier_bytes: capacity of the local CPU tier (0 disables it).
         populate_tier: copy chunks read from the node into the CPU tier.
         chunks_per_request: chunks per batch read (each is ``1 + 2 * layers`` ranges);
-            default: on shm as many as fit in :data:`SHM_BATCH_BYTES` (the node
+            default: on shm as many as fit in ``SHM_BATCH_BYTES`` (256 MiB; the node
             checksums the blocks as they land, so the client has nothing to overlap
             and fewer round trips win: 31 chunks of 8 MiB read at 0.82 x the
             large-read GB/s in one batch, 0.75 x in batches of 8 or 16, measured
@@ -176,49 +106,25 @@ class KVCacheStore:
         self.metrics = KVMetrics()
         self.header_len = header_len(num_layers)
         self._bucket_args = (bucket_kind, bucket_capacity_bytes, bucket_ttl_s)
-        self._retry_interval_s = retry_interval_s
-        self._retry_at = 0.0
-        self._client_lock = threading.Lock()
         self._landing_lock = threading.Lock()
+        self._readers_lock = threading.Lock()
         self._landing_buf: torch.Tensor | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-kv-put")
         self._pending: set[Future] = set()
         self._pending_lock = threading.Lock()
-        if isinstance(url_or_client, Client):
-            self.url, self._owns_client = url_or_client.url, False
-            self._client: Client | None = url_or_client
-            self._bucket_ready = False
-        else:
-            self.url, self._owns_client = url_or_client, True
-            self._client = None
-            self._bucket_ready = False
-            self._connect_kw = {"request_timeout_s": request_timeout_s}
-            if connections:
-                self._connect_kw["connections"] = connections
+        connect_kw: dict = {"request_timeout_s": request_timeout_s}
+        if connections:
+            connect_kw["connections"] = connections
+        self._session = NodeSession(url_or_client, connect_kw=connect_kw, prepare=self._create_bucket,
+                                    fatal=(InvalidRequestError,), retry_interval_s=retry_interval_s,
+                                    on_down=self._down)
+        self.url = self._session.url
         self._node()  # connect now if we can (a failure is only counted)
 
     # --- node plumbing ------------------------------------------------------------
     def _node(self) -> Client | None:
         """The connected client with the bucket ready, or None while the node is down."""
-        with self._client_lock:
-            if self._client is None:
-                if not self._owns_client or time.monotonic() < self._retry_at:
-                    return None
-                try:
-                    self._client = Client(self.url, **self._connect_kw)
-                except (GpufeedError, OSError) as exc:
-                    self._failed_locked(exc)
-                    return None
-            if not self._bucket_ready:
-                try:
-                    self._create_bucket(self._client)
-                    self._bucket_ready = True
-                except InvalidRequestError:
-                    raise  # a bad bucket name is the caller's error, not a node outage
-                except (GpufeedError, OSError) as exc:
-                    self._failed_locked(exc)
-                    return None
-            return self._client
+        return self._session.client()
 
     def _create_bucket(self, client: Client) -> None:
         kind, capacity, ttl = self._bucket_args
@@ -233,32 +139,18 @@ class KVCacheStore:
         except BucketAlreadyOwnedByYou:
             pass
 
-    def _failed_locked(self, exc: BaseException) -> None:
+    def _down(self, exc: BaseException) -> None:
         self.metrics.add(node_errors=1)
         log.warning("kvcache: node %s unavailable (%s: %s); serving by recompute",
                     self.url, type(exc).__name__, exc)
-        self._bucket_ready = False
-        if self._owns_client:
-            if self._client is not None:
-                try:
-                    self._client.close()
-                except Exception:  # pragma: no cover - closing a broken client
-                    pass
-            self._client = None
-            self._retry_at = time.monotonic() + self._retry_interval_s
 
     def _failed(self, exc: BaseException) -> None:
-        with self._client_lock:
-            self._failed_locked(exc)
+        self._session.failed(exc)
 
     # --- keys and buffers ------------------------------------------------------------
     def keys(self, tokens) -> list[ChunkKey]:
         """Chunk keys of ``tokens`` (see :func:`chunk_keys`)."""
         return chunk_keys(tokens, self.layout, prefix=self.key_prefix, partial=self.partial_chunks)
-
-    def _chunk_shape(self, ntok: int) -> tuple[int, ...]:
-        lay = self.layout
-        return (2, lay.num_layers, ntok, lay.num_kv_heads, lay.head_dim)
 
     def alloc_kv(self, tokens: int) -> torch.Tensor:
         """A ``[2, layers, tokens, kv_heads, head_dim]`` tensor the node can write into
@@ -289,9 +181,6 @@ class KVCacheStore:
         n = -(-tokens // self.layout.chunk_tokens)
         nbytes = n * self._object_bytes(self.layout.chunk_tokens)
         return _Landing(self, nbytes, (nbytes,), torch.uint8)
-
-    def _object_bytes(self, ntok: int) -> int:
-        return self.header_len + ntok * self.layout.token_bytes()
 
     def _alloc_bytes(self, nbytes: int) -> torch.Tensor:
         """Flat uint8 tensor in registered memory on shm (page-touched), else plain."""
@@ -344,215 +233,7 @@ class KVCacheStore:
         self.metrics.add(hit_tokens=got, miss_tokens=(cks[-1].end if cks else 0) - got)
         return result
 
-    def _per_request(self, client: Client, ntok: int) -> int:
-        """Chunks of ``ntok`` tokens per batch read on ``client``'s transport."""
-        if self.chunks_per_request is not None:
-            return self.chunks_per_request
-        if client.supports_server_digests:  # nothing to overlap: fewer, larger batches
-            return max(1, SHM_BATCH_BYTES // self._object_bytes(ntok))
-        return TCP_BATCH_CHUNKS
-
-    def _read_objects(self, client: Client, out: torch.Tensor, jobs: list[tuple[ChunkKey, int]]):
-        """Whole-object reads into ``out`` (flat ``uint8``; chunk ``ck`` at byte ``at``
-        for each ``(ck, at)`` of ``jobs``), ``chunks_per_request`` per batch, all
-        batches in flight; yields ``(ck, payload)`` of the leading valid chunks
-        (``payload`` a view of ``out``), verifying each batch while the next ones are
-        still arriving. Each chunk is two ranges (header, payload); with ``verify`` the
-        payload asks for per-block server digests. A chunk that is gone, short or
-        corrupt ends the prefix (the batch still returns the others: no lookup round
-        trip is needed first). Waits for every read it started."""
-        per = self._per_request(client, self.layout.chunk_tokens)
-        groups = [jobs[i:i + per] for i in range(0, len(jobs), per)]
-        raw = _u8(out)  # numpy slices are cheaper than torch views, item by item
-        hl = self.header_len
-        futs = []
-        sums_of: list[list] = []
-        errs_of: list[list] = []
-        try:
-            for g in groups:
-                items = []
-                for ck, at in g:
-                    n = self._object_bytes(ck.tokens)
-                    items.append((self.bucket, ck.key, raw[at:at + hl], 0, hl))
-                    items.append((self.bucket, ck.key, raw[at + hl:at + n], hl, n - hl,
-                                  self._block_bytes(ck.tokens) if self.verify else 0))
-                sums_of.append([])
-                errs_of.append([])
-                futs.append(client.submit_get_many_into(items, digests_out=sums_of[-1],
-                                                        errors_out=errs_of[-1]))
-        except (GpufeedError, OSError) as exc:
-            self._failed(exc)
-        chunks = nbytes = 0
-        try:
-            for g, fut, sums, errs in zip(groups, futs, sums_of, errs_of):
-                try:
-                    ns = fut.result()
-                except (GpufeedError, OSError) as exc:
-                    self._failed(exc)
-                    return
-                for j, (ck, at) in enumerate(g):
-                    n = self._object_bytes(ck.tokens)
-                    if not self._complete(ck, errs[2 * j:2 * j + 2], ns[2 * j:2 * j + 2], [hl, n - hl]):
-                        return
-                    payload = out[at + hl:at + n].view(self.torch_dtype).view(self._chunk_shape(ck.tokens))
-                    try:
-                        self._check(ck, payload, raw[at:at + hl].data, sums=sums[2 * j + 1])
-                    except _Miss as exc:
-                        self._corrupt(ck, exc)
-                        return
-                    chunks, nbytes = chunks + 1, nbytes + n
-                    yield ck, payload
-        finally:
-            self.metrics.add(chunks_read=chunks, bytes_read=nbytes)
-            for f in futs:
-                try:
-                    f.result()
-                except Exception:
-                    pass
-
-    def _complete(self, ck: ChunkKey, errs: list, ns: list[int], want: list[int]) -> bool:
-        """Whether the items of chunk ``ck`` all arrived whole. Otherwise counts the
-        miss: a missing object, a short one (dropped as corrupt, so the next writer
-        replaces it), or a node failure."""
-        for e in errs:
-            if e is None:
-                continue
-            if isinstance(e, NotFoundError):
-                self.metrics.add(missing_chunks=1)
-            elif isinstance(e, InvalidRange):
-                self._corrupt(ck, f"{ck.key} is shorter than its layout")
-            else:
-                self._failed(e)
-            return False
-        if ns != want:
-            self._corrupt(ck, f"{ck.key} is {sum(want) - sum(ns)} bytes short")
-            return False
-        return True
-
-    def _corrupt(self, ck: ChunkKey, why) -> None:
-        """Count and log a corrupt chunk (``why``: an exception or a message) and
-        delete it, so the next writer replaces it."""
-        log.warning("kvcache: %s; treated as a miss", why)
-        self.metrics.add(corrupt_chunks=1)
-        client = self._node()
-        if client is not None:
-            self._drop_corrupt(client, ck.key)
-
     # --- reads ------------------------------------------------------------------------
-    def _block_bytes(self, ntok: int) -> int:
-        """Bytes of one ``[kv][layer]`` block of a chunk of ``ntok`` tokens."""
-        lay = self.layout
-        return ntok * lay.num_kv_heads * lay.head_dim * lay.itemsize
-
-    def _items(self, ck: ChunkKey, dst: torch.Tensor, hdr: memoryview) -> list[tuple]:
-        """Batch-read items of one chunk: its header into ``hdr``, each block into
-        ``dst[kv, l]`` (asking for the block's server digest when verifying)."""
-        lay = self.layout
-        block = self._block_bytes(ck.tokens)
-        items = [(self.bucket, ck.key, hdr, 0, self.header_len)]
-        for kv in range(2):
-            for layer in range(lay.num_layers):
-                off = self.header_len + (kv * lay.num_layers + layer) * block
-                items.append((self.bucket, ck.key, _u8(dst[kv, layer]), off, block,
-                              block if self.verify else 0))
-        return items
-
-    @staticmethod
-    def _block_sums(digests: list, at: int, count: int) -> list[int] | None:
-        """Server digests of ``count`` one-block items from ``digests[at]`` (one piece
-        each), or None if any is missing (the caller then hashes the blocks itself)."""
-        out = []
-        for d in digests[at:at + count]:
-            if not d or len(d) != 1:
-                return None
-            out.append(d[0])
-        return out
-
-    def _check(self, ck: ChunkKey, dst: torch.Tensor, hdr: memoryview, layers=None,
-               sums: list[int] | None = None) -> None:
-        """Raise _Miss unless ``hdr`` is chunk ``ck``'s header and the blocks match it.
-
-        ``sums``: XXH3-64 of blocks ``[kv][layer]`` (kv-major, all layers) as the
-        server computed them when it delivered the bytes; None hashes ``dst`` here."""
-        try:
-            h = ChunkHeader.unpack(hdr)
-            h.check(self.layout, ck.digest, ck.tokens)
-        except ChunkFormatError as exc:
-            raise _Miss(str(exc)) from exc
-        if not self.verify:
-            return
-        L = self.layout.num_layers
-        if sums is not None and len(sums) != 2 * L:
-            sums = None
-        for kv in range(2):
-            for layer in (range(L) if layers is None else layers):
-                got = sums[kv * L + layer] if sums is not None else block_checksum(_u8(dst[kv, layer]))
-                if got != h.checksums[kv * L + layer]:
-                    raise _Miss(f"checksum mismatch in {ck.key} block [{kv}][{layer}]")
-
-    def _read_chunks(self, client: Client, jobs: list[tuple[ChunkKey, torch.Tensor]]) -> int:
-        """Read chunks from the node into their destinations, pipelined; returns how many
-        leading jobs are valid. Waits for every read it started before returning."""
-        if not jobs:
-            return 0
-        hdrs = memoryview(bytearray(self.header_len * len(jobs)))
-        hv = [hdrs[i * self.header_len:(i + 1) * self.header_len] for i in range(len(jobs))]
-        per = self._per_request(client, self.layout.chunk_tokens)
-        groups = [list(range(i, min(i + per, len(jobs)))) for i in range(0, len(jobs), per)]
-        futs: list[Future] = []
-        digests: list[list] = []
-        errors: list[list] = []
-        try:
-            for g in groups:
-                items = [it for j in g for it in self._items(jobs[j][0], jobs[j][1], hv[j])]
-                digests.append([])
-                errors.append([])
-                futs.append(client.submit_get_many_into(items, digests_out=digests[-1],
-                                                        errors_out=errors[-1]))
-        except (GpufeedError, OSError) as exc:
-            self._failed(exc)
-        valid = 0
-        stop = False
-        per_chunk = 1 + 2 * self.layout.num_layers
-        for g, fut, sums, errs in zip(groups, futs, digests, errors):
-            try:
-                ns = fut.result()
-            except (GpufeedError, OSError) as exc:
-                if not stop:
-                    self._failed(exc)
-                stop = True
-                continue
-            if stop:
-                continue
-            for pos, j in enumerate(g):
-                ck, dst = jobs[j]
-                at = pos * per_chunk
-                good = self._complete(ck, errs[at:at + per_chunk], ns[at:at + per_chunk],
-                                      [it[4] for it in self._items_len(ck)])
-                if good:
-                    try:
-                        self._check(ck, dst, hv[j], sums=self._block_sums(sums, at + 1, per_chunk - 1))
-                    except _Miss as exc:
-                        self._corrupt(ck, exc)
-                        good = False
-                if not good:
-                    stop = True
-                    break
-                valid += 1
-                self.metrics.add(chunks_read=1, bytes_read=dst.numel() * dst.element_size())
-        return valid
-
-    def _items_len(self, ck: ChunkKey) -> list[tuple]:
-        """The ``(.., length)`` shape of :meth:`_items` without destinations (expected byte counts)."""
-        block = self._block_bytes(ck.tokens)
-        return [(None,) * 4 + (self.header_len,)] + [(None,) * 4 + (block,)] * (2 * self.layout.num_layers)
-
-    def _drop_corrupt(self, client: Client, key: str) -> None:
-        try:
-            client.delete(self.bucket, key)
-        except (GpufeedError, OSError):
-            pass
-
     def get_into(self, tokens, kv_out: torch.Tensor) -> int:
         """Load the longest cached prefix of ``tokens`` into ``kv_out``.
 
@@ -624,7 +305,7 @@ class KVCacheStore:
     def _reader(self) -> ThreadPoolExecutor:
         ex = getattr(self, "_readers", None)
         if ex is None:
-            with self._client_lock:
+            with self._readers_lock:
                 ex = getattr(self, "_readers", None)
                 if ex is None:
                     ex = self._readers = ThreadPoolExecutor(4, thread_name_prefix="gpufeed-kv-get")
@@ -650,36 +331,6 @@ class KVCacheStore:
         n = self._probe(client, rest)
         i += n
         return cks[i - 1].end if i else 0
-
-    def _probe(self, client: Client, cks: list[ChunkKey]) -> int:
-        """Leading chunks of ``cks`` present on the node with a matching header."""
-        return len(self._probe_headers(client, cks))
-
-    def _probe_headers(self, client: Client, cks: list[ChunkKey]) -> list[ChunkHeader]:
-        """Headers of the leading chunks of ``cks`` present on the node with a matching
-        header: one batch read of every header (a missing one ends the prefix)."""
-        H = self.header_len
-        hdrs = memoryview(bytearray(H * len(cks)))
-        views = [hdrs[j * H:(j + 1) * H] for j in range(len(cks))]
-        errs: list = []
-        try:
-            ns = client.get_many_into([(self.bucket, ck.key, v, 0, H) for ck, v in zip(cks, views)],
-                                      errors_out=errs)
-        except (GpufeedError, OSError) as exc:
-            self._failed(exc)
-            return []
-        out: list[ChunkHeader] = []
-        for ck, v, n, e in zip(cks, views, ns, errs):
-            if not self._complete(ck, [e], [n], [H]):
-                break
-            try:
-                h = ChunkHeader.unpack(v)
-                h.check(self.layout, ck.digest, ck.tokens)
-            except ChunkFormatError:
-                self.metrics.add(corrupt_chunks=1)
-                break
-            out.append(h)
-        return out
 
     def prefetch(self, tokens) -> Future:
         """Start loading the cached prefix of ``tokens`` into the CPU tier; the Future
@@ -823,9 +474,7 @@ class KVCacheStore:
             self._writer.shutdown(wait=True)
             if getattr(self, "_readers", None) is not None:
                 self._readers.shutdown(wait=True)
-            if self._owns_client and self._client is not None:
-                self._client.close()
-                self._client = None
+            self._session.close()
 
     def __enter__(self) -> "KVCacheStore":
         return self
@@ -856,91 +505,3 @@ class _Landing:
         self.store._landing_lock.release()
 
 
-class LayerStream:
-    """Iterator of ``(layer, keys [n, H, D], values [n, H, D])`` from :meth:`KVCacheStore.get_layers`.
-
-    Attributes:
-        tokens: ``n``, the leading tokens found (chunk headers present and matching).
-    """
-
-    def __init__(self, store: KVCacheStore, tokens, depth: int) -> None:
-        self._s = store
-        self._depth = max(1, depth)
-        cks = store.keys(tokens)
-        i = 0
-        while i < len(cks) and cks[i].key in store.tier:
-            i += 1
-        self._tier_cks = cks[:i]
-        self._client = store._node() if i < len(cks) else None
-        self._node_cks: list[ChunkKey] = []
-        self._hdrs: list[ChunkHeader] = []
-        if self._client is not None:
-            self._node_cks, self._hdrs = self._headers(cks[i:])
-        found = self._tier_cks + self._node_cks
-        self.tokens = found[-1].end if found else 0
-
-    def _headers(self, cks):
-        hdrs = self._s._probe_headers(self._client, cks)
-        return cks[:len(hdrs)], hdrs
-
-    def _submit(self, layer: int):
-        s, lay = self._s, self._s.layout
-        out = torch.empty((2, self.tokens, lay.num_kv_heads, lay.head_dim), dtype=s.torch_dtype)
-        for ck in self._tier_cks:
-            out[:, ck.start:ck.end].copy_(s.tier.get(ck.key)[:, layer])
-        items = []
-        for ck in self._node_cks:
-            block = s._block_bytes(ck.tokens)
-            for kv in range(2):
-                off = s.header_len + (kv * lay.num_layers + layer) * block
-                items.append((s.bucket, ck.key, _u8(out[kv, ck.start:ck.end]), off, block,
-                              block if s.verify else 0))
-        sums: list = []
-        errs: list = []
-        fut = self._client.submit_get_many_into(items, digests_out=sums, errors_out=errs) if items else None
-        return out, (fut, sums, errs)
-
-    def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        s, L = self._s, self._s.layout.num_layers
-        if self.tokens == 0:
-            return
-        inflight = []
-        nxt = 0
-        try:
-            while nxt < L or inflight:
-                while nxt < L and len(inflight) < self._depth:
-                    inflight.append((nxt, *self._submit(nxt)))
-                    nxt += 1
-                layer, out, (fut, sums, errs) = inflight.pop(0)
-                if fut is not None:
-                    try:
-                        ns = fut.result()
-                    except (GpufeedError, OSError) as exc:
-                        s._failed(exc)
-                        raise ChunkUnavailable(f"layer {layer}: {exc}", self._valid(layer, out)) from exc
-                    for j, (ck, h) in enumerate(zip(self._node_cks, self._hdrs)):
-                        # chunks before this one are whole in every layer read so far
-                        block = s._block_bytes(ck.tokens)
-                        if not s._complete(ck, errs[2 * j:2 * j + 2], ns[2 * j:2 * j + 2], [block, block]):
-                            raise ChunkUnavailable(f"{ck.key} is gone or short at layer {layer}", ck.start)
-                        if not s.verify:
-                            continue
-                        for kv in range(2):
-                            d = s._block_sums(sums, 2 * j + kv, 1)
-                            got = d[0] if d else block_checksum(_u8(out[kv, ck.start:ck.end]))
-                            if got != h.checksums[kv * L + layer]:
-                                s._corrupt(ck, f"checksum mismatch in {ck.key} layer {layer}")
-                                raise ChunkUnavailable(
-                                    f"checksum mismatch in {ck.key} layer {layer}", ck.start)
-                s.metrics.add(bytes_read=out.numel() * out.element_size())
-                yield layer, out[0], out[1]
-        finally:
-            for _l, _o, (f, _s, _e) in inflight:
-                if f is not None:
-                    try:
-                        f.result()
-                    except Exception:
-                        pass
-
-    def _valid(self, layer: int, out) -> int:
-        return self._tier_cks[-1].end if self._tier_cks else 0

@@ -62,10 +62,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import threading
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -87,8 +85,10 @@ from ...errors import (
     NoSuchBucket,
     NotFoundError,
 )
+from .._session import NodeSession
 from ._lmcache_format import ObjectFormatError, ObjectHeader, header_len, payload_checksum
-from ._store import Counters
+from ._lmcache_settings import PluginSettings
+from ._metrics import ConnectorMetrics
 
 __all__ = ["GpufeedConnector", "GpufeedConnectorAdapter", "PluginSettings", "ConnectorMetrics",
            "PLUGIN_TYPE"]
@@ -101,80 +101,6 @@ PLUGIN_TYPE = "gpufeed"
 MAX_KEY_BYTES = 1024
 #: Keys per batch read on TCP (batches spread over the pooled connections).
 TCP_BATCH_KEYS = 4
-
-
-@dataclass(frozen=True)
-class PluginSettings:
-    """Settings of one plugin instance, read from LMCache's ``extra_config`` keys
-    ``remote_storage_plugin.<name>.<field>`` (strings from env/JSON are converted).
-
-    Attributes:
-        url: the node: ``gpufeed+shm:///path/gpufeed.sock`` (same host) or
-            ``gpufeed+tcp://HOST:PORT``. Required.
-        bucket: the kv bucket holding the chunks; created if missing.
-        key_prefix: prepended to every object key (to share a bucket).
-        capacity_bytes: the bucket's LRU capacity when this plugin creates it
-            (bytes; default 64 GiB; set it to what the node's disk can hold).
-        ttl_s: hide objects this many seconds after their last write (0: never).
-        connections: pooled fast-path connections (0: the client's default).
-        connect_timeout_s: seconds to wait for a connection.
-        request_timeout_s: a request that makes no progress for this long fails
-            (seconds); the node is then treated as down.
-        retry_interval_s: seconds between reconnect attempts to a node that is down.
-        staging_bytes: shm staging region (bytes; 0: 8 chunk-sized slots, at least
-            64 MiB); a batch read stages half of it, so 4 chunks per GETV by default.
-    """
-
-    url: str
-    bucket: str = "lmcache"
-    key_prefix: str = ""
-    capacity_bytes: int = 64 << 30  # 64 GiB
-    ttl_s: float = 0.0
-    connections: int = 0
-    connect_timeout_s: float = 2.0
-    request_timeout_s: float = 5.0
-    retry_interval_s: float = 10.0
-    staging_bytes: int = 0
-
-    @classmethod
-    def from_extra_config(cls, extra: Mapping | None, plugin_name: str) -> "PluginSettings":
-        """Raises ValueError: no ``url``, or a value that does not convert."""
-        extra = extra or {}
-        prefix = f"remote_storage_plugin.{plugin_name}."
-        kw: dict[str, object] = {}
-        for f in fields(cls):
-            raw = extra.get(prefix + f.name)
-            if raw is None:
-                continue
-            kind = str if f.name == "url" else type(f.default)
-            try:
-                kw[f.name] = kind(raw)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{prefix}{f.name}={raw!r}: expected {kind.__name__}") from exc
-        if not kw.get("url"):
-            raise ValueError(f"the gpufeed plugin needs extra_config {prefix}url "
-                             "(gpufeed+shm:///path/gpufeed.sock or gpufeed+tcp://HOST:PORT)")
-        return cls(**kw)
-
-
-@dataclass
-class ConnectorMetrics(Counters):
-    """Counters of one connector (thread-safe ``add``).
-
-    ``node_errors`` is the warning metric: node calls that failed because the
-    node was unreachable, timed out or answered with an unexpected error.
-    """
-
-    hits: int = 0            # MemoryObjs returned by get / batched_get
-    misses: int = 0          # keys not on the node
-    corrupt: int = 0         # objects that failed a check (short, bad header, other key, checksum)
-    node_errors: int = 0
-    alloc_failures: int = 0  # LMCache's CPU allocator had no room
-    puts: int = 0
-    put_errors: int = 0      # puts that failed or were dropped (node down, unsupported MemoryObj)
-    bytes_read: int = 0      # payload bytes returned
-    node_digests: int = 0    # payloads checked against the node's digest (shm) instead of hashed here
-    bytes_written: int = 0   # object bytes written
 
 
 def _plugin_name(config) -> str:
@@ -247,10 +173,10 @@ class GpufeedConnector(RemoteConnector):
         self._want = (self.meta_fmt.value, tuple(tuple(s) for s in self.meta_shapes),
                       tuple(self.meta_dtypes))
         self._shm_batch_keys = 1  # set by _client_kwargs
-        self._client: Client | None = None
-        self._lock = threading.Lock()
-        self._retry_at = 0.0
-        self._closed = False
+        self._session = NodeSession(self.settings.url, connect_kw=self._client_kwargs(),
+                                    prepare=self._create_bucket,
+                                    retry_interval_s=self.settings.retry_interval_s,
+                                    on_down=self._down)
         self._node()  # connect now when we can (a failure is only counted)
 
     def __repr__(self) -> str:
@@ -273,26 +199,14 @@ class GpufeedConnector(RemoteConnector):
 
     def _node(self) -> Client | None:
         """The connected client with the bucket ready, or None while the node is down."""
-        with self._lock:
-            if self._client is not None or self._closed or time.monotonic() < self._retry_at:
-                return self._client
-            s = self.settings
-            try:
-                client = Client(s.url, **self._client_kwargs())
-            except (GpufeedError, OSError) as exc:
-                self._down_locked(None, exc)
-                return None
-            try:
-                client.create_bucket(s.bucket, kind="kv", capacity_bytes=s.capacity_bytes,
-                                     ttl_s=s.ttl_s)
-            except BucketAlreadyOwnedByYou:
-                self._check_bucket(client)
-            except (GpufeedError, OSError) as exc:
-                client.close()
-                self._down_locked(None, exc)
-                return None
-            self._client = client
-            return client
+        return self._session.client()
+
+    def _create_bucket(self, client: Client) -> None:
+        s = self.settings
+        try:
+            client.create_bucket(s.bucket, kind="kv", capacity_bytes=s.capacity_bytes, ttl_s=s.ttl_s)
+        except BucketAlreadyOwnedByYou:
+            self._check_bucket(client)
 
     def _check_bucket(self, client: Client) -> None:
         """Warn when the bucket exists but is not a kv bucket: it never evicts, so puts
@@ -310,29 +224,16 @@ class GpufeedConnector(RemoteConnector):
 
     async def _anode(self) -> Client | None:
         """:meth:`_node` without blocking the event loop on a (re)connect."""
-        client = self._client
-        if client is not None or self._closed or time.monotonic() < self._retry_at:
-            return client
-        return await asyncio.to_thread(self._node)
+        return await self._session.aclient()
 
-    def _down_locked(self, client: Client | None, exc: BaseException) -> None:
-        if client is not None and client is not self._client:
-            return  # that client was already dropped (and counted)
+    def _down(self, exc: BaseException) -> None:
         self.metrics.add(node_errors=1)
         log.warning("lmcache plugin: gpufeed node %s unavailable (%s: %s); serving misses, "
                     "retrying in %.0f s", self.settings.url, type(exc).__name__, exc,
                     self.settings.retry_interval_s)
-        if self._client is not None:
-            try:
-                self._client.close()
-            except Exception:  # noqa: BLE001 - closing a broken client
-                pass
-            self._client = None
-        self._retry_at = time.monotonic() + self.settings.retry_interval_s
 
     def _failed(self, client: Client, exc: BaseException) -> None:
-        with self._lock:
-            self._down_locked(client, exc)
+        self._session.failed(exc, client)
 
     # --- keys --------------------------------------------------------------------------
     def _object_key(self, kstr: str) -> str:
@@ -728,11 +629,7 @@ class GpufeedConnector(RemoteConnector):
 
     async def close(self) -> None:
         """Close the node connection. Idempotent."""
-        with self._lock:
-            self._closed = True
-            client, self._client = self._client, None
-        if client is not None:
-            await asyncio.to_thread(client.close)
+        await asyncio.to_thread(self._session.close)
 
 
 class GpufeedConnectorAdapter(ConnectorAdapter):
