@@ -146,7 +146,8 @@ def _latency(fn, offsets: list[int]) -> tuple[float, float]:
 
 def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | None = None,
                  paths: list[str] | None = None, repeat: int = 3, data_dir: str | None = None,
-                 lat_samples: int = 2000, iops_seconds: float = 2.0, quiet: bool = False) -> dict:
+                 lat_samples: int = 2000, iops_seconds: float = 2.0, quiet: bool = False,
+                 writes: bool = True) -> dict:
     """Run the I/O benchmark; print a table and return (and optionally write) the JSON.
 
     Args:
@@ -158,6 +159,8 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
         data_dir: node data folder (default: a fresh temporary folder, removed after).
         lat_samples: single 4 KiB gets per latency measurement.
         iops_seconds: duration of each IOPS measurement, seconds.
+        writes: with the s3 path, add the write rows and the S3 GET / HTTP-limit
+            pair (see :mod:`gpufeed.bench._io_writes`; best of ``repeat - 1``).
     """
     from rich.console import Console
     from rich.table import Table
@@ -171,13 +174,15 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
     root = Path(tmp.name if tmp else data_dir)
     node = start_node(root / "node")
     results: list[dict] = []
+    write_out: dict | None = None
     try:
         meter = CpuMeter(node.pid)
         local_meter = CpuMeter()
         rng = np.random.default_rng(0)
         console.print(f"[bold]gpufeed bench io[/]: {size / GB:.2f} GB object, paths {paths}")
         src = np.empty(size, dtype=np.uint8)
-        src[:] = rng.integers(0, 256, size=min(size, 1 << 20), dtype=np.uint8)[np.arange(size) % min(size, 1 << 20)] if size else 0
+        if size:  # a random 1 MiB pattern, repeated (no size-long index array)
+            src[:] = np.resize(rng.integers(0, 256, size=min(size, 1 << 20), dtype=np.uint8), size)
         src_path = root / "local.bin"
         with open(src_path, "wb") as f:
             f.write(memoryview(src))
@@ -215,6 +220,12 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
         for extra in ("tcp-put.bin", "s3-put.bin"):
             shm.delete(BUCKET, extra)
         (root / "local-put.bin").unlink(missing_ok=True)
+        if writes and "s3" in paths:
+            from ._io_writes import write_rows
+
+            write_out = write_rows(node=node, shm=shm, s3=s3, bucket=BUCKET, key=key, src=src, region=region,
+                                   src_path=src_path, root=root, repeat=max(1, repeat - 1), console=console,
+                                   meter_of=CpuMeter)
 
         tcp_buf = np.empty(size, dtype=np.uint8)
         tcp_buf[:] = 0
@@ -330,6 +341,10 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
            "params": {"size_bytes": size, "repeat": repeat, "best_of": repeat,
                       "lat_samples": lat_samples, "iops_batch": 256, "fsync": True},
            "results": results}
+    if write_out is not None:
+        out["writes"] = write_out["rows"]
+        out["ratios"] = write_out["ratios"]
+        out["notes"] = write_out["notes"]
     by = {r["path"]: r for r in results}
     table = Table(title=f"gpufeed bench io — {size / GB:.2f} GB object (best of {repeat})")
     for col in ("path", "read GB/s", "put GB/s", "CPU s/GB", "p50 µs", "p99 µs", "4K IOPS", "× s3"):
@@ -345,8 +360,27 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
                       fmt(r["cpu_s_per_gb"], ".3f"), fmt(r["p50_us"], ".0f"),
                       fmt(r["p99_us"], ".0f"), fmt(r["iops_4k"], ",.0f"), fmt(ratio, ".1f"))
     console.print(table)
+    if write_out is not None:
+        _print_writes(console, write_out)
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(out, indent=2))
         console.print(f"wrote {json_path}")
     return out
+
+
+def _print_writes(console, write_out: dict) -> None:
+    """The write rows and their ratios as a second table."""
+    from rich.table import Table
+
+    table = Table(title="writes, and S3 GET beside the HTTP limit (best of repeat - 1)")
+    for col in ("row", "GB/s", "client CPU s/GB", "server CPU s/GB"):
+        table.add_column(col, justify="right" if col != "row" else "left", no_wrap=True)
+    for r in write_out["rows"]:
+        table.add_row(r["path"], f"{r['gbps']:.3f}", f"{r['client_cpu_s_per_gb']:.2f}",
+                      f"{r['server_cpu_s_per_gb']:.2f}")
+    console.print(table)
+    for name, value in write_out["ratios"].items():
+        console.print(f"  {name}: {value:.2f} x")
+    for note in write_out["notes"]:
+        console.print(f"  note: {note}")

@@ -19,7 +19,7 @@ import os
 import re
 import time
 
-from ..checksums import COMPOSITE_ALGORITHMS, composite_checksum
+from ..checksums import UPLOAD_CHECKSUM_TYPE, multipart_checksums
 from ..errors import (
     EntityTooSmall,
     InternalError,
@@ -91,17 +91,12 @@ def _choose_parts(have: dict[int, PartRecord], parts: list[tuple[int, str]]) -> 
     return chosen
 
 
-def _joined_etag_and_checksums(chosen: list[PartRecord]) -> tuple[str, dict[str, str]]:
-    """The multipart ETag ``<hex md5 of the binary part MD5s>-N`` and the composite
-    checksum of every algorithm all chosen parts carry."""
+def _joined_etag_and_checksums(chosen: list[PartRecord], checksum_type: str | None) -> tuple[str, dict[str, str]]:
+    """The multipart ETag ``<hex md5 of the binary part MD5s>-N`` and the object's
+    checksums (composite or full-object, see :func:`gpufeed.checksums.multipart_checksums`)."""
     joined = hashlib.md5(b"".join(bytes.fromhex(rec.info.etag) for rec in chosen)).hexdigest()
-    part_checksums = [rec.info.checksums for rec in chosen]
-    composite = {
-        alg: composite_checksum(alg, [ck[alg] for ck in part_checksums])
-        for alg in COMPOSITE_ALGORITHMS
-        if all(alg in ck for ck in part_checksums)
-    }
-    return f"{joined}-{len(chosen)}", composite
+    checksums = multipart_checksums([(rec.info.checksums, rec.info.size) for rec in chosen], checksum_type)
+    return f"{joined}-{len(chosen)}", checksums
 
 
 def _same_parts(done: CompletedUpload, parts: list[tuple[int, str]]) -> bool:
@@ -116,7 +111,9 @@ def _repeat_answer(reader: CatalogReader, done: CompletedUpload) -> ObjectInfo:
     current = reader.object(done.bucket, done.key)
     if current is not None and current.blob_id == done.blob_id:
         return current
-    checksums = _joined_etag_and_checksums([PartRecord(p, "") for p in done.parts])[1]
+    # The upload's checksum type is gone with its row: each algorithm's default
+    # (FULL_OBJECT for CRC64NVME, COMPOSITE otherwise).
+    checksums = _joined_etag_and_checksums([PartRecord(p, "") for p in done.parts], None)[1]
     return ObjectInfo(done.bucket, done.key, sum(p.size for p in done.parts), done.etag, done.completed,
                       checksums=checksums)
 
@@ -211,7 +208,9 @@ class Multipart:
         chosen = _choose_parts(have, parts)
         # The part rows read above are the ones committed with (drop_upload checks
         # each part's file is unchanged), so these checksums describe its bytes.
-        etag, composite = _joined_etag_and_checksums(chosen)
+        headers = dict(upload.headers)
+        checksum_type = headers.pop(UPLOAD_CHECKSUM_TYPE, None)
+        etag, composite = _joined_etag_and_checksums(chosen, checksum_type)
         files = {rec.info.part_number: rec.file for rec in chosen}
 
         def drop_upload(w: CatalogWriter, info: ObjectInfo) -> None:
@@ -228,7 +227,7 @@ class Multipart:
             return self._writes.publish_object(
                 bucket, key, tmp, pw.size, etag,
                 content_type=upload.content_type, metadata=upload.metadata, checksums=composite,
-                headers=upload.headers, if_match=if_match, if_none_match=if_none_match, extra=drop_upload,
+                headers=headers, if_match=if_match, if_none_match=if_none_match, extra=drop_upload,
             )
 
         with self._writes.begin(None, finish) as pw:

@@ -560,10 +560,14 @@ class Engine(ObjectReads):
         are then removed. The ETag is ``<hex md5 of the concatenated binary
         part MD5s>-N``. Part ETags may be given with or without quotes.
 
-        Checksums: for each algorithm of :data:`gpufeed.checksums.COMPOSITE_ALGORITHMS`
-        that every chosen part was uploaded with, the object gets S3's
-        composite checksum ``<b64 of H(part digests)>-N`` (S3 "checksum of
-        checksums"); algorithms only some parts have are dropped.
+        Checksums: for each algorithm every chosen part was uploaded with, the
+        object gets S3's composite checksum ``<b64 of H(part digests)>-N``
+        (S3 "checksum of checksums") or, for the CRCs of an upload whose
+        headers name the ``FULL_OBJECT`` type under
+        :data:`gpufeed.checksums.UPLOAD_CHECKSUM_TYPE` (and always for
+        CRC64NVME), the CRC of the whole object combined from the part CRCs
+        (:func:`gpufeed.checksums.multipart_checksums`); algorithms only some
+        parts have are dropped.
         ``if_match`` / ``if_none_match``: as for :meth:`PendingWrite.commit`.
 
         Repeating a completion that succeeded, with the same parts, returns the

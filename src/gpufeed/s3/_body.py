@@ -1,8 +1,13 @@
 """Request bodies: plain or ``aws-chunked``, with the digests the client declared.
 
 A body is consumed as an async iterator of decoded byte chunks, never held
-whole in memory. The consumer feeds each chunk to :class:`BodyDigests` (on a
-worker thread for big bodies) and calls :meth:`BodyDigests.verify` at the end.
+whole in memory. :func:`stream_body` copies it into a pending write: the event
+loop only reads the socket, and two ordered lanes on the worker pool take the
+pieces from there, one writing the file (the engine hashes MD5 alongside) and
+one feeding :class:`BodyDigests` (SHA-256, CRC32, ...). All the hashing is
+native code that releases the GIL, so an upload keeps both cores busy and never
+stalls other clients' requests on the loop. :meth:`BodyDigests.verify` runs at
+the end.
 
 aws-chunked framing (Amazon S3 API Reference, "Signature Calculations for the
 Authorization Header: Transferring Payload in Multiple Chunks" and
@@ -16,10 +21,13 @@ Authorization Header: Transferring Payload in Multiple Chunks" and
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import re
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
 
 from aiohttp import web
 
@@ -30,9 +38,9 @@ from ..errors import (
     SignatureDoesNotMatch,
 )
 from ._auth import AuthResult, chunk_signature
-from ._checksum import CHECKSUM_ALGORITHMS, BodyDigests, decode_b64_digest
+from ._checksum import CHECKSUM_ALGORITHMS, BodyDigests
 
-__all__ = ["RequestBody", "STREAMING_SIGNED", "STREAMING_UNSIGNED_TRAILER"]
+__all__ = ["RequestBody", "STREAMING_SIGNED", "STREAMING_UNSIGNED_TRAILER", "stream_body"]
 
 STREAMING_SIGNED = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
 STREAMING_SIGNED_TRAILER = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"
@@ -43,6 +51,12 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _PIECE = 1 << 20  # 1 MiB
 #: Longest chunk-header or trailer line accepted, bytes.
 _MAX_LINE = 4096
+#: Body bytes handed to one worker-thread write, bytes.
+_WRITE_BATCH = 4 << 20  # 4 MiB
+#: Most body bytes read ahead of the slower lane (file write or digests), bytes.
+_READ_AHEAD = 32 << 20  # 32 MiB
+#: From this size a piece's hashing leaves the event loop, bytes.
+_OFF_LOOP = 64 << 10  # 64 KiB
 
 
 class RequestBody:
@@ -52,6 +66,9 @@ class RequestBody:
         request: the aiohttp request.
         auth: the verified signature (payload hash mode, chunk-signing key).
         want_md5: also compute MD5 (the caller checks ``Content-MD5`` itself).
+        checksum_headers: check the ``x-amz-checksum-*`` headers against this body
+            (False where they describe something else: CompleteMultipartUpload's
+            name the whole object).
 
     Attributes:
         digests: the :class:`BodyDigests` to feed and verify.
@@ -60,10 +77,11 @@ class RequestBody:
 
     Raises:
         InvalidArgument: unknown ``x-amz-content-sha256`` value.
-        InvalidDigest: a checksum header that is not valid base64.
+        InvalidRequestError: a checksum header that is not base64 of its algorithm's length.
     """
 
-    def __init__(self, request: web.BaseRequest, auth: AuthResult, *, want_md5: bool = False) -> None:
+    def __init__(self, request: web.BaseRequest, auth: AuthResult, *, want_md5: bool = False,
+                 checksum_headers: bool = True) -> None:
         self._request = request
         self._auth = auth
         mode = auth.payload_hash
@@ -78,7 +96,7 @@ class RequestBody:
                 )
             sha256_hex = mode
         checksums: dict[str, str | None] = {}
-        for alg in CHECKSUM_ALGORITHMS:
+        for alg in CHECKSUM_ALGORITHMS if checksum_headers else ():
             value = headers.get(f"x-amz-checksum-{alg}")
             if value is not None:
                 checksums[alg] = value
@@ -154,9 +172,13 @@ class RequestBody:
             buf += piece
             if len(buf) > limit:
                 raise InvalidRequestError(f"request body larger than {limit} bytes")
-        self.digests.update(buf)
+        data = bytes(buf)
+        if len(data) >= _OFF_LOOP:
+            await asyncio.get_running_loop().run_in_executor(None, self.digests.update, data)
+        else:
+            self.digests.update(data)
         self.digests.verify()
-        return bytes(buf)
+        return data
 
     # aws-chunked -----------------------------------------------------------
     async def _line(self) -> bytes:
@@ -183,14 +205,20 @@ class RequestBody:
             if size < 0:
                 raise InvalidArgument("negative aws-chunked chunk size")
             chunk_hash = hashlib.sha256() if signed else None
+            hashing: asyncio.Future | None = None  # the previous piece's hash, on a worker
             remaining = size
             while remaining:
                 piece = await content.readexactly(min(remaining, _PIECE))
                 remaining -= len(piece)
                 if chunk_hash is not None:
-                    chunk_hash.update(piece)
+                    if hashing is not None:
+                        await hashing
+                    hashing = self._hash_piece(chunk_hash, piece)
                 yield piece
+            if hashing is not None:
+                await hashing
             if signed:
+                assert chunk_hash is not None
                 claimed = ext.strip().removeprefix("chunk-signature=")
                 want = chunk_signature(auth, previous, chunk_hash.hexdigest())
                 if not hmac.compare_digest(want, claimed.lower()):
@@ -203,6 +231,14 @@ class RequestBody:
             if await content.readexactly(2) != b"\r\n":
                 raise InvalidArgument("aws-chunked chunk data not followed by CRLF")
         await self._trailer(previous, signed)
+
+    @staticmethod
+    def _hash_piece(h, piece: bytes) -> asyncio.Future | None:
+        """Feed ``piece`` to ``h``: on a worker thread when it is large (returns that future)."""
+        if len(piece) < _OFF_LOOP:
+            h.update(piece)
+            return None
+        return asyncio.get_running_loop().run_in_executor(None, h.update, piece)
 
     async def _trailer(self, previous: str, signed: bool) -> None:
         lines: list[bytes] = []
@@ -229,10 +265,111 @@ class RequestBody:
                 alg = name.removeprefix("x-amz-checksum-")
                 if alg not in self._trailers:
                     raise InvalidRequestError(f"trailer {name} was not announced in x-amz-trailer")
-                decode_b64_digest(value, CHECKSUM_ALGORITHMS[alg], name)
                 self.digests.set_trailer(alg, value)
         if signed and self._auth.payload_hash == STREAMING_SIGNED_TRAILER:
             digest = hashlib.sha256("".join(canonical).encode()).hexdigest()
             want = chunk_signature(self._auth, previous, digest, kind="TRAILER")
             if trailer_sig is None or not hmac.compare_digest(want, trailer_sig.lower()):
                 raise SignatureDoesNotMatch("The trailer signature does not match.")
+
+
+# -- streaming into a pending write -------------------------------------------------
+
+class _Lane:
+    """Calls ``fn(batch)`` for each submitted batch on ``executor``, in order, one at a time.
+
+    Each batch is a task chained to the previous one; a failed batch fails every
+    later one without running it. The tasks are never cancelled by the caller
+    (it awaits them shielded), so once :meth:`settle` returns no worker is still
+    running ``fn``.
+    """
+
+    def __init__(self, executor: Executor, fn: Callable[[list[bytes]], object]) -> None:
+        self._executor = executor
+        self._fn = fn
+        self._tail: asyncio.Future | None = None
+
+    def submit(self, batch: list[bytes]) -> asyncio.Future:
+        task = asyncio.ensure_future(self._step(self._tail, batch))
+        task.add_done_callback(_retrieve)
+        self._tail = task
+        return task
+
+    async def _step(self, prev: asyncio.Future | None, batch: list[bytes]) -> None:
+        if prev is not None:
+            await prev
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._fn, batch)
+
+    async def settle(self) -> None:
+        """Wait until no batch of this lane is running or queued (ignoring failures)."""
+        if self._tail is not None:
+            await asyncio.wait([self._tail])
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    """Mark a lane task's exception as seen (the caller reports the first one)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _write_batch(pending, batch: list[bytes]) -> None:
+    """One buffer to the pending write: a large write lets the engine hash MD5
+    on a helper thread while it writes (the join is one memcpy, on this worker)."""
+    pending.write(batch[0] if len(batch) == 1 else b"".join(batch))
+
+
+async def stream_body(body: RequestBody, pending, executor: Executor) -> None:
+    """Copy the decoded body into ``pending`` while its declared digests are computed.
+
+    The event loop only reads the socket; batches of 4 MiB go to two ordered
+    lanes on ``executor``: the file write (with the engine's MD5 beside it) and
+    :meth:`BodyDigests.update_many`. Reading runs up to 32 MiB ahead of the
+    slower lane, so the socket, the disk and each hash proceed at their own pace
+    on all cores. Does not verify the digests (call ``body.digests.verify()``).
+
+    Args:
+        body: the request body.
+        pending: a :class:`~gpufeed.engine.PendingWrite` (the caller aborts it on error).
+        executor: the worker pool.
+
+    Raises:
+        IncompleteBody, SignatureDoesNotMatch: see :meth:`RequestBody.chunks`.
+        InternalError: the write failed (disk full, I/O error).
+    """
+    lanes = [_Lane(executor, lambda batch: _write_batch(pending, batch))]
+    if body.digests.active:
+        lanes.append(_Lane(executor, body.digests.update_many))
+    window: deque[tuple[int, asyncio.Future]] = deque()
+    ahead = 0
+
+    async def submit(batch: list[bytes], size: int) -> None:
+        nonlocal ahead
+        done = asyncio.gather(*(lane.submit(batch) for lane in lanes))
+        done.add_done_callback(_retrieve)
+        window.append((size, done))
+        ahead += size
+        # Finished batches leave the window (a failed one raises here, early);
+        # past the read-ahead, wait for the oldest.
+        while window and (window[0][1].done() or ahead > _READ_AHEAD):
+            n, oldest = window.popleft()
+            await asyncio.shield(oldest)
+            ahead -= n
+
+    batch: list[bytes] = []
+    size = 0
+    try:
+        async for piece in body.chunks():
+            batch.append(piece)
+            size += len(piece)
+            if size >= _WRITE_BATCH:
+                await submit(batch, size)
+                batch, size = [], 0
+        if batch:
+            await submit(batch, size)
+        while window:
+            await asyncio.shield(window.popleft()[1])
+    except BaseException:
+        # Never leave a worker writing into a PendingWrite the caller aborts next.
+        for lane in lanes:
+            await lane.settle()
+        raise

@@ -29,15 +29,13 @@ from ..config import NodeConfig
 from ..engine import Engine
 from ..errors import BadDigest, EntityTooLarge, InvalidArgument, MissingContentLength
 from ._auth import AuthResult
-from ._body import RequestBody
+from ._body import RequestBody, stream_body
 from ._headers import content_md5
 from ._router import Endpoint, Target
 from ._xml import element, sub, to_bytes
 
 __all__ = ["Services", "S3Request", "Handler", "HandlerTable", "MAX_XML"]
 
-#: Batch of body bytes handed to one worker-thread write, bytes.
-_WRITE_BATCH = 4 << 20  # 4 MiB
 #: Largest XML request document accepted, bytes.
 MAX_XML = 4 << 20  # 4 MiB
 
@@ -82,6 +80,11 @@ class Services:
         self.executor = ThreadPoolExecutor(
             max_workers=max(4, config.io_threads), thread_name_prefix="gpufeed-s3"
         )
+        # Upload bodies (file writes and hashing) get workers of their own, so a
+        # request's engine calls never queue behind another upload's hashing.
+        self.body_executor = ThreadPoolExecutor(
+            max_workers=max(4, config.io_threads), thread_name_prefix="gpufeed-s3-body"
+        )
         self.owner_id = hashlib.sha256(config.access_key.encode()).hexdigest()
 
     async def call(self, fn, *args, **kwargs):
@@ -90,8 +93,9 @@ class Services:
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
     def close(self) -> None:
-        """Stop the worker pool (queued calls are cancelled)."""
+        """Stop the worker pools (queued calls are cancelled)."""
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.body_executor.shutdown(wait=False, cancel_futures=True)
 
     # XML answers -----------------------------------------------------------------
     @staticmethod
@@ -139,13 +143,16 @@ class Services:
             raise InvalidArgument(f"Argument {name} must be an integer between 0 and 2147483647")
         return min(value, cap)
 
-    async def read_xml(self, req: S3Request, *, check_md5: bool = True) -> bytes:
+    async def read_xml(self, req: S3Request, *, check_md5: bool = True, checksum_headers: bool = True) -> bytes:
         """The request body (an XML document) of at most :data:`MAX_XML` bytes.
+
+        ``checksum_headers=False``: the ``x-amz-checksum-*`` headers are not the
+        body's (CompleteMultipartUpload's describe the object).
 
         Raises:
             BadDigest: ``Content-MD5`` does not match the body.
         """
-        body = RequestBody(req.http, req.auth, want_md5=check_md5)
+        body = RequestBody(req.http, req.auth, want_md5=check_md5, checksum_headers=checksum_headers)
         data = await body.read_all(MAX_XML)
         if check_md5:
             md5 = content_md5(req.headers)
@@ -185,54 +192,12 @@ class Services:
                 raise MissingContentLength("You must provide the Content-Length HTTP header.")
             if body.expected_size is not None and body.expected_size > self.config.max_object_bytes:
                 raise EntityTooLarge("Your proposed upload exceeds the maximum allowed size")
-            await self._stream_to(body, pending)
+            await stream_body(body, pending, self.body_executor)
             checksums = body.digests.verify()
             return await self.call(commit, checksums, body.expected_size), checksums
         except BaseException:
             pending.abort()
             raise
-
-    async def _stream_to(self, body: RequestBody, pending) -> None:
-        """Copy the decoded body into a PendingWrite in 4 MiB batches on the pool.
-
-        The next batch is read from the socket while the previous one is written;
-        within a batch the client-declared digests (SHA-256, CRC32, ...) run on a
-        second worker while the engine writes and MD5-hashes (all release the GIL).
-        """
-        digests = body.digests
-        loop = asyncio.get_running_loop()
-
-        async def write(batch: list[bytes]) -> None:
-            buf = batch[0] if len(batch) == 1 else b"".join(batch)
-            if digests.active:
-                await asyncio.gather(
-                    loop.run_in_executor(self.executor, pending.write, buf),
-                    loop.run_in_executor(self.executor, digests.update, buf),
-                )
-            else:
-                await loop.run_in_executor(self.executor, pending.write, buf)
-
-        inflight = None
-        batch: list[bytes] = []
-        size = 0
-        try:
-            async for piece in body.chunks():
-                batch.append(piece)
-                size += len(piece)
-                if size >= _WRITE_BATCH:
-                    if inflight is not None:
-                        await inflight
-                    inflight = asyncio.ensure_future(write(batch))
-                    batch, size = [], 0
-        except BaseException:
-            if inflight is not None and not inflight.done():
-                # Never leave a worker writing into a PendingWrite the caller aborts next.
-                await asyncio.wait([inflight])
-            raise
-        if inflight is not None:
-            await inflight
-        if batch:
-            await write(batch)
 
 
 #: An endpoint handler: ``(services, request, endpoint) -> response``.

@@ -7,12 +7,31 @@ User Guide, and the operations of the same names in the API Reference.
 
 from __future__ import annotations
 
+import base64
 from urllib.parse import quote
 
 from aiohttp import web
 
-from ..errors import InternalError, InvalidArgument, InvalidCopySourceRange, MalformedXML
+from ..checksums import (
+    CHECKSUM_ALGORITHMS,
+    CHECKSUM_TYPES,
+    COMPOSITE_ALGORITHMS,
+    FULL_OBJECT_ALGORITHMS,
+    UPLOAD_CHECKSUM_TYPE,
+    multipart_checksums,
+)
+from ..errors import (
+    BadDigest,
+    InternalError,
+    InvalidArgument,
+    InvalidCopySourceRange,
+    InvalidPart,
+    InvalidRequestError,
+    MalformedXML,
+    NoSuchUpload,
+)
 from ._attributes import CHECKSUM_ELEMENT
+from ._checksum import checksum_value
 from ._context import HandlerTable, S3Request, Services
 from ._features import check_part_headers, check_write_headers, sse_headers
 from ._headers import (
@@ -42,21 +61,58 @@ __all__ = ["HANDLERS"]
 
 # -- uploads -----------------------------------------------------------------------
 
+def _upload_checksum(h) -> tuple[str, str] | None:
+    """``x-amz-checksum-algorithm`` and ``x-amz-checksum-type`` of a
+    CreateMultipartUpload -> ``(ALGORITHM, TYPE)``, or None without an algorithm.
+
+    The type defaults to FULL_OBJECT for CRC64NVME and COMPOSITE otherwise;
+    SHA-1/SHA-256 cannot be FULL_OBJECT and CRC64NVME cannot be COMPOSITE.
+
+    Raises:
+        InvalidRequestError: an unknown algorithm or type, a type without an
+            algorithm, or a combination S3 does not define.
+
+    Source: "CreateMultipartUpload" (``x-amz-checksum-type``), Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_CreateMultipartUpload.html
+    """
+    alg = (h.get("x-amz-checksum-algorithm") or "").strip().lower()
+    ctype = (h.get("x-amz-checksum-type") or "").strip().upper()
+    if not alg:
+        if ctype:
+            raise InvalidRequestError(
+                "The x-amz-checksum-type header can only be used with the x-amz-checksum-algorithm header.")
+        return None
+    if alg not in CHECKSUM_ALGORITHMS:
+        raise InvalidRequestError(
+            "Checksum algorithm provided is unsupported. Please try again with any of the valid types: "
+            "[CRC32, CRC32C, CRC64NVME, SHA1, SHA256]")
+    if ctype and ctype not in CHECKSUM_TYPES:
+        raise InvalidRequestError("Value for x-amz-checksum-type header is invalid.")
+    ctype = ctype or ("FULL_OBJECT" if alg == "crc64nvme" else "COMPOSITE")
+    allowed = FULL_OBJECT_ALGORITHMS if ctype == "FULL_OBJECT" else COMPOSITE_ALGORITHMS
+    if alg not in allowed:
+        raise InvalidRequestError(f"The {ctype} checksum type cannot be used with the {alg} checksum algorithm.")
+    return alg.upper(), ctype
+
+
 async def create_multipart_upload(s: Services, req: S3Request, ep: CreateMultipartUpload) -> web.Response:
-    """CreateMultipartUpload: a new upload id; metadata is taken now."""
+    """CreateMultipartUpload: a new upload id; metadata and checksum type are taken now."""
     h = req.headers
     check_write_headers(h)
+    checksum = _upload_checksum(h)
+    stored = stored_headers(h)
+    if checksum is not None:
+        stored[UPLOAD_CHECKSUM_TYPE] = checksum[1]
     up = await s.call(s.engine.create_multipart_upload, ep.bucket, ep.key,
                       content_type=h.get("Content-Type"), metadata=user_metadata(h),
-                      headers=stored_headers(h))
+                      headers=stored)
     root = element("InitiateMultipartUploadResult")
     sub(root, "Bucket", ep.bucket)
     sub(root, "Key", ep.key)
     sub(root, "UploadId", up.upload_id)
     headers = sse_headers(h)
-    alg = h.get("x-amz-checksum-algorithm")
-    if alg:
-        headers["x-amz-checksum-algorithm"] = alg
+    if checksum is not None:
+        headers["x-amz-checksum-algorithm"], headers["x-amz-checksum-type"] = checksum
     return s.xml(root, headers=headers)
 
 
@@ -128,8 +184,8 @@ async def upload_part_copy(s: Services, req: S3Request, ep: UploadPartCopy) -> w
     return s.xml(root)
 
 
-def _complete_parts(data: bytes) -> list[tuple[int, str]]:
-    """A CompleteMultipartUpload document -> ``[(part number, etag)]``.
+def _complete_parts(data: bytes) -> list[tuple[int, str, dict[str, str]]]:
+    """A CompleteMultipartUpload document -> ``[(part number, etag, {algorithm: checksum})]``.
 
     Raises:
         MalformedXML: not that document, a Part without a number or ETag, or no part.
@@ -137,6 +193,7 @@ def _complete_parts(data: bytes) -> list[tuple[int, str]]:
     doc = parse_xml(data)
     if local(doc.tag) != "CompleteMultipartUpload":
         raise MalformedXML("expected a CompleteMultipartUpload document")
+    by_element = {v: k for k, v in CHECKSUM_ELEMENT.items()}
     parts = []
     for el in doc:
         if local(el.tag) != "Part":
@@ -144,8 +201,10 @@ def _complete_parts(data: bytes) -> list[tuple[int, str]]:
         number, etag = child_text(el, "PartNumber"), child_text(el, "ETag")
         if number is None or etag is None:
             raise MalformedXML("each Part needs a PartNumber and an ETag")
+        checksums = {by_element[local(c.tag)]: (c.text or "").strip()
+                     for c in el if local(c.tag) in by_element}
         try:
-            parts.append((int(number), strip_etag(etag)))
+            parts.append((int(number), strip_etag(etag), checksums))
         except ValueError as exc:
             raise MalformedXML("PartNumber must be an integer") from exc
     if not parts:
@@ -153,12 +212,80 @@ def _complete_parts(data: bytes) -> list[tuple[int, str]]:
     return parts
 
 
+def _check_complete_checksums(s: Services, req: S3Request, ep: CompleteMultipartUpload,
+                              parts: list[tuple[int, str, dict[str, str]]]) -> None:
+    """Check the checksums a CompleteMultipartUpload carries before anything changes
+    (blocking: runs on the pool).
+
+    Each part checksum in the document must be well formed and equal the one
+    the part was uploaded with; an ``x-amz-checksum-<algorithm>`` header is
+    the whole object's: the combined CRC for FULL_OBJECT, ``<base64>-<n>``
+    (or just ``<base64>``) for COMPOSITE, as the server itself returns it; an
+    ``x-amz-checksum-type`` header must name the upload's type.
+
+    Raises:
+        InvalidRequestError: a malformed checksum, or a type other than the upload's.
+        InvalidPart: a part checksum that differs from the uploaded part's.
+        BadDigest: the whole-object checksum differs from the combined one.
+
+    Source: "CompleteMultipartUpload", Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_CompleteMultipartUpload.html
+    """
+    h = req.headers
+    given = {alg: h[f"x-amz-checksum-{alg}"] for alg in CHECKSUM_ALGORITHMS if f"x-amz-checksum-{alg}" in h}
+    wanted_type = (h.get("x-amz-checksum-type") or "").strip().upper()
+    if not given and not wanted_type and not any(ck for _, _, ck in parts):
+        return
+    try:
+        upload = next((u for u in s.engine.list_multipart_uploads(ep.bucket, ep.key)
+                       if u.upload_id == ep.upload_id), None)
+        have = {p.part_number: p for p in s.engine.list_parts(ep.bucket, ep.key, ep.upload_id)}
+    except NoSuchUpload:
+        upload = None
+    if upload is None:
+        return  # unknown, completed or aborted: the completion itself answers that
+    ctype = upload.headers.get(UPLOAD_CHECKSUM_TYPE)
+    if wanted_type and wanted_type not in CHECKSUM_TYPES:
+        raise InvalidRequestError("Value for x-amz-checksum-type header is invalid.")
+    if wanted_type and wanted_type != (ctype or "COMPOSITE"):
+        raise InvalidRequestError(f"The upload was created using the {ctype or 'COMPOSITE'} checksum mode. "
+                                  f"The complete request must use the same checksum mode.")
+    chosen = []
+    for number, _etag, checksums in parts:
+        part = have.get(number)
+        for alg, value in checksums.items():
+            raw = checksum_value(alg, value, f"Checksum{alg.upper()} of part {number}")
+            if part is None or part.checksums.get(alg) != base64.b64encode(raw).decode():
+                raise InvalidPart("One or more of the specified parts could not be found. The part may not have "
+                                  "been uploaded, or the specified entity tag may not match the part's entity tag.",
+                                  part_number=number)
+        if part is not None:
+            chosen.append((part.checksums, part.size))
+    if not given:
+        return
+    combined = multipart_checksums(chosen, ctype) if len(chosen) == len(parts) else {}
+    for alg, value in given.items():
+        b64, dash, count = value.strip().partition("-")
+        if dash and not count.isdigit():
+            raise InvalidRequestError(f"Value for x-amz-checksum-{alg} header is invalid.")
+        checksum_value(alg, b64, f"x-amz-checksum-{alg}")
+        want = combined.get(alg)
+        if want is None:
+            continue  # a part lacks this algorithm (or is missing: the engine refuses that)
+        want_b64, _, want_count = want.partition("-")
+        if b64 != want_b64 or (dash and count != want_count):
+            raise BadDigest(f"The {alg.upper()} you specified did not match the calculated checksum.")
+
+
 async def complete_multipart_upload(s: Services, req: S3Request, ep: CompleteMultipartUpload) -> web.Response:
     """CompleteMultipartUpload: join the listed parts into the object, atomically
-    (with the request's If-Match / If-None-Match checked inside the commit)."""
-    parts = _complete_parts(await s.read_xml(req))
+    (with the request's If-Match / If-None-Match checked inside the commit).
+    The object's checksums are composite (``<base64>-<n>``) or full-object
+    CRCs, as the upload was created."""
+    parts = _complete_parts(await s.read_xml(req, checksum_headers=False))
+    await s.call(_check_complete_checksums, s, req, ep, parts)
     info = await s.call(s.engine.complete_multipart_upload, ep.bucket, ep.key,
-                        ep.upload_id, parts, **write_conditions(req.headers))
+                        ep.upload_id, [(n, e) for n, e, _ in parts], **write_conditions(req.headers))
     root = element("CompleteMultipartUploadResult")
     host = req.target.host or ""
     sub(root, "Location", f"http://{host}/{quote(ep.bucket)}/{quote(ep.key)}")
@@ -168,7 +295,8 @@ async def complete_multipart_upload(s: Services, req: S3Request, ep: CompleteMul
     for alg, value in info.checksums.items():
         sub(root, CHECKSUM_ELEMENT[alg], value)
     if info.checksums:
-        sub(root, "ChecksumType", "COMPOSITE")
+        composite = any("-" in v for v in info.checksums.values())
+        sub(root, "ChecksumType", "COMPOSITE" if composite else "FULL_OBJECT")
     return s.xml(root, headers=sse_headers(info.headers))
 
 
