@@ -171,7 +171,7 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
     paths = paths or ["local", "shm", "tcp", "s3"]
     console = Console(quiet=quiet, width=max(Console().width, 110))
     tmp = tempfile.TemporaryDirectory(prefix="gpufeed-bench-") if data_dir is None else None
-    root = Path(tmp.name if tmp else data_dir)
+    root = Path(tmp.name if tmp is not None else str(data_dir))
     node = start_node(root / "node")
     results: list[dict] = []
     write_out: dict | None = None
@@ -185,7 +185,7 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
             src[:] = np.resize(rng.integers(0, 256, size=min(size, 1 << 20), dtype=np.uint8), size)
         src_path = root / "local.bin"
         with open(src_path, "wb") as f:
-            f.write(memoryview(src))
+            f.write(src.data)
         shm = Client(node.shm_url)
         tcp = Client(node.tcp_url)
         s3 = node.boto3_client()
@@ -281,7 +281,7 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
                 client = shm if path == "shm" else tcp
                 batch = 256
                 bufs = client.alloc(4096 * batch * 4)
-                inflight = []
+                inflight: list = []
                 k = 0
                 while time.perf_counter() < t_end or inflight:
                     if time.perf_counter() < t_end and len(inflight) < 4:

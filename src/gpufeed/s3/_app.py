@@ -77,7 +77,7 @@ HANDLERS: HandlerTable = {
 def _not_modified(exc: NotModified) -> web.Response:
     return web.Response(status=304, headers={
         "ETag": quote_etag(str(exc.details.get("etag", ""))),
-        "Last-Modified": http_date(float(exc.details.get("last_modified", 0))),
+        "Last-Modified": http_date(float(str(exc.details.get("last_modified", 0)))),
     })
 
 

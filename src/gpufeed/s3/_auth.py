@@ -426,7 +426,8 @@ def _match_signature(signer: _ClientSigned, method: str, raw_path: str, raw_quer
     raw_signed_query = "&".join(
         p for p in raw_query.split("&") if p and not p.startswith("X-Amz-Signature=")
     )
-    variants = [(path, params, "") for path in _path_candidates(raw_path)]
+    variants: list[tuple[str, list[tuple[str, str]] | None, str]] = [
+        (path, params, "") for path in _path_candidates(raw_path)]
     variants.append((raw_path or "/", None, raw_signed_query))
     for path, query_params, url_query in variants:
         req = AWSRequest(

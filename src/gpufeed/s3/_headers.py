@@ -172,6 +172,7 @@ def parse_range(value: str | None, size: int):
     first, dash, last = spec.partition("-")
     if not dash:
         return None
+    req: SuffixByteRequest | OffsetByteRequest | RangeByteRequest
     try:
         if first == "":
             if not last.isdigit():

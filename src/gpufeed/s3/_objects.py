@@ -273,7 +273,7 @@ async def delete_objects(s: Services, req: S3Request, ep: DeleteObjects) -> web.
     await s.call(s.engine.head_bucket, ep.bucket)
 
     def run() -> list[tuple[str, GpufeedError | None]]:
-        out = []
+        out: list[tuple[str, GpufeedError | None]] = []
         for key in keys:
             try:
                 if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
