@@ -97,11 +97,11 @@ from .io import drop_cache, machine_info
 from .peers import (  # the peers' loaders and settings sweeps
     FST_THREADS,
     RUNAI_SETTINGS,
-    ResultRow,
     _best_peer_settings,
     _FastSafetensors,
     _mark_best_settings,
     _peer_versions,
+    _ResultRow,
     _runai,
     _runai_sweep,
 )
@@ -461,14 +461,15 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
         node.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
-    rows = [ResultRow(path=r.path, cache=c, setting=setting, best_setting=None,
-                      seconds=round(r.seconds, 4), gbps=round(r.gbps, 3),
-                      cpu_s_per_gb=round(r.cpu_s_per_gb, 3), runs_s=[round(s, 4) for s in r.runs_s],
-                      verified=r.verified, method=r.method) for r, (c, setting) in zip(results, tags)]
+    rows = [_ResultRow(path=r.path, cache=c, setting=setting, best_setting=None,
+                       seconds=round(r.seconds, 4), gbps=round(r.gbps, 3),
+                       cpu_s_per_gb=round(r.cpu_s_per_gb, 3), runs_s=[round(s, 4) for s in r.runs_s],
+                       verified=r.verified, method=r.method)
+            for r, (c, setting) in zip(results, tags)]
     _mark_best_settings(rows)
     targets = []
     for cache in ("warm", "cold") if cold else ("warm",):
-        by: dict[str, ResultRow] = {}  # each path's fastest row (a peer's best setting)
+        by: dict[str, _ResultRow] = {}  # each path's fastest row (a peer's best setting)
         for r in rows:
             if r["cache"] == cache and (r["path"] not in by or r["gbps"] > by[r["path"]]["gbps"]):
                 by[r["path"]] = r

@@ -164,7 +164,7 @@ def _runai_sweep(files: list[Path], cache: str, nbytes: int, runs: int,
     return out
 
 
-class ResultRow(TypedDict):
+class _ResultRow(TypedDict):
     """One row of ``gpufeed bench model``'s ``results`` (see :mod:`gpufeed.bench.model`)."""
 
     path: str
@@ -179,7 +179,7 @@ class ResultRow(TypedDict):
     method: str
 
 
-def _mark_best_settings(rows: list[ResultRow]) -> None:
+def _mark_best_settings(rows: list[_ResultRow]) -> None:
     """``best_setting`` = True on each swept path's fastest row per cache, False on
     its other rows (None where a path has no settings)."""
     for r in rows:
