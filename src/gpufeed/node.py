@@ -17,10 +17,16 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .config import NodeConfig
 from .engine import Engine
 from .engine._private import make_private_dirs
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from .wire.server import WireServer
 
 __all__ = ["Node", "Endpoints", "LifecycleWorker"]
 
@@ -95,7 +101,7 @@ class LifecycleWorker:
             self._thread.join(timeout_s)
 
 
-async def _stop_s3(runner) -> None:
+async def _stop_s3(runner: web.AppRunner) -> None:
     """Clean the S3 runner up, then cancel what aiohttp leaves behind: a connection
     whose client left while aiohttp drained its unread body keeps a task that the
     runner's shutdown does not reach (it would be destroyed pending with the loop)."""
@@ -125,8 +131,8 @@ class Node:
         self.engine: Engine | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
-        self._runner = None
-        self._wire = None
+        self._runner: web.AppRunner | None = None
+        self._wire: WireServer | None = None
         self._lifecycle: LifecycleWorker | None = None
         self.endpoints: Endpoints | None = None
 
@@ -145,34 +151,34 @@ class Node:
         sock = cfg.resolved_socket_path
         if sock and Path(sock).resolve().parent.is_relative_to(data_dir):
             make_private_dirs(Path(sock).resolve().parent)  # the socket's folder is private too
-        self.engine = Engine(cfg.data_dir, fsync=cfg.fsync)
-        self._wire = WireServer(self.engine, cfg)
-        tcp_port = self._wire.start()
+        self.engine = engine = Engine(cfg.data_dir, fsync=cfg.fsync)
+        self._wire = wire = WireServer(engine, cfg)
+        tcp_port = wire.start()
 
-        self._loop = asyncio.new_event_loop()
+        self._loop = loop = asyncio.new_event_loop()
         started = threading.Event()
-        result: dict = {}
+        result: dict[str, Any] = {}
 
         def run_loop() -> None:
-            asyncio.set_event_loop(self._loop)
+            asyncio.set_event_loop(loop)
             try:
-                runner, port = self._loop.run_until_complete(start_s3(self.engine, cfg))
+                runner, port = loop.run_until_complete(start_s3(engine, cfg))
                 result["runner"], result["port"] = runner, port
             except BaseException as exc:  # reported to start()
                 result["error"] = exc
             started.set()
             if "error" not in result:
-                self._loop.run_forever()
+                loop.run_forever()
 
         self._loop_thread = threading.Thread(target=run_loop, name="gpufeed-s3", daemon=True)
         self._loop_thread.start()
         started.wait()
         if "error" in result:
-            self._wire.stop()
+            wire.stop()
             raise result["error"]
         self._runner = result["runner"]
         if cfg.lifecycle_interval_s > 0:
-            self._lifecycle = LifecycleWorker(self.engine, cfg.lifecycle_interval_s, cfg.abort_idle_uploads_s)
+            self._lifecycle = LifecycleWorker(engine, cfg.lifecycle_interval_s, cfg.abort_idle_uploads_s)
             self._lifecycle.start()
         self.endpoints = Endpoints(
             s3=f"http://{cfg.host}:{result['port']}",
@@ -181,7 +187,7 @@ class Node:
             access_key=cfg.access_key,
             secret_key=cfg.secret_key,
             data_dir=str(data_dir),
-            warnings=tuple(self.engine.permission_warnings),
+            warnings=tuple(engine.permission_warnings),
         )
         return self.endpoints
 

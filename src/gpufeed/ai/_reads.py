@@ -144,13 +144,14 @@ def _read_all(client: Client, bucket: str, buf: memoryview, pieces: Sequence[_Ra
 def _copy_runs(batch: Sequence[tuple[_Range, int]]) -> list[tuple[int, int, int]]:
     """``[(slot_offset, dest_offset, length)]`` with neighbours merged: pieces that
     are contiguous in the slot and in the destination become one copy."""
-    out: list[list[int]] = []
+    out: list[tuple[int, int, int]] = []
     for piece, at in batch:
         if out and out[-1][0] + out[-1][2] == at and out[-1][1] + out[-1][2] == piece.dest:
-            out[-1][2] += piece.length
+            slot, dest, length = out[-1]
+            out[-1] = (slot, dest, length + piece.length)
         else:
-            out.append([at, piece.dest, piece.length])
-    return [tuple(x) for x in out]
+            out.append((at, piece.dest, piece.length))
+    return out
 
 
 def _read_staged(client: Client, bucket: str, dest: torch.Tensor, pieces: Sequence[_Range], *,

@@ -132,7 +132,9 @@ class TensorInfo:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]  # validated by parse_header
+        dtype = DTYPES[self.dtype]
+        assert dtype is not None, f"{self.dtype}: parse_header refuses dtypes this torch lacks"
+        return dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,12 +288,14 @@ def _tensor_info(object_name: str, name: str, entry: object, data_bytes: int) ->
 def _check_coverage(object_name: str, tensors: Sequence[TensorInfo], data_bytes: int) -> None:
     """Refuse holes, overlaps and trailing bytes: ``tensors`` (sorted by offset) must
     cover the data section exactly."""
-    pos, prev = 0, None
+    pos = 0
+    prev: TensorInfo | None = None
     for t in tensors:
         if t.begin > pos:
             raise SafetensorsError(object_name, f"hole: bytes [{pos}, {t.begin}) of the data "
                                                 f"section belong to no tensor", tensor=t.name)
         if t.begin < pos:
+            assert prev is not None  # t.begin >= 0: only a tensor before this one moves pos
             raise SafetensorsError(object_name, f"data_offsets [{t.begin}, {t.end}) overlap "
                                                 f"tensor {prev.name!r} [{prev.begin}, {prev.end})",
                                    tensor=t.name)

@@ -358,14 +358,15 @@ def empty_weights() -> Iterator[None]:
     """
     original = nn.Module.register_parameter
 
-    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        original(module, name, param)
+    def register(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(self, name, param)
         if param is not None and not param.is_meta:
-            module._parameters[name] = nn.Parameter(param.to("meta"),
-                                                    requires_grad=param.requires_grad)
+            self._parameters[name] = nn.Parameter(param.to("meta"),
+                                                  requires_grad=param.requires_grad)
 
-    nn.Module.register_parameter = register
+    # the stubs declare a method, which mypy refuses to reassign; patching it is the point
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
     try:
         yield
     finally:
-        nn.Module.register_parameter = original
+        nn.Module.register_parameter = original  # type: ignore[method-assign]

@@ -161,8 +161,11 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
 
     paths = paths or ["gpufeed", "gpufeed_tcp", "dcp_fs"]
     console = Console(quiet=quiet, width=max(Console().width, 150))
-    tmp = tempfile.TemporaryDirectory(prefix="gpufeed-bench-ckpt-") if data_dir is None else None
-    root = Path(tmp.name if tmp else data_dir)
+    tmp = None
+    if data_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="gpufeed-bench-ckpt-")
+        data_dir = tmp.name
+    root = Path(data_dir)
     root.mkdir(parents=True, exist_ok=True)
     node = start_node(root / "node")
     results: list[dict] = []
@@ -247,13 +250,13 @@ class _Saves:
             return w, lambda: shutil.rmtree(folder, ignore_errors=True)
         client = self.clients[path]
         url = f"{self.node.tcp_url}/{BUCKET}/{path}-{next(self.counter)}"
-        w = Writer(url, client=client, step=0, background_staging=background)
+        writer = Writer(url, client=client, step=0, background_staging=background)
 
         def cleanup() -> None:
             cps = checkpoints(url, client=client)
             for s in cps.steps():
                 cps.delete(s)
-        return w, cleanup
+        return writer, cleanup
 
     def row(self, path: str, setting: str, threads: int = 1, stager: bool = False) -> dict:
         """Measure ``path`` at ``setting``; with ``stager`` only the asynchronous steps
@@ -428,8 +431,10 @@ def _lora_versions(base, versions: int, rank: int, url: str, client) -> dict:
         sd = {"base": base.state_dict(), "adapters": dict(adapters), "optim": opt.state_dict()}
         writer.reset(v)
         dcp.save(sd, storage_writer=writer, no_dist=True)
-        written.append(writer.result.bytes_written)
-        version_bytes = writer.result.bytes_total
+        stats = writer.result
+        assert stats is not None  # dcp.save returned: this writer finished a save
+        written.append(stats.bytes_written)
+        version_bytes = stats.bytes_total
     physical = checkpoints(url, client=client).physical_bytes()
     return {"versions": versions, "physical_ratio": physical / version_bytes,
             "last_save_written_ratio": written[-1] / version_bytes, "version_bytes": version_bytes,

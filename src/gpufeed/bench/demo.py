@@ -45,7 +45,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from .io import CpuMeter, machine_info
 
@@ -130,13 +132,13 @@ class _Meter:
         self._cpu = CpuMeter(server_pid)
 
     def measure(self, name: str, method: str, nbytes: int, repeat: int, run: Callable[[], object],
-                check: Callable[[object], bool] | None = None,
+                check: Callable[[Any], bool] | None = None,
                 prepare: Callable[[], None] | None = None,
                 cleanup: Callable[[], None] | None = None, touch: bool = True) -> PathResult:
         """Run ``run`` ``repeat`` times (``prepare``/``cleanup`` around each,
         untimed); ``check`` sees the first run's output. With ``touch`` the
         timed window includes :func:`_touch` of the output (one read per page)."""
-        best = None
+        best: tuple[float, float, float] | None = None  # (seconds, client CPU s, server CPU s)
         runs = []
         verified = None
         for i in range(repeat):
@@ -157,6 +159,8 @@ class _Meter:
             runs.append(t1 - t0)
             if best is None or t1 - t0 < best[0]:
                 best = (t1 - t0, c1 - c0, s1 - s0)
+        if best is None:
+            raise ValueError(f"repeat must be >= 1, not {repeat}")
         seconds, client_s, server_s = best
         gb = nbytes / 1e9
         return PathResult(name, method, seconds, gb / seconds, (client_s + server_s) / gb,
@@ -427,7 +431,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
                 results.append(meter.measure(
                     path, f"gpufeed.ai.load_safetensors over gpufeed+{path}, one client "
                           f"(first run includes registering fresh memory)", nbytes, repeat,
-                    lambda client=client: load_safetensors(client, BUCKET, prefix),
+                    partial(load_safetensors, client, BUCKET, prefix),
                     check=check))
             finally:
                 client.close()
@@ -440,7 +444,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
             results.append(meter.measure(
                 "shm_map", "gpufeed.ai.load_safetensors(zero_copy=True) over gpufeed+shm: "
                            "tensors map the node's page cache copy-on-write", nbytes, repeat,
-                lambda client=client: load_safetensors(client, BUCKET, prefix, zero_copy=True),
+                partial(load_safetensors, client, BUCKET, prefix, zero_copy=True),
                 check=check))
         finally:
             client.close()
@@ -479,8 +483,9 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
             console.print(f"[yellow]node exited with {code}; log: {node.log_path}[/]")
 
     by = {r.path: r for r in results}
+    s3_gbps = by["s3"].gbps
     for r in results:
-        r.ratio_vs_s3 = r.gbps / by["s3"].gbps
+        r.ratio_vs_s3 = r.gbps / s3_gbps
     _print_table(console, results, repeat, model)
     targets = _targets(by)
     for t in targets:
@@ -498,7 +503,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
         "total_s": time.perf_counter() - t_start,
         "results": [{**asdict(r), "gbps": round(r.gbps, 3), "seconds": round(r.seconds, 4),
                      "cpu_s_per_gb": round(r.cpu_s_per_gb, 3),
-                     "ratio_vs_s3": round(r.ratio_vs_s3, 2)} for r in results],
+                     "ratio_vs_s3": round(r.gbps / s3_gbps, 2)} for r in results],
         "targets": targets,
     }
     if json_path:

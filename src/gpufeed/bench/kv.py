@@ -74,7 +74,8 @@ class _FirstToken:
     """A generate streamer that records when the first new token arrives."""
 
     def __init__(self) -> None:
-        self.calls, self.t_first = 0, None
+        self.calls = 0
+        self.t_first: float | None = None  # perf_counter() seconds
 
     def put(self, value) -> None:
         self.calls += 1
@@ -167,8 +168,11 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
     console = Console(quiet=quiet, width=max(Console().width, 140))
     cached = (tokens - chunk_tokens) // chunk_tokens * chunk_tokens if cached is None else cached
     tdtype = getattr(torch, dtype)
-    tmp = tempfile.TemporaryDirectory(prefix="gpufeed-bench-kv-") if data_dir is None else None
-    root = Path(tmp.name if tmp else data_dir)
+    tmp = None
+    if data_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="gpufeed-bench-kv-")
+        data_dir = tmp.name
+    root = Path(data_dir)
     node = start_node(root / "node", extra_args=["--no-fsync"])
     results: list[dict] = []
     load_avg = [round(os.getloadavg()[0], 2)]  # at the start and the end: other work on the machine
@@ -271,6 +275,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
                     mem, same_mem = _in_memory_ttft(model, ids, ref, cached, new_tokens, 1)
                     mem_ttfts.append(mem)
                     mem_row["same_output"] = mem_row["same_output"] and same_mem
+                assert outs is not None  # the loop above runs repeat + 1 >= 1 times
                 same = bool(torch.equal(outs.sequences, ref.sequences))
                 diff = float((outs.logits[0].float() - ref.logits[0].float()).abs().max())
                 results.append({

@@ -76,6 +76,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from .demo import (  # the demo's model, upload and loaders: one definition of each
@@ -100,6 +101,7 @@ from .peers import (  # the peers' loaders and settings sweeps
     _FastSafetensors,
     _mark_best_settings,
     _peer_versions,
+    _ResultRow,
     _runai,
     _runai_sweep,
 )
@@ -262,7 +264,7 @@ def _fresh_targets(first: list[dict]) -> list[dict]:
     for k in {key(r) for r in first}:
         med[k] = statistics.median(r["gbps"] for r in first if key(r) == k)
     peers = [(g, k) for k, g in med.items() if k[0] in LOCAL_PEERS]
-    out = []
+    out: list[dict] = []
     if not peers:
         return out
     best, (_peer, _pool, way, setting) = max(peers)
@@ -368,7 +370,9 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
                 raise RuntimeError("loaded tensors differ from the model files")
             return True
 
-        loaders = {
+        # (method, loader, bytes) per path; local_load_file (two variants, the faster
+        # kept), runai and fastsafetensors (setting sweeps) are measured apart
+        loaders: dict[str, tuple[str, Callable[[], object], int]] = {
             "shm": ("gpufeed.ai.load_safetensors over gpufeed+shm, one client",
                     lambda: load_safetensors(clients["shm"], BUCKET, prefix), nbytes),
             "shm_map": ("gpufeed.ai.load_safetensors(zero_copy=True) over gpufeed+shm: tensors map "
@@ -379,7 +383,6 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
                     lambda: load_safetensors(clients["tcp"], BUCKET, prefix), nbytes),
             "s3": ("boto3 get_object().read() per shard (4 at a time) + safetensors.torch.load",
                    lambda: _load_s3(s3, prefix), nbytes),
-            "local_load_file": (None, None, nbytes),  # two variants, the faster kept
             "local_load_file_lazy": ("safetensors load_file (mmap; reads nothing until used)",
                                      lambda: _load_lazy(files), nbytes),
             "runai_s3": ("runai-model-streamer from the node's S3 endpoint (s3:// paths)",
@@ -458,14 +461,15 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
         node.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
-    rows = [{"path": r.path, "cache": c, "setting": setting, "best_setting": None,
-             "seconds": round(r.seconds, 4), "gbps": round(r.gbps, 3),
-             "cpu_s_per_gb": round(r.cpu_s_per_gb, 3), "runs_s": [round(s, 4) for s in r.runs_s],
-             "verified": r.verified, "method": r.method} for r, (c, setting) in zip(results, tags)]
+    rows = [_ResultRow(path=r.path, cache=c, setting=setting, best_setting=None,
+                       seconds=round(r.seconds, 4), gbps=round(r.gbps, 3),
+                       cpu_s_per_gb=round(r.cpu_s_per_gb, 3), runs_s=[round(s, 4) for s in r.runs_s],
+                       verified=r.verified, method=r.method)
+            for r, (c, setting) in zip(results, tags)]
     _mark_best_settings(rows)
     targets = []
     for cache in ("warm", "cold") if cold else ("warm",):
-        by: dict[str, dict] = {}  # each path's fastest row (a peer's best setting)
+        by: dict[str, _ResultRow] = {}  # each path's fastest row (a peer's best setting)
         for r in rows:
             if r["cache"] == cache and (r["path"] not in by or r["gbps"] > by[r["path"]]["gbps"]):
                 by[r["path"]] = r
@@ -502,9 +506,9 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
                          "first touch of every page included)")
         for col in ("way", "process", "seconds", "GB/s", "regions reused"):
             ft.add_column(col, justify="left" if col == "way" else "right")
-        for r in first:
-            ft.add_row(r["way"], str(r["process"]), f"{r['seconds']:.3f}", f"{r['gbps']:.2f}",
-                       str(r["regions_reused"]))
+        for load in first:
+            ft.add_row(load["way"], str(load["process"]), f"{load['seconds']:.3f}",
+                       f"{load['gbps']:.2f}", str(load["regions_reused"]))
         console.print(ft)
     for t in targets:
         say(f"target {t['target']}: want >= {t['want']}x, got {t['got']}x: "

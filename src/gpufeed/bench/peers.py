@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TypedDict
 
 from .demo import PathResult
 
@@ -65,7 +66,7 @@ class _FastSafetensors:
 def _peer_versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {}
+    out: dict[str, str | None] = {}
     for dist in ("runai-model-streamer", "fastsafetensors", "boto3"):
         try:
             out[dist] = version(dist)
@@ -163,7 +164,22 @@ def _runai_sweep(files: list[Path], cache: str, nbytes: int, runs: int,
     return out
 
 
-def _mark_best_settings(rows: list[dict]) -> None:
+class _ResultRow(TypedDict):
+    """One row of ``gpufeed bench model``'s ``results`` (see :mod:`gpufeed.bench.model`)."""
+
+    path: str
+    cache: str  # "warm" or "cold"
+    setting: str | None  # a swept peer's setting; None where the path has none
+    best_setting: bool | None
+    seconds: float
+    gbps: float
+    cpu_s_per_gb: float
+    runs_s: list[float]
+    verified: bool | None
+    method: str
+
+
+def _mark_best_settings(rows: list[_ResultRow]) -> None:
     """``best_setting`` = True on each swept path's fastest row per cache, False on
     its other rows (None where a path has no settings)."""
     for r in rows:

@@ -6,10 +6,12 @@ and raises :class:`ChunkUnavailable` when a chunk vanishes mid-stream."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import torch
 
+from ...client import ReadRequest
 from ...errors import GpufeedError
 from ._format import ChunkHeader, block_checksum
 from ._keys import ChunkKey
@@ -19,6 +21,9 @@ if TYPE_CHECKING:
     from ._store import KVCacheStore
 
 __all__ = ["ChunkUnavailable", "LayerStream"]
+
+#: One layer in flight: ``(layer, out [2, tokens, H, D], (future or None, digests, errors))``.
+_Inflight = tuple[int, torch.Tensor, tuple[Future[list[int]] | None, list, list]]
 
 
 class ChunkUnavailable(LookupError):
@@ -60,33 +65,45 @@ class LayerStream:
         hdrs = self._s._probe_headers(self._client, cks)
         return cks[:len(hdrs)], hdrs
 
-    def _submit(self, layer: int):
+    def _submit(self, layer: int) -> _Inflight:
+        """Fill ``layer`` of the tier chunks into a new ``[2, tokens, H, D]`` buffer
+        and start the node reads of the others into it.
+
+        Raises:
+            ChunkUnavailable: a tier chunk was evicted since the stream started.
+        """
         s, lay = self._s, self._s.layout
         out = torch.empty((2, self.tokens, lay.num_kv_heads, lay.head_dim), dtype=s.torch_dtype)
         for ck in self._tier_cks:
-            out[:, ck.start:ck.end].copy_(s.tier.get(ck.key)[:, layer])
-        items = []
+            chunk = s.tier.get(ck.key)
+            if chunk is None:
+                raise ChunkUnavailable(f"{ck.key} left the CPU tier at layer {layer}", ck.start)
+            out[:, ck.start:ck.end].copy_(chunk[:, layer])
+        items: list[ReadRequest] = []
         for ck in self._node_cks:
             block = s._block_bytes(ck.tokens)
             for kv in range(2):
                 off = s.header_len + (kv * lay.num_layers + layer) * block
-                items.append((s.bucket, ck.key, _u8(out[kv, ck.start:ck.end]), off, block,
-                              block if s.verify else 0))
+                items.append(ReadRequest(s.bucket, ck.key, _u8(out[kv, ck.start:ck.end]), off, block,
+                                         block if s.verify else 0))
         sums: list = []
         errs: list = []
-        fut = self._client.submit_get_many_into(items, digests_out=sums, errors_out=errs) if items else None
-        return out, (fut, sums, errs)
+        fut = None
+        if items:
+            assert self._client is not None  # node chunks are only found through a client
+            fut = self._client.submit_get_many_into(items, digests_out=sums, errors_out=errs)
+        return layer, out, (fut, sums, errs)
 
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         s, L = self._s, self._s.layout.num_layers
         if self.tokens == 0:
             return
-        inflight = []
+        inflight: list[_Inflight] = []
         nxt = 0
         try:
             while nxt < L or inflight:
                 while nxt < L and len(inflight) < self._depth:
-                    inflight.append((nxt, *self._submit(nxt)))
+                    inflight.append(self._submit(nxt))
                     nxt += 1
                 layer, out, (fut, sums, errs) = inflight.pop(0)
                 if fut is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Any, get_type_hints
 
 __all__ = ["PluginSettings"]
 
@@ -48,12 +49,13 @@ class PluginSettings:
         """Raises ValueError: no ``url``, or a value that does not convert."""
         extra = extra or {}
         prefix = f"remote_storage_plugin.{plugin_name}."
-        kw: dict[str, object] = {}
+        kinds = get_type_hints(cls)  # field name -> str, int or float
+        kw: dict[str, Any] = {}
         for f in fields(cls):
             raw = extra.get(prefix + f.name)
             if raw is None:
                 continue
-            kind = str if f.name == "url" else type(f.default)
+            kind = kinds[f.name]
             try:
                 kw[f.name] = kind(raw)
             except (TypeError, ValueError) as exc:

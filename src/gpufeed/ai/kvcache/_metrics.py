@@ -11,9 +11,11 @@ from dataclasses import dataclass, fields
 __all__ = ["Counters", "KVMetrics", "ConnectorMetrics"]
 
 
+@dataclass
 class Counters:
     """Base of a ``@dataclass`` of ``int`` counters: thread-safe :meth:`add` and a
-    consistent :meth:`snapshot`."""
+    consistent :meth:`snapshot`. A dataclass itself (with no fields) so that
+    :func:`dataclasses.fields` applies to ``self``."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()

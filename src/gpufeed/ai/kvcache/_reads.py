@@ -18,7 +18,7 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from ...client import Client
+from ...client import Client, ReadRequest
 from ...errors import GpufeedError, InvalidRange, NotFoundError
 from ._format import ChunkFormatError, ChunkHeader, block_checksum
 from ._keys import ChunkKey, KVLayout
@@ -96,12 +96,12 @@ class _ChunkReads:
         errs_of: list[list] = []
         try:
             for g in groups:
-                items = []
+                items: list[ReadRequest] = []
                 for ck, at in g:
                     n = self._object_bytes(ck.tokens)
-                    items.append((self.bucket, ck.key, raw[at:at + hl], 0, hl))
-                    items.append((self.bucket, ck.key, raw[at + hl:at + n], hl, n - hl,
-                                  self._block_bytes(ck.tokens) if self.verify else 0))
+                    items.append(ReadRequest(self.bucket, ck.key, raw[at:at + hl], 0, hl))
+                    items.append(ReadRequest(self.bucket, ck.key, raw[at + hl:at + n], hl, n - hl,
+                                             self._block_bytes(ck.tokens) if self.verify else 0))
                 sums_of.append([])
                 errs_of.append([])
                 futs.append(client.submit_get_many_into(items, digests_out=sums_of[-1],
@@ -169,17 +169,17 @@ class _ChunkReads:
         lay = self.layout
         return ntok * lay.num_kv_heads * lay.head_dim * lay.itemsize
 
-    def _items(self, ck: ChunkKey, dst: torch.Tensor, hdr: memoryview) -> list[tuple]:
+    def _items(self, ck: ChunkKey, dst: torch.Tensor, hdr: memoryview) -> list[ReadRequest]:
         """Batch-read items of one chunk: its header into ``hdr``, each block into
         ``dst[kv, l]`` (asking for the block's server digest when verifying)."""
         lay = self.layout
         block = self._block_bytes(ck.tokens)
-        items = [(self.bucket, ck.key, hdr, 0, self.header_len)]
+        items = [ReadRequest(self.bucket, ck.key, hdr, 0, self.header_len)]
         for kv in range(2):
             for layer in range(lay.num_layers):
                 off = self.header_len + (kv * lay.num_layers + layer) * block
-                items.append((self.bucket, ck.key, _u8(dst[kv, layer]), off, block,
-                              block if self.verify else 0))
+                items.append(ReadRequest(self.bucket, ck.key, _u8(dst[kv, layer]), off, block,
+                                         block if self.verify else 0))
         return items
 
     @staticmethod
@@ -253,7 +253,7 @@ class _ChunkReads:
                 ck, dst = jobs[j]
                 at = pos * per_chunk
                 good = self._complete(ck, errs[at:at + per_chunk], ns[at:at + per_chunk],
-                                      [it[4] for it in self._items_len(ck)])
+                                      self._item_lengths(ck))
                 if good:
                     try:
                         self._check(ck, dst, hv[j], sums=self._block_sums(sums, at + 1, per_chunk - 1))
@@ -267,10 +267,10 @@ class _ChunkReads:
                 self.metrics.add(chunks_read=1, bytes_read=dst.numel() * dst.element_size())
         return valid
 
-    def _items_len(self, ck: ChunkKey) -> list[tuple]:
-        """The ``(.., length)`` shape of :meth:`_items` without destinations (expected byte counts)."""
+    def _item_lengths(self, ck: ChunkKey) -> list[int]:
+        """The ``length`` of each item of :meth:`_items` (expected byte counts)."""
         block = self._block_bytes(ck.tokens)
-        return [(None,) * 4 + (self.header_len,)] + [(None,) * 4 + (block,)] * (2 * self.layout.num_layers)
+        return [self.header_len] + [block] * (2 * self.layout.num_layers)
 
     def _drop_corrupt(self, client: Client, key: str) -> None:
         try:

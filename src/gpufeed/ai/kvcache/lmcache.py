@@ -77,7 +77,7 @@ from lmcache.v1.storage_backend.connector import (
 )
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from ...client import Client
+from ...client import Client, ReadRequest
 from ...errors import (
     BucketAlreadyOwnedByYou,
     GpufeedError,
@@ -285,11 +285,12 @@ class GpufeedConnector(RemoteConnector):
         jobs = []
         try:
             for batch in self._batches(client, todo):
-                items = []
+                items: list[ReadRequest] = []
                 for r in batch:
                     hl = len(r.hdr)
-                    items.append((bucket, r.okey, r.hdr, 0, hl))
-                    items.append((bucket, r.okey, r.obj.byte_array, hl, plen, plen if digests else 0))
+                    items.append(ReadRequest(bucket, r.okey, r.hdr, 0, hl))
+                    items.append(ReadRequest(bucket, r.okey, r.obj.byte_array, hl, plen,
+                                             plen if digests else 0))
                 errs: list = []
                 sums: list = []
                 jobs.append((batch, client.submit_get_many_into(items, errors_out=errs,
@@ -310,12 +311,12 @@ class GpufeedConnector(RemoteConnector):
             results.update(zip(map(id, batch), done))
             if drop:
                 await asyncio.to_thread(self._drop, client, drop)
-        for i, r in enumerate(reads):
-            if r is None:
+        for i, read in enumerate(reads):
+            if read is None:
                 continue
-            got = results.get(id(r))
-            if got is None and id(r) not in results:
-                r.obj.ref_count_down()  # its batch failed as a whole
+            got = results.get(id(read))
+            if got is None and id(read) not in results:
+                read.obj.ref_count_down()  # its batch failed as a whole
             out[i] = got
         return out
 
