@@ -476,7 +476,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
             "readinto", f"readinto of the files into one preallocated buffer, "
                         f"{READ_CALL_BYTES >> 20} MiB calls (physical limit)",
             file_bytes, repeat, lambda: _readinto(files, scratch)))
-        del scratch
+        scratch = memoryview(b"")  # release the buffer (the loaders that used it are done)
     finally:
         code = node.stop()
         if code != 0:

@@ -354,7 +354,7 @@ def _concurrency(node, model, mid, clients, rounds, ntok, chunk_tokens, vocab, t
         start = threading.Barrier(clients + 1)
         bad = []
 
-        def work(i: int) -> None:
+        def work(i: int, stores=stores, start=start, bad=bad, lock=lock, lat=lat) -> None:
             st = stores[i]
             with st.landing(ntok) as kv:
                 st.get_into(prompts[i], kv)  # warm the landing buffer

@@ -452,7 +452,7 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
         for c in clients.values():
             c.close()
         s3.close()
-        del scratch
+        scratch = memoryview(b"")  # release the buffer (the loaders that used it are done)
         first = (_first_loads(files, model_dir, prefix, tmp, node, first_loads, paths, say,
                               _best_peer_settings(results, tags))
                  if first_loads else [])
