@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NodeProcess", "start_node"]
+__all__ = ["NodeProcess", "start_node", "socket_path"]
 
 
 @dataclass
@@ -90,6 +92,24 @@ class NodeProcess:
         self.proc.send_signal(signal.SIGCONT)
 
 
+#: Longest Unix socket path the kernel takes (``sun_path`` is 108 bytes with its NUL).
+_MAX_SOCKET_PATH = 107
+
+
+def socket_path(data_dir: Path) -> Path:
+    """Where a test node over ``data_dir`` listens: ``data_dir/gpufeed.sock``, or,
+    when that is longer than a Unix socket path may be (deep pytest temp folders),
+    a short folder under the system temp dir named by a hash of ``data_dir``, so a
+    node restarted on the same data gets the same socket path."""
+    path = data_dir / "gpufeed.sock"
+    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+        return path
+    digest = hashlib.blake2b(os.fsencode(data_dir.resolve()), digest_size=8).hexdigest()
+    folder = Path(tempfile.gettempdir()) / f"gpufeed-sock-{digest}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder / "gpufeed.sock"
+
+
 def start_node(data_dir: str | Path, *, extra_args: list[str] | None = None,
                timeout_s: float = 30.0, env: dict | None = None) -> NodeProcess:
     """Start ``python -m gpufeed serve`` on free loopback ports over ``data_dir``.
@@ -102,7 +122,7 @@ def start_node(data_dir: str | Path, *, extra_args: list[str] | None = None,
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = data_dir.parent / f"{data_dir.name}.node.log"
     args = [sys.executable, "-m", "gpufeed", "serve", "--data-dir", str(data_dir),
-            "--s3-port", "0", "--port", "0", "--socket", str(data_dir / "gpufeed.sock"),
+            "--s3-port", "0", "--port", "0", "--socket", str(socket_path(data_dir)),
             *(extra_args or [])]
     log = open(log_path, "ab")
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
