@@ -1,21 +1,7 @@
-"""The ``torch.distributed.checkpoint`` Writer and Reader (public as :mod:`gpufeed.ai.dcp`).
-
-::
-
-    import torch.distributed.checkpoint as dcp
-    from gpufeed.ai.dcp import Reader, Writer
-
-    url = "gpufeed+tcp://127.0.0.1:9400/ckpt/run1"
-    dcp.save(state_dict, storage_writer=Writer(url, step=100))
-    fut = dcp.async_save(state_dict, storage_writer=writer)   # reuse one Writer
-    dcp.load(state_dict, storage_reader=Reader(url))           # latest step
-
-Every rank hashes its tensors' bytes into content-addressed chunks and puts
-only the chunks the node lacks, many requests in flight; the coordinator then
-writes the step's manifest and, last, its commit marker, so a step is visible
-only once every rank's chunks and the metadata are durable. Reads go straight
-into the destination tensors' memory and every chunk's BLAKE3 is checked.
-Format: ``docs/checkpoint-format.md``.
+"""The ``torch.distributed.checkpoint`` Writer and Reader, public as
+:mod:`gpufeed.ai.dcp` (usage there). Per-save state lives in a thread-local
+(:class:`_Save`), staging buffers are lent to one save at a time
+(:class:`_Staged`).
 
 Source followed: ``torch/distributed/checkpoint/storage.py`` and
 ``filesystem.py`` (torch 2.13), the StorageWriter/StorageReader contract.
