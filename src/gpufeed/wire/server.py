@@ -95,7 +95,7 @@ class WireServer:
             self._remove_stale_socket(path)
             usock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             usock.bind(path)
-            os.chmod(path, 0o660)
+            os.chmod(path, 0o600)  # owner only: the fast path does not authenticate
             usock.listen(128)
             self.socket_path = path
             self._spawn_acceptor(usock, "shm")
