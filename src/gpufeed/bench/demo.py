@@ -49,6 +49,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ._device import same_tensors
 from .io import CpuMeter, machine_info
 
 __all__ = ["run_demo", "MODEL_SIZES", "PathResult"]
@@ -223,20 +224,6 @@ def _upload(client, model_dir: Path, prefix: str) -> float:
 
 
 # --- loaders -------------------------------------------------------------------------
-def _bits_equal(a, b) -> bool:
-    import torch
-
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.numel() == 0:
-        return True
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
-
-
-def _same_tensors(reference: dict, got: dict) -> bool:
-    return set(reference) == set(got) and all(_bits_equal(reference[k], got[k]) for k in reference)
-
-
 def _load_s3(s3, prefix: str) -> dict:
     from safetensors.torch import load
 
@@ -414,7 +401,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
         meter = _Meter(node.pid)
 
         def check(out: dict) -> bool:
-            ok = _same_tensors(reference, out)
+            ok = same_tensors(reference, out)
             if not ok:
                 raise RuntimeError("loaded tensors differ from the model files")
             return ok

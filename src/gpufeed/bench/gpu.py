@@ -83,7 +83,8 @@ from .demo import (  # the demo's model, upload and loaders: one definition of e
     _upload,
 )
 from .io import machine_info
-from .model import _FastSafetensors, _missing, _peer_versions, _runai
+from .model import _missing
+from .peers import _FastSafetensors, _peer_versions, _runai
 
 __all__ = ["run_gpu_bench", "resolve_device", "PATHS"]
 

@@ -79,6 +79,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ._device import same_tensors
 from .demo import (  # the demo's model, upload and loaders: one definition of each
     BUCKET,
     MODEL_SIZES,
@@ -89,7 +90,6 @@ from .demo import (  # the demo's model, upload and loaders: one definition of e
     _load_s3,
     _Meter,
     _readinto,
-    _same_tensors,
     _shard_files,
     _upload,
 )
@@ -366,7 +366,7 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
                                         endpoint=node.s3_url, region_name="us-east-1")
 
         def check(out: dict) -> bool:
-            if not _same_tensors(reference, out):
+            if not same_tensors(reference, out):
                 raise RuntimeError("loaded tensors differ from the model files")
             return True
 

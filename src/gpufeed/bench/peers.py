@@ -80,7 +80,8 @@ def _peer_versions() -> dict:
 # [{"concurrency", "runs": [[wall s, CPU s], ...], "verified"}].
 _RUNAI_SWEEP = r"""
 import gc, json, os, sys, time
-from gpufeed.bench.demo import _same_tensors, _touch
+from gpufeed.bench._device import same_tensors
+from gpufeed.bench.demo import _touch
 from gpufeed.bench.io import drop_cache
 from gpufeed.bench.peers import _runai
 spec = json.loads(sys.argv[1])
@@ -108,7 +109,7 @@ for conc, runs in spec["concurrency"]:
         _touch(out)
         t1, c1 = time.perf_counter(), time.process_time()
         if i == 0 and ref:
-            verified = _same_tensors(ref, out)
+            verified = same_tensors(ref, out)
         del out
         times.append([t1 - t0, c1 - c0])
     rows.append({"concurrency": conc, "runs": times, "verified": verified})
