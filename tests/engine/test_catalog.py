@@ -69,10 +69,11 @@ def test_version_1_catalog_is_migrated(tmp_path):
             w.set_lifecycle("old", [LifecycleRule("r", expiration_days=3)])
         assert c.lifecycle("old") == [LifecycleRule("r", expiration_days=3)]
         assert c.completed_upload("a" * 32) is None and c.completion_of("b1") is None  # version 3
+        assert c.bucket_config("old", "cors") is None  # version 4
     finally:
         c.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     db.close()
 
 

@@ -36,7 +36,7 @@ __all__ = ["SqliteCatalog", "SCHEMA_VERSION"]
 #: Bumped when the schema changes; stored in ``PRAGMA user_version``. A catalog
 #: of an older version is brought up to this one on open (:data:`_MIGRATIONS`);
 #: a newer one is refused, so an older gpufeed never ignores what it cannot read.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (
@@ -99,12 +99,23 @@ CREATE INDEX IF NOT EXISTS completed_uploads_by_blob ON completed_uploads (blob_
 CREATE INDEX IF NOT EXISTS completed_uploads_by_time ON completed_uploads (completed);
 """
 
+# Version 4: bucket configuration documents S3 stores whole (CORS, bucket tagging, ...).
+_BUCKET_CONFIGS_TABLE = """
+CREATE TABLE IF NOT EXISTS bucket_configs (
+    bucket TEXT NOT NULL,
+    name   TEXT NOT NULL,   -- 'cors', 'tagging', ...
+    value  TEXT NOT NULL,   -- the document as the front stores it
+    PRIMARY KEY (bucket, name)
+) WITHOUT ROWID;
+"""
+
 #: ``version -> SQL`` that takes a catalog of that version to the next one. A
 #: fresh catalog (version 0) gets :data:`_SCHEMA` and then every step. Each step
 #: is idempotent (``IF NOT EXISTS``). Append a step when bumping SCHEMA_VERSION.
 _MIGRATIONS: dict[int, str] = {
     1: _LIFECYCLE_TABLE,
     2: _COMPLETED_UPLOADS_TABLE,
+    3: _BUCKET_CONFIGS_TABLE,
 }
 
 #: Columns added after the first release: ``(table, column, declaration)``. Each
@@ -287,6 +298,11 @@ class _Reads(CatalogReader):
         rows = self._conn().execute("SELECT bucket, rules FROM lifecycle ORDER BY bucket").fetchall()
         return {b: _rules_loads(r) for b, r in rows}
 
+    def bucket_config(self, bucket: str, name: str) -> str | None:
+        rows = self._conn().execute("SELECT value FROM bucket_configs WHERE bucket=? AND name=?",
+                                    (bucket, name)).fetchall()
+        return rows[0][0] if rows else None
+
     def completed_upload(self, upload_id: str) -> CompletedUpload | None:
         rows = self._conn().execute(_COMPLETED_COLS + " WHERE upload_id=?", (upload_id,)).fetchall()
         return _completed(rows[0]) if rows else None
@@ -336,6 +352,7 @@ class _Writer(_View, CatalogWriter):
     def delete_bucket(self, name: str) -> None:
         self._c.execute("DELETE FROM buckets WHERE name=?", (name,))
         self._c.execute("DELETE FROM lifecycle WHERE bucket=?", (name,))
+        self._c.execute("DELETE FROM bucket_configs WHERE bucket=?", (name,))
 
     def set_lifecycle(self, bucket: str, rules: list[LifecycleRule]) -> None:
         self._c.execute("INSERT OR REPLACE INTO lifecycle (bucket, rules) VALUES (?, ?)",
@@ -343,6 +360,14 @@ class _Writer(_View, CatalogWriter):
 
     def delete_lifecycle(self, bucket: str) -> bool:
         return self._c.execute("DELETE FROM lifecycle WHERE bucket=?", (bucket,)).rowcount > 0
+
+    def set_bucket_config(self, bucket: str, name: str, value: str) -> None:
+        self._c.execute("INSERT OR REPLACE INTO bucket_configs (bucket, name, value) VALUES (?, ?, ?)",
+                        (bucket, name, value))
+
+    def delete_bucket_config(self, bucket: str, name: str) -> bool:
+        return self._c.execute("DELETE FROM bucket_configs WHERE bucket=? AND name=?",
+                               (bucket, name)).rowcount > 0
 
     def put_object(self, info: ObjectInfo) -> None:
         self._c.execute(

@@ -194,6 +194,12 @@ class CatalogReader(ABC):
     def lifecycles(self) -> dict[str, list[LifecycleRule]]:
         """``bucket -> rules`` of every bucket that has a lifecycle configuration."""
 
+    # bucket configuration documents -------------------------------------------
+    @abstractmethod
+    def bucket_config(self, bucket: str, name: str) -> str | None:
+        """The bucket's configuration document ``name`` (``"cors"``, ``"tagging"``, ...)
+        as stored, or ``None`` when it has none (also when the bucket is missing)."""
+
     # completed uploads -------------------------------------------------------
     @abstractmethod
     def completed_upload(self, upload_id: str) -> CompletedUpload | None:
@@ -224,7 +230,8 @@ class CatalogWriter(CatalogReader):
 
     @abstractmethod
     def delete_bucket(self, name: str) -> None:
-        """Remove a bucket row and its lifecycle configuration (the caller checked it is empty)."""
+        """Remove a bucket row, its lifecycle configuration and its configuration
+        documents (the caller checked it is empty)."""
 
     @abstractmethod
     def set_lifecycle(self, bucket: str, rules: list[LifecycleRule]) -> None:
@@ -235,6 +242,19 @@ class CatalogWriter(CatalogReader):
     @abstractmethod
     def delete_lifecycle(self, bucket: str) -> bool:
         """Remove the bucket's lifecycle configuration.
+
+        Returns:
+            Whether it had one.
+        """
+
+    @abstractmethod
+    def set_bucket_config(self, bucket: str, name: str, value: str) -> None:
+        """Make ``value`` the bucket's configuration document ``name``, replacing
+        any (the caller checked the bucket exists). Round-trips exactly."""
+
+    @abstractmethod
+    def delete_bucket_config(self, bucket: str, name: str) -> bool:
+        """Remove the bucket's configuration document ``name``.
 
         Returns:
             Whether it had one.

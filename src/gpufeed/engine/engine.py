@@ -270,6 +270,43 @@ class Engine(ObjectReads):
         """All buckets, sorted by name."""
         return self._cat.buckets()
 
+    def put_bucket_config(self, bucket: str, name: str, document: str) -> None:
+        """Store a bucket configuration document the front keeps whole (``name``
+        ``"cors"``, ``"tagging"``, ...), replacing any; the front checked it.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+            InvalidArgument: ``name`` or ``document`` is not a ``str``.
+        """
+        if not isinstance(name, str) or not isinstance(document, str):
+            raise InvalidArgument("a bucket configuration is a str name and a str document")
+        with self._cat.write() as w:
+            require_bucket(w, bucket)
+            w.set_bucket_config(bucket, name, document)
+
+    def get_bucket_config(self, bucket: str, name: str) -> str | None:
+        """The bucket's configuration document ``name`` as stored, or ``None``.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+        """
+        with self._cat.snapshot() as c:
+            require_bucket(c, bucket)
+            return c.bucket_config(bucket, name)
+
+    def delete_bucket_config(self, bucket: str, name: str) -> bool:
+        """Remove the bucket's configuration document ``name``.
+
+        Returns:
+            Whether it had one.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+        """
+        with self._cat.write() as w:
+            require_bucket(w, bucket)
+            return w.delete_bucket_config(bucket, name)
+
     # objects -----------------------------------------------------------
     def begin_put(self, bucket: str, key: str, *, etag: str = "md5") -> PendingWrite:
         """Start writing an object.

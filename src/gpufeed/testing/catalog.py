@@ -356,6 +356,35 @@ class CatalogTests:
         assert [u.upload_id for u in got] == [other, fresh, quiet, busy]
         assert got[0] == UploadInfo("a-first", "z", other, 50.0)
 
+    # bucket configuration documents -----------------------------------------
+    def test_bucket_config_round_trip_replace_delete(self, catalog: Catalog, bucket: str) -> None:
+        doc = '<CORSConfiguration><CORSRule><AllowedOrigin>*</AllowedOrigin></CORSRule></CORSConfiguration>\u00e9'
+        assert catalog.bucket_config(bucket, "cors") is None
+        with catalog.write() as w:
+            w.set_bucket_config(bucket, "cors", doc)
+            w.set_bucket_config(bucket, "tagging", "{}")
+            assert w.bucket_config(bucket, "cors") == doc
+        assert catalog.bucket_config(bucket, "cors") == doc
+        with catalog.write() as w:
+            w.set_bucket_config(bucket, "cors", "second")
+        assert catalog.bucket_config(bucket, "cors") == "second"
+        assert catalog.bucket_config(bucket, "tagging") == "{}"
+        with catalog.write() as w:
+            assert w.delete_bucket_config(bucket, "cors") is True
+            assert w.delete_bucket_config(bucket, "cors") is False
+        assert catalog.bucket_config(bucket, "cors") is None
+        assert catalog.bucket_config("no-bucket", "cors") is None
+
+    def test_deleting_a_bucket_drops_its_configs(self, catalog: Catalog) -> None:
+        with catalog.write() as w:
+            w.insert_bucket(BucketInfo("gone", 1.0))
+            w.set_bucket_config("gone", "cors", "doc")
+        with catalog.write() as w:
+            w.delete_bucket("gone")
+        with catalog.write() as w:
+            w.insert_bucket(BucketInfo("gone", 2.0))
+        assert catalog.bucket_config("gone", "cors") is None
+
     # lifecycle -----------------------------------------------------------
     def test_lifecycle_round_trip_and_replace(self, catalog: Catalog, bucket: str) -> None:
         assert catalog.lifecycle(bucket) is None
