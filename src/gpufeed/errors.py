@@ -14,6 +14,9 @@ Tree::
     │   ├── NoSuchKey
     │   ├── NoSuchUpload
     │   ├── NoSuchLifecycleConfiguration
+    │   ├── NoSuchVersion
+    │   ├── NoSuchObjectLockConfiguration  (a version with no retention / legal hold)
+    │   ├── ObjectLockConfigurationNotFoundError  (a bucket without object lock)
     │   └── NoSuchConfiguration  (its code names the configuration: NoSuchBucketPolicy, ...)
     ├── AccessError (PermissionError)
     │   ├── AccessDenied
@@ -24,11 +27,13 @@ Tree::
     ├── ConflictError
     │   ├── BucketAlreadyOwnedByYou
     │   ├── BucketNotEmpty
+    │   ├── InvalidBucketState
     │   └── PreconditionFailed
     ├── InvalidRequestError (ValueError)
     │   ├── InvalidBucketName
     │   ├── KeyTooLong
     │   ├── InvalidArgument
+    │   ├── InvalidTag
     │   ├── InvalidRange
     │   │   └── InvalidCopySourceRange  (400, code InvalidRange)
     │   ├── BadDigest
@@ -73,6 +78,9 @@ __all__ = [
     "NoSuchUpload",
     "NoSuchLifecycleConfiguration",
     "NoSuchConfiguration",
+    "NoSuchVersion",
+    "NoSuchObjectLockConfiguration",
+    "ObjectLockConfigurationNotFoundError",
     "AccessError",
     "AccessDenied",
     "InvalidAccessKeyId",
@@ -81,11 +89,13 @@ __all__ = [
     "ConflictError",
     "BucketAlreadyOwnedByYou",
     "BucketNotEmpty",
+    "InvalidBucketState",
     "PreconditionFailed",
     "InvalidRequestError",
     "InvalidBucketName",
     "KeyTooLong",
     "InvalidArgument",
+    "InvalidTag",
     "InvalidRange",
     "InvalidCopySourceRange",
     "AccessControlListNotSupported",
@@ -169,6 +179,20 @@ class NoSuchConfiguration(NotFoundError):
             self.code = code
 
 
+class NoSuchVersion(NotFoundError):
+    code, status = "NoSuchVersion", 404
+
+
+class NoSuchObjectLockConfiguration(NotFoundError):
+    """The object version has no retention (or no legal hold) to answer."""
+    code, status = "NoSuchObjectLockConfiguration", 404
+
+
+class ObjectLockConfigurationNotFoundError(NotFoundError):
+    """The bucket was not made with object lock."""
+    code, status = "ObjectLockConfigurationNotFoundError", 404
+
+
 class AccessError(GpufeedError, PermissionError):
     code, status = "AccessDenied", 403
 
@@ -202,6 +226,11 @@ class BucketNotEmpty(ConflictError):
     code, status = "BucketNotEmpty", 409
 
 
+class InvalidBucketState(ConflictError):
+    """The request does not fit the bucket's state (suspending versioning under object lock, ...)."""
+    code, status = "InvalidBucketState", 409
+
+
 class PreconditionFailed(ConflictError):
     code, status = "PreconditionFailed", 412
 
@@ -220,6 +249,11 @@ class KeyTooLong(InvalidRequestError):
 
 class InvalidArgument(InvalidRequestError):
     code, status = "InvalidArgument", 400
+
+
+class InvalidTag(InvalidRequestError):
+    """A tag set over S3's limits (count, key or value length) or with a reserved key."""
+    code, status = "InvalidTag", 400
 
 
 class InvalidRange(InvalidRequestError):

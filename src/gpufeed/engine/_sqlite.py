@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from ..errors import InternalError, InvalidArgument
 from ._private import create_private_file
 from .catalog import Catalog, CatalogReader, CatalogWriter, CompletedUpload, LiveFiles, ObjectUse, PartRecord
-from .types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, UploadInfo
+from .types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, Retention, UploadInfo
 
 __all__ = ["SqliteCatalog", "SCHEMA_VERSION"]
 
@@ -99,14 +99,39 @@ CREATE INDEX IF NOT EXISTS completed_uploads_by_blob ON completed_uploads (blob_
 CREATE INDEX IF NOT EXISTS completed_uploads_by_time ON completed_uploads (completed);
 """
 
-# Version 4: bucket configuration documents S3 stores whole (CORS, bucket tagging, ...).
-_BUCKET_CONFIGS_TABLE = """
+# Version 4: bucket configuration documents S3 stores whole (CORS, bucket
+# tagging, ...), and the versions of keys that are not current: noncurrent
+# versions and delete markers (``objects`` keeps each key's current version,
+# unless that is a delete marker, which is here with latest=1).
+_VERSION_4 = """
 CREATE TABLE IF NOT EXISTS bucket_configs (
     bucket TEXT NOT NULL,
     name   TEXT NOT NULL,   -- 'cors', 'tagging', ...
     value  TEXT NOT NULL,   -- the document as the front stores it
     PRIMARY KEY (bucket, name)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS versions (
+    bucket        TEXT NOT NULL,
+    key           TEXT NOT NULL,
+    seq           INTEGER NOT NULL,   -- order among the key's versions, larger is newer
+    size          INTEGER NOT NULL,
+    etag          TEXT NOT NULL,
+    last_modified REAL NOT NULL,
+    content_type  TEXT NOT NULL,
+    metadata      TEXT NOT NULL,
+    checksums     TEXT NOT NULL,
+    blob_id       TEXT NOT NULL,      -- '' for a delete marker
+    headers       TEXT NOT NULL,
+    version_id    TEXT NOT NULL,
+    lock_mode     TEXT NOT NULL,
+    lock_until    REAL NOT NULL,
+    legal_hold    INTEGER NOT NULL,
+    tags          TEXT NOT NULL,
+    delete_marker INTEGER NOT NULL,
+    latest        INTEGER NOT NULL,   -- 1: a delete marker that is the key's current version
+    PRIMARY KEY (bucket, key, seq)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS versions_by_id ON versions (bucket, key, version_id);
 """
 
 #: ``version -> SQL`` that takes a catalog of that version to the next one. A
@@ -115,7 +140,7 @@ CREATE TABLE IF NOT EXISTS bucket_configs (
 _MIGRATIONS: dict[int, str] = {
     1: _LIFECYCLE_TABLE,
     2: _COMPLETED_UPLOADS_TABLE,
-    3: _BUCKET_CONFIGS_TABLE,
+    3: _VERSION_4,
 }
 
 #: Columns added after the first release: ``(table, column, declaration)``. Each
@@ -130,6 +155,19 @@ _ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("buckets", "capacity_bytes", "INTEGER NOT NULL DEFAULT 0"),  # kv: byte budget, 0 = unlimited
     ("buckets", "ttl_s", "REAL NOT NULL DEFAULT 0"),          # kv: seconds an object lives after its write, 0 = forever
     ("objects", "last_access", "REAL NOT NULL DEFAULT 0"),    # kv LRU: Unix s of the last read, flushed lazily
+    ("objects", "version_id", "TEXT NOT NULL DEFAULT 'null'"),
+    ("objects", "seq", "INTEGER NOT NULL DEFAULT 0"),         # as versions.seq
+    ("objects", "lock_mode", "TEXT NOT NULL DEFAULT ''"),     # '' | 'GOVERNANCE' | 'COMPLIANCE'
+    ("objects", "lock_until", "REAL NOT NULL DEFAULT 0"),     # retain-until, Unix s
+    ("objects", "legal_hold", "INTEGER NOT NULL DEFAULT 0"),
+    ("objects", "tags", "TEXT NOT NULL DEFAULT ''"),          # JSON object, '' when empty
+    ("buckets", "versioning", "TEXT NOT NULL DEFAULT ''"),    # '' | 'Enabled' | 'Suspended'
+    ("buckets", "object_lock", "INTEGER NOT NULL DEFAULT 0"),
+    ("buckets", "lock_mode", "TEXT NOT NULL DEFAULT ''"),     # default retention of new versions
+    ("buckets", "lock_days", "INTEGER NOT NULL DEFAULT 0"),
+    ("buckets", "lock_years", "INTEGER NOT NULL DEFAULT 0"),
+    ("uploads", "tags", "TEXT NOT NULL DEFAULT ''"),          # of the object the upload completes into
+    ("uploads", "lock", "TEXT NOT NULL DEFAULT ''"),          # JSON [mode, until, legal_hold], '' for none
 )
 
 
@@ -148,15 +186,18 @@ _MMAP_BYTES = 256 << 20  # 256 MiB of the catalog file mapped per connection
 _BUSY_TIMEOUT_S = 30.0
 
 
-_BUCKET_COLS = "SELECT name, created, kind, capacity_bytes, ttl_s FROM buckets"
-_SQL_HEAD = (
-    "SELECT size, etag, last_modified, content_type, metadata, checksums, blob_id, headers"
-    " FROM objects WHERE bucket=? AND key=?"
-)
-_OBJ_COLS = "key, size, etag, last_modified, content_type, metadata, checksums, blob_id, headers"
-_UPLOAD_COLS = "SELECT key, upload_id, initiated, content_type, metadata, headers FROM uploads"
+_BUCKET_COLS = ("SELECT name, created, kind, capacity_bytes, ttl_s, versioning, object_lock, lock_mode,"
+                " lock_days, lock_years FROM buckets")
+#: The columns of a version after its key, in :meth:`_Reads._object_info` order.
+_VERSION_COLS = ("size, etag, last_modified, content_type, metadata, checksums, blob_id, headers,"
+                 " version_id, seq, lock_mode, lock_until, legal_hold, tags")
+_SQL_HEAD = f"SELECT {_VERSION_COLS} FROM objects WHERE bucket=? AND key=?"
+_OBJ_COLS = "key, " + _VERSION_COLS
+#: A versions row: key, the version columns, delete_marker, latest.
+_NONCURRENT_COLS = f"key, {_VERSION_COLS}, delete_marker, latest"
+_UPLOAD_COLS = "SELECT key, upload_id, initiated, content_type, metadata, headers, tags, lock FROM uploads"
 _IDLE_UPLOADS_SQL = (
-    "SELECT u.bucket, u.key, u.upload_id, u.initiated, u.content_type, u.metadata, u.headers"
+    "SELECT u.bucket, u.key, u.upload_id, u.initiated, u.content_type, u.metadata, u.headers, u.tags, u.lock"
     " FROM uploads AS u LEFT JOIN parts AS p ON p.upload_id = u.upload_id"
     " GROUP BY u.upload_id HAVING MAX(u.initiated, COALESCE(MAX(p.last_modified), u.initiated)) < ?"
     " ORDER BY u.bucket, u.key, u.initiated"
@@ -188,6 +229,34 @@ def _no_path(blob_id: str) -> str:
     return ""
 
 
+def _bucket(row) -> BucketInfo:
+    name, created, kind, cap, ttl, versioning, lock, mode, days, years = row
+    return BucketInfo(name, created, kind, cap, ttl, versioning, bool(lock), mode, days, years)
+
+
+def _lock_dumps(r: Retention) -> str:
+    return "" if r == Retention() else json.dumps([r.mode, r.until, r.legal_hold])
+
+
+def _lock_loads(s: str) -> Retention:
+    if not s:
+        return Retention()
+    mode, until, hold = json.loads(s)
+    return Retention(mode, until, hold)
+
+
+def _upload(bucket: str, row) -> UploadInfo:
+    key, upload_id, initiated, ct, md, hd, tags, lock = row
+    return UploadInfo(bucket, key, upload_id, initiated, ct, _loads(md), _loads(hd), _loads(tags), _lock_loads(lock))
+
+
+def _version_values(info: ObjectInfo) -> tuple:
+    """The values of :data:`_VERSION_COLS` for ``info``."""
+    return (info.size, info.etag, info.last_modified, info.content_type, _dumps(info.metadata),
+            _dumps(info.checksums), info.blob_id, _dumps(info.headers), info.version_id, info.seq,
+            info.lock_mode, info.lock_until, int(info.legal_hold), _dumps(info.tags))
+
+
 class _Reads(CatalogReader):
     """The read operations as SQL over :meth:`_conn` (one connection or this thread's)."""
 
@@ -196,17 +265,22 @@ class _Reads(CatalogReader):
     def _conn(self) -> sqlite3.Connection:
         raise NotImplementedError
 
-    def _object_info(self, bucket: str, key: str, row) -> ObjectInfo:
-        size, etag, lm, ct, md, ck, blob, hd = row
+    def _object_info(self, bucket: str, key: str, row, delete_marker: bool = False,
+                     is_latest: bool = True) -> ObjectInfo:
+        size, etag, lm, ct, md, ck, blob, hd, vid, seq, mode, until, hold, tags = row
         return ObjectInfo(bucket, key, size, etag, lm, ct, _loads(md), _loads(ck), blob,
-                          self._blob_path(blob), _loads(hd))
+                          self._blob_path(blob) if blob else "", _loads(hd), vid, seq, delete_marker,
+                          is_latest, mode, until, bool(hold), _loads(tags))
+
+    def _noncurrent(self, bucket: str, row) -> ObjectInfo:
+        return self._object_info(bucket, row[0], row[1:-2], bool(row[-2]), bool(row[-1]))
 
     def bucket(self, name: str) -> BucketInfo | None:
         rows = self._conn().execute(_BUCKET_COLS + " WHERE name=?", (name,)).fetchall()
-        return BucketInfo(*rows[0]) if rows else None
+        return _bucket(rows[0]) if rows else None
 
     def buckets(self) -> list[BucketInfo]:
-        return [BucketInfo(*r) for r in self._conn().execute(_BUCKET_COLS + " ORDER BY name").fetchall()]
+        return [_bucket(r) for r in self._conn().execute(_BUCKET_COLS + " ORDER BY name").fetchall()]
 
     def bucket_usage(self, name: str) -> tuple[int, int]:
         size, count = self._conn().execute(
@@ -214,7 +288,9 @@ class _Reads(CatalogReader):
         return size, count
 
     def bucket_has_objects(self, name: str) -> bool:
-        return bool(self._conn().execute("SELECT 1 FROM objects WHERE bucket=? LIMIT 1", (name,)).fetchall())
+        c = self._conn()
+        return bool(c.execute("SELECT 1 FROM objects WHERE bucket=? LIMIT 1", (name,)).fetchall()
+                    or c.execute("SELECT 1 FROM versions WHERE bucket=? LIMIT 1", (name,)).fetchall())
 
     def bucket_has_uploads(self, name: str) -> bool:
         return bool(self._conn().execute("SELECT 1 FROM uploads WHERE bucket=? LIMIT 1", (name,)).fetchall())
@@ -242,6 +318,37 @@ class _Reads(CatalogReader):
         finally:
             cur.close()
 
+    def version(self, bucket: str, key: str, version_id: str) -> ObjectInfo | None:
+        c = self._conn()
+        try:
+            rows = c.execute(_SQL_HEAD + " AND version_id=?", (bucket, key, version_id)).fetchall()
+        except UnicodeEncodeError as exc:
+            raise InvalidArgument(f"object key {key!r} is not valid UTF-8") from exc
+        if rows:
+            return self._object_info(bucket, key, rows[0])
+        rows = c.execute(f"SELECT {_NONCURRENT_COLS} FROM versions WHERE bucket=? AND key=? AND version_id=?",
+                         (bucket, key, version_id)).fetchall()
+        return self._noncurrent(bucket, rows[0]) if rows else None
+
+    def noncurrent(self, bucket: str, key: str, limit: int = 1) -> list[ObjectInfo]:
+        rows = self._conn().execute(
+            f"SELECT {_NONCURRENT_COLS} FROM versions WHERE bucket=? AND key=? ORDER BY seq DESC LIMIT ?",
+            (bucket, key, limit)).fetchall()
+        return [self._noncurrent(bucket, r) for r in rows]
+
+    def scan_noncurrent(self, bucket: str, start: str, *, inclusive: bool, end: str | None,
+                        limit: int) -> Generator[ObjectInfo, None, None]:
+        lo = "key >= ?" if inclusive else "key > ?"
+        up = "" if end is None else " AND key < ?"
+        sql = f"SELECT {_NONCURRENT_COLS} FROM versions WHERE bucket=? AND {lo}{up} ORDER BY key, seq DESC LIMIT ?"
+        args = (bucket, start, limit) if end is None else (bucket, start, end, limit)
+        cur = self._conn().execute(sql, args)
+        try:
+            for row in cur:
+                yield self._noncurrent(bucket, row)
+        finally:
+            cur.close()
+
     def object_uses(self, bucket: str) -> list[ObjectUse]:
         rows = self._conn().execute(
             "SELECT key, size, blob_id, last_modified, MAX(last_access, last_modified) AS used"
@@ -252,25 +359,20 @@ class _Reads(CatalogReader):
     def live_files(self) -> LiveFiles:
         c = self._conn()
         blobs = {r[0] for r in c.execute("SELECT blob_id FROM objects")}
+        blobs.update(r[0] for r in c.execute("SELECT blob_id FROM versions WHERE delete_marker=0"))
         parts: dict[str, set[str]] = {r[0]: set() for r in c.execute("SELECT upload_id FROM uploads")}
         for upload_id, file in c.execute("SELECT upload_id, file FROM parts"):
             parts.setdefault(upload_id, set()).add(file)
         return LiveFiles(blobs, parts)
 
     def upload(self, bucket: str, key: str, upload_id: str) -> UploadInfo | None:
-        rows = self._conn().execute(
-            "SELECT initiated, content_type, metadata, headers FROM uploads"
-            " WHERE upload_id=? AND bucket=? AND key=?",
-            (upload_id, bucket, key),
-        ).fetchall()
-        if not rows:
-            return None
-        initiated, ct, md, hd = rows[0]
-        return UploadInfo(bucket, key, upload_id, initiated, ct, _loads(md), _loads(hd))
+        rows = self._conn().execute(_UPLOAD_COLS + " WHERE upload_id=? AND bucket=? AND key=?",
+                                    (upload_id, bucket, key)).fetchall()
+        return _upload(bucket, rows[0]) if rows else None
 
     def uploads(self, bucket: str) -> list[UploadInfo]:
         rows = self._conn().execute(_UPLOAD_COLS + " WHERE bucket=? ORDER BY key, initiated", (bucket,)).fetchall()
-        return [UploadInfo(bucket, k, u, i, ct, _loads(md), _loads(hd)) for k, u, i, ct, md, hd in rows]
+        return [_upload(bucket, r) for r in rows]
 
     def parts(self, upload_id: str) -> list[PartRecord]:
         rows = self._conn().execute(
@@ -288,7 +390,7 @@ class _Reads(CatalogReader):
 
     def idle_uploads(self, before: float) -> list[UploadInfo]:
         rows = self._conn().execute(_IDLE_UPLOADS_SQL, (before,)).fetchall()
-        return [UploadInfo(b, k, u, i, ct, _loads(md), _loads(hd)) for b, k, u, i, ct, md, hd in rows]
+        return [_upload(r[0], r[1:]) for r in rows]
 
     def lifecycle(self, bucket: str) -> list[LifecycleRule] | None:
         rows = self._conn().execute("SELECT rules FROM lifecycle WHERE bucket=?", (bucket,)).fetchall()
@@ -343,8 +445,18 @@ class _Writer(_View, CatalogWriter):
         self._hooks.append(fn)
 
     def insert_bucket(self, info: BucketInfo) -> None:
-        self._c.execute("INSERT INTO buckets (name, created, kind, capacity_bytes, ttl_s) VALUES (?, ?, ?, ?, ?)",
-                        (info.name, info.created, info.kind, info.capacity_bytes, info.ttl_s))
+        self._c.execute(
+            "INSERT INTO buckets (name, created, kind, capacity_bytes, ttl_s, versioning, object_lock, lock_mode,"
+            " lock_days, lock_years) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (info.name, info.created, info.kind, info.capacity_bytes, info.ttl_s, info.versioning,
+             int(info.object_lock), info.lock_mode, info.lock_days, info.lock_years))
+
+    def set_bucket_versioning(self, name: str, state: str) -> None:
+        self._c.execute("UPDATE buckets SET versioning=? WHERE name=?", (state, name))
+
+    def set_bucket_lock(self, name: str, mode: str, days: int, years: int) -> None:
+        self._c.execute("UPDATE buckets SET object_lock=1, lock_mode=?, lock_days=?, lock_years=? WHERE name=?",
+                        (mode, days, years, name))
 
     def set_bucket_limits(self, name: str, capacity_bytes: int, ttl_s: float) -> None:
         self._c.execute("UPDATE buckets SET capacity_bytes=?, ttl_s=? WHERE name=?", (capacity_bytes, ttl_s, name))
@@ -371,11 +483,36 @@ class _Writer(_View, CatalogWriter):
 
     def put_object(self, info: ObjectInfo) -> None:
         self._c.execute(
-            "INSERT OR REPLACE INTO objects (bucket, key, size, etag, last_modified, content_type,"
-            " metadata, checksums, blob_id, headers, last_access) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (info.bucket, info.key, info.size, info.etag, info.last_modified, info.content_type,
-             _dumps(info.metadata), _dumps(info.checksums), info.blob_id, _dumps(info.headers), info.last_modified),
+            f"INSERT OR REPLACE INTO objects (bucket, key, {_VERSION_COLS}, last_access)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (info.bucket, info.key, *_version_values(info), info.last_modified),
         )
+
+    def insert_noncurrent(self, info: ObjectInfo) -> None:
+        self._c.execute(
+            f"INSERT INTO versions (bucket, key, {_VERSION_COLS}, delete_marker, latest)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (info.bucket, info.key, *_version_values(info), int(info.delete_marker),
+             int(info.delete_marker and info.is_latest)),
+        )
+
+    def delete_noncurrent(self, bucket: str, key: str, version_id: str) -> bool:
+        return self._c.execute("DELETE FROM versions WHERE bucket=? AND key=? AND version_id=?",
+                               (bucket, key, version_id)).rowcount > 0
+
+    def set_latest_marker(self, bucket: str, key: str, version_id: str | None) -> None:
+        self._c.execute("UPDATE versions SET latest=0 WHERE bucket=? AND key=? AND latest=1", (bucket, key))
+        if version_id is not None:
+            self._c.execute("UPDATE versions SET latest=1 WHERE bucket=? AND key=? AND version_id=?"
+                            " AND delete_marker=1", (bucket, key, version_id))
+
+    def update_version(self, info: ObjectInfo) -> bool:
+        args = (info.lock_mode, info.lock_until, int(info.legal_hold), _dumps(info.tags),
+                info.bucket, info.key, info.version_id)
+        sets = "SET lock_mode=?, lock_until=?, legal_hold=?, tags=? WHERE bucket=? AND key=? AND version_id=?"
+        if self._c.execute("UPDATE objects " + sets, args).rowcount:
+            return True
+        return self._c.execute("UPDATE versions " + sets, args).rowcount > 0
 
     def delete_object(self, bucket: str, key: str, blob_id: str | None = None) -> bool:
         if blob_id is None:
@@ -394,10 +531,10 @@ class _Writer(_View, CatalogWriter):
 
     def insert_upload(self, info: UploadInfo) -> None:
         self._c.execute(
-            "INSERT INTO uploads (upload_id, bucket, key, initiated, content_type, metadata, headers)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO uploads (upload_id, bucket, key, initiated, content_type, metadata, headers, tags, lock)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (info.upload_id, info.bucket, info.key, info.initiated, info.content_type,
-             _dumps(info.metadata), _dumps(info.headers)),
+             _dumps(info.metadata), _dumps(info.headers), _dumps(info.tags), _lock_dumps(info.retention)),
         )
 
     def put_part(self, upload_id: str, record: PartRecord) -> None:
@@ -425,7 +562,9 @@ class _Writer(_View, CatalogWriter):
         cur = self._c.execute(
             "DELETE FROM completed_uploads WHERE completed < ? AND NOT EXISTS (SELECT 1 FROM objects o"
             " WHERE o.bucket=completed_uploads.bucket AND o.key=completed_uploads.key"
-            " AND o.blob_id=completed_uploads.blob_id)", (before,))
+            " AND o.blob_id=completed_uploads.blob_id) AND NOT EXISTS (SELECT 1 FROM versions v"
+            " WHERE v.bucket=completed_uploads.bucket AND v.key=completed_uploads.key"
+            " AND v.blob_id=completed_uploads.blob_id)", (before,))
         return cur.rowcount
 
 

@@ -155,6 +155,26 @@ class CatalogReader(ABC):
         """
 
     @abstractmethod
+    def version(self, bucket: str, key: str, version_id: str) -> ObjectInfo | None:
+        """The version ``version_id`` of ``bucket/key``, current or not, a delete
+        marker included, or ``None``.
+
+        Raises:
+            InvalidArgument: ``key`` is not valid UTF-8.
+        """
+
+    @abstractmethod
+    def noncurrent(self, bucket: str, key: str, limit: int = 1) -> list[ObjectInfo]:
+        """Up to ``limit`` of the key's versions that are not in :meth:`object`
+        (noncurrent versions and delete markers, the latest one included), newest first."""
+
+    @abstractmethod
+    def scan_noncurrent(self, bucket: str, start: str, *, inclusive: bool, end: str | None,
+                        limit: int) -> Generator[ObjectInfo, None, None]:
+        """Like :meth:`scan_objects` over the versions :meth:`noncurrent` holds,
+        by key, newest first within a key; lazy."""
+
+    @abstractmethod
     def object_uses(self, bucket: str) -> list[ObjectUse]:
         """Every object of ``bucket``, least recently used first (ties by key)."""
 
@@ -229,6 +249,14 @@ class CatalogWriter(CatalogReader):
         """Change a bucket's ``capacity_bytes`` and ``ttl_s``."""
 
     @abstractmethod
+    def set_bucket_versioning(self, name: str, state: str) -> None:
+        """Set a bucket's versioning state (one of :data:`~gpufeed.engine.types.VERSIONING_STATES`)."""
+
+    @abstractmethod
+    def set_bucket_lock(self, name: str, mode: str, days: int, years: int) -> None:
+        """Turn object lock on for a bucket with this default retention (``mode`` ``""``: none)."""
+
+    @abstractmethod
     def delete_bucket(self, name: str) -> None:
         """Remove a bucket row, its lifecycle configuration and its configuration
         documents (the caller checked it is empty)."""
@@ -265,6 +293,34 @@ class CatalogWriter(CatalogReader):
     def put_object(self, info: ObjectInfo) -> None:
         """Make ``info`` the current version of its key (replacing any); its
         last use is ``info.last_modified``. ``info.path`` is not stored."""
+
+    @abstractmethod
+    def insert_noncurrent(self, info: ObjectInfo) -> None:
+        """Add a version that is not in the ``objects`` place: a noncurrent
+        version, or a delete marker (the key's latest when ``info.is_latest``).
+        The caller keeps ``(bucket, key, version_id)`` and ``(bucket, key, seq)`` unique."""
+
+    @abstractmethod
+    def delete_noncurrent(self, bucket: str, key: str, version_id: str) -> bool:
+        """Remove a version :meth:`insert_noncurrent` added.
+
+        Returns:
+            Whether a row was removed.
+        """
+
+    @abstractmethod
+    def set_latest_marker(self, bucket: str, key: str, version_id: str | None) -> None:
+        """Make the delete marker ``version_id`` the key's latest version and no
+        other (``None``: no delete marker of the key is latest)."""
+
+    @abstractmethod
+    def update_version(self, info: ObjectInfo) -> bool:
+        """Store the retention, legal hold and tags of ``info`` on the version
+        ``(info.bucket, info.key, info.version_id)``, wherever it is.
+
+        Returns:
+            Whether the version exists.
+        """
 
     @abstractmethod
     def delete_object(self, bucket: str, key: str, blob_id: str | None = None) -> bool:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["BucketInfo", "ObjectInfo", "ListResult", "UploadInfo", "PartInfo", "LifecycleRule", "LifecycleResult"]
+__all__ = [
+    "BucketInfo", "ObjectInfo", "ListResult", "UploadInfo", "PartInfo", "LifecycleRule", "LifecycleResult",
+    "DeleteResult", "VersionListResult", "Retention", "VERSIONING_STATES", "LOCK_MODES",
+]
+
+#: Bucket versioning states: ``""`` (never enabled: every object is version
+#: ``null`` and a put replaces it), ``"Enabled"``, ``"Suspended"``.
+VERSIONING_STATES = ("", "Enabled", "Suspended")
+#: Object lock retention modes (S3 ``ObjectLockRetentionMode``).
+LOCK_MODES = ("GOVERNANCE", "COMPLIANCE")
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +28,13 @@ class BucketInfo:
             ``capacity_bytes``, and expire ``ttl_s`` after their last write).
         capacity_bytes: kv: the most bytes of object data the bucket holds; 0 = unlimited.
         ttl_s: kv: seconds an object stays visible after its last write; 0 = forever.
+        versioning: ``""`` (never enabled), ``"Enabled"`` or ``"Suspended"``.
+        object_lock: the bucket has object lock (WORM); its versioning is
+            ``"Enabled"`` for good.
+        lock_mode: default retention mode of new versions (``"GOVERNANCE"``,
+            ``"COMPLIANCE"``), ``""`` for none.
+        lock_days, lock_years: default retention period; one of them is
+            non-zero when ``lock_mode`` is set.
     """
 
     name: str
@@ -26,6 +42,11 @@ class BucketInfo:
     kind: str = "standard"
     capacity_bytes: int = 0
     ttl_s: float = 0.0
+    versioning: str = ""
+    object_lock: bool = False
+    lock_mode: str = ""
+    lock_days: int = 0
+    lock_years: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +71,15 @@ class ObjectInfo:
             (``Cache-Control``, ``Content-Disposition``, ``Content-Encoding``,
             ``Content-Language``, ``Expires``, ``x-amz-website-redirect-location``),
             names as the front spells them; the engine stores them verbatim.
+        version_id: ``"null"`` for the version of an unversioned or
+            versioning-suspended bucket, else 32 hex digits.
+        seq: orders the versions of one key (larger is newer); internal.
+        delete_marker: the version is a delete marker (no data; ``size`` 0).
+        is_latest: the version is the key's current one.
+        lock_mode: retention mode (``"GOVERNANCE"``, ``"COMPLIANCE"``) or ``""``.
+        lock_until: retain-until date, Unix s; 0 without retention.
+        legal_hold: a legal hold is on.
+        tags: the version's tag set (``key -> value``).
     """
 
     bucket: str
@@ -63,6 +93,62 @@ class ObjectInfo:
     blob_id: str = ""
     path: str = ""
     headers: dict[str, str] = field(default_factory=dict)
+    version_id: str = "null"
+    seq: int = 0
+    delete_marker: bool = False
+    is_latest: bool = True
+    lock_mode: str = ""
+    lock_until: float = 0.0
+    legal_hold: bool = False
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """Object lock settings of a new version (S3 ``x-amz-object-lock-*``).
+
+    Attributes:
+        mode: ``"GOVERNANCE"``, ``"COMPLIANCE"`` or ``""`` (the bucket's default applies).
+        until: retain-until date, Unix s (0 with ``mode`` ``""``).
+        legal_hold: put a legal hold on the version.
+    """
+
+    mode: str = ""
+    until: float = 0.0
+    legal_hold: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteResult:
+    """What a delete did (S3 DeleteObject's response headers).
+
+    Attributes:
+        version_id: the version removed, or the delete marker made; ``None``
+            in a never-versioned bucket.
+        delete_marker: a delete marker was made, or the version removed was one.
+    """
+
+    version_id: str | None
+    delete_marker: bool
+
+
+@dataclass(frozen=True, slots=True)
+class VersionListResult:
+    """One page of ListObjectVersions.
+
+    Attributes:
+        versions: versions and delete markers, by key, newest first within a key.
+        common_prefixes: rolled-up prefixes, sorted.
+        is_truncated: more results exist.
+        next_key_marker, next_version_id_marker: where the next page starts
+            (``None`` when done; the version marker is ``None`` after a prefix).
+    """
+
+    versions: list[ObjectInfo]
+    common_prefixes: list[str]
+    is_truncated: bool
+    next_key_marker: str | None = None
+    next_version_id_marker: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +173,8 @@ class ListResult:
 @dataclass(frozen=True, slots=True)
 class UploadInfo:
     """An in-progress multipart upload. ``initiated`` is Unix seconds; ``headers``
-    as for :class:`ObjectInfo` (given the completed object)."""
+    and ``tags`` as for :class:`ObjectInfo`, ``retention`` the object lock
+    settings (all given the completed object)."""
 
     bucket: str
     key: str
@@ -96,6 +183,8 @@ class UploadInfo:
     content_type: str = "application/octet-stream"
     metadata: dict[str, str] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    retention: Retention = field(default_factory=Retention)
 
 
 @dataclass(frozen=True, slots=True)
