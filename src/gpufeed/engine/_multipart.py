@@ -31,9 +31,10 @@ from ..errors import (
 )
 from ._blobs import BlobFiles, new_id, remove_quietly
 from ._names import check_key, check_str_map, check_text
+from ._versions import check_tags, lock_of_new
 from ._writes import PendingWrite, WritePath
 from .catalog import Catalog, CatalogReader, CatalogWriter, CompletedUpload, PartRecord, require_bucket
-from .types import ObjectInfo, PartInfo, UploadInfo
+from .types import ObjectInfo, PartInfo, Retention, UploadInfo
 
 __all__ = ["Multipart", "MIN_PART_BYTES", "MAX_PARTS", "COMPLETED_KEEP_S"]
 
@@ -134,19 +135,24 @@ class Multipart:
         self._writes = writes
 
     def create(self, bucket: str, key: str, content_type: str | None, metadata: dict[str, str] | None,
-               headers: dict[str, str] | None) -> UploadInfo:
+               headers: dict[str, str] | None, tags: dict[str, str] | None = None,
+               retention: Retention | None = None) -> UploadInfo:
         """Start an upload (its directory first, then its row)."""
         check_key(key)
         ct = content_type or _DEFAULT_TYPE
         check_str_map(metadata)
         check_str_map(headers)
+        tags = check_tags(tags) if tags else {}
         require_bucket(self._cat, bucket)
         upload_id = new_id()
         self._files.new_upload_dir(upload_id)
-        info = UploadInfo(bucket, key, upload_id, time.time(), ct, dict(metadata or {}), dict(headers or {}))
+        now = time.time()
+        info = UploadInfo(bucket, key, upload_id, now, ct, dict(metadata or {}), dict(headers or {}), tags,
+                          retention or Retention())
         try:
             with self._cat.write() as w:
-                require_bucket(w, bucket)
+                b = require_bucket(w, bucket)
+                lock_of_new(b, retention, now)  # refuse lock settings the completion would refuse
                 w.insert_upload(info)
         except BaseException:
             self._files.remove_upload_dir(upload_id)
@@ -228,6 +234,7 @@ class Multipart:
                 bucket, key, tmp, pw.size, etag,
                 content_type=upload.content_type, metadata=upload.metadata, checksums=composite,
                 headers=headers, if_match=if_match, if_none_match=if_none_match, extra=drop_upload,
+                tags=upload.tags, retention=upload.retention if upload.retention != Retention() else None,
             )
 
         with self._writes.begin(None, finish) as pw:

@@ -10,7 +10,7 @@ the data folder.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import InternalError, InvalidArgument, NoSuchKey
 from ..store import ByteRequest, resolve_range
@@ -29,10 +29,13 @@ class ObjectReads:
     """Reads of object versions, mixed into :class:`~gpufeed.engine.Engine`."""
 
     _files: BlobFiles
-    head_object: Callable[[str, str], ObjectInfo]  # Engine's catalog lookup
+    if TYPE_CHECKING:
+        def head_object(self, bucket: str, key: str, version_id: str | None = None) -> ObjectInfo:
+            """Engine's catalog lookup (:class:`~gpufeed.engine._versioning.VersionedObjects`)."""
 
-    def open_version(self, bucket: str, key: str) -> ObjectHandle:
-        """Look up the current version of an object and take a shared, cached
+    def open_version(self, bucket: str, key: str, version_id: str | None = None) -> ObjectHandle:
+        """Look up the current version of an object (or the version
+        ``version_id``, see :meth:`head_object`) and take a shared, cached
         descriptor of its data file (one catalog lookup; the open is skipped when
         another reader has the version open). A version replaced between the
         lookup and the open is looked up again.
@@ -44,11 +47,13 @@ class ObjectReads:
 
         Raises:
             NoSuchBucket, NoSuchKey: the bucket or key does not exist.
+            NoSuchVersion, MethodNotAllowed, InvalidArgument: a version id as
+                :meth:`head_object` refuses.
             InternalError: the key was replaced on every one of many attempts.
         """
         files = self._files.open_files
         for _ in range(_READ_RETRIES):
-            info = self.head_object(bucket, key)
+            info = self.head_object(bucket, key, version_id)
             try:
                 return ObjectHandle(info, files.acquire(info.blob_id, info.path), files)
             except FileNotFoundError:
@@ -59,8 +64,9 @@ class ObjectReads:
         """Data-file descriptors the engine holds open now (cached or in use)."""
         return self._files.open_files.open_count()
 
-    def open_object(self, bucket: str, key: str) -> tuple[ObjectInfo, int]:
-        """Look up the current version of an object and open its immutable data file.
+    def open_object(self, bucket: str, key: str, version_id: str | None = None) -> tuple[ObjectInfo, int]:
+        """Look up the current version of an object (or the version
+        ``version_id``) and open its immutable data file.
 
         A version replaced between the lookup and the open is looked up again, so
         a reader racing overwriters gets the old or the new version, never a
@@ -73,22 +79,25 @@ class ObjectReads:
 
         Raises:
             NoSuchBucket, NoSuchKey: the bucket or key does not exist.
+            NoSuchVersion, MethodNotAllowed, InvalidArgument: as for :meth:`open_version`.
             InternalError: the key was replaced on every one of many attempts.
         """
         for _ in range(_READ_RETRIES):
-            info = self.head_object(bucket, key)
+            info = self.head_object(bucket, key, version_id)
             try:
                 return info, os.open(info.path, _OPEN_READ)
             except FileNotFoundError:
                 continue  # replaced between lookup and open: look it up again
         raise InternalError(f"{bucket}/{key} kept changing while being opened")
 
-    def get_object(self, bucket: str, key: str, byte_range: ByteRequest | None = None) -> bytes:
+    def get_object(self, bucket: str, key: str, byte_range: ByteRequest | None = None,
+                   version_id: str | None = None) -> bytes:
         """Read an object (or a range) into memory. Large reads should use
         ``open(info.path)`` / :meth:`read_into` instead.
 
         Args:
             byte_range: ``None`` for all of it, else a :mod:`gpufeed.store` byte request.
+            version_id: a version, or ``None`` for the current one.
 
         Returns:
             The bytes.
@@ -97,7 +106,7 @@ class ObjectReads:
             NoSuchBucket, NoSuchKey: missing bucket or key.
             InvalidRange: the range is unsatisfiable (see :func:`gpufeed.store.resolve_range`).
         """
-        info, fd = self.open_object(bucket, key)
+        info, fd = self.open_object(bucket, key, version_id)
         try:
             start, length = resolve_range(byte_range, info.size)
             data = os.pread(fd, length, start)

@@ -36,8 +36,9 @@ from ..errors import (
 from ._blobs import BlobFiles, copy_range, new_id, remove_quietly, write_all
 from ._kvpolicy import KVBucketPolicy
 from ._names import check_str_map
+from ._versions import check_tags, place_version
 from .catalog import Catalog, CatalogWriter, require_bucket
-from .types import ObjectInfo
+from .types import ObjectInfo, Retention
 
 __all__ = ["PendingWrite", "WritePath", "feed", "as_bytes_view", "check_hash_kind", "check_preconditions"]
 
@@ -94,6 +95,7 @@ class WritePath:
         content_type: str | None, metadata: dict[str, str] | None, checksums: dict[str, str] | None,
         headers: dict[str, str] | None = None, if_match: str | None = None,
         if_none_match: str | None = None, extra: Callable[[CatalogWriter, ObjectInfo], None] | None = None,
+        tags: dict[str, str] | None = None, retention: Retention | None = None,
     ) -> ObjectInfo:
         """Rename a finished temp file into ``blobs/`` and commit its catalog row.
 
@@ -104,7 +106,10 @@ class WritePath:
         transaction (see :meth:`PendingWrite.commit`). In a kv bucket the same
         transaction evicts what the new version needs room for (see
         :meth:`gpufeed.engine.Engine.create_bucket`); the evicted blobs are
-        unlinked after the commit.
+        unlinked after the commit. The new version's id, order and lock come
+        from the bucket's versioning and object lock settings
+        (:func:`~gpufeed.engine._versions.place_version`), with ``tags`` and
+        ``retention`` as asked.
 
         Returns:
             The new object's :class:`ObjectInfo`.
@@ -113,29 +118,36 @@ class WritePath:
             NoSuchBucket: the bucket was deleted meanwhile.
             PreconditionFailed, NoSuchKey: a condition does not hold.
             EntityTooLarge: (kv) the object alone exceeds the bucket's capacity.
-            InvalidArgument: metadata, checksums or headers not ``str -> str``.
+            InvalidArgument: metadata, checksums or headers not ``str -> str``;
+                lock settings as :func:`~gpufeed.engine._versions.lock_of_new` refuses.
+            InvalidTag: tags over S3's limits.
+            InvalidRequestError: lock settings in a bucket without object lock.
+            AccessDenied: the version it would replace is protected by object lock.
         """
         for d in (metadata, checksums, headers):
             check_str_map(d)
+        tags = check_tags(tags) if tags else {}
         blob_id = new_id()
         path = self.files.publish_blob(tmp, blob_id)
         info = ObjectInfo(bucket, key, size, etag, time.time(), content_type or _DEFAULT_TYPE,
-                          dict(metadata or {}), dict(checksums or {}), blob_id, path, dict(headers or {}))
+                          dict(metadata or {}), dict(checksums or {}), blob_id, path, dict(headers or {}),
+                          tags=tags)
         try:
             with self._cat.write() as w:
                 if extra is not None:
                     extra(w, info)
-                require_bucket(w, bucket)
+                b = require_bucket(w, bucket)
                 old = w.object(bucket, key)
                 if if_match is not None or if_none_match is not None:
                     check_preconditions(bucket, key, old.etag if old else None, if_match, if_none_match)
                 evicted = self._kv.on_commit(w, bucket, key, size, blob_id, info.last_modified,
                                              old.size if old else 0)
+                info, freed = place_version(w, b, info, old, retention)
                 w.put_object(info)
         except BaseException:
             remove_quietly(path)
             raise
-        self.files.remove_blobs(([old.blob_id] if old is not None else []) + evicted)
+        self.files.remove_blobs(freed + evicted)
         return info
 
 
@@ -355,8 +367,11 @@ class PendingWrite:
         headers: dict[str, str] | None = None,
         if_match: str | None = None,
         if_none_match: str | None = None,
+        tags: dict[str, str] | None = None,
+        retention: Retention | None = None,
     ):
-        """Make the object visible atomically (replacing any previous version).
+        """Make the object visible atomically (as the bucket's versioning says:
+        replacing the current version, or adding a version).
 
         The temp file is fsynced (when the engine has ``fsync=True``), renamed
         into ``blobs/``, the directory fsynced, then the catalog row committed.
@@ -375,6 +390,9 @@ class PendingWrite:
                 write transaction, so atomic with respect to concurrent writers.
             if_none_match: ``"*"``: commit only if the key does not exist (an
                 ETag: only if the current version does not have it). Atomic too.
+            tags: the version's tag set (S3 ``x-amz-tagging``); ignored for parts.
+            retention: object lock settings of the version (the bucket's
+                default retention applies when it names no mode); ignored for parts.
 
         Returns:
             The new :class:`ObjectInfo` (a :class:`PartInfo` for a part).
@@ -388,6 +406,8 @@ class PendingWrite:
                 ``content_md5``, or the write was already finished.
             NoSuchBucket: the bucket was deleted meanwhile.
             NoSuchUpload: (parts) the upload was completed or aborted meanwhile.
+            InvalidTag, InvalidRequestError, AccessDenied: see
+                :meth:`WritePath.publish_object`.
         """
         self._check_open()
         try:
@@ -402,6 +422,7 @@ class PendingWrite:
                 self, self._tmp, etag, md5_digest,
                 content_type=content_type, metadata=metadata, checksums=checksums,
                 headers=headers, if_match=if_match, if_none_match=if_none_match,
+                tags=tags, retention=retention,
             )
         except BaseException:
             self.abort()

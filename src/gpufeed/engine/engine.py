@@ -63,8 +63,6 @@ from ..errors import (
     BucketNotEmpty,
     InternalError,
     InvalidArgument,
-    KeyTooLong,
-    NoSuchKey,
 )
 from ._blobs import BlobFiles
 from ._kvpolicy import KVBucketPolicy, check_policy
@@ -75,14 +73,15 @@ from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_text
 from ._private import FILE_MODE, check_private, make_private_dirs
 from ._reads import ObjectReads
 from ._sqlite import SqliteCatalog
+from ._versioning import VersionedObjects
 from ._writes import PendingWrite, WritePath, check_hash_kind, feed
 from .catalog import Catalog, require_bucket
-from .types import BucketInfo, LifecycleResult, LifecycleRule, ListResult, ObjectInfo, PartInfo, UploadInfo
+from .types import BucketInfo, LifecycleResult, LifecycleRule, ListResult, ObjectInfo, PartInfo, Retention, UploadInfo
 
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
 
-class Engine(ObjectReads):
+class Engine(VersionedObjects, ObjectReads):
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
@@ -161,7 +160,7 @@ class Engine(ObjectReads):
 
     # buckets -----------------------------------------------------------
     def create_bucket(self, name: str, *, kind: str = "standard", capacity_bytes: int = 0,
-                      ttl_s: float = 0.0) -> BucketInfo:
+                      ttl_s: float = 0.0, object_lock: bool = False) -> BucketInfo:
         """Create a bucket.
 
         A ``"kv"`` bucket is a cache: a put never fails for lack of room.
@@ -181,6 +180,8 @@ class Engine(ObjectReads):
             kind: ``"standard"`` or ``"kv"``.
             capacity_bytes: kv: the most bytes of object data kept; 0 = unlimited.
             ttl_s: kv: seconds an object lives after its last write; 0 = forever.
+            object_lock: make the bucket with object lock (WORM; its versioning
+                is ``"Enabled"`` for good); standard buckets only.
 
         Returns:
             The new bucket.
@@ -189,11 +190,14 @@ class Engine(ObjectReads):
             InvalidBucketName: the name breaks an S3 naming rule.
             BucketAlreadyOwnedByYou: it exists already.
             InvalidArgument: an unknown kind, negative limits, a kv bucket with
-                neither limit, or a standard bucket with one.
+                neither limit or with object lock, or a standard bucket with a limit.
         """
         check_bucket_name(name)
         capacity_bytes, ttl_s = check_policy(kind, capacity_bytes, ttl_s)
-        info = BucketInfo(name, time.time(), kind, capacity_bytes, ttl_s)
+        if object_lock and kind != "standard":
+            raise InvalidArgument("only standard buckets can have object lock")
+        info = BucketInfo(name, time.time(), kind, capacity_bytes, ttl_s,
+                          versioning="Enabled" if object_lock else "", object_lock=bool(object_lock))
         with self._cat.write() as w:
             if w.bucket(name) is not None:
                 raise BucketAlreadyOwnedByYou(f"bucket {name!r} exists", bucket=name)
@@ -247,7 +251,8 @@ class Engine(ObjectReads):
 
         Raises:
             NoSuchBucket: it does not exist.
-            BucketNotEmpty: it holds objects or open multipart uploads.
+            BucketNotEmpty: it holds objects, versions (delete markers
+                included) or open multipart uploads.
         """
         with self._cat.write() as w:
             require_bucket(w, name)
@@ -269,43 +274,6 @@ class Engine(ObjectReads):
     def list_buckets(self) -> list[BucketInfo]:
         """All buckets, sorted by name."""
         return self._cat.buckets()
-
-    def put_bucket_config(self, bucket: str, name: str, document: str) -> None:
-        """Store a bucket configuration document the front keeps whole (``name``
-        ``"cors"``, ``"tagging"``, ...), replacing any; the front checked it.
-
-        Raises:
-            NoSuchBucket: it does not exist.
-            InvalidArgument: ``name`` or ``document`` is not a ``str``.
-        """
-        if not isinstance(name, str) or not isinstance(document, str):
-            raise InvalidArgument("a bucket configuration is a str name and a str document")
-        with self._cat.write() as w:
-            require_bucket(w, bucket)
-            w.set_bucket_config(bucket, name, document)
-
-    def get_bucket_config(self, bucket: str, name: str) -> str | None:
-        """The bucket's configuration document ``name`` as stored, or ``None``.
-
-        Raises:
-            NoSuchBucket: it does not exist.
-        """
-        with self._cat.snapshot() as c:
-            require_bucket(c, bucket)
-            return c.bucket_config(bucket, name)
-
-    def delete_bucket_config(self, bucket: str, name: str) -> bool:
-        """Remove the bucket's configuration document ``name``.
-
-        Returns:
-            Whether it had one.
-
-        Raises:
-            NoSuchBucket: it does not exist.
-        """
-        with self._cat.write() as w:
-            require_bucket(w, bucket)
-            return w.delete_bucket_config(bucket, name)
 
     # objects -----------------------------------------------------------
     def begin_put(self, bucket: str, key: str, *, etag: str = "md5") -> PendingWrite:
@@ -329,13 +297,8 @@ class Engine(ObjectReads):
         check_hash_kind(etag)
         require_bucket(self._cat, bucket)
 
-        def finish(pw, tmp, etag_value, md5_digest, *, content_type, metadata, checksums, headers,
-                   if_match, if_none_match):
-            return self._writes.publish_object(
-                bucket, key, tmp, pw.size, etag_value,
-                content_type=content_type, metadata=metadata, checksums=checksums, headers=headers,
-                if_match=if_match, if_none_match=if_none_match,
-            )
+        def finish(pw, tmp, etag_value, md5_digest, **kw):
+            return self._writes.publish_object(bucket, key, tmp, pw.size, etag_value, **kw)
 
         return self._writes.begin(etag, finish)
 
@@ -353,6 +316,8 @@ class Engine(ObjectReads):
         headers: dict[str, str] | None = None,
         if_match: str | None = None,
         if_none_match: str | None = None,
+        tags: dict[str, str] | None = None,
+        retention: Retention | None = None,
     ) -> ObjectInfo:
         """Write a whole object from a buffer, an iterable of buffers or a binary file.
 
@@ -362,7 +327,7 @@ class Engine(ObjectReads):
             data: a buffer; an iterable of buffers; or a binary file object
                 (read with ``readinto`` in 8 MiB chunks into one reused buffer).
             content_type, metadata, checksums, content_md5, headers, if_match,
-                if_none_match: as for :meth:`PendingWrite.commit`.
+                if_none_match, tags, retention: as for :meth:`PendingWrite.commit`.
             etag: ``"md5"`` or ``"xxh3"`` (see :meth:`begin_put`).
 
         Returns:
@@ -378,54 +343,8 @@ class Engine(ObjectReads):
             feed(pw, data)
             return pw.commit(
                 content_type=content_type, metadata=metadata, checksums=checksums, content_md5=content_md5,
-                headers=headers, if_match=if_match, if_none_match=if_none_match,
+                headers=headers, if_match=if_match, if_none_match=if_none_match, tags=tags, retention=retention,
             )
-
-    def head_object(self, bucket: str, key: str) -> ObjectInfo:
-        """Look an object up (one indexed catalog read; the hot path).
-
-        Every read path calls this, so in a kv bucket it is the "use" that
-        LRU eviction orders by: the key moves to the recent end of an
-        in-memory list (a dict move under a lock, no catalog write; read
-        times reach the catalog at eviction passes and on close). An object
-        past its bucket's TTL is deleted here and reported missing.
-
-        Raises:
-            NoSuchBucket: the bucket does not exist.
-            NoSuchKey: the key does not exist (or has expired).
-            InvalidArgument: the key is not valid UTF-8.
-        """
-        info = self._cat.object(bucket, key)
-        if info is not None:
-            if self._kv.on_read(info):
-                return info
-            raise NoSuchKey(f"{bucket}/{key} does not exist (expired)", bucket=bucket, key=key)
-        require_bucket(self._cat, bucket)
-        raise NoSuchKey(f"{bucket}/{key} does not exist", bucket=bucket, key=key)
-
-    def delete_object(self, bucket: str, key: str) -> None:
-        """Delete; a missing key is not an error.
-
-        Raises:
-            NoSuchBucket: the bucket does not exist.
-            KeyTooLong: key over 1,024 UTF-8 bytes (S3 refuses it rather than
-                answering 204 for a key that cannot exist).
-            InvalidArgument: not a ``str``, or not valid UTF-8.
-        """
-        try:
-            n = len(key.encode("utf-8"))
-        except (AttributeError, UnicodeEncodeError) as exc:
-            raise InvalidArgument(f"object key {key!r} is not a valid UTF-8 str") from exc
-        if n > MAX_KEY_BYTES:
-            raise KeyTooLong(f"object key is {n} bytes of UTF-8; the limit is {MAX_KEY_BYTES}", size=n)
-        with self._cat.write() as w:
-            require_bucket(w, bucket)
-            old = w.object(bucket, key)
-            if old is not None:
-                w.delete_object(bucket, key)
-                self._kv.on_delete(w, bucket, key)
-        if old is not None:
-            self._files.remove_blobs([old.blob_id])
 
     def copy_object(
         self,
@@ -437,21 +356,29 @@ class Engine(ObjectReads):
         metadata: dict[str, str] | None = None,
         content_type: str | None = None,
         headers: dict[str, str] | None = None,
+        src_version_id: str | None = None,
+        tags: dict[str, str] | None = None,
+        retention: Retention | None = None,
     ) -> ObjectInfo:
         """Copy (kernel-side ``copy_file_range`` into a new blob).
 
         ``metadata``/``content_type``/``headers`` all None keeps the source's
         (S3 ``x-amz-metadata-directive: COPY``); giving any replaces all three
         (``REPLACE``). The ETag and checksums are the source's. Copying a key
-        onto itself with new metadata works.
+        onto itself with new metadata works. ``src_version_id`` copies that
+        version of the source; ``tags`` ``None`` keeps the source's tags;
+        ``retention`` as for :meth:`PendingWrite.commit`.
 
         Raises:
-            NoSuchBucket, NoSuchKey: missing source or destination bucket, missing source key.
+            NoSuchBucket, NoSuchKey, NoSuchVersion: missing source or
+                destination bucket, missing source key or version.
+            MethodNotAllowed: the source version is a delete marker.
             KeyTooLong, InvalidArgument: bad destination key.
+            InvalidTag, InvalidRequestError, AccessDenied: as for :meth:`PendingWrite.commit`.
         """
         check_key(dst_key)
         require_bucket(self._cat, dst_bucket)
-        src, sfd = self.open_object(src_bucket, src_key)
+        src, sfd = self.open_object(src_bucket, src_key, src_version_id)
         ct: str | None
         if metadata is None and content_type is None and headers is None:
             md, ct, hd = src.metadata, src.content_type, src.headers
@@ -462,6 +389,7 @@ class Engine(ObjectReads):
             return self._writes.publish_object(
                 dst_bucket, dst_key, tmp, pw.size, src.etag,
                 content_type=ct, metadata=md, checksums=src.checksums, headers=hd,
+                tags=src.tags if tags is None else tags, retention=retention,
             )
 
         try:
@@ -535,19 +463,22 @@ class Engine(ObjectReads):
     def create_multipart_upload(
         self, bucket: str, key: str, *, content_type: str | None = None,
         metadata: dict[str, str] | None = None, headers: dict[str, str] | None = None,
+        tags: dict[str, str] | None = None, retention: Retention | None = None,
     ) -> UploadInfo:
         """Start a multipart upload.
 
-        ``content_type``, ``metadata`` and ``headers`` (as for
-        :meth:`PendingWrite.commit`) are those of the object it completes into.
+        ``content_type``, ``metadata``, ``headers``, ``tags`` and ``retention``
+        (as for :meth:`PendingWrite.commit`) are those of the object it
+        completes into; tags and lock settings are checked here.
 
         Returns:
             The upload (its ``upload_id`` is 32 hex digits).
 
         Raises:
             NoSuchBucket, KeyTooLong, InvalidArgument: as for :meth:`begin_put`.
+            InvalidTag, InvalidRequestError: as for :meth:`PendingWrite.commit`.
         """
-        return self._multipart.create(bucket, key, content_type, metadata, headers)
+        return self._multipart.create(bucket, key, content_type, metadata, headers, tags, retention)
 
     def begin_part(self, bucket: str, key: str, upload_id: str, part_number: int) -> PendingWrite:
         """Like :meth:`begin_put` for a part; ``commit()`` returns a :class:`PartInfo`.
