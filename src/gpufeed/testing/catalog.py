@@ -22,6 +22,7 @@ dropped with their bucket).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from contextlib import closing
@@ -29,7 +30,7 @@ from contextlib import closing
 import pytest
 
 from ..engine.catalog import Catalog, CatalogReader, CompletedUpload, LiveFiles, ObjectUse, PartRecord
-from ..engine.types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, UploadInfo
+from ..engine.types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, Retention, UploadInfo
 from ..errors import InternalError, InvalidArgument
 
 __all__ = ["CatalogTests", "BYTE_ORDER_KEYS"]
@@ -70,6 +71,12 @@ def _obj(bucket: str, key: str, blob_id: str = "b0", *, size: int = 3, etag: str
 
 def _part(number: int, file: str, *, etag: str = "p", size: int = 5, checksums=None) -> PartRecord:
     return PartRecord(PartInfo(number, etag, size, 2000.0 + number, dict(checksums or {})), file)
+
+
+def _bucket(reader: CatalogReader, name: str) -> BucketInfo:
+    info = reader.bucket(name)
+    assert info is not None, f"bucket {name} missing"
+    return info
 
 
 def _get(reader: CatalogReader, bucket: str, key: str) -> ObjectInfo:
@@ -355,6 +362,77 @@ class CatalogTests:
         got = catalog.idle_uploads(1000.0)
         assert [u.upload_id for u in got] == [other, fresh, quiet, busy]
         assert got[0] == UploadInfo("a-first", "z", other, 50.0)
+
+    # versions --------------------------------------------------------------
+    def test_bucket_versioning_and_lock_round_trip(self, catalog: Catalog, bucket: str) -> None:
+        assert catalog.bucket(bucket) == BucketInfo(bucket, 1.0)
+        with catalog.write() as w:
+            w.insert_bucket(BucketInfo("locked", 2.0, versioning="Enabled", object_lock=True))
+            w.set_bucket_versioning(bucket, "Suspended")
+        assert _bucket(catalog, bucket).versioning == "Suspended"
+        assert catalog.bucket("locked") == BucketInfo("locked", 2.0, versioning="Enabled", object_lock=True)
+        with catalog.write() as w:
+            w.set_bucket_lock("locked", "COMPLIANCE", 0, 3)
+        got = catalog.bucket("locked")
+        assert got is not None
+        assert (got.object_lock, got.lock_mode, got.lock_days, got.lock_years) == (True, "COMPLIANCE", 0, 3)
+
+    def test_versions_current_noncurrent_and_markers(self, catalog: Catalog, bucket: str) -> None:
+        cur = _obj(bucket, "k", "b3", version_id="c" * 32, seq=30, lock_mode="GOVERNANCE", lock_until=9e9,
+                   legal_hold=True, tags={"t": "é"})
+        old = _obj(bucket, "k", "b1", version_id="a" * 32, seq=10, is_latest=False)
+        marker = ObjectInfo(bucket, "k", 0, "", 1500.0, "", version_id="null", seq=20, delete_marker=True,
+                            is_latest=False)
+        with catalog.write() as w:
+            w.put_object(cur)
+            w.insert_noncurrent(old)
+            w.insert_noncurrent(marker)
+        assert _get(catalog, bucket, "k") == dataclasses.replace(cur, path=self.blob_path("b3"))
+        assert catalog.version(bucket, "k", "c" * 32) == _get(catalog, bucket, "k")
+        assert catalog.version(bucket, "k", "a" * 32) == dataclasses.replace(old, path=self.blob_path("b1"))
+        assert catalog.version(bucket, "k", "null") == marker
+        assert catalog.version(bucket, "k", "b" * 32) is None and catalog.version(bucket, "j", "null") is None
+        assert [v.version_id for v in catalog.noncurrent(bucket, "k", 5)] == ["null", "a" * 32]  # newest first
+        assert catalog.live_files().blobs == {"b1", "b3"}  # noncurrent data is live; markers have none
+        assert catalog.bucket_has_objects(bucket)
+        with catalog.write() as w:
+            w.set_latest_marker(bucket, "k", "null")
+        assert catalog.noncurrent(bucket, "k")[0].is_latest
+        with catalog.write() as w:
+            w.set_latest_marker(bucket, "k", None)
+            assert w.update_version(dataclasses.replace(old, tags={"x": "y"}, legal_hold=True)) is True
+            assert w.update_version(dataclasses.replace(cur, tags={}, legal_hold=False, lock_mode="")) is True
+            assert w.update_version(dataclasses.replace(old, version_id="f" * 32)) is False
+        assert not catalog.noncurrent(bucket, "k")[0].is_latest
+        got = catalog.version(bucket, "k", "a" * 32)
+        assert got is not None
+        assert (got.tags, got.legal_hold) == ({"x": "y"}, True)
+        got = _get(catalog, bucket, "k")
+        assert (got.tags, got.legal_hold, got.lock_mode) == ({}, False, "")
+        with catalog.write() as w:
+            assert w.delete_noncurrent(bucket, "k", "null") is True
+            assert w.delete_noncurrent(bucket, "k", "null") is False
+        assert [v.version_id for v in catalog.noncurrent(bucket, "k", 5)] == ["a" * 32]
+
+    def test_scan_noncurrent_orders_by_key_then_newest(self, catalog: Catalog, bucket: str) -> None:
+        with catalog.write() as w:
+            for i, key in enumerate(BYTE_ORDER_KEYS):
+                for seq in (1, 3, 2):
+                    w.insert_noncurrent(_obj(bucket, key, f"b{i}.{seq}", version_id=f"{i:016x}{seq:016x}",
+                                             seq=seq, is_latest=False))
+        with closing(catalog.scan_noncurrent(bucket, "", inclusive=True, end=None, limit=10_000)) as rows:
+            got = [(v.key, v.seq) for v in rows]
+        assert got == [(k, s) for k in BYTE_ORDER_KEYS for s in (3, 2, 1)]
+        with closing(catalog.scan_noncurrent(bucket, "a", inclusive=False, end="b", limit=4)) as rows:
+            assert [(v.key, v.seq) for v in rows] == [("a b", 3), ("a b", 2), ("a b", 1), ("a-b", 3)]
+
+    def test_upload_tags_and_retention_round_trip(self, catalog: Catalog, bucket: str) -> None:
+        info = UploadInfo(bucket, "k", "9" * 32, 5.0, "text/plain", {"m": "1"}, {}, {"t": "v"},
+                          Retention("COMPLIANCE", 1e10, True))
+        with catalog.write() as w:
+            w.insert_upload(info)
+        assert catalog.upload(bucket, "k", "9" * 32) == info
+        assert catalog.uploads(bucket) == [info]
 
     # bucket configuration documents -----------------------------------------
     def test_bucket_config_round_trip_replace_delete(self, catalog: Catalog, bucket: str) -> None:

@@ -1,0 +1,160 @@
+"""The SQLite catalog's schema: the tables of a fresh catalog, the steps that
+bring an older catalog up to date, and the columns added since the first release.
+
+A catalog records its version in ``PRAGMA user_version``; :class:`~gpufeed.engine._sqlite.SqliteCatalog`
+runs the steps from that version on open, in one transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+__all__ = ["SCHEMA_VERSION", "SCHEMA", "MIGRATIONS", "add_columns"]
+
+#: Bumped when the schema changes; stored in ``PRAGMA user_version``. A catalog
+#: of an older version is brought up to this one on open (:data:`MIGRATIONS`);
+#: a newer one is refused, so an older gpufeed never ignores what it cannot read.
+SCHEMA_VERSION = 4
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS buckets (
+    name    TEXT PRIMARY KEY,
+    created REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS objects (
+    bucket        TEXT NOT NULL,
+    key           TEXT NOT NULL,
+    size          INTEGER NOT NULL,
+    etag          TEXT NOT NULL,
+    last_modified REAL NOT NULL,
+    content_type  TEXT NOT NULL,
+    metadata      TEXT NOT NULL,   -- JSON object, '' when empty
+    checksums     TEXT NOT NULL,   -- JSON object, '' when empty
+    blob_id       TEXT NOT NULL,
+    PRIMARY KEY (bucket, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS uploads (
+    upload_id    TEXT PRIMARY KEY,
+    bucket       TEXT NOT NULL,
+    key          TEXT NOT NULL,
+    initiated    REAL NOT NULL,
+    content_type TEXT NOT NULL,
+    metadata     TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS uploads_by_key ON uploads (bucket, key, initiated);
+CREATE TABLE IF NOT EXISTS parts (
+    upload_id     TEXT NOT NULL,
+    part_number   INTEGER NOT NULL,
+    etag          TEXT NOT NULL,
+    size          INTEGER NOT NULL,
+    last_modified REAL NOT NULL,
+    file          TEXT NOT NULL,   -- '<part_number:05d>.<id>' under uploads/<upload_id>/
+    PRIMARY KEY (upload_id, part_number)
+) WITHOUT ROWID;
+"""
+
+# Version 2: bucket lifecycle rules, one row per bucket that has a configuration.
+_LIFECYCLE_TABLE = """
+CREATE TABLE IF NOT EXISTS lifecycle (
+    bucket TEXT PRIMARY KEY,
+    rules  TEXT NOT NULL   -- JSON list of LifecycleRule fields, in order
+) WITHOUT ROWID;
+"""
+
+# Version 3: completed multipart uploads, for a repeated CompleteMultipartUpload
+# and the part layout of multipart objects (GetObject partNumber).
+_COMPLETED_UPLOADS_TABLE = """
+CREATE TABLE IF NOT EXISTS completed_uploads (
+    upload_id TEXT PRIMARY KEY,
+    bucket    TEXT NOT NULL,
+    key       TEXT NOT NULL,
+    etag      TEXT NOT NULL,
+    blob_id   TEXT NOT NULL,
+    completed REAL NOT NULL,
+    parts     TEXT NOT NULL    -- JSON [[part_number, etag, size, last_modified, {checksums}], ...]
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS completed_uploads_by_blob ON completed_uploads (blob_id);
+CREATE INDEX IF NOT EXISTS completed_uploads_by_time ON completed_uploads (completed);
+"""
+
+# Version 4: bucket configuration documents S3 stores whole (CORS, bucket
+# tagging, ...), and the versions of keys that are not current: noncurrent
+# versions and delete markers (``objects`` keeps each key's current version,
+# unless that is a delete marker, which is here with latest=1).
+_VERSION_4 = """
+CREATE TABLE IF NOT EXISTS bucket_configs (
+    bucket TEXT NOT NULL,
+    name   TEXT NOT NULL,   -- 'cors', 'tagging', ...
+    value  TEXT NOT NULL,   -- the document as the front stores it
+    PRIMARY KEY (bucket, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS versions (
+    bucket        TEXT NOT NULL,
+    key           TEXT NOT NULL,
+    seq           INTEGER NOT NULL,   -- order among the key's versions, larger is newer
+    size          INTEGER NOT NULL,
+    etag          TEXT NOT NULL,
+    last_modified REAL NOT NULL,
+    content_type  TEXT NOT NULL,
+    metadata      TEXT NOT NULL,
+    checksums     TEXT NOT NULL,
+    blob_id       TEXT NOT NULL,      -- '' for a delete marker
+    headers       TEXT NOT NULL,
+    version_id    TEXT NOT NULL,
+    lock_mode     TEXT NOT NULL,
+    lock_until    REAL NOT NULL,
+    legal_hold    INTEGER NOT NULL,
+    tags          TEXT NOT NULL,
+    delete_marker INTEGER NOT NULL,
+    latest        INTEGER NOT NULL,   -- 1: a delete marker that is the key's current version
+    PRIMARY KEY (bucket, key, seq)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS versions_by_id ON versions (bucket, key, version_id);
+"""
+
+#: ``version -> SQL`` that takes a catalog of that version to the next one. A
+#: fresh catalog (version 0) gets :data:`SCHEMA` and then every step. Each step
+#: is idempotent (``IF NOT EXISTS``). Append a step when bumping SCHEMA_VERSION.
+MIGRATIONS: dict[int, str] = {
+    1: _LIFECYCLE_TABLE,
+    2: _COMPLETED_UPLOADS_TABLE,
+    3: _VERSION_4,
+}
+
+#: Columns added after the first release: ``(table, column, declaration)``. Each
+#: is added with ``ALTER TABLE ... ADD COLUMN`` when ``PRAGMA table_info`` lacks
+#: it, so a catalog made by an older gpufeed opens unchanged otherwise (rows it
+#: holds read the declared default). Append here; never reorder or remove.
+_ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("objects", "headers", "TEXT NOT NULL DEFAULT ''"),    # JSON object of HTTP headers, '' when empty
+    ("uploads", "headers", "TEXT NOT NULL DEFAULT ''"),    # same, for the object being uploaded
+    ("parts", "checksums", "TEXT NOT NULL DEFAULT ''"),    # JSON {"crc32": b64, ...}, '' when empty
+    ("buckets", "kind", "TEXT NOT NULL DEFAULT 'standard'"),  # 'standard' | 'kv' (evicting cache bucket)
+    ("buckets", "capacity_bytes", "INTEGER NOT NULL DEFAULT 0"),  # kv: byte budget, 0 = unlimited
+    ("buckets", "ttl_s", "REAL NOT NULL DEFAULT 0"),          # kv: seconds an object lives after its write, 0 = forever
+    ("objects", "last_access", "REAL NOT NULL DEFAULT 0"),    # kv LRU: Unix s of the last read, flushed lazily
+    ("objects", "version_id", "TEXT NOT NULL DEFAULT 'null'"),
+    ("objects", "seq", "INTEGER NOT NULL DEFAULT 0"),         # as versions.seq
+    ("objects", "lock_mode", "TEXT NOT NULL DEFAULT ''"),     # '' | 'GOVERNANCE' | 'COMPLIANCE'
+    ("objects", "lock_until", "REAL NOT NULL DEFAULT 0"),     # retain-until, Unix s
+    ("objects", "legal_hold", "INTEGER NOT NULL DEFAULT 0"),
+    ("objects", "tags", "TEXT NOT NULL DEFAULT ''"),          # JSON object, '' when empty
+    ("buckets", "versioning", "TEXT NOT NULL DEFAULT ''"),    # '' | 'Enabled' | 'Suspended'
+    ("buckets", "object_lock", "INTEGER NOT NULL DEFAULT 0"),
+    ("buckets", "lock_mode", "TEXT NOT NULL DEFAULT ''"),     # default retention of new versions
+    ("buckets", "lock_days", "INTEGER NOT NULL DEFAULT 0"),
+    ("buckets", "lock_years", "INTEGER NOT NULL DEFAULT 0"),
+    ("uploads", "tags", "TEXT NOT NULL DEFAULT ''"),          # of the object the upload completes into
+    ("uploads", "lock", "TEXT NOT NULL DEFAULT ''"),          # JSON [mode, until, legal_hold], '' for none
+)
+
+
+def add_columns(w: sqlite3.Connection) -> None:
+    """Add the :data:`_ADDED_COLUMNS` a catalog lacks (inside the caller's transaction)."""
+    have: dict[str, set[str]] = {}
+    for table, column, decl in _ADDED_COLUMNS:
+        if table not in have:
+            have[table] = {row[1] for row in w.execute(f"PRAGMA table_info({table})")}
+        if column not in have[table]:
+            w.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            have[table].add(column)
