@@ -5,7 +5,7 @@ No network here; the S3 front (``gpufeed.s3``) and the fast path
 
 On-disk layout under ``data_dir``::
 
-    catalog.sqlite3          buckets, objects, uploads, parts (WAL mode)
+    catalog.sqlite3          buckets, object versions, uploads, parts (WAL mode)
     blobs/ab/cd/<blob_id>    one immutable file per object version (blob_id = uuid4 hex)
     uploads/<upload_id>/<part_number:05d>.<id>   multipart parts (a fresh <id>
                              per upload of a part, so a re-upload never overwrites
@@ -43,6 +43,9 @@ the fronts call, which delegates to:
   hashing) and the object commit (publish the blob, commit its row).
 - :mod:`._kvpolicy`: capacity, LRU and TTL of kv buckets, as hooks the
   engine calls on read, commit and delete.
+- :mod:`._versions`: object versions, delete markers, object lock and tags
+  (the rules); :mod:`._versioning` holds the calls that name versions, mixed
+  into :class:`Engine`.
 - :mod:`._multipart`: uploads, parts and their completion.
 - :mod:`._lifecycle`: bucket lifecycle rules and the pass that applies them.
 - :mod:`._listing`: paging through keys.
