@@ -78,13 +78,28 @@ def test_second_node_on_same_folder_names_the_holder(tmp_path):
         second = _serve(tmp_path / "d")
         _, err = second.communicate(timeout=60)
         assert second.returncode == 1
-        assert "in use by another Engine" in err.decode()
+        assert "DataFolderInUse: data folder" in err.decode() and "in use by another gpufeed node" in err.decode()
         assert f"process {first.pid}" in err.decode(), err
     finally:
         assert first.stop() == 0
     # the holder's pid does not outlive it: a later node starts cleanly
     again = start_node(tmp_path / "d")
     assert again.stop() == 0
+
+
+def test_taken_port_is_named_and_leaves_no_data_folder(tmp_path):
+    """A node whose S3 port is taken says which port, exits 1 and removes the folder it made."""
+    first = start_node(tmp_path / "d")
+    try:
+        port = first.s3_url.rsplit(":", 1)[1]
+        second = _serve(tmp_path / "new", "--s3-port", port)
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 1
+        assert f"cannot listen for S3 on 127.0.0.1:{port}" in err.decode(), err
+        assert "Traceback" not in err.decode()
+        assert not (tmp_path / "new").exists()
+    finally:
+        assert first.stop() == 0
 
 
 def test_access_log_on_stdout_and_error_log_with_request_ids(tmp_path):

@@ -28,6 +28,7 @@ Tree::
     │   ├── BucketAlreadyOwnedByYou
     │   ├── BucketNotEmpty
     │   ├── InvalidBucketState
+    │   ├── DataFolderInUse   (another node holds the data folder; not an S3 answer)
     │   └── PreconditionFailed
     ├── InvalidRequestError (ValueError)
     │   ├── InvalidBucketName
@@ -90,6 +91,7 @@ __all__ = [
     "BucketAlreadyOwnedByYou",
     "BucketNotEmpty",
     "InvalidBucketState",
+    "DataFolderInUse",
     "PreconditionFailed",
     "InvalidRequestError",
     "InvalidBucketName",
@@ -229,6 +231,11 @@ class BucketNotEmpty(ConflictError):
 class InvalidBucketState(ConflictError):
     """The request does not fit the bucket's state (suspending versioning under object lock, ...)."""
     code, status = "InvalidBucketState", 409
+
+
+class DataFolderInUse(ConflictError):
+    """Another engine (another node process) has the data folder open; the message names its pid."""
+    code, status = "DataFolderInUse", 409
 
 
 class PreconditionFailed(ConflictError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,21 +140,40 @@ class Node:
     def start(self) -> Endpoints:
         """Open the engine and start every endpoint; returns where they listen.
 
+        A start that fails stops what it started, and removes the data
+        folder when this start created it (a mistyped port leaves nothing behind).
+
         Raises:
-            OSError: a port or socket path is taken.
+            OSError: a port or socket path is taken (the message names which).
+            DataFolderInUse: another node has the data folder open.
         """
+        cfg = self.config
+        data_dir = Path(cfg.data_dir).resolve()
+        created = not data_dir.exists()
+        try:
+            return self._start(data_dir)
+        except BaseException:
+            self.stop()
+            if created:
+                shutil.rmtree(data_dir, ignore_errors=True)
+            raise
+
+    def _start(self, data_dir: Path) -> Endpoints:
         from .s3 import start_s3
         from .wire.server import WireServer
 
         cfg = self.config
-        data_dir = Path(cfg.data_dir).resolve()
         make_private_dirs(data_dir)
         sock = cfg.resolved_socket_path
         if sock and Path(sock).resolve().parent.is_relative_to(data_dir):
             make_private_dirs(Path(sock).resolve().parent)  # the socket's folder is private too
         self.engine = engine = Engine(cfg.data_dir, fsync=cfg.fsync)
         self._wire = wire = WireServer(engine, cfg)
-        tcp_port = wire.start()
+        try:
+            tcp_port = wire.start()
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen for the fast path on {cfg.host}:{cfg.port} "
+                                     f"or {sock or 'no socket'}: {exc.strerror}") from exc
 
         self._loop = loop = asyncio.new_event_loop()
         started = threading.Event()
@@ -174,8 +194,10 @@ class Node:
         self._loop_thread.start()
         started.wait()
         if "error" in result:
-            wire.stop()
-            raise result["error"]
+            err = result["error"]
+            if isinstance(err, OSError):
+                raise OSError(err.errno, f"cannot listen for S3 on {cfg.host}:{cfg.s3_port}: {err.strerror}") from err
+            raise err
         self._runner = result["runner"]
         if cfg.lifecycle_interval_s > 0:
             self._lifecycle = LifecycleWorker(engine, cfg.lifecycle_interval_s, cfg.abort_idle_uploads_s)

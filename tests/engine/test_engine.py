@@ -24,6 +24,7 @@ from gpufeed.errors import (
     BadDigest,
     BucketAlreadyOwnedByYou,
     BucketNotEmpty,
+    DataFolderInUse,
     EntityTooSmall,
     IncompleteBody,
     InternalError,
@@ -759,7 +760,7 @@ def test_data_survives_reopen(tmp_path):
 
 def test_one_engine_per_data_dir(tmp_path):
     e = Engine(tmp_path, fsync=False)
-    with pytest.raises(InternalError):
+    with pytest.raises(DataFolderInUse, match=f"process {os.getpid()}"):
         Engine(tmp_path, fsync=False)
     e.close()
     e.close()  # idempotent

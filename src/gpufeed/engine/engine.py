@@ -64,6 +64,7 @@ from typing import BinaryIO
 from ..errors import (
     BucketAlreadyOwnedByYou,
     BucketNotEmpty,
+    DataFolderInUse,
     InternalError,
     InvalidArgument,
 )
@@ -96,9 +97,10 @@ class Engine(VersionedObjects, ObjectReads):
             survive a process crash, but not a power loss.
 
     Raises:
-        InternalError: ``data_dir`` is in use by another open Engine (an
+        DataFolderInUse: ``data_dir`` is in use by another open Engine (an
             exclusive ``flock`` on ``data_dir/lock``, which holds the pid of
-            its process; the message names it), or the catalog cannot be opened.
+            its process; the message names it).
+        InternalError: the catalog cannot be opened.
 
     All methods raise the typed errors of :mod:`gpufeed.errors`. Usable as a
     context manager (closes on exit).
@@ -114,7 +116,7 @@ class Engine(VersionedObjects, ObjectReads):
             holder = os.pread(self._lock_fd, 32, 0).decode("ascii", "replace").strip()
             os.close(self._lock_fd)
             by = f" (process {holder})" if holder.isdigit() else ""
-            raise InternalError(f"{self.data_dir} is in use by another Engine{by}") from exc
+            raise DataFolderInUse(f"data folder {self.data_dir} is in use by another gpufeed node{by}") from exc
         # The holder's pid, for the message above in whoever tries next.
         os.ftruncate(self._lock_fd, 0)
         os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
