@@ -17,6 +17,8 @@ Tree::
     │   ├── NoSuchVersion
     │   ├── NoSuchObjectLockConfiguration  (a version with no retention / legal hold)
     │   ├── ObjectLockConfigurationNotFoundError  (a bucket without object lock)
+    │   ├── NoSuchTenant
+    │   ├── NoSuchAccessKey
     │   └── NoSuchConfiguration  (its code names the configuration: NoSuchBucketPolicy, ...)
     ├── AccessError (PermissionError)
     │   ├── AccessDenied
@@ -29,12 +31,16 @@ Tree::
     │   ├── BucketNotEmpty
     │   ├── InvalidBucketState
     │   ├── DataFolderInUse   (another node holds the data folder; not an S3 answer)
+    │   ├── TenantAlreadyExists
+    │   ├── TenantNotEmpty    (it still owns buckets)
+    │   ├── BucketAlreadyExists  (the name is another tenant's)
     │   └── PreconditionFailed
     ├── InvalidRequestError (ValueError)
     │   ├── InvalidBucketName
     │   ├── KeyTooLong
     │   ├── InvalidArgument
     │   ├── InvalidTag
+    │   ├── InvalidTenantName
     │   ├── InvalidRange
     │   │   └── InvalidCopySourceRange  (400, code InvalidRange)
     │   ├── BadDigest
@@ -82,6 +88,12 @@ __all__ = [
     "NoSuchVersion",
     "NoSuchObjectLockConfiguration",
     "ObjectLockConfigurationNotFoundError",
+    "NoSuchTenant",
+    "NoSuchAccessKey",
+    "TenantAlreadyExists",
+    "TenantNotEmpty",
+    "BucketAlreadyExists",
+    "InvalidTenantName",
     "AccessError",
     "AccessDenied",
     "InvalidAccessKeyId",
@@ -195,6 +207,14 @@ class ObjectLockConfigurationNotFoundError(NotFoundError):
     code, status = "ObjectLockConfigurationNotFoundError", 404
 
 
+class NoSuchTenant(NotFoundError):
+    code, status = "NoSuchTenant", 404
+
+
+class NoSuchAccessKey(NotFoundError):
+    code, status = "NoSuchAccessKey", 404
+
+
 class AccessError(GpufeedError, PermissionError):
     code, status = "AccessDenied", 403
 
@@ -238,6 +258,20 @@ class DataFolderInUse(ConflictError):
     code, status = "DataFolderInUse", 409
 
 
+class TenantAlreadyExists(ConflictError):
+    code, status = "TenantAlreadyExists", 409
+
+
+class TenantNotEmpty(ConflictError):
+    """The tenant still owns buckets."""
+    code, status = "TenantNotEmpty", 409
+
+
+class BucketAlreadyExists(ConflictError):
+    """The bucket name is taken by another tenant."""
+    code, status = "BucketAlreadyExists", 409
+
+
 class PreconditionFailed(ConflictError):
     code, status = "PreconditionFailed", 412
 
@@ -261,6 +295,10 @@ class InvalidArgument(InvalidRequestError):
 class InvalidTag(InvalidRequestError):
     """A tag set over S3's limits (count, key or value length) or with a reserved key."""
     code, status = "InvalidTag", 400
+
+
+class InvalidTenantName(InvalidRequestError):
+    code, status = "InvalidTenantName", 400
 
 
 class InvalidRange(InvalidRequestError):

@@ -77,8 +77,8 @@ CREATE INDEX IF NOT EXISTS completed_uploads_by_blob ON completed_uploads (blob_
 CREATE INDEX IF NOT EXISTS completed_uploads_by_time ON completed_uploads (completed);
 """
 
-# Version 4: bucket configuration documents S3 stores whole (CORS, bucket
-# tagging, ...), and the versions of keys that are not current: noncurrent
+# Version 4: tenants and their access keys; bucket configuration documents S3
+# stores whole (CORS, bucket tagging, ...); and the versions of keys that are not current: noncurrent
 # versions and delete markers (``objects`` keeps each key's current version,
 # unless that is a delete marker, which is here with latest=1).
 _VERSION_4 = """
@@ -110,6 +110,18 @@ CREATE TABLE IF NOT EXISTS versions (
     PRIMARY KEY (bucket, key, seq)
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS versions_by_id ON versions (bucket, key, version_id);
+CREATE TABLE IF NOT EXISTS tenants (
+    name    TEXT PRIMARY KEY,
+    created REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS access_keys (
+    access_key TEXT PRIMARY KEY,
+    tenant     TEXT NOT NULL,
+    secret     TEXT NOT NULL,      -- the secret key encrypted with the node's master key (base64)
+    created    REAL NOT NULL,
+    revoked    REAL NOT NULL       -- Unix s of the revocation, 0 while valid
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS access_keys_by_tenant ON access_keys (tenant, created);
 """
 
 #: ``version -> SQL`` that takes a catalog of that version to the next one. A
@@ -144,6 +156,7 @@ _ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("buckets", "lock_mode", "TEXT NOT NULL DEFAULT ''"),     # default retention of new versions
     ("buckets", "lock_days", "INTEGER NOT NULL DEFAULT 0"),
     ("buckets", "lock_years", "INTEGER NOT NULL DEFAULT 0"),
+    ("buckets", "owner", "TEXT NOT NULL DEFAULT ''"),         # tenant name; '' = the default tenant
     ("uploads", "tags", "TEXT NOT NULL DEFAULT ''"),          # of the object the upload completes into
     ("uploads", "lock", "TEXT NOT NULL DEFAULT ''"),          # JSON [mode, until, legal_hold], '' for none
 )

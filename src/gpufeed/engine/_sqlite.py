@@ -30,7 +30,7 @@ from ..errors import InternalError, InvalidArgument
 from ._private import create_private_file
 from ._schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, add_columns
 from .catalog import Catalog, CatalogReader, CatalogWriter, CompletedUpload, LiveFiles, ObjectUse, PartRecord
-from .types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, Retention, UploadInfo
+from .types import AccessKeyInfo, BucketInfo, LifecycleRule, ObjectInfo, PartInfo, Retention, TenantInfo, UploadInfo
 
 __all__ = ["SqliteCatalog", "SCHEMA_VERSION"]
 
@@ -39,7 +39,7 @@ _BUSY_TIMEOUT_S = 30.0
 
 
 _BUCKET_COLS = ("SELECT name, created, kind, capacity_bytes, ttl_s, versioning, object_lock, lock_mode,"
-                " lock_days, lock_years FROM buckets")
+                " lock_days, lock_years, owner FROM buckets")
 #: The columns of a version after its key, in :meth:`_Reads._object_info` order.
 _VERSION_COLS = ("size, etag, last_modified, content_type, metadata, checksums, blob_id, headers,"
                  " version_id, seq, lock_mode, lock_until, legal_hold, tags")
@@ -82,8 +82,8 @@ def _no_path(blob_id: str) -> str:
 
 
 def _bucket(row) -> BucketInfo:
-    name, created, kind, cap, ttl, versioning, lock, mode, days, years = row
-    return BucketInfo(name, created, kind, cap, ttl, versioning, bool(lock), mode, days, years)
+    name, created, kind, cap, ttl, versioning, lock, mode, days, years, owner = row
+    return BucketInfo(name, created, kind, cap, ttl, versioning, bool(lock), mode, days, years, owner)
 
 
 def _lock_dumps(r: Retention) -> str:
@@ -252,6 +252,24 @@ class _Reads(CatalogReader):
         rows = self._conn().execute("SELECT bucket, rules FROM lifecycle ORDER BY bucket").fetchall()
         return {b: _rules_loads(r) for b, r in rows}
 
+    def tenant(self, name: str) -> TenantInfo | None:
+        rows = self._conn().execute("SELECT name, created FROM tenants WHERE name=?", (name,)).fetchall()
+        return TenantInfo(*rows[0]) if rows else None
+
+    def tenants(self) -> list[TenantInfo]:
+        return [TenantInfo(*r) for r in self._conn().execute("SELECT name, created FROM tenants ORDER BY name")]
+
+    def access_key(self, access_key: str) -> tuple[AccessKeyInfo, str] | None:
+        rows = self._conn().execute("SELECT access_key, tenant, created, revoked, secret FROM access_keys"
+                                    " WHERE access_key=?", (access_key,)).fetchall()
+        return (AccessKeyInfo(*rows[0][:4]), rows[0][4]) if rows else None
+
+    def access_keys(self, tenant: str | None = None) -> list[AccessKeyInfo]:
+        sql = "SELECT access_key, tenant, created, revoked FROM access_keys"
+        rows = self._conn().execute(sql + " ORDER BY tenant, created, access_key") if tenant is None else \
+            self._conn().execute(sql + " WHERE tenant=? ORDER BY created, access_key", (tenant,))
+        return [AccessKeyInfo(*r) for r in rows]
+
     def bucket_config(self, bucket: str, name: str) -> str | None:
         rows = self._conn().execute("SELECT value FROM bucket_configs WHERE bucket=? AND name=?",
                                     (bucket, name)).fetchall()
@@ -299,9 +317,24 @@ class _Writer(_View, CatalogWriter):
     def insert_bucket(self, info: BucketInfo) -> None:
         self._c.execute(
             "INSERT INTO buckets (name, created, kind, capacity_bytes, ttl_s, versioning, object_lock, lock_mode,"
-            " lock_days, lock_years) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " lock_days, lock_years, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (info.name, info.created, info.kind, info.capacity_bytes, info.ttl_s, info.versioning,
-             int(info.object_lock), info.lock_mode, info.lock_days, info.lock_years))
+             int(info.object_lock), info.lock_mode, info.lock_days, info.lock_years, info.owner))
+
+    def insert_tenant(self, info: TenantInfo) -> None:
+        self._c.execute("INSERT INTO tenants (name, created) VALUES (?, ?)", (info.name, info.created))
+
+    def delete_tenant(self, name: str) -> None:
+        self._c.execute("DELETE FROM access_keys WHERE tenant=?", (name,))
+        self._c.execute("DELETE FROM tenants WHERE name=?", (name,))
+
+    def insert_access_key(self, info: AccessKeyInfo, sealed_secret: str) -> None:
+        self._c.execute("INSERT INTO access_keys (access_key, tenant, secret, created, revoked) VALUES (?, ?, ?, ?, ?)",
+                        (info.access_key, info.tenant, sealed_secret, info.created, info.revoked))
+
+    def revoke_access_key(self, access_key: str, when: float) -> bool:
+        return self._c.execute("UPDATE access_keys SET revoked=? WHERE access_key=? AND revoked=0",
+                               (when, access_key)).rowcount > 0
 
     def set_bucket_versioning(self, name: str, state: str) -> None:
         self._c.execute("UPDATE buckets SET versioning=? WHERE name=?", (state, name))

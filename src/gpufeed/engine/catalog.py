@@ -35,7 +35,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from ..errors import NoSuchBucket
-from .types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, UploadInfo
+from .types import AccessKeyInfo, BucketInfo, LifecycleRule, ObjectInfo, PartInfo, TenantInfo, UploadInfo
 
 __all__ = [
     "Catalog", "CatalogReader", "CatalogWriter", "PartRecord", "CompletedUpload", "ObjectUse", "LiveFiles",
@@ -214,6 +214,23 @@ class CatalogReader(ABC):
     def lifecycles(self) -> dict[str, list[LifecycleRule]]:
         """``bucket -> rules`` of every bucket that has a lifecycle configuration."""
 
+    # tenants and access keys --------------------------------------------------
+    @abstractmethod
+    def tenant(self, name: str) -> TenantInfo | None:
+        """The tenant ``name``, or ``None``."""
+
+    @abstractmethod
+    def tenants(self) -> list[TenantInfo]:
+        """Every tenant the catalog holds, by name."""
+
+    @abstractmethod
+    def access_key(self, access_key: str) -> tuple[AccessKeyInfo, str] | None:
+        """The key and its sealed secret as stored, or ``None`` (revoked keys included)."""
+
+    @abstractmethod
+    def access_keys(self, tenant: str | None = None) -> list[AccessKeyInfo]:
+        """The keys of ``tenant`` (of every tenant when ``None``), oldest first, revoked ones included."""
+
     # bucket configuration documents -------------------------------------------
     @abstractmethod
     def bucket_config(self, bucket: str, name: str) -> str | None:
@@ -247,6 +264,26 @@ class CatalogWriter(CatalogReader):
     @abstractmethod
     def set_bucket_limits(self, name: str, capacity_bytes: int, ttl_s: float) -> None:
         """Change a bucket's ``capacity_bytes`` and ``ttl_s``."""
+
+    @abstractmethod
+    def insert_tenant(self, info: TenantInfo) -> None:
+        """Add a tenant (the caller checked the name is free)."""
+
+    @abstractmethod
+    def delete_tenant(self, name: str) -> None:
+        """Remove a tenant and every access key of it (the caller checked it owns no bucket)."""
+
+    @abstractmethod
+    def insert_access_key(self, info: AccessKeyInfo, sealed_secret: str) -> None:
+        """Add an access key with its secret sealed by the engine (stored as given)."""
+
+    @abstractmethod
+    def revoke_access_key(self, access_key: str, when: float) -> bool:
+        """Mark a valid key revoked at ``when`` (Unix s).
+
+        Returns:
+            Whether a valid key was revoked.
+        """
 
     @abstractmethod
     def set_bucket_versioning(self, name: str, state: str) -> None:

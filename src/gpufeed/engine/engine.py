@@ -56,17 +56,20 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import (
+    BucketAlreadyExists,
     BucketAlreadyOwnedByYou,
     BucketNotEmpty,
     DataFolderInUse,
     InternalError,
     InvalidArgument,
+    NoSuchTenant,
 )
 from ._blobs import BlobFiles
 from ._kvpolicy import KVBucketPolicy, check_policy
@@ -77,15 +80,26 @@ from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_text
 from ._private import FILE_MODE, check_private, make_private_dirs
 from ._reads import ObjectReads
 from ._sqlite import SqliteCatalog
+from ._tenants import MasterKey, TenantAdmin, check_tenant_name, owner_of
 from ._versioning import VersionedObjects
 from ._writes import PendingWrite, WritePath, check_hash_kind, feed
 from .catalog import Catalog, require_bucket
-from .types import BucketInfo, LifecycleResult, LifecycleRule, ListResult, ObjectInfo, PartInfo, Retention, UploadInfo
+from .types import (
+    DEFAULT_TENANT,
+    BucketInfo,
+    LifecycleResult,
+    LifecycleRule,
+    ListResult,
+    ObjectInfo,
+    PartInfo,
+    Retention,
+    UploadInfo,
+)
 
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
 
-class Engine(VersionedObjects, ObjectReads):
+class Engine(VersionedObjects, TenantAdmin, ObjectReads):
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
@@ -95,6 +109,8 @@ class Engine(VersionedObjects, ObjectReads):
         fsync: fsync data, directories and catalog before a write returns
             (``synchronous=FULL``); with ``False`` writes are still atomic and
             survive a process crash, but not a power loss.
+        master_key: 32 bytes that seal access key secrets; ``None`` uses
+            ``data_dir/master.key`` (made on first use; see :mod:`._tenants`).
 
     Raises:
         DataFolderInUse: ``data_dir`` is in use by another open Engine (an
@@ -106,7 +122,7 @@ class Engine(VersionedObjects, ObjectReads):
     context manager (closes on exit).
     """
 
-    def __init__(self, data_dir: str | Path, *, fsync: bool = True) -> None:
+    def __init__(self, data_dir: str | Path, *, fsync: bool = True, master_key: bytes | None = None) -> None:
         self.data_dir = Path(data_dir).resolve()
         make_private_dirs(self.data_dir)
         self._lock_fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
@@ -129,6 +145,11 @@ class Engine(VersionedObjects, ObjectReads):
             os.close(self._lock_fd)
             raise
         self._closed = False
+        self._master = MasterKey(self.data_dir, master_key)
+        self._key_cache: dict[str, tuple[str, str] | None] = {}
+        self._key_cache_lock = threading.Lock()
+        self._key_gen = 0
+        self._owners: dict[str, str] = {}  # bucket -> tenant, see bucket_owner
         #: What the start-up sweep removed: ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
         self.recovered = self._recover()
         #: Warnings about folders or files in ``data_dir`` that other local users
@@ -165,7 +186,7 @@ class Engine(VersionedObjects, ObjectReads):
 
     # buckets -----------------------------------------------------------
     def create_bucket(self, name: str, *, kind: str = "standard", capacity_bytes: int = 0,
-                      ttl_s: float = 0.0, object_lock: bool = False) -> BucketInfo:
+                      ttl_s: float = 0.0, object_lock: bool = False, owner: str = DEFAULT_TENANT) -> BucketInfo:
         """Create a bucket.
 
         A ``"kv"`` bucket is a cache: a put never fails for lack of room.
@@ -187,13 +208,16 @@ class Engine(VersionedObjects, ObjectReads):
             ttl_s: kv: seconds an object lives after its last write; 0 = forever.
             object_lock: make the bucket with object lock (WORM; its versioning
                 is ``"Enabled"`` for good); standard buckets only.
+            owner: the tenant that owns it.
 
         Returns:
             The new bucket.
 
         Raises:
             InvalidBucketName: the name breaks an S3 naming rule.
-            BucketAlreadyOwnedByYou: it exists already.
+            BucketAlreadyOwnedByYou: it exists already, owned by ``owner``.
+            BucketAlreadyExists: it exists, owned by another tenant.
+            NoSuchTenant: no tenant ``owner``.
             InvalidArgument: an unknown kind, negative limits, a kv bucket with
                 neither limit or with object lock, or a standard bucket with a limit.
         """
@@ -201,10 +225,19 @@ class Engine(VersionedObjects, ObjectReads):
         capacity_bytes, ttl_s = check_policy(kind, capacity_bytes, ttl_s)
         if object_lock and kind != "standard":
             raise InvalidArgument("only standard buckets can have object lock")
+        check_tenant_name(owner)
         info = BucketInfo(name, time.time(), kind, capacity_bytes, ttl_s,
-                          versioning="Enabled" if object_lock else "", object_lock=bool(object_lock))
+                          versioning="Enabled" if object_lock else "", object_lock=bool(object_lock),
+                          owner="" if owner == DEFAULT_TENANT else owner)
         with self._cat.write() as w:
-            if w.bucket(name) is not None:
+            if owner != DEFAULT_TENANT and w.tenant(owner) is None:
+                raise NoSuchTenant(f"tenant {owner!r} does not exist")
+            have = w.bucket(name)
+            if have is not None and owner_of(have.owner) != owner:
+                raise BucketAlreadyExists("The requested bucket name is not available. The bucket namespace is "
+                                          "shared by all users of the system. Please select a different name "
+                                          "and try again.", bucket=name)
+            if have is not None:
                 raise BucketAlreadyOwnedByYou(f"bucket {name!r} exists", bucket=name)
             w.insert_bucket(info)
             self._kv.on_create_bucket(w, info)
@@ -267,6 +300,25 @@ class Engine(VersionedObjects, ObjectReads):
                 raise BucketNotEmpty(f"bucket {name!r} has multipart uploads in progress", bucket=name)
             w.delete_bucket(name)
             self._kv.on_delete_bucket(w, name)
+            w.on_commit(lambda: self._forget_owner(name))
+
+    def bucket_owner(self, name: str) -> str:
+        """The tenant owning bucket ``name`` (answered from memory after the
+        first lookup; a deleted bucket is forgotten at its commit).
+
+        Raises:
+            NoSuchBucket: it does not exist.
+        """
+        owner = self._owners.get(name)
+        if owner is None:
+            owner = owner_of(require_bucket(self._cat, name).owner)
+            if len(self._owners) > 100_000:
+                self._owners.clear()
+            self._owners[name] = owner
+        return owner
+
+    def _forget_owner(self, name: str) -> None:
+        self._owners.pop(name, None)
 
     def head_bucket(self, name: str) -> BucketInfo:
         """Look a bucket up.
@@ -276,9 +328,10 @@ class Engine(VersionedObjects, ObjectReads):
         """
         return require_bucket(self._cat, name)
 
-    def list_buckets(self) -> list[BucketInfo]:
-        """All buckets, sorted by name."""
-        return self._cat.buckets()
+    def list_buckets(self, owner: str | None = None) -> list[BucketInfo]:
+        """The buckets of tenant ``owner`` (every bucket when ``None``), sorted by name."""
+        buckets = self._cat.buckets()
+        return buckets if owner is None else [b for b in buckets if owner_of(b.owner) == owner]
 
     # objects -----------------------------------------------------------
     def begin_put(self, bucket: str, key: str, *, etag: str = "md5") -> PendingWrite:

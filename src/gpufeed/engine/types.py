@@ -6,8 +6,12 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "BucketInfo", "ObjectInfo", "ListResult", "UploadInfo", "PartInfo", "LifecycleRule", "LifecycleResult",
-    "DeleteResult", "VersionListResult", "Retention", "VERSIONING_STATES", "LOCK_MODES",
+    "DeleteResult", "VersionListResult", "Retention", "VERSIONING_STATES", "LOCK_MODES", "TenantInfo",
+    "AccessKeyInfo", "DEFAULT_TENANT",
 ]
+
+#: The tenant that owns buckets made without one, and the node's configured key.
+DEFAULT_TENANT = "default"
 
 #: Bucket versioning states: ``""`` (never enabled: every object is version
 #: ``null`` and a put replaces it), ``"Enabled"``, ``"Suspended"``.
@@ -35,6 +39,7 @@ class BucketInfo:
             ``"COMPLIANCE"``), ``""`` for none.
         lock_days, lock_years: default retention period; one of them is
             non-zero when ``lock_mode`` is set.
+        owner: the tenant owning the bucket (:data:`DEFAULT_TENANT` for ``""``).
     """
 
     name: str
@@ -47,6 +52,7 @@ class BucketInfo:
     lock_mode: str = ""
     lock_days: int = 0
     lock_years: int = 0
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,3 +251,33 @@ class LifecycleResult:
 
     expired_objects: int = 0
     aborted_uploads: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TenantInfo:
+    """A tenant: a name owning buckets and access keys.
+
+    Attributes:
+        name: 1-63 of ``[a-z0-9_-]``, starting with a letter or digit.
+        created: Unix s.
+    """
+
+    name: str
+    created: float
+
+
+@dataclass(frozen=True, slots=True)
+class AccessKeyInfo:
+    """An access key as listed (never its secret).
+
+    Attributes:
+        access_key: the access key id (20 upper-case letters and digits, ``GF`` first).
+        tenant: the tenant it acts for.
+        created: Unix s.
+        revoked: Unix s of its revocation; 0 while it is valid.
+    """
+
+    access_key: str
+    tenant: str
+    created: float
+    revoked: float = 0.0

@@ -27,7 +27,7 @@ from ._accesslog import AccessLog
 from ._auth import AuthResult, verify_request
 from ._context import MAX_XML, HandlerTable, S3Request, Services
 from ._headers import quote_etag
-from ._router import Target, parse_target, route
+from ._router import BucketEndpoint, CreateBucket, Endpoint, PostObject, Target, parse_target, route
 from ._server import (
     AUTH,
     ERROR_CODE,
@@ -41,6 +41,7 @@ from ._server import (
     error_response,
     new_request_id,
 )
+from ._tenancy import CURRENT_TENANT, check_owner
 from ._xml import http_date
 
 __all__ = ["S3Front", "make_app", "start_s3", "error_response", "HANDLERS"]
@@ -121,6 +122,24 @@ class S3Front(Services):
                 "The request signature we calculated does not match the signature you provided. "
                 "Check your key and signing method.") from exc
 
+    def _authorize(self, auth: AuthResult, endpoint: Endpoint) -> None:
+        """Set the request's tenant and refuse a bucket (or copy source) it does not own.
+
+        A form POST is authenticated later, by its policy's signature
+        (:mod:`._post` checks the owner then).
+
+        Raises:
+            NoSuchBucket: the bucket does not exist.
+            AccessDenied: another tenant owns it.
+        """
+        tenant = self.credentials.tenant_of(auth.access_key) if auth.access_key else None
+        CURRENT_TENANT.set(tenant)
+        if isinstance(endpoint, BucketEndpoint) and not isinstance(endpoint, (CreateBucket, PostObject)):
+            check_owner(self.engine, endpoint.bucket, tenant)
+            source = getattr(endpoint, "source_bucket", None)
+            if source is not None:
+                check_owner(self.engine, source, tenant)
+
     async def expect(self, request: web.BaseRequest) -> web.StreamResponse | None:
         """aiohttp expect handler: answer ``Expect: 100-continue`` only once the
         signature holds, so an unauthenticated client is refused before it sends
@@ -154,6 +173,7 @@ class S3Front(Services):
             auth = request.get(AUTH) or self._verify(request, target)
             request[AUTH] = auth
             endpoint = route(target)
+            self._authorize(auth, endpoint)
             handler = HANDLERS[type(endpoint)]
             return await handler(self, S3Request(request, target, auth), endpoint)
         except NotModified as exc:

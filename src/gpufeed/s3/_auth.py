@@ -20,6 +20,7 @@ import hmac
 import re
 import time
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import quote, unquote, urlsplit
 
 from botocore.auth import HmacV1Auth, SigV4Auth
@@ -38,7 +39,7 @@ from ..errors import (
     SignatureDoesNotMatch,
 )
 
-__all__ = ["AuthResult", "verify_request", "chunk_signature", "EMPTY_SHA256"]
+__all__ = ["AuthResult", "SecretLookup", "verify_request", "chunk_signature", "EMPTY_SHA256"]
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -51,6 +52,13 @@ _AUTH_RE = re.compile(
     r"^AWS4-HMAC-SHA256\s+Credential=(?P<cred>[^,\s]+)\s*,\s*"
     r"SignedHeaders=(?P<signed>[^,\s]+)\s*,\s*Signature=(?P<sig>[0-9a-fA-F]+)\s*$"
 )
+
+
+class SecretLookup(Protocol):
+    """What the verifier asks of the accepted keys."""
+
+    def get(self, access_key: str, default: None = None, /) -> str | None:
+        """The secret of a valid key, else ``None``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +344,7 @@ def verify_request(
     raw_path: str,
     raw_query: str,
     headers,
-    credentials: dict[str, str],
+    credentials: SecretLookup,
     now_s: float | None = None,
     virtual_bucket: str | None = None,
 ) -> AuthResult:
@@ -347,7 +355,7 @@ def verify_request(
         raw_path: the request path exactly as on the wire (still percent-encoded).
         raw_query: the query string as on the wire, without ``?``.
         headers: case-insensitive multi-dict of request headers.
-        credentials: ``{access_key: secret_key}`` accepted.
+        credentials: gives the secret of a valid key (``.get``), else ``None``.
         now_s: current Unix time, seconds (for tests).
         virtual_bucket: the bucket named by the Host header (signature version 2
             signs ``/bucket/key`` even for virtual-hosted requests).

@@ -11,6 +11,7 @@ import binascii
 
 from aiohttp import web
 
+from ..engine.types import DEFAULT_TENANT
 from ..errors import BucketAlreadyOwnedByYou, InvalidArgument, MalformedXML
 from ._context import HandlerTable, S3Request, Services
 from ._features import check_create_bucket_headers
@@ -23,6 +24,7 @@ from ._router import (
     HeadBucket,
     ListBuckets,
 )
+from ._tenancy import CURRENT_TENANT
 from ._xml import element, iso8601, local, parse_xml, sub
 
 __all__ = ["HANDLERS"]
@@ -72,7 +74,7 @@ async def list_buckets(s: Services, req: S3Request, ep: ListBuckets) -> web.Resp
             limit = 0
         if not 1 <= limit <= _MAX_BUCKETS:
             raise InvalidArgument("Argument max-buckets must be an integer between 1 and 10000")
-    buckets = await s.call(s.engine.list_buckets)
+    buckets = await s.call(s.engine.list_buckets, CURRENT_TENANT.get() or "")
     region = q.get("bucket-region")
     chosen = [b for b in buckets if b.name.startswith(prefix) and b.name > after
               and region in (None, s.config.region)]
@@ -131,7 +133,7 @@ async def create_bucket(s: Services, req: S3Request, ep: CreateBucket) -> web.Re
     except ValueError as exc:
         raise InvalidArgument(f"bad x-gpufeed bucket policy header: {exc}") from exc
     try:
-        await s.call(s.engine.create_bucket, ep.bucket, **policy)
+        await s.call(s.engine.create_bucket, ep.bucket, owner=CURRENT_TENANT.get() or DEFAULT_TENANT, **policy)
     except BucketAlreadyOwnedByYou:
         if s.config.region != "us-east-1":
             raise

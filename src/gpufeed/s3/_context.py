@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,7 @@ from ._auth import AuthResult
 from ._body import RequestBody, stream_body
 from ._headers import content_md5
 from ._router import Endpoint, Target
+from ._tenancy import CURRENT_TENANT, KeyRing, owner_identity
 from ._xml import element, sub, to_bytes
 
 __all__ = ["Services", "S3Request", "Handler", "HandlerTable", "MAX_XML"]
@@ -76,7 +76,7 @@ class Services:
     def __init__(self, engine: Engine, config: NodeConfig) -> None:
         self.engine = engine
         self.config = config
-        self.credentials = {config.access_key: config.secret_key}
+        self.credentials = KeyRing(config, engine)
         self.executor = ThreadPoolExecutor(
             max_workers=max(4, config.io_threads), thread_name_prefix="gpufeed-s3"
         )
@@ -85,7 +85,6 @@ class Services:
         self.body_executor = ThreadPoolExecutor(
             max_workers=max(4, config.io_threads), thread_name_prefix="gpufeed-s3-body"
         )
-        self.owner_id = hashlib.sha256(config.access_key.encode()).hexdigest()
 
     async def call(self, fn, *args, **kwargs):
         """Run a blocking function on the front's thread pool."""
@@ -104,11 +103,18 @@ class Services:
         return web.Response(status=status, body=to_bytes(root), content_type="application/xml",
                             headers=headers)
 
+    @property
+    def owner_id(self) -> str:
+        """The canonical user ID of the requester's tenant (the owner of what it reaches)."""
+        return owner_identity(self.config, CURRENT_TENANT.get())[0]
+
     def owner(self, parent, tag: str = "Owner") -> None:
-        """Append the node's one owner (``ID`` and ``DisplayName``) as ``tag``."""
+        """Append the requester's tenant (``ID`` and ``DisplayName``) as ``tag``:
+        a tenant reaches only its own buckets, so it owns what is listed."""
+        owner_id, name = owner_identity(self.config, CURRENT_TENANT.get())
         owner = sub(parent, tag)
-        sub(owner, "ID", self.owner_id)
-        sub(owner, "DisplayName", self.config.access_key)
+        sub(owner, "ID", owner_id)
+        sub(owner, "DisplayName", name)
 
     def acl(self) -> web.Response:
         """The one ACL of every bucket and object: the owner has FULL_CONTROL."""
@@ -119,8 +125,9 @@ class Services:
         grantee = sub(grant, "Grantee")
         grantee.set("xmlns:xsi", "http://www.w3.org/2001/XMLSchema-instance")
         grantee.set("xsi:type", "CanonicalUser")
-        sub(grantee, "ID", self.owner_id)
-        sub(grantee, "DisplayName", self.config.access_key)
+        owner_id, name = owner_identity(self.config, CURRENT_TENANT.get())
+        sub(grantee, "ID", owner_id)
+        sub(grantee, "DisplayName", name)
         sub(grant, "Permission", "FULL_CONTROL")
         return self.xml(root)
 

@@ -48,6 +48,7 @@ from ._context import HandlerTable, S3Request, Services
 from ._features import check_write_headers
 from ._headers import quote_etag, stored_headers, user_metadata
 from ._router import PostObject
+from ._tenancy import CURRENT_TENANT, check_owner
 from ._xml import element, sub
 
 __all__ = ["HANDLERS", "check_policy", "post_object"]
@@ -161,6 +162,7 @@ def _check_signature(s: Services, fields: dict[str, str]) -> None:
     secret = s.credentials.get(access_key)
     if secret is None:
         raise InvalidAccessKeyId("The AWS Access Key Id you provided does not exist in our records.")
+    CURRENT_TENANT.set(s.credentials.tenant_of(access_key))
 
     def h(key: bytes, msg: str) -> bytes:
         return hmac.new(key, msg.encode(), hashlib.sha256).digest()
@@ -246,6 +248,7 @@ async def post_object(s: Services, req: S3Request, ep: PostObject) -> web.Stream
         raise MalformedPOSTRequest("Bucket POST must be of the enclosure-type multipart/form-data")
     fields, file = await _read_fields(await req.http.multipart())
     _check_signature(s, fields)
+    check_owner(s.engine, ep.bucket, CURRENT_TENANT.get())
     policy = _decode_policy(fields["policy"])
     if "key" not in fields:
         raise MalformedPOSTRequest("Bucket POST must contain a field named 'key'.")

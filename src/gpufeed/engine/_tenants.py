@@ -1,0 +1,253 @@
+"""Tenants and their access keys: who owns which bucket, and which secret
+signs for whom.
+
+Each bucket belongs to one tenant; :data:`~gpufeed.engine.types.DEFAULT_TENANT`
+always exists (it owns the buckets made without a tenant, and the node's
+configured key acts for it), the others are made and removed here. A tenant
+holds any number of access keys.
+
+Secrets at rest: SigV4 (and the fast path's HMAC proof) make the server
+compute an HMAC with the secret itself, so a one-way hash of it cannot serve;
+each secret is sealed with AES-256-GCM (``cryptography``) under the node's
+master key, with its access key id as associated data, and only the sealed
+form reaches the catalog. The master key is 32 bytes from the node's
+settings (``GPUFEED_MASTER_KEY``) or, by default, the file
+``<data_dir>/master.key`` (``0600``, made on first use): a copy of the
+catalog alone (a backup, a replica) then reveals no secret; keeping the
+master key outside the data folder protects against a copy of the folder too.
+
+Source: "Signature Version 4 signing process", AWS General Reference (why the
+server needs the secret); NIST SP 800-38D (GCM).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import secrets
+import threading
+import time
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag as _BadSeal
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from ..errors import (
+    InternalError,
+    InvalidTenantName,
+    NoSuchAccessKey,
+    NoSuchTenant,
+    TenantAlreadyExists,
+    TenantNotEmpty,
+)
+from ._private import FILE_MODE
+from .catalog import Catalog
+from .types import DEFAULT_TENANT, AccessKeyInfo, TenantInfo
+
+__all__ = ["TenantAdmin", "MasterKey", "check_tenant_name", "owner_of"]
+
+_TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+_KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+_MASTER_BYTES = 32
+
+
+def check_tenant_name(name: str) -> None:
+    """Refuse a tenant name that is not 1-63 of ``[a-z0-9_-]`` starting with a letter or digit.
+
+    Raises:
+        InvalidTenantName: it is not (no path characters, no upper case).
+    """
+    if not isinstance(name, str) or not _TENANT_NAME.fullmatch(name):
+        raise InvalidTenantName(f"invalid tenant name {name!r}: 1-63 of [a-z0-9_-], starting with a letter "
+                                "or digit")
+
+
+def owner_of(owner: str) -> str:
+    """A bucket's stored owner as a tenant name (``""`` is the default tenant)."""
+    return owner or DEFAULT_TENANT
+
+
+class MasterKey:
+    """The node's master key, which seals access key secrets (AES-256-GCM).
+
+    Args:
+        data_dir: the data folder; ``master.key`` there is read, or made
+            (``0600``, 32 random bytes) when ``key`` is ``None`` and it is missing.
+        key: 32 bytes given by the node's settings, used instead of the file.
+
+    Raises:
+        InternalError: ``key`` is not 32 bytes, or the file is not.
+    """
+
+    def __init__(self, data_dir: Path, key: bytes | None = None) -> None:
+        self._path = data_dir / "master.key"
+        self._given = key
+        if key is not None and len(key) != _MASTER_BYTES:
+            raise InternalError(f"the master key must be {_MASTER_BYTES} bytes, not {len(key)}")
+        self._aead: AESGCM | None = AESGCM(key) if key is not None else None
+        self._lock = threading.Lock()
+
+    def _cipher(self) -> AESGCM:
+        if self._aead is not None:
+            return self._aead
+        with self._lock:
+            if self._aead is None:
+                self._aead = AESGCM(self._load_or_make())
+            return self._aead
+
+    def _load_or_make(self) -> bytes:
+        try:
+            key = self._path.read_bytes()
+        except FileNotFoundError:
+            key = secrets.token_bytes(_MASTER_BYTES)
+            fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+            try:
+                os.write(fd, key)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        if len(key) != _MASTER_BYTES:
+            raise InternalError(f"{self._path} is not a {_MASTER_BYTES}-byte master key")
+        return key
+
+    def seal(self, access_key: str, secret: str) -> str:
+        """``secret`` encrypted and authenticated, bound to ``access_key`` (base64 of nonce + ciphertext)."""
+        nonce = secrets.token_bytes(12)
+        return base64.b64encode(nonce + self._cipher().encrypt(nonce, secret.encode(), access_key.encode())).decode()
+
+    def open(self, access_key: str, sealed: str) -> str:
+        """The secret :meth:`seal` sealed.
+
+        Raises:
+            InternalError: it was sealed under another master key, or altered.
+        """
+        raw = base64.b64decode(sealed)
+        try:
+            return self._cipher().decrypt(raw[:12], raw[12:], access_key.encode()).decode()
+        except _BadSeal as exc:
+            raise InternalError(f"the secret of {access_key} does not open with this node's master key") from exc
+
+
+class TenantAdmin:
+    """Tenant and key calls, mixed into :class:`~gpufeed.engine.Engine`."""
+
+    _cat: Catalog
+    _master: MasterKey
+    _key_cache: dict[str, tuple[str, str] | None]
+    _key_cache_lock: threading.Lock
+    _key_gen: int  # bumped whenever keys change, so a lookup racing a change never caches the old answer
+
+    def create_tenant(self, name: str) -> TenantInfo:
+        """Make a tenant (it owns nothing and has no key yet).
+
+        Raises:
+            InvalidTenantName: see :func:`check_tenant_name`.
+            TenantAlreadyExists: the name is taken (``default`` always is).
+        """
+        check_tenant_name(name)
+        info = TenantInfo(name, time.time())
+        with self._cat.write() as w:
+            if name == DEFAULT_TENANT or w.tenant(name) is not None:
+                raise TenantAlreadyExists(f"tenant {name!r} exists")
+            w.insert_tenant(info)
+        return info
+
+    def list_tenants(self) -> list[TenantInfo]:
+        """Every tenant by name, :data:`DEFAULT_TENANT` (created 0) included."""
+        return sorted([TenantInfo(DEFAULT_TENANT, 0.0), *self._cat.tenants()], key=lambda t: t.name)
+
+    def require_tenant(self, name: str) -> None:
+        """Raises NoSuchTenant when ``name`` is not a tenant."""
+        if name != DEFAULT_TENANT and self._cat.tenant(name) is None:
+            raise NoSuchTenant(f"tenant {name!r} does not exist")
+
+    def delete_tenant(self, name: str) -> None:
+        """Remove a tenant that owns no bucket, with all its keys (they stop working at once).
+
+        Raises:
+            NoSuchTenant: no such tenant.
+            InvalidTenantName: the default tenant, which cannot be removed.
+            TenantNotEmpty: it owns buckets.
+        """
+        if name == DEFAULT_TENANT:
+            raise InvalidTenantName("the default tenant cannot be deleted")
+        with self._cat.write() as w:
+            if w.tenant(name) is None:
+                raise NoSuchTenant(f"tenant {name!r} does not exist")
+            owned = [b.name for b in w.buckets() if b.owner == name]
+            if owned:
+                raise TenantNotEmpty(f"tenant {name!r} owns {len(owned)} bucket(s)")
+            w.delete_tenant(name)
+            w.on_commit(self._forget_keys)
+
+    def create_access_key(self, tenant: str) -> tuple[AccessKeyInfo, str]:
+        """A new key for ``tenant``.
+
+        Returns:
+            ``(info, secret)``: the secret is shown this once; only its sealed
+            form is kept (see the module docstring).
+
+        Raises:
+            NoSuchTenant: no such tenant.
+        """
+        access_key = "GF" + "".join(secrets.choice(_KEY_ALPHABET) for _ in range(18))
+        secret = secrets.token_urlsafe(30)
+        info = AccessKeyInfo(access_key, tenant, time.time())
+        sealed = self._master.seal(access_key, secret)
+        with self._cat.write() as w:
+            if tenant != DEFAULT_TENANT and w.tenant(tenant) is None:
+                raise NoSuchTenant(f"tenant {tenant!r} does not exist")
+            w.insert_access_key(info, sealed)
+            w.on_commit(self._forget_keys)
+        return info, secret
+
+    def list_access_keys(self, tenant: str | None = None) -> list[AccessKeyInfo]:
+        """The keys of ``tenant`` (every tenant's when ``None``), revoked ones included.
+
+        Raises:
+            NoSuchTenant: no such tenant.
+        """
+        if tenant is not None:
+            self.require_tenant(tenant)
+        return self._cat.access_keys(tenant)
+
+    def revoke_access_key(self, access_key: str) -> None:
+        """Revoke a key: requests signed with it are refused from now on.
+
+        Raises:
+            NoSuchAccessKey: no valid key of that id.
+        """
+        with self._cat.write() as w:
+            if not w.revoke_access_key(access_key, time.time()):
+                raise NoSuchAccessKey(f"no valid access key {access_key!r}")
+            w.on_commit(self._forget_keys)
+
+    def lookup_access_key(self, access_key: str) -> tuple[str, str] | None:
+        """``(tenant, secret)`` of a valid key, or ``None`` (unknown or revoked).
+
+        Answers from memory after the first lookup of a key; creating or
+        revoking a key, or deleting a tenant, empties that memory.
+
+        Raises:
+            InternalError: the stored secret does not open with the master key.
+        """
+        cache = self._key_cache
+        if access_key in cache:
+            return cache[access_key]
+        gen = self._key_gen
+        row = self._cat.access_key(access_key)
+        found = None
+        if row is not None and not row[0].revoked:
+            found = (row[0].tenant, self._master.open(access_key, row[1]))
+        with self._key_cache_lock:
+            if gen == self._key_gen:
+                if len(cache) > 10_000:
+                    cache.clear()
+                cache[access_key] = found
+        return found
+
+    def _forget_keys(self) -> None:
+        with self._key_cache_lock:
+            self._key_gen += 1
+            self._key_cache.clear()

@@ -1,0 +1,79 @@
+"""Who is asking: access keys to secrets and tenants, and the rule that a
+tenant reaches only its own buckets.
+
+The node's configured key acts for :data:`~gpufeed.engine.types.DEFAULT_TENANT`;
+every other key is looked up in the engine (:meth:`gpufeed.engine.Engine.lookup_access_key`,
+answered from memory after the first use). A request on a bucket of another
+tenant is refused with ``AccessDenied`` and a message that names nothing, as
+S3 answers a bucket of another account; a bucket that does not exist stays
+``NoSuchBucket``.
+
+The tenant of the request being handled is in :data:`CURRENT_TENANT` (a
+context variable set per request), so answers that name an owner name the
+requester's tenant.
+
+Source: "Bucket ownership" and "Access denied (403 Forbidden) errors",
+Amazon S3 User Guide, https://docs.aws.amazon.com/AmazonS3/latest/userguide/
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+
+from ..config import NodeConfig
+from ..engine import Engine
+from ..engine.types import DEFAULT_TENANT
+from ..errors import AccessDenied
+
+__all__ = ["KeyRing", "CURRENT_TENANT", "check_owner", "owner_identity"]
+
+#: The tenant of the request being handled (``None`` before authentication).
+CURRENT_TENANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpufeed_tenant", default=None)
+
+
+class KeyRing:
+    """The secrets the front accepts: ``get(access_key) -> secret | None``, as
+    the SigV4 verifier asks, and :meth:`tenant_of`.
+
+    Args:
+        config: the node's settings (its configured key acts for the default tenant).
+        engine: looks up every other key.
+    """
+
+    def __init__(self, config: NodeConfig, engine: Engine) -> None:
+        self._key, self._secret = config.access_key, config.secret_key
+        self._engine = engine
+
+    def get(self, access_key: str, default: str | None = None) -> str | None:
+        """The secret of a valid key, else ``default``."""
+        if access_key == self._key:
+            return self._secret
+        found = self._engine.lookup_access_key(access_key) if access_key else None
+        return found[1] if found is not None else default
+
+    def tenant_of(self, access_key: str) -> str | None:
+        """The tenant a valid key acts for, else ``None``."""
+        if access_key == self._key:
+            return DEFAULT_TENANT
+        found = self._engine.lookup_access_key(access_key) if access_key else None
+        return found[0] if found is not None else None
+
+
+def check_owner(engine: Engine, bucket: str, tenant: str | None) -> None:
+    """Refuse a request of ``tenant`` on a bucket it does not own.
+
+    Raises:
+        NoSuchBucket: the bucket does not exist.
+        AccessDenied: another tenant owns it (or the request has no tenant).
+    """
+    if engine.bucket_owner(bucket) != tenant:
+        raise AccessDenied("Access Denied")
+
+
+def owner_identity(config: NodeConfig, tenant: str | None) -> tuple[str, str]:
+    """``(ID, DisplayName)`` of a tenant as S3 answers an Owner: the default
+    tenant shows the node's access key id, another tenant its name."""
+    if tenant is None or tenant == DEFAULT_TENANT:
+        return hashlib.sha256(config.access_key.encode()).hexdigest(), config.access_key
+    return hashlib.sha256(f"tenant:{tenant}".encode()).hexdigest(), tenant
