@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from ._cli_admin import admin
 from ._version import __version__
 from .config import parse_size
 
@@ -54,6 +55,9 @@ class _Group(click.Group):
 @click.version_option(__version__, prog_name="gpufeed")
 def main() -> None:
     """gpufeed: storage that keeps GPUs fed."""
+
+
+main.add_command(admin)
 
 
 @main.command()

@@ -8,12 +8,14 @@ environment.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 __all__ = ["NodeConfig", "WireLimits", "DEFAULT_ACCESS_KEY", "DEFAULT_SECRET_KEY", "default_data_dir",
-           "parse_size", "host_memory_bytes"]
+           "parse_size", "host_memory_bytes", "master_key_from_text"]
 
 #: Credentials a fresh node accepts when none are configured (printed on start).
 DEFAULT_ACCESS_KEY = "gpufeed"
@@ -66,6 +68,21 @@ def _count(text: str) -> int:
     if count < 0:
         raise ValueError("a count cannot be negative")
     return count
+
+
+def master_key_from_text(text: str) -> bytes:
+    """A master key as given in ``GPUFEED_MASTER_KEY``: base64 of 32 bytes.
+
+    Raises:
+        ValueError: not base64 of exactly 32 bytes.
+    """
+    try:
+        key = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError("GPUFEED_MASTER_KEY is not base64") from exc
+    if len(key) != 32:
+        raise ValueError(f"GPUFEED_MASTER_KEY must be base64 of 32 bytes, not {len(key)}")
+    return key
 
 
 def _env(name: str, cast, default):
@@ -205,6 +222,9 @@ class NodeConfig:
             ``GPUFEED_ACCESS_LOG``.
         wire: the fast path's limits on connections, frames, timeouts and shared
             memory (:class:`WireLimits`; env ``GPUFEED_WIRE_*``).
+        master_key: 32 bytes that seal the secrets of tenants' access keys at
+            rest; ``None`` keeps them in ``<data_dir>/master.key`` (made on first
+            use). Env ``GPUFEED_MASTER_KEY`` (base64 of 32 bytes).
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -228,6 +248,7 @@ class NodeConfig:
     s3_max_connections_per_address: int = 256
     access_log: str | None = None
     wire: WireLimits = field(default_factory=WireLimits)
+    master_key: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -256,6 +277,7 @@ class NodeConfig:
                                                 cls.s3_max_connections_per_address),
             access_log=_env("GPUFEED_ACCESS_LOG", str, None),
             wire=WireLimits.from_env(),
+            master_key=_env("GPUFEED_MASTER_KEY", master_key_from_text, None),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

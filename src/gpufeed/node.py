@@ -167,7 +167,7 @@ class Node:
         sock = cfg.resolved_socket_path
         if sock and Path(sock).resolve().parent.is_relative_to(data_dir):
             make_private_dirs(Path(sock).resolve().parent)  # the socket's folder is private too
-        self.engine = engine = Engine(cfg.data_dir, fsync=cfg.fsync)
+        self.engine = engine = Engine(cfg.data_dir, fsync=cfg.fsync, master_key=cfg.master_key)
         self._wire = wire = WireServer(engine, cfg)
         try:
             tcp_port = wire.start()

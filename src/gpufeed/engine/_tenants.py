@@ -162,6 +162,23 @@ class TenantAdmin:
         if name != DEFAULT_TENANT and self._cat.tenant(name) is None:
             raise NoSuchTenant(f"tenant {name!r} does not exist")
 
+    def tenant_stats(self, name: str) -> dict:
+        """What a tenant holds now.
+
+        Returns:
+            ``{"name", "buckets", "bytes", "objects"}``: its bucket count and the
+            bytes and count of the current objects in them.
+
+        Raises:
+            NoSuchTenant: no such tenant.
+        """
+        self.require_tenant(name)
+        with self._cat.snapshot() as c:
+            owned = [b.name for b in c.buckets() if owner_of(b.owner) == name]
+            usage = [c.bucket_usage(b) for b in owned]
+        return {"name": name, "buckets": len(owned), "bytes": sum(u[0] for u in usage),
+                "objects": sum(u[1] for u in usage)}
+
     def delete_tenant(self, name: str) -> None:
         """Remove a tenant that owns no bucket, with all its keys (they stop working at once).
 

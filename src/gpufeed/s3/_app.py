@@ -24,6 +24,7 @@ from ..engine import Engine
 from ..errors import GpufeedError, InternalError, NotModified, SignatureDoesNotMatch
 from . import _acl, _attributes, _bucketconfig, _buckets, _lifecycle, _listing, _multipart, _objects, _post
 from ._accesslog import AccessLog
+from ._admin import ADMIN_PREFIX, handle_admin
 from ._auth import AuthResult, verify_request
 from ._context import MAX_XML, HandlerTable, S3Request, Services
 from ._headers import quote_etag
@@ -172,6 +173,8 @@ class S3Front(Services):
         try:
             auth = request.get(AUTH) or self._verify(request, target)
             request[AUTH] = auth
+            if target.path.startswith(ADMIN_PREFIX):
+                return await handle_admin(self, request, target, auth)
             endpoint = route(target)
             self._authorize(auth, endpoint)
             handler = HANDLERS[type(endpoint)]

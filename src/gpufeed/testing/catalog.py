@@ -30,7 +30,16 @@ from contextlib import closing
 import pytest
 
 from ..engine.catalog import Catalog, CatalogReader, CompletedUpload, LiveFiles, ObjectUse, PartRecord
-from ..engine.types import BucketInfo, LifecycleRule, ObjectInfo, PartInfo, Retention, UploadInfo
+from ..engine.types import (
+    AccessKeyInfo,
+    BucketInfo,
+    LifecycleRule,
+    ObjectInfo,
+    PartInfo,
+    Retention,
+    TenantInfo,
+    UploadInfo,
+)
 from ..errors import InternalError, InvalidArgument
 
 __all__ = ["CatalogTests", "BYTE_ORDER_KEYS"]
@@ -433,6 +442,29 @@ class CatalogTests:
             w.insert_upload(info)
         assert catalog.upload(bucket, "k", "9" * 32) == info
         assert catalog.uploads(bucket) == [info]
+
+    # tenants and access keys -------------------------------------------------
+    def test_tenants_and_access_keys(self, catalog: Catalog, bucket: str) -> None:
+        with catalog.write() as w:
+            w.insert_tenant(TenantInfo("zed", 2.0))
+            w.insert_tenant(TenantInfo("amy", 1.0))
+            w.insert_access_key(AccessKeyInfo("GFKEY1", "amy", 3.0), "sealed-1")
+            w.insert_access_key(AccessKeyInfo("GFKEY2", "zed", 4.0), "sealed-2")
+            w.insert_bucket(BucketInfo("amys", 5.0, owner="amy"))
+        assert catalog.tenants() == [TenantInfo("amy", 1.0), TenantInfo("zed", 2.0)]
+        assert catalog.tenant("amy") == TenantInfo("amy", 1.0) and catalog.tenant("bob") is None
+        assert catalog.access_key("GFKEY1") == (AccessKeyInfo("GFKEY1", "amy", 3.0), "sealed-1")
+        assert catalog.access_key("GFNONE") is None
+        assert [k.access_key for k in catalog.access_keys()] == ["GFKEY1", "GFKEY2"]
+        assert catalog.access_keys("zed") == [AccessKeyInfo("GFKEY2", "zed", 4.0)]
+        assert _bucket(catalog, "amys").owner == "amy" and _bucket(catalog, bucket).owner == ""
+        with catalog.write() as w:
+            assert w.revoke_access_key("GFKEY1", 9.0) is True
+            assert w.revoke_access_key("GFKEY1", 10.0) is False  # already revoked
+        assert catalog.access_keys("amy") == [AccessKeyInfo("GFKEY1", "amy", 3.0, 9.0)]
+        with catalog.write() as w:
+            w.delete_tenant("zed")
+        assert catalog.tenant("zed") is None and catalog.access_key("GFKEY2") is None
 
     # bucket configuration documents -----------------------------------------
     def test_bucket_config_round_trip_replace_delete(self, catalog: Catalog, bucket: str) -> None:

@@ -1,0 +1,171 @@
+"""Administering tenants and access keys, on a running node or a stopped one.
+
+:class:`RemoteAdmin` calls a running node's admin API over its S3 port
+(:mod:`gpufeed.s3._admin`), signing each request with SigV4 (botocore) and
+the node's admin key; :class:`LocalAdmin` opens a stopped node's data folder
+directly. Both answer the same JSON-ready dicts, so ``gpufeed admin`` prints
+the same either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from .errors import GpufeedError, error_from_code
+
+__all__ = ["Admin", "RemoteAdmin", "LocalAdmin"]
+
+
+class Admin:
+    """The admin calls; each returns a JSON-ready dict.
+
+    Raises (every call):
+        GpufeedError: the node refused (NoSuchTenant, TenantAlreadyExists,
+            TenantNotEmpty, InvalidTenantName, NoSuchAccessKey, AccessDenied).
+        OSError: the node cannot be reached.
+    """
+
+    def tenant_create(self, name: str) -> dict:
+        """Make a tenant: ``{"name", "created"}``."""
+        raise NotImplementedError
+
+    def tenant_list(self) -> dict:
+        """``{"tenants": [{"name", "created"}, ...]}``."""
+        raise NotImplementedError
+
+    def tenant_delete(self, name: str) -> dict:
+        """Remove a tenant that owns no bucket (its keys stop working): ``{}``."""
+        raise NotImplementedError
+
+    def tenant_stats(self, name: str) -> dict:
+        """``{"name", "buckets", "bytes", "objects"}``."""
+        raise NotImplementedError
+
+    def key_create(self, tenant: str) -> dict:
+        """A new key: ``{"access_key", "secret_key", "tenant"}`` (the secret is shown once)."""
+        raise NotImplementedError
+
+    def key_list(self, tenant: str | None = None) -> dict:
+        """``{"keys": [{"access_key", "tenant", "created", "revoked"}, ...]}``."""
+        raise NotImplementedError
+
+    def key_revoke(self, access_key: str) -> dict:
+        """Revoke a key: ``{}``."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the admin holds."""
+
+
+class RemoteAdmin(Admin):
+    """The admin API of a running node.
+
+    Args:
+        url: the node's S3 endpoint (``http://host:port``).
+        access_key, secret_key: the node's admin key.
+        region: signing region.
+        timeout_s: per request, seconds.
+    """
+
+    def __init__(self, url: str, access_key: str, secret_key: str, *, region: str = "us-east-1",
+                 timeout_s: float = 30.0) -> None:
+        self._url = url.rstrip("/")
+        self._creds = (access_key, secret_key)
+        self._region = region
+        self._timeout_s = timeout_s
+
+    def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None) -> dict:
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+
+        url = f"{self._url}/_gpufeed/admin/{path}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        data = json.dumps(body).encode() if body is not None else b""
+        req = AWSRequest(method=method, url=url, data=data, headers={"Content-Type": "application/json"})
+        S3SigV4Auth(Credentials(*self._creds), "s3", self._region).add_auth(req)
+        prepared = urllib.request.Request(url, data=data or None, method=method, headers=dict(req.headers.items()))
+        try:
+            with urllib.request.urlopen(prepared, timeout=self._timeout_s) as resp:
+                return json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                raise GpufeedError(f"the node answered {exc.code}: {raw[:200]!r}") from exc
+            raise error_from_code(doc.get("error", ""), doc.get("message", "")) from exc
+        except urllib.error.URLError as exc:
+            raise OSError(f"cannot reach the node's admin API at {self._url}: {exc.reason}") from exc
+
+    def tenant_create(self, name: str) -> dict:
+        return self._call("POST", "tenants", {"name": name})
+
+    def tenant_list(self) -> dict:
+        return self._call("GET", "tenants")
+
+    def tenant_delete(self, name: str) -> dict:
+        return self._call("DELETE", f"tenants/{urllib.parse.quote(name, safe='')}")
+
+    def tenant_stats(self, name: str) -> dict:
+        return self._call("GET", f"tenants/{urllib.parse.quote(name, safe='')}/stats")
+
+    def key_create(self, tenant: str) -> dict:
+        return self._call("POST", f"tenants/{urllib.parse.quote(tenant, safe='')}/keys")
+
+    def key_list(self, tenant: str | None = None) -> dict:
+        return self._call("GET", "keys", query={"tenant": tenant} if tenant else None)
+
+    def key_revoke(self, access_key: str) -> dict:
+        return self._call("DELETE", f"keys/{urllib.parse.quote(access_key, safe='')}")
+
+
+class LocalAdmin(Admin):
+    """The data folder of a stopped node, opened directly.
+
+    Args:
+        data_dir: the node's data folder.
+        master_key: as the node was given (``GPUFEED_MASTER_KEY``), or ``None``
+            for ``data_dir/master.key``.
+
+    Raises:
+        DataFolderInUse: a node is running on it (use :class:`RemoteAdmin`).
+    """
+
+    def __init__(self, data_dir: str | Path, master_key: bytes | None = None) -> None:
+        from .engine import Engine
+
+        self._engine = Engine(data_dir, master_key=master_key)
+
+    def tenant_create(self, name: str) -> dict:
+        return dataclasses.asdict(self._engine.create_tenant(name))
+
+    def tenant_list(self) -> dict:
+        return {"tenants": [dataclasses.asdict(t) for t in self._engine.list_tenants()]}
+
+    def tenant_delete(self, name: str) -> dict:
+        self._engine.delete_tenant(name)
+        return {}
+
+    def tenant_stats(self, name: str) -> dict:
+        return self._engine.tenant_stats(name)
+
+    def key_create(self, tenant: str) -> dict:
+        info, secret = self._engine.create_access_key(tenant)
+        return {"access_key": info.access_key, "secret_key": secret, "tenant": info.tenant}
+
+    def key_list(self, tenant: str | None = None) -> dict:
+        return {"keys": [dataclasses.asdict(k) for k in self._engine.list_access_keys(tenant)]}
+
+    def key_revoke(self, access_key: str) -> dict:
+        self._engine.revoke_access_key(access_key)
+        return {}
+
+    def close(self) -> None:
+        self._engine.close()

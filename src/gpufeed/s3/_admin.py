@@ -1,0 +1,92 @@
+"""The node's admin API: tenants and access keys over the S3 port, in JSON.
+
+Requests are signed with SigV4 like any S3 request and must be signed with
+the node's configured key (the admin key; it acts for the default tenant).
+Paths live under ``/_gpufeed/admin/``, which no bucket can shadow (``_`` is
+not a bucket name's first character):
+
+====== ======================================== =====================================
+method path                                     answer (JSON)
+====== ======================================== =====================================
+GET    ``tenants``                              ``{"tenants": [{"name", "created"}]}``
+POST   ``tenants`` ``{"name"}``                 the tenant
+GET    ``tenants/NAME/stats``                   ``{"name", "buckets", "bytes", "objects"}``
+DELETE ``tenants/NAME``                         ``{}``
+POST   ``tenants/NAME/keys``                    ``{"access_key", "secret_key", "tenant"}``
+GET    ``keys`` (``?tenant=NAME``)              ``{"keys": [{"access_key", "tenant", "created", "revoked"}]}``
+DELETE ``keys/ACCESS_KEY``                      ``{}``
+====== ======================================== =====================================
+
+Errors answer ``{"error": code, "message": text}`` with the error's status.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from aiohttp import web
+
+from ..errors import AccessDenied, GpufeedError, MalformedXML, MethodNotAllowed, NoSuchKey
+from ._auth import AuthResult
+from ._context import Services
+from ._router import Target
+
+__all__ = ["ADMIN_PREFIX", "handle_admin"]
+
+#: Every admin path starts with this.
+ADMIN_PREFIX = "/_gpufeed/admin/"
+
+
+def _json(body: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=json.dumps(body).encode(), content_type="application/json")
+
+
+async def handle_admin(s: Services, request: web.BaseRequest, target: Target, auth: AuthResult) -> web.Response:
+    """Answer one admin request (see the module docstring); never raises a :class:`GpufeedError`."""
+    try:
+        if auth.access_key != s.config.access_key:
+            raise AccessDenied("the admin API needs the node's admin key")
+        return await _dispatch(s, request, target)
+    except GpufeedError as exc:
+        return _json({"error": exc.code, "message": exc.message}, exc.status)
+
+
+async def _body(request: web.BaseRequest) -> dict:
+    raw = await request.content.read(64 << 10)
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError as exc:
+        raise MalformedXML("the admin request body is not JSON") from exc
+    if not isinstance(body, dict):
+        raise MalformedXML("the admin request body is not a JSON object")
+    return body
+
+
+async def _dispatch(s: Services, request: web.BaseRequest, target: Target) -> web.Response:
+    parts = target.path[len(ADMIN_PREFIX):].strip("/").split("/")
+    method, e = request.method, s.engine
+    match parts:
+        case ["tenants"] if method == "GET":
+            tenants = await s.call(e.list_tenants)
+            return _json({"tenants": [dataclasses.asdict(t) for t in tenants]})
+        case ["tenants"] if method == "POST":
+            name = (await _body(request)).get("name")
+            return _json(dataclasses.asdict(await s.call(e.create_tenant, name)))
+        case ["tenants", name] if method == "DELETE":
+            await s.call(e.delete_tenant, name)
+            return _json({})
+        case ["tenants", name, "stats"] if method == "GET":
+            return _json(await s.call(e.tenant_stats, name))
+        case ["tenants", name, "keys"] if method == "POST":
+            info, secret = await s.call(e.create_access_key, name)
+            return _json({"access_key": info.access_key, "secret_key": secret, "tenant": info.tenant})
+        case ["keys"] if method == "GET":
+            keys = await s.call(e.list_access_keys, target.query.get("tenant"))
+            return _json({"keys": [dataclasses.asdict(k) for k in keys]})
+        case ["keys", access_key] if method == "DELETE":
+            await s.call(e.revoke_access_key, access_key)
+            return _json({})
+        case ["tenants"] | ["tenants", _] | ["tenants", _, "stats" | "keys"] | ["keys"] | ["keys", _]:
+            raise MethodNotAllowed(f"{method} is not allowed on {target.path}")
+    raise NoSuchKey(f"no admin call {target.path}")
