@@ -20,7 +20,8 @@ Tree::
     │   ├── InvalidAccessKeyId
     │   ├── SignatureDoesNotMatch
     │   ├── RequestExpired
-    │   └── RequestTimeTooSkewed
+    │   ├── RequestTimeTooSkewed
+    │   └── CORSForbidden        (403 AccessForbidden: a CORS preflight refused)
     ├── ConflictError
     │   ├── BucketAlreadyOwnedByYou
     │   ├── BucketNotEmpty
@@ -48,7 +49,10 @@ Tree::
     │   ├── InvalidPolicyDocument
     │   ├── MalformedPOSTRequest
     │   ├── MissingContentLength  (411)
-    │   └── MethodNotAllowed      (405)
+    │   ├── MethodNotAllowed      (405)
+    │   ├── BadRequest            (S3's generic 400: too many bucket tags, a preflight without Origin)
+    │   ├── InvalidTag
+    │   └── MaxMessageLengthExceeded  (a configuration document over its size limit)
     ├── NotModified            (304 for conditional GET; not really an error)
     ├── SlowDown               (503: a client holds too many connections)
     ├── NotImplementedByGpufeed
@@ -78,6 +82,7 @@ __all__ = [
     "InvalidAccessKeyId",
     "SignatureDoesNotMatch",
     "RequestExpired",
+    "CORSForbidden",
     "ConflictError",
     "BucketAlreadyOwnedByYou",
     "BucketNotEmpty",
@@ -105,6 +110,9 @@ __all__ = [
     "AuthorizationQueryParametersError",
     "MissingContentLength",
     "MethodNotAllowed",
+    "BadRequest",
+    "InvalidTag",
+    "MaxMessageLengthExceeded",
     "RequestTimeTooSkewed",
     "RequestTimeout",
     "SlowDown",
@@ -308,6 +316,32 @@ class MissingContentLength(InvalidRequestError):
 
 class MethodNotAllowed(InvalidRequestError):
     code, status = "MethodNotAllowed", 405
+
+
+class BadRequest(InvalidRequestError):
+    """S3's generic 400 ``BadRequest`` (more than 50 bucket tags; a CORS
+    preflight without an ``Origin`` header)."""
+
+    code, status = "BadRequest", 400
+
+
+class InvalidTag(InvalidRequestError):
+    """A tag key or value S3 refuses (length, characters, duplicate key, ``aws:`` prefix)."""
+
+    code, status = "InvalidTag", 400
+
+
+class MaxMessageLengthExceeded(InvalidRequestError):
+    """A request document over its size limit (a CORS configuration over 64 KiB)."""
+
+    code, status = "MaxMessageLengthExceeded", 400
+
+
+class CORSForbidden(AccessError):
+    """A CORS preflight (``OPTIONS``) that no rule of the bucket allows, or a
+    bucket without CORS rules: S3 answers 403 ``AccessForbidden``."""
+
+    code, status = "AccessForbidden", 403
 
 
 class RequestTimeTooSkewed(AccessError):
