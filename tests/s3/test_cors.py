@@ -267,7 +267,8 @@ def test_preflight_without_configuration_origin_or_bucket(s3c, raw, bkt):
     Reference, https://docs.aws.amazon.com/AmazonS3/latest/API/RESTOPTIONSobject.html"""
     r = preflight(raw, f"/{bkt}/k", method="PUT")
     assert r.status == 403
-    assert _error(r.body) == {"Code": "AccessForbidden", "Message": "CORSResponse: CORS is not enabled for this bucket.",
+    assert _error(r.body) == {"Code": "AccessForbidden",
+                              "Message": "CORSResponse: CORS is not enabled for this bucket.",
                               "Method": "PUT", "ResourceType": "BUCKET"}
     r = preflight(raw, f"/{bkt}/k", origin=None, method=None)
     assert (r.status, _error(r.body)["Code"]) == (400, "BadRequest")
@@ -338,3 +339,49 @@ def test_actual_requests_no_rule_allows_are_served_without_headers(raw, cbkt, bk
     # without Origin, never any CORS header
     r = raw.request("GET", f"/{cbkt}/k")
     assert r.status == 200 and cors_headers(r) == {}
+
+
+# the served node and the signature check -----------------------------------------------
+def test_cors_on_a_served_node(node, s3, bucket):
+    """Source: "PutBucketCors" and "Appendix: OPTIONS object", Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/RESTOPTIONSobject.html: a browser's
+    preflight and a cross-origin read against ``gpufeed serve``, with urllib."""
+    import urllib.error
+    import urllib.request
+
+    s3.put_bucket_cors(Bucket=bucket, CORSConfiguration={"CORSRules": RULES})
+    s3.put_object(Bucket=bucket, Key="k", Body=b"hello")
+    req = urllib.request.Request(f"{node.s3_url}/{bucket}/k", method="OPTIONS", headers={
+        "Origin": SITE, "Access-Control-Request-Method": "PUT",
+        "Access-Control-Request-Headers": "content-type"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200
+        assert resp.headers["Access-Control-Allow-Origin"] == SITE
+        assert resp.headers["Access-Control-Allow-Headers"] == "content-type"
+    req = urllib.request.Request(f"{node.s3_url}/{bucket}/k", method="OPTIONS", headers={
+        "Origin": "https://elsewhere.test", "Access-Control-Request-Method": "PUT"})
+    with pytest.raises(urllib.error.HTTPError) as ei:
+        urllib.request.urlopen(req, timeout=30)
+    assert ei.value.code == 403 and b"<Code>AccessForbidden</Code>" in ei.value.read()
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "k"})
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"Origin": SITE}), timeout=30) as resp:
+        assert resp.read() == b"hello"
+        assert resp.headers["Access-Control-Allow-Origin"] == SITE
+        assert resp.headers["Access-Control-Expose-Headers"] == "ETag, x-amz-version-id"
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "PUT", "POST", "DELETE", "PATCH"])
+def test_only_options_passes_unsigned(method):
+    """Source: "Authenticating Requests (AWS Signature Version 4)", Amazon S3 API
+    Reference, https://docs.aws.amazon.com/AmazonS3/latest/API/sig-v4-authenticating-requests.html:
+    every request but a CORS preflight is signed."""
+    from multidict import CIMultiDict
+
+    from gpufeed.errors import AccessDenied
+    from gpufeed.s3._auth import verify_request
+
+    headers = CIMultiDict({"Host": "127.0.0.1:1", "Origin": SITE, "Access-Control-Request-Method": "GET"})
+    args = {"raw_path": "/b/k", "raw_query": "", "headers": headers, "credentials": {"a": "s"}}
+    assert verify_request(method="OPTIONS", **args).deferred
+    with pytest.raises(AccessDenied):
+        verify_request(method=method, **args)
