@@ -361,13 +361,9 @@ def verify_request(
             signs ``/bucket/key`` even for virtual-hosted requests).
 
     Returns:
-        An :class:`AuthResult`.
-
-    A browser-form POST to a bucket is let through ``deferred`` (its policy
-    signature is in the body; the POST Object handler checks it), and so is
-    every ``OPTIONS`` request: a CORS preflight, which browsers send without
-    credentials and S3 answers without a signature check (the router sends
-    every ``OPTIONS`` to the preflight handler, which reads only CORS rules).
+        An :class:`AuthResult`. Let through ``deferred``: a browser-form POST to a bucket (its handler
+    checks the policy signature in the body) and any ``OPTIONS``, a CORS
+    preflight, unsigned as browsers send it (routed only to the preflight).
 
     Raises:
         AccessDenied: no signature at all (anonymous request).
@@ -377,7 +373,7 @@ def verify_request(
         RequestTimeTooSkewed: header-signed request more than 15 min off.
         AuthorizationHeaderMalformed, AuthorizationQueryParametersError: unparsable.
     """
-    if method == "OPTIONS":
+    if method == "OPTIONS":  # a CORS preflight
         return _unverified()
     now_s = time.time() if now_s is None else now_s
     pairs = _query_pairs(raw_query)
