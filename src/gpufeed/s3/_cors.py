@@ -236,7 +236,7 @@ def rules_to_json(rules: list[CorsRule]) -> str:
     return json.dumps({"rules": [asdict(r) for r in rules]}, separators=(",", ":"))
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=64)
 def rules_from_json(document: str) -> tuple[CorsRule, ...]:
     """The rules of a stored configuration (:func:`rules_to_json`); parsed once per document."""
     out = []
