@@ -25,7 +25,8 @@ Tree::
     │   ├── InvalidAccessKeyId
     │   ├── SignatureDoesNotMatch
     │   ├── RequestExpired
-    │   └── RequestTimeTooSkewed
+    │   ├── RequestTimeTooSkewed
+    │   └── CORSForbidden        (403 AccessForbidden: a CORS preflight refused)
     ├── ConflictError
     │   ├── BucketAlreadyOwnedByYou
     │   ├── BucketNotEmpty
@@ -60,7 +61,9 @@ Tree::
     │   ├── InvalidPolicyDocument
     │   ├── MalformedPOSTRequest
     │   ├── MissingContentLength  (411)
-    │   └── MethodNotAllowed      (405)
+    │   ├── MethodNotAllowed      (405)
+    │   ├── BadRequest            (S3's generic 400: too many bucket tags, a preflight without Origin)
+    │   └── MaxMessageLengthExceeded  (a configuration document over its size limit)
     ├── NotModified            (304 for conditional GET; not really an error)
     ├── SlowDown               (503: a client holds too many connections)
     ├── NotImplementedByGpufeed
@@ -99,6 +102,7 @@ __all__ = [
     "InvalidAccessKeyId",
     "SignatureDoesNotMatch",
     "RequestExpired",
+    "CORSForbidden",
     "ConflictError",
     "BucketAlreadyOwnedByYou",
     "BucketNotEmpty",
@@ -129,6 +133,8 @@ __all__ = [
     "AuthorizationQueryParametersError",
     "MissingContentLength",
     "MethodNotAllowed",
+    "BadRequest",
+    "MaxMessageLengthExceeded",
     "RequestTimeTooSkewed",
     "RequestTimeout",
     "SlowDown",
@@ -293,7 +299,8 @@ class InvalidArgument(InvalidRequestError):
 
 
 class InvalidTag(InvalidRequestError):
-    """A tag set over S3's limits (count, key or value length) or with a reserved key."""
+    """A tag set S3 refuses: over its limits (count, key or value length), a
+    reserved ``aws:`` key, characters outside its alphabet, a duplicate key."""
     code, status = "InvalidTag", 400
 
 
@@ -387,6 +394,26 @@ class MissingContentLength(InvalidRequestError):
 
 class MethodNotAllowed(InvalidRequestError):
     code, status = "MethodNotAllowed", 405
+
+
+class BadRequest(InvalidRequestError):
+    """S3's generic 400 ``BadRequest`` (more than 50 bucket tags; a CORS
+    preflight without an ``Origin`` header)."""
+
+    code, status = "BadRequest", 400
+
+
+class MaxMessageLengthExceeded(InvalidRequestError):
+    """A request document over its size limit (a CORS configuration over 64 KiB)."""
+
+    code, status = "MaxMessageLengthExceeded", 400
+
+
+class CORSForbidden(AccessError):
+    """A CORS preflight (``OPTIONS``) that no rule of the bucket allows, or a
+    bucket without CORS rules: S3 answers 403 ``AccessForbidden``."""
+
+    code, status = "AccessForbidden", 403
 
 
 class RequestTimeTooSkewed(AccessError):

@@ -6,6 +6,10 @@ signature, routes it to a typed endpoint (:func:`~gpufeed.s3._router.route`)
 and runs that endpoint's handler from its family module (``_buckets``,
 ``_listing``, ``_objects``, ``_multipart``). Every :class:`GpufeedError` becomes
 an S3 error document here; any other exception a 500 with no traceback.
+``OPTIONS`` (a CORS preflight) passes without a signature (see
+:func:`~gpufeed.s3._auth.verify_request`); a request with an ``Origin`` gets
+its bucket's CORS headers on whatever it is answered, errors included
+(:func:`~gpufeed.s3._cors.actual_request_headers`).
 :func:`start_s3` serves the app through :mod:`~gpufeed.s3._server` (timeouts,
 per-address cap, malformed requests, access log).
 
@@ -22,7 +26,7 @@ from aiohttp import web
 from ..config import NodeConfig
 from ..engine import Engine
 from ..errors import GpufeedError, InternalError, NotModified, SignatureDoesNotMatch
-from . import _acl, _attributes, _bucketconfig, _buckets, _lifecycle, _listing, _multipart, _objects, _post
+from . import _acl, _attributes, _bucketconfig, _buckets, _cors, _lifecycle, _listing, _multipart, _objects, _post
 from ._accesslog import AccessLog
 from ._admin import ADMIN_PREFIX, handle_admin
 from ._auth import AuthResult, verify_request
@@ -72,6 +76,7 @@ HANDLERS: HandlerTable = {
     **_acl.HANDLERS,
     **_attributes.HANDLERS,
     **_bucketconfig.HANDLERS,
+    **_cors.HANDLERS,
     **_post.HANDLERS,
 }
 
@@ -97,6 +102,12 @@ class S3Front(Services):
             target = parse_target(request.method, request.raw_path, request.headers)
             request[TARGET] = target
         return target
+
+    async def _find_cors(self, request: web.BaseRequest, target: Target) -> None:
+        """Look up once the CORS headers of a request with an ``Origin`` (added
+        to its response when it is prepared, see :func:`_add_common_headers`)."""
+        if _cors.CORS_HEADERS not in request and target.method != "OPTIONS" and "Origin" in request.headers:
+            request[_cors.CORS_HEADERS] = await _cors.actual_request_headers(self, target, request.headers)
 
     def _verify(self, request: web.BaseRequest, target: Target) -> AuthResult:
         """The SigV4 check; headers only (the signed payload hash is checked as the body streams).
@@ -153,6 +164,7 @@ class S3Front(Services):
         request[REQUEST_ID] = request_id
         target = self._target(request)
         try:
+            await self._find_cors(request, target)
             request[AUTH] = self._verify(request, target)
         except GpufeedError as exc:
             request[ERROR_CODE] = exc.code
@@ -171,6 +183,7 @@ class S3Front(Services):
         request[REQUEST_ID] = request_id
         target = self._target(request)
         try:
+            await self._find_cors(request, target)
             auth = request.get(AUTH) or self._verify(request, target)
             request[AUTH] = auth
             if target.path.startswith(ADMIN_PREFIX):
@@ -211,6 +224,9 @@ async def _add_common_headers(request: web.BaseRequest, response: web.StreamResp
     rid = request.get(REQUEST_ID) or new_request_id()
     request[REQUEST_ID] = rid
     response.headers.update(common_headers(rid))
+    cors = request.get(_cors.CORS_HEADERS)
+    if cors:
+        response.headers.update(cors)
     protocol = request.protocol
     if isinstance(protocol, S3RequestHandler):
         protocol.response_started(request, response)

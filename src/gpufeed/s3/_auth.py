@@ -73,8 +73,10 @@ class AuthResult:
         timestamp: the signed ``X-Amz-Date`` (``YYYYMMDDTHHMMSSZ``).
         scope: the credential scope ``date/region/service/aws4_request``.
         signing_key: the derived SigV4 key (for chunk signatures).
-        deferred: an unsigned browser-form POST to a bucket: its handler checks
-            the signed policy in the form (``gpufeed.s3._post``); nothing else is proved.
+        deferred: an unsigned browser-form POST to a bucket (its handler checks
+            the signed policy in the form, ``gpufeed.s3._post``) or a CORS
+            preflight (``OPTIONS``, answered from the bucket's CORS rules alone,
+            ``gpufeed.s3._cors``); nothing else is proved.
     """
 
     access_key: str
@@ -338,6 +340,12 @@ def _is_form_post(method: str, raw_path: str, raw_query: str, headers, virtual_b
     return path == "" if virtual_bucket is not None else bool(path) and "/" not in path
 
 
+def _unverified() -> AuthResult:
+    """The result of a request let through unsigned (``deferred``): it proves nothing."""
+    return AuthResult(access_key="", payload_hash="UNSIGNED-PAYLOAD", signature="", timestamp="",
+                      scope="", signing_key=b"", deferred=True)
+
+
 def verify_request(
     *,
     method: str,
@@ -361,10 +369,9 @@ def verify_request(
             signs ``/bucket/key`` even for virtual-hosted requests).
 
     Returns:
-        An :class:`AuthResult`.
-
-    A browser-form POST to a bucket is let through ``deferred`` (its policy
-    signature is in the body; the POST Object handler checks it).
+        An :class:`AuthResult`. Let through ``deferred``: a browser-form POST to a bucket (its handler
+    checks the policy signature in the body) and any ``OPTIONS``, a CORS
+    preflight, unsigned as browsers send it (routed only to the preflight).
 
     Raises:
         AccessDenied: no signature at all (anonymous request).
@@ -374,6 +381,8 @@ def verify_request(
         RequestTimeTooSkewed: header-signed request more than 15 min off.
         AuthorizationHeaderMalformed, AuthorizationQueryParametersError: unparsable.
     """
+    if method == "OPTIONS":  # a CORS preflight
+        return _unverified()
     now_s = time.time() if now_s is None else now_s
     pairs = _query_pairs(raw_query)
     query = dict(pairs)
@@ -391,8 +400,7 @@ def verify_request(
     elif presigned:
         claim = _query_claim(query)
     elif _is_form_post(method, raw_path, raw_query, headers, virtual_bucket):
-        return AuthResult(access_key="", payload_hash="UNSIGNED-PAYLOAD", signature="", timestamp="",
-                          scope="", signing_key=b"", deferred=True)
+        return _unverified()
     else:
         raise AccessDenied("Anonymous access is not allowed")
 

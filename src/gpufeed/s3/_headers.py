@@ -15,8 +15,17 @@ import re
 
 from multidict import CIMultiDict
 
+from ..checksums import CHECKSUM_ALGORITHMS
 from ..engine import ObjectInfo
-from ..errors import InvalidArgument, InvalidDigest, InvalidRange, MetadataTooLarge, NotModified, PreconditionFailed
+from ..errors import (
+    InvalidArgument,
+    InvalidDigest,
+    InvalidRange,
+    InvalidRequestError,
+    MetadataTooLarge,
+    NotModified,
+    PreconditionFailed,
+)
 from ..store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest, resolve_range
 from ._xml import http_date, parse_http_date
 
@@ -29,6 +38,7 @@ __all__ = [
     "stored_headers",
     "user_metadata",
     "content_md5",
+    "require_integrity_header",
     "object_headers",
     "write_conditions",
     "checksum_headers",
@@ -265,6 +275,22 @@ def content_md5(headers) -> str | None:
     if len(raw) != 16:
         raise InvalidDigest("The Content-MD5 you specified was invalid.")
     return value.strip()
+
+
+def require_integrity_header(headers) -> None:
+    """Refuse a request without ``Content-MD5`` or a checksum of its body
+    (``x-amz-checksum-*``, or one announced in ``x-amz-trailer``), as S3 does for
+    the calls whose API page requires one (PutBucketCors, PutBucketTagging).
+    The values themselves are checked as the body is read.
+
+    Raises:
+        InvalidRequestError: neither is present (S3's ``InvalidRequest``).
+    """
+    if "Content-MD5" in headers or "x-amz-trailer" in headers:
+        return
+    if any(f"x-amz-checksum-{alg}" in headers for alg in CHECKSUM_ALGORITHMS):
+        return
+    raise InvalidRequestError("Missing required header for this request: Content-MD5")
 
 
 def object_headers(info: ObjectInfo, *, checksums: bool) -> CIMultiDict:

@@ -15,9 +15,11 @@ refused before the router says anything about it (:class:`MethodNotAllowed`,
 
 A new S3 call is a new endpoint class here, a branch in :func:`route` and a
 handler in the module of its family (``_objects``, ``_listing``,
-``_multipart``, ``_buckets``; versioning, tagging and policies get modules of
-their own). Sub-resources S3 has and gpufeed does not implement are listed in
-:data:`UNSUPPORTED_BUCKET` and :data:`UNSUPPORTED_OBJECT` and answered 501.
+``_multipart``, ``_buckets``, ``_bucketconfig``, ``_cors``; versioning and
+policies get modules of their own). Sub-resources S3 has and gpufeed does not
+implement are listed in :data:`UNSUPPORTED_BUCKET` and :data:`UNSUPPORTED_OBJECT`
+and answered 501. Every ``OPTIONS`` request is a CORS preflight
+(:class:`CorsPreflight`); the front lets it through without a signature.
 
 Source: Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API/;
 the shape follows Garage ``src/api/s3/router.rs`` (``enum Endpoint``).
@@ -55,7 +57,11 @@ __all__ = [
     "PutBucketAcl",
     "GetBucketConfiguration",
     "DeleteBucketConfiguration",
+    "PutBucketCors",
+    "PutBucketTagging",
+    "CorsPreflight",
     "BUCKET_CONFIGURATIONS",
+    "STORED_CONFIGURATIONS",
     "ListObjects",
     "ListMultipartUploads",
     "DeleteObjects",
@@ -76,13 +82,17 @@ __all__ = [
     "ListParts",
 ]
 
-#: Bucket configurations gpufeed never holds: Get answers S3's "no such
-#: configuration" 404, Delete succeeds; Put stays in :data:`UNSUPPORTED_BUCKET`.
+#: Bucket configurations with Get and Delete (:class:`GetBucketConfiguration`,
+#: :class:`DeleteBucketConfiguration`): Get answers the stored document or S3's
+#: "no such configuration" 404, Delete succeeds whether one was set or not.
 BUCKET_CONFIGURATIONS = frozenset({"policy", "cors", "encryption", "website", "replication", "tagging"})
+#: The configurations gpufeed stores (set with :class:`PutBucketCors`,
+#: :class:`PutBucketTagging`); setting any other is in :data:`UNSUPPORTED_BUCKET`.
+STORED_CONFIGURATIONS = frozenset({"cors", "tagging"})
 #: Bucket sub-resources S3 has and gpufeed does not implement (answered 501).
 UNSUPPORTED_BUCKET = frozenset({
-    "policy", "cors", "website", "logging", "notification", "replication",
-    "encryption", "object-lock", "tagging", "versions", "requestPayment", "accelerate",
+    "policy", "website", "logging", "notification", "replication",
+    "encryption", "object-lock", "versions", "requestPayment", "accelerate",
     "analytics", "inventory", "metrics", "ownershipControls", "publicAccessBlock",
     "intelligent-tiering", "policyStatus",
 })
@@ -333,6 +343,32 @@ class DeleteBucketConfiguration(BucketEndpoint):
 
 
 @dataclass(frozen=True, slots=True)
+class PutBucketCors(BucketEndpoint):
+    """``PUT /bucket?cors``: PutBucketCors."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutBucketTagging(BucketEndpoint):
+    """``PUT /bucket?tagging``: PutBucketTagging."""
+
+
+_PUT_CONFIGURATION: dict[str, type[BucketEndpoint]] = {"cors": PutBucketCors, "tagging": PutBucketTagging}
+
+
+@dataclass(frozen=True, slots=True)
+class CorsPreflight(Endpoint):
+    """``OPTIONS`` on anything: a CORS preflight request (never authenticated).
+
+    Attributes:
+        bucket: the bucket addressed, or None (the service).
+        key: the object key addressed, or None (the bucket itself).
+    """
+
+    bucket: str | None
+    key: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ListObjects(BucketEndpoint):
     """``GET /bucket``: ListObjects, or ListObjectsV2 with ``list-type=2``.
 
@@ -501,6 +537,8 @@ def route(target: Target) -> Endpoint:
         NotImplementedByGpufeed: an S3 operation gpufeed does not implement (501).
         InvalidArgument: a malformed upload id, part number or copy source (400).
     """
+    if target.method == "OPTIONS":
+        return CorsPreflight(target.bucket, target.key)
     if target.bucket is None:
         if target.method in ("GET", "HEAD"):
             return ListBuckets()
@@ -512,11 +550,16 @@ def route(target: Target) -> Endpoint:
 
 def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
     configs = BUCKET_CONFIGURATIONS & q.keys()
-    if len(configs) == 1 and method in ("GET", "DELETE") and not (_SUB_RESOURCES - configs) & q.keys():
+    if len(configs) == 1 and not (_SUB_RESOURCES - configs) & q.keys():
         # one configuration named alone (with several, the 501 below names one)
         config = next(iter(configs))
-        return GetBucketConfiguration(bucket, config) if method == "GET" else DeleteBucketConfiguration(bucket, config)
-    unsupported = UNSUPPORTED_BUCKET & q.keys()
+        if method == "GET":
+            return GetBucketConfiguration(bucket, config)
+        if method == "DELETE":
+            return DeleteBucketConfiguration(bucket, config)
+        if method == "PUT" and config in _PUT_CONFIGURATION:
+            return _PUT_CONFIGURATION[config](bucket)
+    unsupported = (UNSUPPORTED_BUCKET | configs) & q.keys()
     if unsupported:
         raise NotImplementedByGpufeed(f"bucket sub-resource {sorted(unsupported)[0]!r} is not implemented")
     if "lifecycle" in q and method in _LIFECYCLE:

@@ -99,7 +99,8 @@ def error_response(method: str, exc: GpufeedError, resource: str, request_id: st
     Args:
         method: the request's HTTP method.
         exc: the error; its ``code``, ``message``, ``status`` and the details
-            ``bucket``, ``key``, ``condition`` and ``size`` are used.
+            ``method``, ``resource_type`` (a refused CORS preflight), ``bucket``,
+            ``key``, ``condition`` and ``size`` are used.
         resource: the decoded request path.
         request_id: the request's id.
     """
@@ -109,6 +110,9 @@ def error_response(method: str, exc: GpufeedError, resource: str, request_id: st
     root = ET.Element("Error")  # S3 error documents carry no namespace
     sub(root, "Code", exc.code)
     sub(root, "Message", exc.message)
+    for name, tag in (("method", "Method"), ("resource_type", "ResourceType")):
+        if name in exc.details:
+            sub(root, tag, exc.details[name])
     for name in ("bucket", "key"):
         if name in exc.details:
             sub(root, "BucketName" if name == "bucket" else "Key", exc.details[name])
