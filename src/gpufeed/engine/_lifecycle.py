@@ -283,8 +283,9 @@ class Lifecycle:
         of keys per catalog transaction."""
         end = successor(rule.prefix) if rule.prefix else None
         start, inclusive = rule.prefix, True
+        keys: list[str]
         while True:
-            rows_read, keys = 0, []
+            rows_read, keys = 0, []  # rows read, distinct keys in order
             with closing(self._cat.scan_noncurrent(bucket, start, inclusive=inclusive, end=end,
                                                    limit=_BATCH)) as rows:
                 for o in rows:
