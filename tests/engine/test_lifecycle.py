@@ -399,6 +399,18 @@ def test_version_pass_pages_through_many_keys(eng, monkeypatch):
     assert len(_versions(eng)) == 7
 
 
+def test_marker_pass_pages_through_many_keys(eng, monkeypatch):
+    monkeypatch.setattr(_lifecycle, "_BATCH", 2)
+    eng.put_bucket_versioning("bkt", "Enabled")
+    for i in range(6):
+        if i % 2:
+            eng.put_object("bkt", f"k{i}", b"x")  # a version behind the marker: kept
+        eng.delete_object("bkt", f"k{i}")
+    eng.put_bucket_lifecycle("bkt", [LifecycleRule("dm", expired_object_delete_marker=True)])
+    assert eng.apply_lifecycle(now=MIDNIGHT_2030).delete_markers_removed == 3
+    assert sorted({k for k, _, _, _ in _versions(eng)}) == ["k1", "k3", "k5"]
+
+
 def test_new_rule_fields_round_trip_and_survive_a_restart(tmp_path):
     rules = [LifecycleRule("nc", prefix="a/", noncurrent_days=3, newer_noncurrent=5),
              LifecycleRule("dm", expired_object_delete_marker=True),

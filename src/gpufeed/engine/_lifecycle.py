@@ -280,18 +280,15 @@ class Lifecycle:
     def _expire_versions(self, bucket: str, rule: LifecycleRule, now: float, tally: _Tally) -> None:
         """Apply ``rule``'s noncurrent-version and delete-marker actions to every
         key under its prefix that has versions besides a current one, a batch
-        of keys per catalog transaction."""
+        of keys per catalog transaction (where each key's versions are read
+        again, so what is removed is decided on the state it is removed from)."""
         end = successor(rule.prefix) if rule.prefix else None
         start, inclusive = rule.prefix, True
-        keys: list[str]
         while True:
-            rows_read, keys = 0, []  # rows read, distinct keys in order
             with closing(self._cat.scan_noncurrent(bucket, start, inclusive=inclusive, end=end,
                                                    limit=_BATCH)) as rows:
-                for o in rows:
-                    rows_read += 1
-                    if not keys or keys[-1] != o.key:
-                        keys.append(o.key)
+                page = [(o.key, o.delete_marker and o.is_latest) for o in rows]
+            keys = _candidates(page, rule)
             if keys:
                 freed: list[str] = []
                 with self._cat.write() as w:
@@ -301,9 +298,9 @@ class Lifecycle:
                     for key in keys:
                         _prune_key(w, b, key, rule, now, tally, freed)
                 self._files.remove_blobs(freed)
-            if rows_read < _BATCH:
+            if len(page) < _BATCH:
                 return
-            start, inclusive = keys[-1], False
+            start, inclusive = page[-1][0], False
 
     def _abort(self, uploads: list[UploadInfo], idle_before: float | None) -> int:
         """Abort ``uploads`` (rows, then part files), batch by batch. With
@@ -344,6 +341,23 @@ def _locked(v: ObjectInfo, now: float) -> bool:
     except AccessDenied:
         return True
     return False
+
+
+def _candidates(page: list[tuple[str, bool]], rule: LifecycleRule) -> list[str]:
+    """The keys of a page of noncurrent rows (``(key, is a latest delete marker)``,
+    newest first within a key) that ``rule`` may act on: every key when it
+    expires noncurrent versions, else those whose one row is a latest delete marker."""
+    keys: list[str] = []
+    lone: list[bool] = []
+    for key, latest_marker in page:
+        if keys and keys[-1] == key:
+            lone[-1] = False
+        else:
+            keys.append(key)
+            lone.append(latest_marker)
+    if rule.noncurrent_days is not None:
+        return keys
+    return [k for k, one in zip(keys, lone, strict=True) if one]
 
 
 def _prune_key(w: CatalogWriter, b: BucketInfo, key: str, rule: LifecycleRule, now: float,
