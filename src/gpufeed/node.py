@@ -13,6 +13,7 @@ buckets' lifecycle rules and aborts multipart uploads idle for
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import shutil
 import threading
@@ -86,9 +87,8 @@ class LifecycleWorker:
         while not self._stop.is_set():
             try:
                 done = self._engine.apply_lifecycle(idle_upload_s=self._idle_upload_s)
-                if done.expired_objects or done.aborted_uploads:
-                    log.info("lifecycle: %d objects expired, %d uploads aborted",
-                             done.expired_objects, done.aborted_uploads)
+                if any(dataclasses.astuple(done)):
+                    log.info("lifecycle: %s", ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(done).items()))
             except Exception:
                 if self._stop.is_set():
                     return  # the engine closed under a pass that was ending anyway

@@ -102,18 +102,16 @@ def test_put_get_delete_round_trip(s3c, lb):
 
 
 @pytest.mark.parametrize("rule, feature", [
-    ({"NoncurrentVersionExpiration": {"NoncurrentDays": 3}}, "NoncurrentVersionExpiration"),
     ({"NoncurrentVersionTransitions": [{"NoncurrentDays": 3, "StorageClass": "GLACIER"}]},
      "NoncurrentVersionTransition"),
     ({"Transitions": [{"Days": 3, "StorageClass": "GLACIER"}]}, "Transition"),
-    ({"Expiration": {"ExpiredObjectDeleteMarker": True}}, "ExpiredObjectDeleteMarker"),
     ({"Filter": {"Tag": {"Key": "k", "Value": "v"}}, "Expiration": {"Days": 1}}, "Tag"),
     ({"Filter": {"ObjectSizeGreaterThan": 10}, "Expiration": {"Days": 1}}, "ObjectSizeGreaterThan"),
     ({"Filter": {"And": {"Prefix": "a", "Tags": [{"Key": "k", "Value": "v"}]}}, "Expiration": {"Days": 1}},
      "And"),
 ])
 def test_rule_kinds_not_built_are_501_naming_them(s3c, lb, rule, feature):
-    """Rule parts gpufeed does not build (versioning, storage classes, tags, sizes) are refused,
+    """Rule parts gpufeed does not build (storage classes, tags, sizes) are refused,
     never stored and ignored; https://docs.aws.amazon.com/AmazonS3/latest/API/API_LifecycleRule.html"""
     _put(s3c, lb, {"ID": "keep", "Filter": {}, "Status": "Enabled", "Expiration": {"Days": 9}})
     rule = {"ID": "r", "Status": "Enabled", **rule}
@@ -131,10 +129,19 @@ def test_rule_kinds_not_built_are_501_naming_them(s3c, lb, rule, feature):
     ({"Expiration": {"Date": dt.datetime(2030, 1, 1, 12, tzinfo=dt.UTC)}}, "InvalidArgument"),
     ({"ID": "x" * 256, "Expiration": {"Days": 1}}, "InvalidArgument"),
     ({}, "InvalidRequest"),  # no action
+    ({"Expiration": {"Days": 1, "ExpiredObjectDeleteMarker": True}}, "MalformedXML"),
+    ({"Expiration": {"Date": MIDNIGHT_2030, "ExpiredObjectDeleteMarker": False}}, "MalformedXML"),
+    ({"NoncurrentVersionExpiration": {"NoncurrentDays": 0}}, "InvalidArgument"),
+    ({"NoncurrentVersionExpiration": {"NewerNoncurrentVersions": 3}}, "InvalidArgument"),
+    ({"NoncurrentVersionExpiration": {"NoncurrentDays": 1, "NewerNoncurrentVersions": 0}}, "InvalidArgument"),
+    ({"NoncurrentVersionExpiration": {"NoncurrentDays": 1, "NewerNoncurrentVersions": 101}}, "InvalidArgument"),
 ])
 def test_bad_values_answer_aws_codes(s3c, lb, rule, code):
     """Days must be positive, a Date at midnight GMT, an ID at most 255 characters, a rule needs
-    an action; https://docs.aws.amazon.com/AmazonS3/latest/API/API_LifecycleExpiration.html"""
+    an action; ExpiredObjectDeleteMarker "cannot be specified with Days or Date" (S3 answers
+    MalformedXML); NoncurrentDays is required and positive, NewerNoncurrentVersions 1 to 100.
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_LifecycleExpiration.html
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_NoncurrentVersionExpiration.html"""
     with pytest.raises(ClientError) as ei:
         _put(s3c, lb, {"ID": "r", "Filter": {}, "Status": "Enabled", **rule})
     assert _err(ei.value) == (400, code)
@@ -173,6 +180,16 @@ _OK_RULE = "<ID>r</ID><Filter></Filter><Status>Enabled</Status><Expiration><Days
     b"<Expiration><Date>soon</Date></Expiration></Rule></LifecycleConfiguration>",
     b"<LifecycleConfiguration><Rule><ID>r</ID><Filter/><Status>Enabled</Status>"
     b"<AbortIncompleteMultipartUpload/></Rule></LifecycleConfiguration>",
+    b"<LifecycleConfiguration><Rule><ID>r</ID><Filter/><Status>Enabled</Status>"
+    b"<Expiration/></Rule></LifecycleConfiguration>",
+    b"<LifecycleConfiguration><Rule><ID>r</ID><Filter/><Status>Enabled</Status>"
+    b"<Expiration><ExpiredObjectDeleteMarker>yes</ExpiredObjectDeleteMarker></Expiration>"
+    b"</Rule></LifecycleConfiguration>",
+    b"<LifecycleConfiguration><Rule><ID>r</ID><Filter/><Status>Enabled</Status>"
+    b"<NoncurrentVersionExpiration><NoncurrentDays>1</NoncurrentDays><Days>1</Days>"
+    b"</NoncurrentVersionExpiration></Rule></LifecycleConfiguration>",
+    b"<LifecycleConfiguration><Rule><ID>r</ID><Filter/><Status>Enabled</Status>"
+    b"<ExpiredObjectDeleteMarker>true</ExpiredObjectDeleteMarker></Rule></LifecycleConfiguration>",
 ])
 def test_malformed_documents_are_malformed_xml(raw, bkt, code_of, body):
     """https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html (MalformedXML)"""
@@ -212,3 +229,48 @@ def test_abort_rule_aborts_uploads_when_due(s3c, lb, s3_node):
     assert _err(ei.value) == (404, "NoSuchUpload")
     assert not (s3_node.data_dir / "uploads" / up).exists()
 
+
+
+def test_version_rules_round_trip(s3c, lb):
+    """NoncurrentVersionExpiration (NoncurrentDays, NewerNoncurrentVersions) and Expiration
+    ExpiredObjectDeleteMarker are stored and answered back as given.
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_NoncurrentVersionExpiration.html
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_LifecycleExpiration.html"""
+    rules = [
+        {"ID": "nc", "Filter": {"Prefix": "logs/"}, "Status": "Enabled",
+         "NoncurrentVersionExpiration": {"NoncurrentDays": 30, "NewerNoncurrentVersions": 3}},
+        {"ID": "nc-only-days", "Filter": {}, "Status": "Enabled",
+         "NoncurrentVersionExpiration": {"NoncurrentDays": 7}},
+        {"ID": "markers", "Filter": {}, "Status": "Enabled", "Expiration": {"ExpiredObjectDeleteMarker": True}},
+        {"ID": "markers-off", "Filter": {}, "Status": "Disabled",
+         "Expiration": {"ExpiredObjectDeleteMarker": False}},
+        {"ID": "all", "Prefix": "tmp/", "Status": "Enabled", "Expiration": {"Days": 2},
+         "NoncurrentVersionExpiration": {"NoncurrentDays": 1},
+         "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}},
+    ]
+    _put(s3c, lb, *rules)
+    assert s3c.get_bucket_lifecycle_configuration(Bucket=lb)["Rules"] == rules
+
+
+def test_version_rules_over_s3(s3c, lb, s3_node):
+    """In a versioned bucket Expiration adds a delete marker (HEAD is then 404), the
+    expired version stays readable by id; NoncurrentVersionExpiration then removes it for good, and
+    ExpiredObjectDeleteMarker the lone delete marker.
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/intro-lifecycle-rules.html#intro-lifecycle-rules-actions"""
+    eng = s3_node.engine
+    eng.put_bucket_versioning(lb, "Enabled")
+    vid = s3c.put_object(Bucket=lb, Key="k", Body=b"data").get("VersionId") or eng.head_object(lb, "k").version_id
+    _put(s3c, lb,
+         {"ID": "cur", "Filter": {}, "Status": "Enabled", "Expiration": {"Days": 1}},
+         {"ID": "nc", "Filter": {}, "Status": "Enabled", "NoncurrentVersionExpiration": {"NoncurrentDays": 1}},
+         {"ID": "dm", "Filter": {}, "Status": "Enabled", "Expiration": {"ExpiredObjectDeleteMarker": True}})
+    made = eng.head_object(lb, "k").last_modified
+    first = eng.apply_lifecycle(now=due_time(made, 1))
+    assert (first.expired_objects, first.noncurrent_expired) == (1, 0)
+    with pytest.raises(ClientError) as ei:
+        s3c.head_object(Bucket=lb, Key="k")
+    assert _err(ei.value)[0] == 404
+    assert eng.get_object(lb, "k", version_id=vid) == b"data"
+    second = eng.apply_lifecycle(now=due_time(made, 1) + 2 * 86400)
+    assert (second.noncurrent_expired, second.delete_markers_removed) == (1, 1)
+    assert eng.list_object_versions(lb).versions == []

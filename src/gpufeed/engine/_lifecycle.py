@@ -5,11 +5,22 @@ catalog. :meth:`Lifecycle.apply` is one pass over every bucket's enabled
 rules at a given time (the node calls it from a background thread; tests
 call it with any ``now``):
 
-- ``Expiration`` (``Days`` or ``Date``) deletes current objects under the
-  rule's prefix whose time has come. Each deletion is conditional on the
-  version read (a key overwritten meanwhile keeps its new version). With
-  versioning this step will instead add a delete marker, and
-  ``NoncurrentVersionExpiration`` will delete old versions.
+- ``Expiration`` (``Days`` or ``Date``) expires current objects under the
+  rule's prefix whose time has come: in a never-versioned bucket they are
+  deleted; in a versioned one (``Enabled`` or ``Suspended``) it does what
+  DeleteObject without a version id does (a delete marker becomes the latest
+  version; no data goes, except a suspended bucket's replaced ``null``
+  version). Each is conditional on the version read still being current (a
+  key overwritten meanwhile keeps its new version).
+- ``NoncurrentVersionExpiration`` removes for good the noncurrent versions
+  (delete markers included) that became noncurrent ``NoncurrentDays`` days
+  ago, counted from when the next newer version was made, keeping each key's
+  ``NewerNoncurrentVersions`` newest noncurrent ones whatever their age. A
+  version object lock protects (retention until after ``now``, legal hold) is
+  kept and counted as skipped.
+- ``ExpiredObjectDeleteMarker`` removes a delete marker that is its key's
+  only version; ``Expiration`` ``Days`` does too once the marker is ``Days``
+  old.
 - ``AbortIncompleteMultipartUpload`` aborts uploads under the prefix started
   ``DaysAfterInitiation`` days ago.
 - Separately from any rule, the node's default aborts uploads nobody has
@@ -20,27 +31,30 @@ call it with any ``now``):
 computes it. Work is done in batches of :data:`_BATCH` keys, one catalog
 transaction each, so a large bucket never holds the writer for long.
 
-Source: "Lifecycle configuration elements" and "Setting lifecycle
-configuration on a bucket", Amazon S3 User Guide,
+Source: "Lifecycle configuration elements", "Setting lifecycle
+configuration on a bucket" and "Managing delete markers", Amazon S3 User Guide,
 https://docs.aws.amazon.com/AmazonS3/latest/userguide/intro-lifecycle-rules.html;
-"PutBucketLifecycleConfiguration", Amazon S3 API Reference,
+"PutBucketLifecycleConfiguration", "LifecycleExpiration" and
+"NoncurrentVersionExpiration", Amazon S3 API Reference,
 https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutBucketLifecycleConfiguration.html
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
 from contextlib import closing
 
-from ..errors import InvalidArgument, InvalidRequestError, NoSuchLifecycleConfiguration
+from ..errors import AccessDenied, InvalidArgument, InvalidRequestError, MalformedXML, NoSuchLifecycleConfiguration
 from ._blobs import BlobFiles
 from ._names import check_text, successor
+from ._versions import check_unlocked, delete_version
 from .catalog import Catalog, CatalogWriter, require_bucket
-from .types import LifecycleResult, LifecycleRule, UploadInfo
+from .types import BucketInfo, LifecycleResult, LifecycleRule, ObjectInfo, UploadInfo
 
-__all__ = ["Lifecycle", "check_rules", "due_time", "MAX_RULES", "DAY_S"]
+__all__ = ["Lifecycle", "check_rules", "due_time", "MAX_RULES", "MAX_NEWER_NONCURRENT", "DAY_S"]
 
 #: Most rules one bucket's configuration holds (S3's limit).
 MAX_RULES = 1000
@@ -50,6 +64,10 @@ _MAX_ID = 255
 DAY_S = 86400
 #: Keys examined, and objects or uploads removed, per catalog transaction.
 _BATCH = 1000
+#: Most noncurrent versions ``NewerNoncurrentVersions`` keeps (S3's limit).
+MAX_NEWER_NONCURRENT = 100
+#: "Every version of a key" as a catalog row limit.
+_ALL = 1 << 62
 
 #: ``on_delete(w, bucket, key)``: the engine's hook for an object deleted in ``w``.
 OnDelete = Callable[[CatalogWriter, str, str], None]
@@ -72,9 +90,13 @@ def check_rules(rules: list[LifecycleRule]) -> None:
     Raises:
         InvalidArgument: no rules or more than :data:`MAX_RULES`, an empty, long
             or repeated ID, a number of days that is not a positive integer, a
-            date not at midnight UTC, a prefix that is not valid UTF-8.
+            date not at midnight UTC, a prefix that is not valid UTF-8,
+            ``NewerNoncurrentVersions`` without ``NoncurrentDays`` or over
+            :data:`MAX_NEWER_NONCURRENT`.
         InvalidRequestError: a rule with no action, or with both ``Days`` and
             ``Date`` of ``Expiration`` (S3's ``InvalidRequest``).
+        MalformedXML: ``ExpiredObjectDeleteMarker`` with ``Days`` or ``Date``
+            in one ``Expiration`` (what S3 answers).
     """
     if not rules:
         raise InvalidArgument("a lifecycle configuration needs at least one rule")
@@ -90,15 +112,35 @@ def check_rules(rules: list[LifecycleRule]) -> None:
             raise InvalidArgument("Rule ID must be unique. Found same ID for more than one rule")
         seen.add(r.id)
         check_text(r.prefix, "prefix")
-        if r.expiration_days is None and r.expiration_date is None and r.abort_days is None:
-            raise InvalidRequestError("At least one action needs to be specified in a rule")
-        if r.expiration_days is not None and r.expiration_date is not None:
-            raise InvalidRequestError("Expiration can have either Days or Date, not both")
-        _check_days(r.expiration_days, "Days' for Expiration action")
-        _check_days(r.abort_days, "DaysAfterInitiation' for AbortIncompleteMultipartUpload action")
-        if r.expiration_date is not None and (
-                not math.isfinite(r.expiration_date) or r.expiration_date % DAY_S != 0):
-            raise InvalidArgument("'Date' must be at midnight GMT")
+        _check_actions(r)
+
+
+def _check_actions(r: LifecycleRule) -> None:
+    """Check the actions of one rule (see :func:`check_rules`)."""
+    if (r.expiration_days is None and r.expiration_date is None and r.abort_days is None
+            and r.noncurrent_days is None and r.newer_noncurrent is None
+            and r.expired_object_delete_marker is None):
+        raise InvalidRequestError("At least one action needs to be specified in a rule")
+    if r.expiration_days is not None and r.expiration_date is not None:
+        raise InvalidRequestError("Expiration can have either Days or Date, not both")
+    if r.expired_object_delete_marker is not None and (
+            r.expiration_days is not None or r.expiration_date is not None):
+        raise MalformedXML("The XML you provided was not well-formed or did not validate against our "
+                           "published schema: ExpiredObjectDeleteMarker cannot be specified with Days or Date")
+    if not (r.expired_object_delete_marker is None or isinstance(r.expired_object_delete_marker, bool)):
+        raise InvalidArgument("'ExpiredObjectDeleteMarker' must be true or false")
+    _check_days(r.expiration_days, "Days' for Expiration action")
+    _check_days(r.abort_days, "DaysAfterInitiation' for AbortIncompleteMultipartUpload action")
+    if r.newer_noncurrent is not None and r.noncurrent_days is None:
+        raise InvalidArgument("'NoncurrentDays' for NoncurrentVersionExpiration action must be a positive integer")
+    _check_days(r.noncurrent_days, "NoncurrentDays' for NoncurrentVersionExpiration action")
+    _check_days(r.newer_noncurrent, "NewerNoncurrentVersions' for NoncurrentVersionExpiration action")
+    if r.newer_noncurrent is not None and r.newer_noncurrent > MAX_NEWER_NONCURRENT:
+        raise InvalidArgument(f"'NewerNoncurrentVersions' for NoncurrentVersionExpiration action must be "
+                              f"at most {MAX_NEWER_NONCURRENT}")
+    if r.expiration_date is not None and (
+            not math.isfinite(r.expiration_date) or r.expiration_date % DAY_S != 0):
+        raise InvalidArgument("'Date' must be at midnight GMT")
 
 
 class Lifecycle:
@@ -150,24 +192,27 @@ class Lifecycle:
         """One pass of every enabled rule of every bucket at ``now`` (Unix s;
         ``None`` for the clock), then the idle-upload default (``0`` skips it)."""
         now = time.time() if now is None else now
-        expired = aborted = 0
+        tally = _Tally()
         for bucket, rules in self._cat.lifecycles().items():
             for r in rules:
                 if not r.enabled:
                     continue
                 if r.expiration_days is not None or r.expiration_date is not None:
-                    expired += self._expire(bucket, r, now)
+                    tally.expired_objects += self._expire(bucket, r, now)
+                if (r.noncurrent_days is not None or r.expired_object_delete_marker
+                        or r.expiration_days is not None):
+                    self._expire_versions(bucket, r, now, tally)
                 if r.abort_days is not None:
                     days = r.abort_days
                     stale = [u for u in self._cat.uploads(bucket)
                              if u.key.startswith(r.prefix) and due_time(u.initiated, days) <= now]
-                    aborted += self._abort(stale, None)
+                    tally.aborted_uploads += self._abort(stale, None)
         if idle_upload_s > 0:
-            aborted += self._abort(self._cat.idle_uploads(now - idle_upload_s), now - idle_upload_s)
-        return LifecycleResult(expired, aborted)
+            tally.aborted_uploads += self._abort(self._cat.idle_uploads(now - idle_upload_s), now - idle_upload_s)
+        return LifecycleResult(**dataclasses.asdict(tally))
 
     def _expire(self, bucket: str, rule: LifecycleRule, now: float) -> int:
-        """Delete the current objects under ``rule.prefix`` whose expiration has come."""
+        """Expire the current objects under ``rule.prefix`` whose expiration has come."""
         date, days = rule.expiration_date, rule.expiration_days
         if date is not None and now < date:
             return 0
@@ -181,25 +226,81 @@ class Lifecycle:
             with closing(self._cat.scan_objects(bucket, start, inclusive=inclusive, end=end,
                                                 limit=_BATCH)) as rows:
                 page = [(o.key, o.blob_id, o.last_modified) for o in rows]
-            done += self._delete_objects(bucket, [(k, b) for k, b, lm in page if is_due(lm)])
+            done += self._delete_objects(bucket, [(k, b) for k, b, lm in page if is_due(lm)], now)
             if len(page) < _BATCH:
                 return done
             start, inclusive = page[-1][0], False
 
-    def _delete_objects(self, bucket: str, due: list[tuple[str, str]]) -> int:
-        """Delete each ``(key, blob_id)`` that is still that version; returns how many."""
+    def _delete_objects(self, bucket: str, due: list[tuple[str, str]], now: float | None = None) -> int:
+        """Expire each ``(key, blob_id)`` that is still the key's current version
+        (at ``now``, Unix s; ``None`` for the clock); returns how many."""
         if not due:
             return 0
-        gone: list[str] = []
+        now = time.time() if now is None else now
+        done = 0
+        freed: list[str] = []
         with self._cat.write() as w:
-            if w.bucket(bucket) is None:
+            b = w.bucket(bucket)
+            if b is None:
                 return 0
             for key, blob_id in due:
-                if w.delete_object(bucket, key, blob_id):
+                if b.versioning:
+                    if self._mark_deleted(w, b, key, blob_id, now, freed):
+                        done += 1
+                elif w.delete_object(bucket, key, blob_id):
                     self._on_delete(w, bucket, key)
-                    gone.append(blob_id)
-        self._files.remove_blobs(gone)
-        return len(gone)
+                    freed.append(blob_id)
+                    done += 1
+        self._files.remove_blobs(freed)
+        return done
+
+    def _mark_deleted(self, w: CatalogWriter, b: BucketInfo, key: str, blob_id: str, now: float,
+                      freed: list[str]) -> bool:
+        """In a versioned bucket, expire the current version ``blob_id`` of ``key``
+        as DeleteObject without a version id does (:func:`delete_version`);
+        blob ids it frees go to ``freed``.
+
+        Returns:
+            Whether it was done: not when the version is no longer current, nor
+            when the ``null`` version a suspended bucket would replace is protected.
+        """
+        cur = w.object(b.name, key)
+        if cur is None or cur.blob_id != blob_id:
+            return False
+        if b.versioning == "Suspended":
+            null = w.version(b.name, key, "null")
+            if null is not None and _locked(null, now):
+                return False
+        _, gone = delete_version(w, b, key, None, False, now)
+        if gone and w.object(b.name, key) is None:
+            self._on_delete(w, b.name, key)
+        freed.extend(gone)
+        return True
+
+    def _expire_versions(self, bucket: str, rule: LifecycleRule, now: float, tally: _Tally) -> None:
+        """Apply ``rule``'s noncurrent-version and delete-marker actions to every
+        key under its prefix that has versions besides a current one, a batch
+        of keys per catalog transaction (where each key's versions are read
+        again, so what is removed is decided on the state it is removed from)."""
+        end = successor(rule.prefix) if rule.prefix else None
+        start, inclusive = rule.prefix, True
+        while True:
+            with closing(self._cat.scan_noncurrent(bucket, start, inclusive=inclusive, end=end,
+                                                   limit=_BATCH)) as rows:
+                page = [(o.key, o.delete_marker and o.is_latest) for o in rows]
+            keys = _candidates(page, rule)
+            if keys:
+                freed: list[str] = []
+                with self._cat.write() as w:
+                    b = w.bucket(bucket)
+                    if b is None:
+                        return
+                    for key in keys:
+                        _prune_key(w, b, key, rule, now, tally, freed)
+                self._files.remove_blobs(freed)
+            if len(page) < _BATCH:
+                return
+            start, inclusive = page[-1][0], False
 
     def _abort(self, uploads: list[UploadInfo], idle_before: float | None) -> int:
         """Abort ``uploads`` (rows, then part files), batch by batch. With
@@ -220,3 +321,72 @@ class Lifecycle:
                 self._files.remove_upload_dir(upload_id)
             done += len(dropped)
         return done
+
+
+@dataclasses.dataclass(slots=True)
+class _Tally:
+    """The counters of one pass (the fields of :class:`LifecycleResult`)."""
+
+    expired_objects: int = 0
+    aborted_uploads: int = 0
+    noncurrent_expired: int = 0
+    delete_markers_removed: int = 0
+    locked_skipped: int = 0
+
+
+def _locked(v: ObjectInfo, now: float) -> bool:
+    """Whether object lock keeps lifecycle from removing ``v`` at ``now`` (no bypass)."""
+    try:
+        check_unlocked(v, now, False)
+    except AccessDenied:
+        return True
+    return False
+
+
+def _candidates(page: list[tuple[str, bool]], rule: LifecycleRule) -> list[str]:
+    """The keys of a page of noncurrent rows (``(key, is a latest delete marker)``,
+    newest first within a key) that ``rule`` may act on: every key when it
+    expires noncurrent versions, else those whose one row is a latest delete marker."""
+    keys: list[str] = []
+    lone: list[bool] = []
+    for key, latest_marker in page:
+        if keys and keys[-1] == key:
+            lone[-1] = False
+        else:
+            keys.append(key)
+            lone.append(latest_marker)
+    if rule.noncurrent_days is not None:
+        return keys
+    return [k for k, one in zip(keys, lone, strict=True) if one]
+
+
+def _prune_key(w: CatalogWriter, b: BucketInfo, key: str, rule: LifecycleRule, now: float,
+               tally: _Tally, freed: list[str]) -> None:
+    """Inside ``w``: remove the key's due noncurrent versions, then its delete
+    marker when that is all that is left and ``rule`` expires it."""
+    cur = w.object(b.name, key)
+    versions = ([cur] if cur is not None else []) + w.noncurrent(b.name, key, _ALL)  # newest first
+    if not versions:
+        return
+    days = rule.noncurrent_days
+    if days is not None:
+        keep = rule.newer_noncurrent or 0
+        left = versions[:1]
+        # versions[i] became noncurrent when versions[i - 1] was made; i - 1 newer noncurrent ones
+        for i in range(1, len(versions)):
+            v = versions[i]
+            if i - 1 < keep or due_time(versions[i - 1].last_modified, days) > now:
+                left.append(v)
+            elif _locked(v, now):
+                tally.locked_skipped += 1
+                left.append(v)
+            else:
+                freed.extend(delete_version(w, b, key, v.version_id, False, now)[1])
+                tally.noncurrent_expired += 1
+        versions = left
+    m = versions[0]
+    if len(versions) == 1 and m.delete_marker and m.is_latest and (
+            rule.expired_object_delete_marker
+            or (rule.expiration_days is not None and due_time(m.last_modified, rule.expiration_days) <= now)):
+        delete_version(w, b, key, m.version_id, False, now)
+        tally.delete_markers_removed += 1

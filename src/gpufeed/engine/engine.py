@@ -675,8 +675,11 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
     def apply_lifecycle(self, now: float | None = None, *, idle_upload_s: float = 0.0) -> LifecycleResult:
         """Apply every bucket's enabled lifecycle rules once, as of ``now``.
 
-        Expired current objects are deleted (only the version that expired; a
-        key overwritten meanwhile stays), due multipart uploads aborted; then,
+        Expired current objects are deleted, or in a versioned bucket get a
+        delete marker (only the version that expired; a key overwritten
+        meanwhile stays), due noncurrent versions not under object lock and
+        lone delete markers are removed, due multipart uploads aborted (see
+        :mod:`gpufeed.engine._lifecycle`); then,
         with ``idle_upload_s > 0``, every upload with no activity (start or part
         upload) for that many seconds is aborted, whatever the rules say.
 

@@ -217,15 +217,30 @@ class LifecycleRule:
         enabled: ``Status`` ``Enabled`` (applied) or ``Disabled`` (kept, not applied).
         prefix: keys (of objects and uploads) the rule applies to start with
             this; ``""`` for every key.
-        expiration_days: ``Expiration`` ``Days``: current objects are deleted N
-            days after their last write; ``None`` when not set.
-        expiration_date: ``Expiration`` ``Date``: current objects are deleted
-            once this time has come, Unix s (a midnight UTC); ``None`` when not set.
+        expiration_days: ``Expiration`` ``Days``: current objects expire N days
+            after their last write (deleted; in a versioned bucket a delete
+            marker becomes the latest version instead); ``None`` when not set.
+        expiration_date: ``Expiration`` ``Date``: current objects expire (as
+            for ``expiration_days``) once this time has come, Unix s (a midnight
+            UTC); ``None`` when not set.
         abort_days: ``AbortIncompleteMultipartUpload`` ``DaysAfterInitiation``:
             multipart uploads are aborted N days after they were started; ``None``
             when not set.
         legacy_prefix: the rule gave its prefix in the rule-level ``Prefix``
             element S3 deprecated, not in a ``Filter`` (answered back the same way).
+        noncurrent_days: ``NoncurrentVersionExpiration`` ``NoncurrentDays``:
+            noncurrent versions (delete markers included) are removed for good N
+            days after they became noncurrent (when the next newer version was
+            made); ``None`` when not set.
+        newer_noncurrent: ``NoncurrentVersionExpiration``
+            ``NewerNoncurrentVersions``: that many newest noncurrent versions of
+            each key are kept whatever their age, 1 to 100; ``None`` when not set.
+        expired_object_delete_marker: ``Expiration``
+            ``ExpiredObjectDeleteMarker``: ``True`` removes a delete marker that
+            is its key's only version; ``False`` as given (no action); ``None``
+            when not set. Never set together with ``expiration_days`` or
+            ``expiration_date`` (``Days`` alone also removes such markers once
+            they are that old).
 
     Source: "LifecycleRule", Amazon S3 API Reference,
     https://docs.aws.amazon.com/AmazonS3/latest/API/API_LifecycleRule.html
@@ -238,6 +253,9 @@ class LifecycleRule:
     expiration_date: float | None = None
     abort_days: int | None = None
     legacy_prefix: bool = False
+    noncurrent_days: int | None = None
+    newer_noncurrent: int | None = None
+    expired_object_delete_marker: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,12 +263,22 @@ class LifecycleResult:
     """What one pass of lifecycle rules did (:meth:`gpufeed.engine.Engine.apply_lifecycle`).
 
     Attributes:
-        expired_objects: current objects deleted by ``Expiration`` rules.
+        expired_objects: current objects expired by ``Expiration`` rules
+            (deleted, or given a delete marker in a versioned bucket).
         aborted_uploads: multipart uploads aborted, by rules or as idle.
+        noncurrent_expired: noncurrent versions (delete markers included)
+            removed for good by ``NoncurrentVersionExpiration`` rules.
+        delete_markers_removed: delete markers removed because they were their
+            key's only version (``ExpiredObjectDeleteMarker``, or ``Days``).
+        locked_skipped: noncurrent versions that were due but kept because
+            object lock protects them (retention or legal hold).
     """
 
     expired_objects: int = 0
     aborted_uploads: int = 0
+    noncurrent_expired: int = 0
+    delete_markers_removed: int = 0
+    locked_skipped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
