@@ -19,7 +19,7 @@ import os
 import re
 import time
 
-from ..checksums import UPLOAD_CHECKSUM_TYPE, multipart_checksums
+from ..checksums import UPLOAD_CHECKSUM_ALGORITHM, UPLOAD_CHECKSUM_TYPE, multipart_checksums
 from ..errors import (
     EntityTooSmall,
     InternalError,
@@ -216,6 +216,7 @@ class Multipart:
         # each part's file is unchanged), so these checksums describe its bytes.
         headers = dict(upload.headers)
         checksum_type = headers.pop(UPLOAD_CHECKSUM_TYPE, None)
+        headers.pop(UPLOAD_CHECKSUM_ALGORITHM, None)
         etag, composite = _joined_etag_and_checksums(chosen, checksum_type)
         files = {rec.info.part_number: rec.file for rec in chosen}
 

@@ -99,7 +99,8 @@ def error_response(method: str, exc: GpufeedError, resource: str, request_id: st
     Args:
         method: the request's HTTP method.
         exc: the error; its ``code``, ``message``, ``status`` and the details
-            ``bucket``, ``key``, ``condition`` and ``size`` are used.
+            ``bucket``, ``key``, ``condition``, ``argument_name``,
+            ``argument_value`` and ``size`` are used.
         resource: the decoded request path.
         request_id: the request's id.
     """
@@ -114,6 +115,9 @@ def error_response(method: str, exc: GpufeedError, resource: str, request_id: st
             sub(root, "BucketName" if name == "bucket" else "Key", exc.details[name])
     if "condition" in exc.details:
         sub(root, "Condition", exc.details["condition"])
+    for name, element_name in (("argument_name", "ArgumentName"), ("argument_value", "ArgumentValue")):
+        if name in exc.details:
+            sub(root, element_name, exc.details[name])
     sub(root, "Resource", resource)
     sub(root, "RequestId", request_id)
     headers = {}
