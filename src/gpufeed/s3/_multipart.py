@@ -43,6 +43,7 @@ from ._headers import (
     checksum_headers,
     content_md5,
     quote_etag,
+    stored_content_type,
     stored_headers,
     strip_etag,
     user_metadata,
@@ -109,7 +110,7 @@ async def create_multipart_upload(s: Services, req: S3Request, ep: CreateMultipa
         stored[UPLOAD_CHECKSUM_ALGORITHM] = checksum[0].lower()
         stored[UPLOAD_CHECKSUM_TYPE] = checksum[1]
     up = await s.call(s.engine.create_multipart_upload, ep.bucket, ep.key,
-                      content_type=h.get("Content-Type"), metadata=user_metadata(h),
+                      content_type=stored_content_type(h), metadata=user_metadata(h),
                       headers=stored)
     root = element("InitiateMultipartUploadResult")
     sub(root, "Bucket", ep.bucket)
