@@ -42,6 +42,7 @@ Tree::
     │   ├── EntityTooLarge
     │   ├── MetadataTooLarge
     │   ├── InvalidPart
+    │   │   └── InvalidPartNumber  (416: GET/HEAD of a part the object does not have)
     │   ├── InvalidPartOrder
     │   ├── MalformedXML
     │   ├── IncompleteBody
@@ -108,6 +109,7 @@ __all__ = [
     "EntityTooLarge",
     "MetadataTooLarge",
     "InvalidPart",
+    "InvalidPartNumber",
     "InvalidPartOrder",
     "MalformedXML",
     "IncompleteBody",
@@ -309,6 +311,12 @@ class EntityTooLarge(InvalidRequestError):
 
 class InvalidPart(InvalidRequestError):
     code, status = "InvalidPart", 400
+
+
+class InvalidPartNumber(InvalidPart):
+    """A GetObject / HeadObject ``partNumber`` the object does not have."""
+
+    code, status = "InvalidPartNumber", 416
 
 
 class InvalidPartOrder(InvalidRequestError):
