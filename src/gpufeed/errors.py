@@ -41,6 +41,8 @@ Tree::
     │   ├── EntityTooSmall
     │   ├── EntityTooLarge
     │   ├── MetadataTooLarge
+    │   ├── InvalidLocationConstraint
+    │   ├── IllegalLocationConstraint  (code IllegalLocationConstraintException)
     │   ├── InvalidPart
     │   │   └── InvalidPartNumber  (416: GET/HEAD of a part the object does not have)
     │   ├── InvalidPartOrder
@@ -108,6 +110,8 @@ __all__ = [
     "EntityTooSmall",
     "EntityTooLarge",
     "MetadataTooLarge",
+    "InvalidLocationConstraint",
+    "IllegalLocationConstraint",
     "InvalidPart",
     "InvalidPartNumber",
     "InvalidPartOrder",
@@ -307,6 +311,18 @@ class MetadataTooLarge(InvalidRequestError):
 
 class EntityTooLarge(InvalidRequestError):
     code, status = "EntityTooLarge", 400
+
+
+class InvalidLocationConstraint(InvalidRequestError):
+    """A CreateBucket ``LocationConstraint`` S3 does not accept (``us-east-1`` itself)."""
+
+    code, status = "InvalidLocationConstraint", 400
+
+
+class IllegalLocationConstraint(InvalidRequestError):
+    """A CreateBucket ``LocationConstraint`` (or none) other than the node's region."""
+
+    code, status = "IllegalLocationConstraintException", 400
 
 
 class InvalidPart(InvalidRequestError):

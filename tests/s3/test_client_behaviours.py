@@ -67,6 +67,58 @@ def test_create_owned_bucket_elsewhere_is_409(tmp_path, serve, node_config):
         engine.close()
 
 
+def test_create_bucket_location_us_east_1_named_is_invalid(s3c):
+    """Naming us-east-1 as the LocationConstraint is 400 InvalidLocationConstraint
+    (S3 wants none there); nothing is created. Another region is taken, as S3's
+    us-east-1 endpoint takes it.
+
+    Source: "CreateBucketConfiguration" (LocationConstraint: "If you don't specify
+    a Region, the bucket is created in the US East (N. Virginia) Region
+    (us-east-1)") and "Error responses" (InvalidLocationConstraint), Amazon S3 API
+    Reference, https://docs.aws.amazon.com/AmazonS3/latest/API/API_CreateBucketConfiguration.html"""
+    name = f"lc-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ClientError) as ei:
+        s3c.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": "us-east-1"})
+    assert _err(ei.value) == (400, "InvalidLocationConstraint")
+    assert ei.value.response["Error"]["Message"] == "The specified location-constraint is not valid"
+    assert ei.value.response["Error"]["LocationConstraint"] == "us-east-1"
+    with pytest.raises(ClientError) as ei:
+        s3c.head_bucket(Bucket=name)
+    assert _err(ei.value)[0] == 404
+
+
+def test_create_bucket_location_elsewhere_must_name_the_region(tmp_path, serve, node_config):
+    """Outside us-east-1 the LocationConstraint must name the node's region: none
+    or another region is 400 IllegalLocationConstraintException, worded as S3
+    words it; nothing is created.
+
+    Source: "CreateBucket" and "Error responses" (IllegalLocationConstraintException),
+    Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API/API_CreateBucket.html"""
+    import boto3
+
+    cfg = dataclasses.replace(node_config(tmp_path / "eu"), region="eu-west-1")
+    engine = Engine(cfg.data_dir, fsync=False)
+    try:
+        with serve(engine, cfg) as port:
+            c = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="eu-west-1",
+                             aws_access_key_id=cfg.access_key, aws_secret_access_key=cfg.secret_key)
+            for conf, said in (({}, "unspecified"), ({"LocationConstraint": "eu-central-1"}, "eu-central-1"),
+                               ({"LocationConstraint": "us-east-1"}, "us-east-1")):
+                kw = {"CreateBucketConfiguration": conf} if conf else {}
+                with pytest.raises(ClientError) as ei:
+                    c.create_bucket(Bucket="eu-lc", **kw)
+                assert _err(ei.value) == (400, "IllegalLocationConstraintException")
+                assert ei.value.response["Error"]["Message"] == (
+                    f"The {said} location constraint is incompatible for the region specific endpoint "
+                    "this request was sent to.")
+            assert c.list_buckets()["Buckets"] == []
+            c.create_bucket(Bucket="eu-lc", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+            assert c.get_bucket_location(Bucket="eu-lc")["LocationConstraint"] == "eu-west-1"
+            c.close()
+    finally:
+        engine.close()
+
+
 # multipart ------------------------------------------------------------------------
 def test_repeated_complete_multipart_upload_answers_the_same_etag(s3c, bkt):
     """Source: "CompleteMultipartUpload", Amazon S3 API Reference (a retried
