@@ -191,6 +191,10 @@ class Multipart:
             remove_quietly(self._files.part_path(upload_id, old))
         return info
 
+    def get(self, bucket: str, key: str, upload_id: str) -> UploadInfo:
+        """The upload's row (see :func:`get_upload`)."""
+        return get_upload(self._cat, bucket, key, upload_id)
+
     def list_parts(self, bucket: str, key: str, upload_id: str) -> list[PartInfo]:
         """The parts uploaded so far, by part number."""
         with self._cat.snapshot() as c:

@@ -514,6 +514,14 @@ class Engine(VersionedObjects, ObjectReads):
             feed(pw, data)
             return pw.commit(content_md5=content_md5, checksums=checksums)
 
+    def head_multipart_upload(self, bucket: str, key: str, upload_id: str) -> UploadInfo:
+        """The upload ``upload_id`` of ``bucket/key``: its start time, metadata and headers.
+
+        Raises:
+            NoSuchUpload: no such upload for this bucket and key.
+        """
+        return self._multipart.get(bucket, key, upload_id)
+
     def list_parts(self, bucket: str, key: str, upload_id: str) -> list[PartInfo]:
         """The parts uploaded so far, by part number.
 

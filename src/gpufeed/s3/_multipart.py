@@ -125,8 +125,7 @@ async def create_multipart_upload(s: Services, req: S3Request, ep: CreateMultipa
 def _find_upload(s: Services, bucket: str, key: str, upload_id: str) -> UploadInfo | None:
     """The upload ``upload_id`` of ``bucket/key``, or None (blocking: runs on the pool)."""
     try:
-        return next((u for u in s.engine.list_multipart_uploads(bucket, key)
-                     if u.upload_id == upload_id and u.key == key), None)
+        return s.engine.head_multipart_upload(bucket, key, upload_id)
     except NoSuchUpload:
         return None
 
