@@ -338,7 +338,7 @@ def _signed_headers(claim: _Claim, headers,
     if "host" not in signed_names:
         raise claim.error_cls("The host header must be signed")
     sign_headers = {}
-    raw_values = {}
+    raw_values: dict[str, str] = {}
     for name in signed_names:
         values = headers.getall(name, [])
         if values:

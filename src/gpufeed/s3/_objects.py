@@ -10,6 +10,7 @@ Source: Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API
 from __future__ import annotations
 
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict
 
 from ..engine import MAX_KEY_BYTES
@@ -74,7 +75,7 @@ class _ObjectResponse(web.StreamResponse):
             await super()._write_headers()
             return
         request, writer = self._req, self._payload_writer
-        assert request is not None and writer is not None
+        assert request is not None and isinstance(writer, StreamWriter)
         status_line = f"HTTP/{request.version[0]}.{request.version[1]} {self.status} {self.reason}"
         # aiohttp's write_headers (hooks, state) over a stand-in, then the real bytes.
         stand_in = CIMultiDict((k, v.encode("utf-8", "surrogateescape").decode("latin-1"))
