@@ -42,6 +42,7 @@ Tree::
     │   ├── EntityTooLarge
     │   ├── MetadataTooLarge
     │   ├── InvalidLocationConstraint
+    │   ├── InvalidStorageClass
     │   ├── IllegalLocationConstraint  (code IllegalLocationConstraintException)
     │   ├── InvalidPart
     │   │   └── InvalidPartNumber  (416: GET/HEAD of a part the object does not have)
@@ -111,6 +112,7 @@ __all__ = [
     "EntityTooLarge",
     "MetadataTooLarge",
     "InvalidLocationConstraint",
+    "InvalidStorageClass",
     "IllegalLocationConstraint",
     "InvalidPart",
     "InvalidPartNumber",
@@ -317,6 +319,12 @@ class InvalidLocationConstraint(InvalidRequestError):
     """A CreateBucket ``LocationConstraint`` S3 does not accept (``us-east-1`` itself)."""
 
     code, status = "InvalidLocationConstraint", 400
+
+
+class InvalidStorageClass(InvalidRequestError):
+    """An ``x-amz-storage-class`` that is no S3 storage class."""
+
+    code, status = "InvalidStorageClass", 400
 
 
 class IllegalLocationConstraint(InvalidRequestError):

@@ -505,3 +505,70 @@ def test_other_requests_naming_features_not_built_are_501(s3c, bkt):
     with pytest.raises(ClientError) as ei:
         s3c.put_bucket_policy(Bucket=bkt, Policy="{}")
     assert _err(ei.value) == (501, "NotImplemented")
+
+
+def test_expected_bucket_owner_is_501(s3c, bkt):
+    """``x-amz-expected-bucket-owner`` asks for an account check gpufeed cannot
+    make (it has no account ids): 501 naming it, never a request that passes
+    unchecked; nothing changes.
+
+    Source: "Verifying bucket ownership with bucket owner condition" (a mismatch
+    is 403 Access Denied), Amazon S3 User Guide,
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucket-owner-condition.html,
+    and "Error responses" (501 NotImplemented), https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html"""
+    key = f"owner-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(ClientError) as ei:
+        s3c.put_object(Bucket=bkt, Key=key, Body=b"x", ExpectedBucketOwner="111122223333")
+    assert _err(ei.value) == (501, "NotImplemented")
+    assert "x-amz-expected-bucket-owner" in ei.value.response["Error"]["Message"]
+    s3c.put_object(Bucket=bkt, Key=key, Body=b"x")
+    for call in (lambda: s3c.list_objects_v2(Bucket=bkt, ExpectedBucketOwner="111122223333"),
+                 lambda: s3c.delete_object(Bucket=bkt, Key=key, ExpectedBucketOwner="111122223333"),
+                 lambda: s3c.copy_object(Bucket=bkt, Key=key + "-c", CopySource={"Bucket": bkt, "Key": key},
+                                         ExpectedSourceBucketOwner="111122223333")):
+        with pytest.raises(ClientError) as ei:
+            call()
+        assert _err(ei.value) == (501, "NotImplemented")
+    assert s3c.get_object(Bucket=bkt, Key=key)["Body"].read() == b"x"
+
+
+def test_unknown_storage_class_is_invalid(s3c, bkt):
+    """A storage class S3 does not define is 400 InvalidStorageClass ("The storage
+    class you specified is not valid"); one it defines but gpufeed does not build
+    is 501.
+
+    Source: "PutObject" (x-amz-storage-class) and "Error responses"
+    (InvalidStorageClass), Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html"""
+    key = f"sc-{uuid.uuid4().hex[:6]}"
+
+    def no_validation(params, **_kw):
+        params["StorageClass"] = "FANCY"
+
+    s3c.meta.events.register("provide-client-params.s3.PutObject", no_validation)
+    try:
+        with pytest.raises(ClientError) as ei:
+            s3c.put_object(Bucket=bkt, Key=key, Body=b"x", StorageClass="STANDARD")
+    finally:
+        s3c.meta.events.unregister("provide-client-params.s3.PutObject", no_validation)
+    assert _err(ei.value) == (400, "InvalidStorageClass")
+    assert ei.value.response["Error"]["Message"] == "The storage class you specified is not valid"
+    with pytest.raises(ClientError) as ei:
+        s3c.put_object(Bucket=bkt, Key=key, Body=b"x", StorageClass="STANDARD_IA")
+    assert _err(ei.value) == (501, "NotImplemented")
+    with pytest.raises(ClientError):
+        s3c.head_object(Bucket=bkt, Key=key)
+
+
+def test_unknown_encryption_method_is_invalid_argument(raw, bkt, code_of):
+    """An ``x-amz-server-side-encryption`` that is no S3 method is 400 InvalidArgument
+    "The encryption method specified is not supported", naming the argument.
+
+    Source: "PutObject" (x-amz-server-side-encryption: AES256 | aws:kms |
+    aws:kms:dsse), Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutObject.html"""
+    r = raw.request("PUT", f"/{bkt}/sse-bad", body=b"x", headers={"x-amz-server-side-encryption": "ROT13"})
+    doc = ET.fromstring(r.body)
+    assert (r.status, code_of(r.body)) == (400, "InvalidArgument")
+    assert doc.findtext("Message") == "The encryption method specified is not supported"
+    assert (doc.findtext("ArgumentName"), doc.findtext("ArgumentValue")) == ("x-amz-server-side-encryption", "ROT13")

@@ -26,6 +26,7 @@ from . import _acl, _attributes, _bucketconfig, _buckets, _lifecycle, _listing, 
 from ._accesslog import AccessLog
 from ._auth import AuthResult, verify_request
 from ._context import MAX_XML, HandlerTable, S3Request, Services
+from ._features import check_request_headers
 from ._headers import quote_etag
 from ._router import Target, parse_target, route
 from ._server import (
@@ -154,6 +155,7 @@ class S3Front(Services):
             auth = request.get(AUTH) or self._verify(request, target)
             request[AUTH] = auth
             endpoint = route(target)
+            check_request_headers(request.headers)
             handler = HANDLERS[type(endpoint)]
             return await handler(self, S3Request(request, target, auth), endpoint)
         except NotModified as exc:

@@ -100,7 +100,8 @@ def error_response(method: str, exc: GpufeedError, resource: str, request_id: st
         method: the request's HTTP method.
         exc: the error; its ``code``, ``message``, ``status`` and the details
             ``bucket``, ``key``, ``condition``, ``argument_name``,
-            ``argument_value``, ``location_constraint`` and ``size`` are used.
+            ``argument_value``, ``location_constraint``, ``storage_class_requested``
+            and ``size`` are used.
         resource: the decoded request path.
         request_id: the request's id.
     """
@@ -116,7 +117,8 @@ def error_response(method: str, exc: GpufeedError, resource: str, request_id: st
     if "condition" in exc.details:
         sub(root, "Condition", exc.details["condition"])
     for name, element_name in (("argument_name", "ArgumentName"), ("argument_value", "ArgumentValue"),
-                               ("location_constraint", "LocationConstraint")):
+                               ("location_constraint", "LocationConstraint"),
+                               ("storage_class_requested", "StorageClassRequested")):
         if name in exc.details:
             sub(root, element_name, exc.details[name])
     sub(root, "Resource", resource)
