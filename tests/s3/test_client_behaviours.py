@@ -180,6 +180,24 @@ def test_presigned_expiry_out_of_range_is_access_denied(s3_node, bkt, code_of):
     s3c.close()
 
 
+def test_presigned_expiry_not_a_number(s3_node, bkt, code_of):
+    """An ``X-Amz-Expires`` that is not a number is 400
+    AuthorizationQueryParametersError "X-Amz-Expires should be a number"; the
+    week itself (604800 s) is accepted.
+
+    Source: "Authenticating Requests: Using Query Parameters (AWS Signature
+    Version 4)", Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/sigv4-query-string-auth.html"""
+    s3c = s3_node.client(signature_version="s3v4")
+    s3c.put_object(Bucket=bkt, Key="pre-n", Body=b"n")
+    url = s3c.generate_presigned_url("get_object", Params={"Bucket": bkt, "Key": "pre-n"}, ExpiresIn=604800)
+    assert _urlopen(url) == (200, b"n")
+    status, body = _urlopen(re.sub(r"X-Amz-Expires=\d+", "X-Amz-Expires=abc", url))
+    assert (status, code_of(body)) == (400, "AuthorizationQueryParametersError")
+    assert ET.fromstring(body).findtext("Message") == "X-Amz-Expires should be a number"
+    s3c.close()
+
+
 def test_unknown_expect_is_ignored(raw, bkt):
     """Source: "PutObject", Amazon S3 API Reference (S3 acts on ``Expect:
     100-continue`` only; RFC 9110 section 10.1.1 lets a server ignore others),

@@ -273,6 +273,18 @@ def _header_claim(auth: str, headers) -> _Claim:
                   timestamp=timestamp, payload_hash=payload_hash, error_cls=AuthorizationHeaderMalformed)
 
 
+def _expires_s(value: str) -> int:
+    """``X-Amz-Expires``, seconds.
+
+    Raises:
+        AuthorizationQueryParametersError: not a number ("X-Amz-Expires should be a number").
+    """
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise AuthorizationQueryParametersError("X-Amz-Expires should be a number") from exc
+
+
 def _query_claim(query: dict[str, str]) -> _Claim:
     """The claim of a presigned URL (``X-Amz-Algorithm``, ``X-Amz-Credential``, ...)."""
     if query.get("X-Amz-Algorithm") != ALGORITHM:
@@ -287,9 +299,9 @@ def _query_claim(query: dict[str, str]) -> _Claim:
             timestamp=query["X-Amz-Date"],
             payload_hash="UNSIGNED-PAYLOAD",
             error_cls=AuthorizationQueryParametersError,
-            expires_s=int(query["X-Amz-Expires"]),
+            expires_s=_expires_s(query["X-Amz-Expires"]),
         )
-    except (KeyError, ValueError) as exc:
+    except KeyError as exc:
         raise AuthorizationQueryParametersError(
             "Query-string authentication version 4 requires the X-Amz-Algorithm, "
             "X-Amz-Credential, X-Amz-Signature, X-Amz-Date, X-Amz-SignedHeaders, "
