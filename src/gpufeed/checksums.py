@@ -62,6 +62,7 @@ __all__ = [
     "new_hasher",
     "CHECKSUM_TYPES",
     "UPLOAD_CHECKSUM_TYPE",
+    "UPLOAD_CHECKSUM_ALGORITHM",
 ]
 
 
@@ -133,6 +134,10 @@ CHECKSUM_TYPES = ("COMPOSITE", "FULL_OBJECT")
 #: Key of an upload's stored headers that holds its checksum type (set at
 #: CreateMultipartUpload, read at completion, never published with the object).
 UPLOAD_CHECKSUM_TYPE = "x-gpufeed-checksum-type"
+
+#: Key of an upload's stored headers that holds its checksum algorithm
+#: (lower case, as named at CreateMultipartUpload; never published with the object).
+UPLOAD_CHECKSUM_ALGORITHM = "x-gpufeed-checksum-algorithm"
 
 #: CRC name -> (width in bits, reflected polynomial, incremental function).
 _CRCS: dict[str, tuple[int, int, Callable[..., int]]] = {

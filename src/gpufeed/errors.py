@@ -48,7 +48,11 @@ Tree::
     │   ├── EntityTooSmall
     │   ├── EntityTooLarge
     │   ├── MetadataTooLarge
+    │   ├── InvalidLocationConstraint
+    │   ├── InvalidStorageClass
+    │   ├── IllegalLocationConstraint  (code IllegalLocationConstraintException)
     │   ├── InvalidPart
+    │   │   └── InvalidPartNumber  (416: GET/HEAD of a part the object does not have)
     │   ├── InvalidPartOrder
     │   ├── MalformedXML
     │   ├── IncompleteBody
@@ -123,7 +127,11 @@ __all__ = [
     "EntityTooSmall",
     "EntityTooLarge",
     "MetadataTooLarge",
+    "InvalidLocationConstraint",
+    "InvalidStorageClass",
+    "IllegalLocationConstraint",
     "InvalidPart",
+    "InvalidPartNumber",
     "InvalidPartOrder",
     "MalformedXML",
     "IncompleteBody",
@@ -352,8 +360,32 @@ class EntityTooLarge(InvalidRequestError):
     code, status = "EntityTooLarge", 400
 
 
+class InvalidLocationConstraint(InvalidRequestError):
+    """A CreateBucket ``LocationConstraint`` S3 does not accept (``us-east-1`` itself)."""
+
+    code, status = "InvalidLocationConstraint", 400
+
+
+class InvalidStorageClass(InvalidRequestError):
+    """An ``x-amz-storage-class`` that is no S3 storage class."""
+
+    code, status = "InvalidStorageClass", 400
+
+
+class IllegalLocationConstraint(InvalidRequestError):
+    """A CreateBucket ``LocationConstraint`` (or none) other than the node's region."""
+
+    code, status = "IllegalLocationConstraintException", 400
+
+
 class InvalidPart(InvalidRequestError):
     code, status = "InvalidPart", 400
+
+
+class InvalidPartNumber(InvalidPart):
+    """A GetObject / HeadObject ``partNumber`` the object does not have."""
+
+    code, status = "InvalidPartNumber", 416
 
 
 class InvalidPartOrder(InvalidRequestError):

@@ -230,8 +230,10 @@ def test_create_checksum_header_errors(raw, bkt, code_of):
 
 def test_complete_bad_part_checksums(s3, bucket):
     """A part checksum in the document that differs from the uploaded part's is
-    InvalidPart; a malformed one (or whole-object value) is InvalidRequest; a
-    type other than the upload's is InvalidRequest. The upload stays open."""
+    InvalidPart; a malformed one is InvalidArgument (as S3 answers: "Invalid
+    Base64 or multiple checksums present in request"); a malformed whole-object
+    value is InvalidRequest; a type other than the upload's is InvalidRequest.
+    The upload stays open."""
     datas = [os.urandom(_PART), b"end"]
     up = s3.create_multipart_upload(Bucket=bucket, Key="bp", ChecksumAlgorithm="CRC32")
     uid = up["UploadId"]
@@ -244,7 +246,7 @@ def test_complete_bad_part_checksums(s3, bucket):
         return _code(ei.value)
 
     assert complete([parts[0], {**parts[1], "ChecksumCRC32": _crc_b64("crc32", b"nope")}]) == "InvalidPart"
-    assert complete([parts[0], {**parts[1], "ChecksumCRC32": "%%%"}]) == "InvalidRequest"
+    assert complete([parts[0], {**parts[1], "ChecksumCRC32": "%%%"}]) == "InvalidArgument"
     assert complete(parts, ChecksumCRC32="AAAA") == "InvalidRequest"
     assert complete(parts, ChecksumCRC32="AAAAAA==-x") == "InvalidRequest"
     assert complete(parts, ChecksumType="FULL_OBJECT") == "InvalidRequest"

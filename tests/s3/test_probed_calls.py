@@ -179,7 +179,9 @@ def test_get_object_attributes_of_a_multipart_object(s3c, bkt, multipart):
 # partNumber -------------------------------------------------------------------------------
 def test_get_and_head_by_part_number(s3c, bkt, multipart):
     """Source: "GetObject" and "HeadObject" (partNumber, x-amz-mp-parts-count),
-    Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html"""
+    Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html;
+    a part the object does not have is 416 InvalidPartNumber, "Error responses",
+    https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html"""
     whole = s3c.head_object(Bucket=bkt, Key="mp3")
     assert "PartsCount" not in whole
     offset = 0
@@ -195,10 +197,11 @@ def test_get_and_head_by_part_number(s3c, bkt, multipart):
     for call in (s3c.get_object, s3c.head_object):
         with pytest.raises(ClientError) as ei:
             call(Bucket=bkt, Key="mp3", PartNumber=4)
-        assert _err(ei.value)[0] == 400
+        assert _err(ei.value)[0] == 416
     with pytest.raises(ClientError) as ei:
         s3c.get_object(Bucket=bkt, Key="mp3", PartNumber=4)
-    assert _err(ei.value) == (400, "InvalidPart")
+    assert _err(ei.value) == (416, "InvalidPartNumber")
+    assert ei.value.response["Error"]["Message"] == "The requested partnumber is not satisfiable"
     with pytest.raises(ClientError) as ei:
         s3c.get_object(Bucket=bkt, Key="mp3", PartNumber=1, Range="bytes=0-1")
     assert _err(ei.value) == (400, "InvalidRequest")
@@ -213,7 +216,7 @@ def test_part_number_of_a_single_part_object(s3c, bkt):
     assert got["ContentRange"] == "bytes 0-5/6"
     with pytest.raises(ClientError) as ei:
         s3c.get_object(Bucket=bkt, Key="one-part", PartNumber=2)
-    assert _err(ei.value) == (400, "InvalidPart")
+    assert _err(ei.value) == (416, "InvalidPartNumber")
 
 
 def test_part_number_out_of_range_is_invalid_argument(raw, bkt, code_of):

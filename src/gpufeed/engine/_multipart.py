@@ -19,7 +19,7 @@ import os
 import re
 import time
 
-from ..checksums import UPLOAD_CHECKSUM_TYPE, multipart_checksums
+from ..checksums import UPLOAD_CHECKSUM_ALGORITHM, UPLOAD_CHECKSUM_TYPE, multipart_checksums
 from ..errors import (
     EntityTooSmall,
     InternalError,
@@ -191,6 +191,10 @@ class Multipart:
             remove_quietly(self._files.part_path(upload_id, old))
         return info
 
+    def get(self, bucket: str, key: str, upload_id: str) -> UploadInfo:
+        """The upload's row (see :func:`get_upload`)."""
+        return get_upload(self._cat, bucket, key, upload_id)
+
     def list_parts(self, bucket: str, key: str, upload_id: str) -> list[PartInfo]:
         """The parts uploaded so far, by part number."""
         with self._cat.snapshot() as c:
@@ -216,6 +220,7 @@ class Multipart:
         # each part's file is unchanged), so these checksums describe its bytes.
         headers = dict(upload.headers)
         checksum_type = headers.pop(UPLOAD_CHECKSUM_TYPE, None)
+        headers.pop(UPLOAD_CHECKSUM_ALGORITHM, None)
         etag, composite = _joined_etag_and_checksums(chosen, checksum_type)
         files = {rec.info.part_number: rec.file for rec in chosen}
 

@@ -42,7 +42,7 @@ from ..errors import (
     TenantNotEmpty,
 )
 from ._private import FILE_MODE
-from .catalog import Catalog
+from .catalog import Catalog, require_bucket
 from .types import DEFAULT_TENANT, AccessKeyInfo, TenantInfo
 
 __all__ = ["TenantAdmin", "MasterKey", "check_tenant_name", "owner_of"]
@@ -137,6 +137,9 @@ class TenantAdmin:
     _key_cache: dict[str, tuple[str, str] | None]
     _key_cache_lock: threading.Lock
     _key_gen: int  # bumped whenever keys change, so a lookup racing a change never caches the old answer
+    _owners: dict[str, str]  # bucket -> tenant, see bucket_owner
+    _owner_gen: int  # bumped when a bucket is made or deleted, as _key_gen for keys
+
 
     def create_tenant(self, name: str) -> TenantInfo:
         """Make a tenant (it owns nothing and has no key yet).
@@ -268,3 +271,27 @@ class TenantAdmin:
         with self._key_cache_lock:
             self._key_gen += 1
             self._key_cache.clear()
+
+    def bucket_owner(self, name: str) -> str:
+        """The tenant owning bucket ``name`` (answered from memory after the
+        first lookup; a deleted bucket is forgotten at its commit).
+
+        Raises:
+            NoSuchBucket: it does not exist.
+        """
+        owner = self._owners.get(name)
+        if owner is None:
+            gen = self._owner_gen
+            owner = owner_of(require_bucket(self._cat, name).owner)
+            with self._key_cache_lock:
+                if gen == self._owner_gen:  # no bucket was made or deleted meanwhile
+                    if len(self._owners) > 100_000:
+                        self._owners.clear()
+                    self._owners[name] = owner
+        return owner
+
+    def _forget_owner(self, name: str) -> None:
+        """Drop a bucket's remembered owner (run at the commit that makes or deletes it)."""
+        with self._key_cache_lock:
+            self._owner_gen += 1
+            self._owners.pop(name, None)

@@ -69,7 +69,8 @@ def check_version_id(version_id: str) -> None:
         InvalidArgument: not ``"null"`` nor 32 lower-case hex digits (S3: "Invalid version id specified").
     """
     if version_id != "null" and not (isinstance(version_id, str) and _VERSION_ID.fullmatch(version_id)):
-        raise InvalidArgument("Invalid version id specified", argument="versionId")
+        raise InvalidArgument("Invalid version id specified", argument_name="versionId",
+                              argument_value=str(version_id))
 
 
 def check_tags(tags: dict[str, str], limit: int = MAX_TAGS) -> dict[str, str]:
@@ -279,7 +280,7 @@ def _start(c: CatalogReader, bucket: str, prefix: str, delimiter: str, key_marke
     """
     if version_id_marker and not key_marker:
         raise InvalidArgument("A version-id marker cannot be specified without a key marker.",
-                              argument="version-id-marker")
+                              argument_name="version-id-marker", argument_value=version_id_marker)
     if not key_marker or key_marker < prefix:
         return prefix, None, None
     if version_id_marker:

@@ -150,6 +150,7 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         self._key_cache_lock = threading.Lock()
         self._key_gen = 0
         self._owners: dict[str, str] = {}  # bucket -> tenant, see bucket_owner
+        self._owner_gen = 0
         #: What the start-up sweep removed: ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
         self.recovered = self._recover()
         #: Warnings about folders or files in ``data_dir`` that other local users
@@ -239,6 +240,7 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
                                           "and try again.", bucket=name)
             if have is not None:
                 raise BucketAlreadyOwnedByYou(f"bucket {name!r} exists", bucket=name)
+            w.on_commit(lambda: self._forget_owner(name))
             w.insert_bucket(info)
             self._kv.on_create_bucket(w, info)
         return info
@@ -301,24 +303,6 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
             w.delete_bucket(name)
             self._kv.on_delete_bucket(w, name)
             w.on_commit(lambda: self._forget_owner(name))
-
-    def bucket_owner(self, name: str) -> str:
-        """The tenant owning bucket ``name`` (answered from memory after the
-        first lookup; a deleted bucket is forgotten at its commit).
-
-        Raises:
-            NoSuchBucket: it does not exist.
-        """
-        owner = self._owners.get(name)
-        if owner is None:
-            owner = owner_of(require_bucket(self._cat, name).owner)
-            if len(self._owners) > 100_000:
-                self._owners.clear()
-            self._owners[name] = owner
-        return owner
-
-    def _forget_owner(self, name: str) -> None:
-        self._owners.pop(name, None)
 
     def head_bucket(self, name: str) -> BucketInfo:
         """Look a bucket up.
@@ -566,6 +550,14 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         with pw:
             feed(pw, data)
             return pw.commit(content_md5=content_md5, checksums=checksums)
+
+    def head_multipart_upload(self, bucket: str, key: str, upload_id: str) -> UploadInfo:
+        """The upload ``upload_id`` of ``bucket/key``: its start time, metadata and headers.
+
+        Raises:
+            NoSuchUpload: no such upload for this bucket and key.
+        """
+        return self._multipart.get(bucket, key, upload_id)
 
     def list_parts(self, bucket: str, key: str, upload_id: str) -> list[PartInfo]:
         """The parts uploaded so far, by part number.

@@ -31,6 +31,7 @@ from ._accesslog import AccessLog
 from ._admin import ADMIN_PREFIX, handle_admin
 from ._auth import AuthResult, verify_request
 from ._context import MAX_XML, HandlerTable, S3Request, Services
+from ._features import check_request_headers
 from ._headers import quote_etag
 from ._router import BucketEndpoint, CreateBucket, Endpoint, PostObject, Target, parse_target, route
 from ._server import (
@@ -190,6 +191,7 @@ class S3Front(Services):
                 return await handle_admin(self, request, target, auth)
             endpoint = route(target)
             self._authorize(auth, endpoint)
+            check_request_headers(request.headers)
             handler = HANDLERS[type(endpoint)]
             return await handler(self, S3Request(request, target, auth), endpoint)
         except NotModified as exc:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from ..engine import Engine, ObjectInfo
-from ..errors import InvalidArgument, InvalidPart
+from ..errors import InvalidArgument, InvalidPartNumber
 from ._context import HandlerTable, S3Request, Services
 from ._features import check_read_request
 from ._router import GetObjectAttributes
@@ -60,15 +60,16 @@ def part_range(engine: Engine, info: ObjectInfo, number: int) -> tuple[int, int,
         version that is not multipart (its one part is the whole object).
 
     Raises:
-        InvalidPart: the object has no such part.
+        InvalidPartNumber: the object has no such part (416, as S3 answers:
+            "The requested partnumber is not satisfiable").
     """
     parts = engine.object_parts(info)
     if not parts:
         if number != 1:
-            raise InvalidPart("The requested partnumber is not satisfiable", part_number=number)
+            raise InvalidPartNumber("The requested partnumber is not satisfiable", part_number=number)
         return 0, info.size, None
     if number > len(parts):
-        raise InvalidPart("The requested partnumber is not satisfiable", part_number=number)
+        raise InvalidPartNumber("The requested partnumber is not satisfiable", part_number=number)
     offset = sum(p.size for p in parts[: number - 1])
     return offset, parts[number - 1].size, len(parts)
 

@@ -13,11 +13,13 @@ and its pages on header auth, query auth (presigned URLs) and chunked uploads.
 
 from __future__ import annotations
 
+import base64
 import calendar
 import email.utils
 import hashlib
 import hmac
 import re
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,7 +34,6 @@ from ..errors import (
     AuthorizationHeaderMalformed,
     AuthorizationQueryParametersError,
     InvalidAccessKeyId,
-    InvalidArgument,
     InvalidRequestError,
     RequestExpired,
     RequestTimeTooSkewed,
@@ -89,11 +90,24 @@ class AuthResult:
 
 
 class _ClientSigned(SigV4Auth):
-    """SigV4Auth that signs exactly the headers the client listed, path as given."""
+    """SigV4Auth that signs exactly the headers the client listed, path as given.
 
-    def __init__(self, credentials, service, region, signed_headers: list[str]) -> None:
+    ``raw_values``: stand-in token -> header value whose bytes were not UTF-8
+    (lone surrogates, as aiohttp decodes them); botocore's canonical request is
+    built over the tokens, and hashed with the values' original bytes.
+    """
+
+    def __init__(self, credentials, service, region, signed_headers: list[str],
+                 raw_values: dict[str, str] | None = None) -> None:
         super().__init__(credentials, service, region)
         self._signed = signed_headers
+        self._raw_values = raw_values or {}
+
+    def string_to_sign(self, request, canonical_request):
+        for token, value in self._raw_values.items():
+            canonical_request = canonical_request.replace(token, value)
+        digest = hashlib.sha256(canonical_request.encode("utf-8", "surrogateescape")).hexdigest()
+        return "\n".join([ALGORITHM, request.context["timestamp"], self.credential_scope(request), digest])
 
     def headers_to_sign(self, request):
         header_map = super().headers_to_sign(request)
@@ -108,14 +122,23 @@ class _ClientSigned(SigV4Auth):
 
 
 class _V2Signer(HmacV1Auth):
-    """botocore's HMAC-SHA1 (signature version 2) signer, dated as the client dated it."""
+    """botocore's HMAC-SHA1 (signature version 2) signer, dated as the client
+    dated it; ``raw_values`` as for :class:`_ClientSigned`."""
 
-    def __init__(self, credentials, date: str) -> None:
+    def __init__(self, credentials, date: str, raw_values: dict[str, str] | None = None) -> None:
         super().__init__(credentials)
         self._date = date
+        self._raw_values = raw_values or {}
 
     def _get_date(self):
         return self._date
+
+    def sign_string(self, string_to_sign):
+        for token, value in self._raw_values.items():
+            string_to_sign = string_to_sign.replace(token, value)
+        digest = hmac.new(self.credentials.secret_key.encode("utf-8"),
+                          string_to_sign.encode("utf-8", "surrogateescape"), hashlib.sha1).digest()
+        return base64.b64encode(digest).strip().decode("utf-8")
 
 
 def _verify_v2(*, method, raw_path, raw_query, query, headers, credentials, now_s, virtual_bucket):
@@ -154,13 +177,17 @@ def _verify_v2(*, method, raw_path, raw_query, query, headers, credentials, now_
             "The AWS Access Key Id you provided does not exist in our records.", access_key=access_key
         )
     sign_headers = HTTPHeaders()
+    raw_values: dict[str, str] = {}
     for name, value in headers.items():
         lname = name.lower()
         if lname in ("content-md5", "content-type") or lname.startswith("x-amz-"):
+            if not value.isascii() and not _is_utf8(value):
+                token = f"gpufeed-raw-value-{len(raw_values)}-{secrets.token_hex(8)}"
+                raw_values[token], value = value, token
             sign_headers[lname] = value
     resource = f"/{virtual_bucket}{raw_path}" if virtual_bucket else raw_path
     split = urlsplit(f"http://host{raw_path}" + (f"?{raw_query}" if raw_query else ""))
-    signer = _V2Signer(Credentials(access_key, secret), date)
+    signer = _V2Signer(Credentials(access_key, secret), date, raw_values)
     # botocore signs a bucket as "/bucket/" while sending "/bucket": accept both.
     candidates = [resource] if resource.count("/") > 1 else [resource, resource.rstrip("/") + "/"]
     for auth_path in candidates:
@@ -256,6 +283,18 @@ def _header_claim(auth: str, headers) -> _Claim:
                   timestamp=timestamp, payload_hash=payload_hash, error_cls=AuthorizationHeaderMalformed)
 
 
+def _expires_s(value: str) -> int:
+    """``X-Amz-Expires``, seconds.
+
+    Raises:
+        AuthorizationQueryParametersError: not a number ("X-Amz-Expires should be a number").
+    """
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise AuthorizationQueryParametersError("X-Amz-Expires should be a number") from exc
+
+
 def _query_claim(query: dict[str, str]) -> _Claim:
     """The claim of a presigned URL (``X-Amz-Algorithm``, ``X-Amz-Credential``, ...)."""
     if query.get("X-Amz-Algorithm") != ALGORITHM:
@@ -270,9 +309,9 @@ def _query_claim(query: dict[str, str]) -> _Claim:
             timestamp=query["X-Amz-Date"],
             payload_hash="UNSIGNED-PAYLOAD",
             error_cls=AuthorizationQueryParametersError,
-            expires_s=int(query["X-Amz-Expires"]),
+            expires_s=_expires_s(query["X-Amz-Expires"]),
         )
-    except (KeyError, ValueError) as exc:
+    except KeyError as exc:
         raise AuthorizationQueryParametersError(
             "Query-string authentication version 4 requires the X-Amz-Algorithm, "
             "X-Amz-Credential, X-Amz-Signature, X-Amz-Date, X-Amz-SignedHeaders, "
@@ -312,23 +351,28 @@ def _is_utf8(value: str) -> bool:
     return True
 
 
-def _signed_headers(claim: _Claim, headers, header_signed: bool) -> tuple[list[str], dict[str, str]]:
-    """The signed header names and their canonical values."""
+def _signed_headers(claim: _Claim, headers,
+                    header_signed: bool) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """The signed header names, their canonical values, and the stand-in token ->
+    value of each value whose bytes were not UTF-8 (signed over those bytes;
+    see :class:`_ClientSigned`)."""
     signed_names = claim.signed.lower().split(";")
     if "host" not in signed_names:
         raise claim.error_cls("The host header must be signed")
     sign_headers = {}
+    raw_values: dict[str, str] = {}
     for name in signed_names:
         values = headers.getall(name, [])
-        for v in values:
-            if not v.isascii() and not _is_utf8(v):
-                raise InvalidArgument(f"The value of header {name} is not valid UTF-8")
         if values:
-            sign_headers[name] = ",".join(" ".join(v.split()) for v in values)
+            value = ",".join(" ".join(v.split()) for v in values)
+            if not value.isascii() and not _is_utf8(value):
+                token = f"gpufeed-raw-value-{len(raw_values)}-{secrets.token_hex(8)}"
+                raw_values[token], value = value, token
+            sign_headers[name] = value
     if header_signed:
         # Used for the payload line even when the client did not sign the header itself.
         sign_headers.setdefault("x-amz-content-sha256", claim.payload_hash)
-    return signed_names, sign_headers
+    return signed_names, sign_headers, raw_values
 
 
 def _is_form_post(method: str, raw_path: str, raw_query: str, headers, virtual_bucket: str | None) -> bool:
@@ -415,8 +459,8 @@ def verify_request(
             access_key=access_key,
         )
     _check_time(claim, date, now_s)
-    signed_names, sign_headers = _signed_headers(claim, headers, auth is not None)
-    signer = _ClientSigned(Credentials(access_key, secret), service, region, signed_names)
+    signed_names, sign_headers, raw_values = _signed_headers(claim, headers, auth is not None)
+    signer = _ClientSigned(Credentials(access_key, secret), service, region, signed_names, raw_values)
     expected = _match_signature(signer, method, raw_path, raw_query, pairs, sign_headers, claim)
     return AuthResult(
         access_key=access_key,

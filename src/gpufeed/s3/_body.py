@@ -38,7 +38,7 @@ from ..errors import (
     SignatureDoesNotMatch,
 )
 from ._auth import AuthResult, chunk_signature
-from ._checksum import CHECKSUM_ALGORITHMS, BodyDigests
+from ._checksum import CHECKSUM_ALGORITHMS, BodyDigests, sent_algorithms
 
 __all__ = ["RequestBody", "STREAMING_SIGNED", "STREAMING_UNSIGNED_TRAILER", "stream_body"]
 
@@ -69,6 +69,8 @@ class RequestBody:
         checksum_headers: check the ``x-amz-checksum-*`` headers against this body
             (False where they describe something else: CompleteMultipartUpload's
             name the whole object).
+        compute: checksum algorithms to compute with nothing to check them
+            against (a FULL_OBJECT upload's part sent without a checksum).
 
     Attributes:
         digests: the :class:`BodyDigests` to feed and verify.
@@ -77,11 +79,12 @@ class RequestBody:
 
     Raises:
         InvalidArgument: unknown ``x-amz-content-sha256`` value.
-        InvalidRequestError: a checksum header that is not base64 of its algorithm's length.
+        InvalidRequestError: a checksum header that is not base64 of its algorithm's
+            length, or an ``x-amz-sdk-checksum-algorithm`` naming another algorithm.
     """
 
     def __init__(self, request: web.BaseRequest, auth: AuthResult, *, want_md5: bool = False,
-                 checksum_headers: bool = True) -> None:
+                 checksum_headers: bool = True, compute: tuple[str, ...] = ()) -> None:
         self._request = request
         self._auth = auth
         mode = auth.payload_hash
@@ -96,6 +99,8 @@ class RequestBody:
                 )
             sha256_hex = mode
         checksums: dict[str, str | None] = {}
+        if checksum_headers:
+            sent_algorithms(headers)
         for alg in CHECKSUM_ALGORITHMS if checksum_headers else ():
             value = headers.get(f"x-amz-checksum-{alg}")
             if value is not None:
@@ -110,7 +115,8 @@ class RequestBody:
                 raise InvalidRequestError(f"unsupported trailer {name!r}")
             checksums.setdefault(alg, None)
             self._trailers.append(alg)
-        self.digests = BodyDigests(sha256_hex=sha256_hex, checksums=checksums, want_md5=want_md5)
+        self.digests = BodyDigests(sha256_hex=sha256_hex, checksums=checksums, want_md5=want_md5,
+                                   compute=tuple(alg for alg in compute if alg not in checksums))
         if self.chunked:
             decoded = headers.get("x-amz-decoded-content-length")
             try:

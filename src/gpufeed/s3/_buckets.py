@@ -12,7 +12,13 @@ import binascii
 from aiohttp import web
 
 from ..engine.types import DEFAULT_TENANT
-from ..errors import BucketAlreadyOwnedByYou, InvalidArgument, MalformedXML
+from ..errors import (
+    BucketAlreadyOwnedByYou,
+    IllegalLocationConstraint,
+    InvalidArgument,
+    InvalidLocationConstraint,
+    MalformedXML,
+)
 from ._context import HandlerTable, S3Request, Services
 from ._features import check_create_bucket_headers
 from ._router import (
@@ -25,7 +31,7 @@ from ._router import (
     ListBuckets,
 )
 from ._tenancy import CURRENT_TENANT
-from ._xml import element, iso8601, local, parse_xml, sub
+from ._xml import child_text, element, iso8601, local, parse_xml, sub
 
 __all__ = ["HANDLERS"]
 
@@ -100,6 +106,25 @@ async def head_bucket(s: Services, req: S3Request, ep: HeadBucket) -> web.Respon
     return web.Response(status=200, headers={"x-amz-bucket-region": s.config.region})
 
 
+def _check_location(constraint: str, region: str) -> None:
+    """A CreateBucket ``LocationConstraint`` (``""``: none) sent to a node of ``region``,
+    checked as S3 checks it: a us-east-1 node answers as S3's us-east-1
+    endpoint (which takes any other region's constraint), a node of another
+    region as that region's endpoint.
+
+    Raises:
+        InvalidLocationConstraint: ``us-east-1`` named explicitly (S3 wants none there).
+        IllegalLocationConstraint: outside us-east-1, a constraint (or none)
+            other than the node's region.
+    """
+    if constraint == "us-east-1" and region == "us-east-1":
+        raise InvalidLocationConstraint("The specified location-constraint is not valid",
+                                        location_constraint=constraint)
+    if region != "us-east-1" and constraint != region:
+        raise IllegalLocationConstraint(f"The {constraint or 'unspecified'} location constraint is incompatible "
+                                        "for the region specific endpoint this request was sent to.")
+
+
 async def create_bucket(s: Services, req: S3Request, ep: CreateBucket) -> web.Response:
     """CreateBucket, with the gpufeed extension headers
     ``x-gpufeed-bucket-kind: kv`` (+ ``x-gpufeed-capacity-bytes``,
@@ -107,22 +132,27 @@ async def create_bucket(s: Services, req: S3Request, ep: CreateBucket) -> web.Re
 
     Creating a bucket the caller already owns answers 200 in us-east-1 (S3's
     legacy behaviour there) and 409 BucketAlreadyOwnedByYou in any other region.
+    The ``LocationConstraint`` must name the node's region (none in us-east-1).
 
     Source: "CreateBucket", Amazon S3 API Reference,
     https://docs.aws.amazon.com/AmazonS3/latest/API/API_CreateBucket.html
 
     Raises:
         MalformedXML: a body that is not a CreateBucketConfiguration.
+        InvalidLocationConstraint, IllegalLocationConstraint: see :func:`_check_location`.
         InvalidArgument: a policy header that is not a number.
         NotImplementedByGpufeed: object lock, or an object ownership other than BucketOwnerEnforced.
         AccessControlListNotSupported: an ACL other than the owner's full control.
     """
     check_create_bucket_headers(req.headers)
     data = await s.read_xml(req)
+    constraint = ""
     if data.strip():
         doc = parse_xml(data)
         if local(doc.tag) != "CreateBucketConfiguration":
             raise MalformedXML("expected CreateBucketConfiguration")
+        constraint = (child_text(doc, "LocationConstraint") or "").strip()
+    _check_location(constraint, s.config.region)
     h = req.headers
     try:
         policy = {

@@ -30,6 +30,7 @@ __all__ = [
     "new_hasher",
     "decode_b64_digest",
     "checksum_value",
+    "sent_algorithms",
 ]
 
 
@@ -59,9 +60,35 @@ def checksum_value(algorithm: str, value: str, what: str) -> bytes:
         raw = base64.b64decode(value.strip(), validate=True)
     except (binascii.Error, ValueError) as exc:
         raise InvalidRequestError(f"Value for {what} is invalid.") from exc
-    if len(raw) != CHECKSUM_ALGORITHMS[algorithm]:
+    # S3 also refuses a non-canonical encoding (padding bits set: "y/Q5Jh==").
+    if len(raw) != CHECKSUM_ALGORITHMS[algorithm] or base64.b64encode(raw).decode() != value.strip():
         raise InvalidRequestError(f"Value for {what} is invalid.")
     return raw
+
+
+def sent_algorithms(headers) -> list[str]:
+    """The checksum algorithms a request body carries, in header or trailer
+    (``x-amz-checksum-<algorithm>``, ``x-amz-trailer``), checked against
+    ``x-amz-sdk-checksum-algorithm``.
+
+    Returns:
+        The algorithms (lower case), in :data:`CHECKSUM_ALGORITHMS` order.
+
+    Raises:
+        InvalidRequestError: ``x-amz-sdk-checksum-algorithm`` names another
+            algorithm than the checksum sent ("Value for
+            x-amz-sdk-checksum-algorithm header is invalid.", as S3 answers).
+
+    Source: "Checking object integrity", Amazon S3 User Guide,
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/checking-object-integrity.html
+    """
+    trailers = {t.strip().lower() for t in headers.get("x-amz-trailer", "").split(",")}
+    sent = [alg for alg in CHECKSUM_ALGORITHMS
+            if f"x-amz-checksum-{alg}" in headers or f"x-amz-checksum-{alg}" in trailers]
+    sdk = headers.get("x-amz-sdk-checksum-algorithm")
+    if sdk is not None and sent and sdk.strip().lower() not in sent:
+        raise InvalidRequestError("Value for x-amz-sdk-checksum-algorithm header is invalid.")
+    return sent
 
 
 class BodyDigests:
@@ -72,10 +99,12 @@ class BodyDigests:
         checksums: ``{algorithm: base64 value}`` from ``x-amz-checksum-*`` headers;
             an algorithm whose value is ``None`` is computed (for a trailer that
             arrives after the body) but not yet checked.
+        compute: algorithms computed without anything to check them against
+            (the server's own checksum of a part the client sent none for).
+        want_md5: also compute MD5 (for ``Content-MD5`` on requests the engine does not check).
 
     Raises:
         InvalidRequestError: a checksum value that is not base64 of its algorithm's length.
-        want_md5: also compute MD5 (for ``Content-MD5`` on requests the engine does not check).
     """
 
     def __init__(
@@ -84,10 +113,12 @@ class BodyDigests:
         sha256_hex: str | None = None,
         checksums: dict[str, str | None] | None = None,
         want_md5: bool = False,
+        compute: tuple[str, ...] = (),
     ) -> None:
         self.sha256_hex = sha256_hex
         self.expected: dict[str, bytes | None] = {}
-        self._hashers: dict[str, Any] = {}
+        self._hashers: dict[str, Any] = {alg: new_hasher(alg) for alg in compute}
+        self._computed = tuple(compute)
         for alg, value in (checksums or {}).items():
             self.expected[alg] = (
                 None if value is None else checksum_value(alg, value, f"x-amz-checksum-{alg} header")
@@ -138,8 +169,8 @@ class BodyDigests:
         """Check every digest against what was fed.
 
         Returns:
-            ``{algorithm: base64}`` of the verified ``x-amz-checksum-*`` values,
-            to store with the object.
+            ``{algorithm: base64}`` of the verified ``x-amz-checksum-*`` values
+            and of the computed ones, to store with the object.
 
         Raises:
             XAmzContentSHA256Mismatch: the signed payload hash differs.
@@ -165,4 +196,6 @@ class BodyDigests:
                     f"The {alg.upper()} you specified did not match the calculated checksum."
                 )
             out[alg] = base64.b64encode(got).decode()
+        for alg in self._computed:
+            out.setdefault(alg, base64.b64encode(self._hashers[alg].digest()).decode())
         return out

@@ -180,10 +180,11 @@ class Services:
             return h.info, os.fdopen(os.dup(h.fd), "rb")
 
     # upload bodies ---------------------------------------------------------------
-    async def receive(self, req: S3Request, pending, commit):
+    async def receive(self, req: S3Request, pending, commit, *, compute: tuple[str, ...] = ()):
         """Stream the body into ``pending`` and ``commit(checksums, expected_size)``
         on the pool; abort on any failure (client gone, digest mismatch) so nothing
-        is visible.
+        is visible. ``compute``: checksum algorithms the server computes itself
+        (returned with the verified ones).
 
         Returns:
             ``(commit's result, verified checksums)``.
@@ -193,7 +194,7 @@ class Services:
             EntityTooLarge: the declared size is over ``config.max_object_bytes``.
         """
         try:
-            body = RequestBody(req.http, req.auth)
+            body = RequestBody(req.http, req.auth, compute=compute)
             if body.expected_size is None and not body.chunked and \
                     req.headers.get("Transfer-Encoding", "").lower() != "chunked":
                 raise MissingContentLength("You must provide the Content-Length HTTP header.")

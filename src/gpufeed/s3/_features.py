@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..errors import AccessControlListNotSupported, InvalidArgument, NotImplementedByGpufeed
+from ..errors import AccessControlListNotSupported, InvalidArgument, InvalidStorageClass, NotImplementedByGpufeed
 
 __all__ = [
     "ACCEPTED_CANNED_ACLS",
@@ -36,6 +36,7 @@ __all__ = [
     "check_read_request",
     "check_version_id",
     "check_create_bucket_headers",
+    "check_request_headers",
     "sse_headers",
 ]
 
@@ -49,6 +50,18 @@ _OTHER_CANNED_ACLS = frozenset({
 _GRANT_HEADERS = ("x-amz-grant-full-control", "x-amz-grant-read", "x-amz-grant-read-acp",
                   "x-amz-grant-write", "x-amz-grant-write-acp")
 _NO_ACLS = "The bucket does not allow ACLs"
+
+#: The storage classes S3 defines (any other is 400 InvalidStorageClass).
+#: Source: "PutObject" (``x-amz-storage-class`` valid values), Amazon S3 API Reference.
+_STORAGE_CLASSES = frozenset({
+    "STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER",
+    "DEEP_ARCHIVE", "OUTPOSTS", "GLACIER_IR", "SNOW", "EXPRESS_ONEZONE", "FSX_OPENZFS", "FSX_ONTAP",
+})
+#: Headers any request may carry that name a check gpufeed does not make.
+_UNBUILT_REQUEST_HEADERS = {
+    "x-amz-expected-bucket-owner": "the bucket owner account check (x-amz-expected-bucket-owner)",
+    "x-amz-source-expected-bucket-owner": "the bucket owner account check (x-amz-source-expected-bucket-owner)",
+}
 
 _SSE_C = "server-side encryption with customer-provided keys (SSE-C)"
 _SSE_KMS = "server-side encryption with AWS KMS keys (SSE-KMS)"
@@ -99,7 +112,8 @@ def _check_sse(headers: Mapping[str, str]) -> None:
     if sse is not None and sse.strip() != "AES256":
         if sse.strip().startswith("aws:kms"):
             raise _not_built(_SSE_KMS)
-        raise InvalidArgument(f"The encryption method specified is not supported: {sse!r}")
+        raise InvalidArgument("The encryption method specified is not supported",
+                              argument_name="x-amz-server-side-encryption", argument_value=sse.strip())
     if headers.get("x-amz-server-side-encryption-bucket-key-enabled", "false").strip().lower() != "false":
         raise _not_built("S3 Bucket Keys for SSE-KMS (x-amz-server-side-encryption-bucket-key-enabled)")
 
@@ -110,6 +124,7 @@ def check_write_headers(headers: Mapping[str, str], *, copy: bool = False) -> No
     Raises:
         NotImplementedByGpufeed: tagging, object lock, SSE-KMS, SSE-C, MFA, or a
             storage class other than STANDARD.
+        InvalidStorageClass: a storage class S3 does not define.
         AccessControlListNotSupported, InvalidArgument: see :func:`check_acl_headers`;
             an unknown encryption method.
     """
@@ -122,6 +137,9 @@ def check_write_headers(headers: Mapping[str, str], *, copy: bool = False) -> No
     _check_sse(headers)
     storage_class = headers.get("x-amz-storage-class")
     if storage_class is not None and storage_class.strip() != "STANDARD":
+        if storage_class.strip() not in _STORAGE_CLASSES:
+            raise InvalidStorageClass("The storage class you specified is not valid",
+                                      storage_class_requested=storage_class.strip())
         raise _not_built(f"storage class {storage_class.strip()!r}")
     check_acl_headers(headers)
 
@@ -158,6 +176,19 @@ def check_version_id(query: Mapping[str, str]) -> None:
     version = query.get("versionId")
     if version is not None and version != "null":
         raise _not_built("versioning (versionId)")
+
+
+def check_request_headers(headers: Mapping[str, str]) -> None:
+    """The feature headers any S3 request may carry.
+
+    Raises:
+        NotImplementedByGpufeed: ``x-amz-expected-bucket-owner`` (or its copy
+            source form): gpufeed has no account ids to check it against, and
+            accepting it unchecked would pass a request S3 refuses with 403.
+    """
+    for name, feature in _UNBUILT_REQUEST_HEADERS.items():
+        if name in headers:
+            raise _not_built(feature)
 
 
 def check_create_bucket_headers(headers: Mapping[str, str]) -> None:

@@ -3,6 +3,15 @@
 Pure functions over header mappings and :class:`~gpufeed.engine.ObjectInfo`;
 no I/O. Used by the object and multipart handlers.
 
+Header bytes: aiohttp decodes request header values as UTF-8 with
+``surrogateescape``, so bytes that are not UTF-8 arrive as lone surrogates. A
+stored value (user metadata, the standard headers S3 keeps) whose bytes were
+not UTF-8 is stored as the latin-1 decoding of those bytes (a ``str`` every
+catalog and front can hold) and its response header name is listed under
+:data:`RAW_BYTES_KEY` in the object's stored headers; :func:`object_headers`
+turns it back into the surrogate form, which :func:`serialize_head` sends as
+the original bytes. Valid UTF-8 is stored as the text it spells.
+
 Sources: RFC 9110 sections 13 (conditional requests) and 14 (range requests);
 "PutObject" and "GetObject", Amazon S3 API Reference.
 """
@@ -37,6 +46,7 @@ __all__ = [
     "parse_range",
     "stored_headers",
     "user_metadata",
+    "stored_content_type",
     "content_md5",
     "require_integrity_header",
     "object_headers",
@@ -46,10 +56,17 @@ __all__ = [
     "response_overrides",
     "RESPONSE_OVERRIDES",
     "MAX_USER_METADATA",
+    "RAW_BYTES_KEY",
+    "serialize_head",
 ]
 
 #: S3's limit on user-defined metadata (names + values), bytes.
 MAX_USER_METADATA = 2 << 10  # 2 KiB
+
+#: Key of an object's stored headers listing (comma-separated, lower case) the
+#: response headers whose stored values are the latin-1 decoding of request
+#: bytes that were not UTF-8; never sent as a header itself.
+RAW_BYTES_KEY = "x-gpufeed-raw-bytes"
 
 #: Standard headers S3 stores at upload and returns on GET/HEAD, as spelled in responses.
 #: Source: "PutObject" request headers, Amazon S3 API Reference.
@@ -206,15 +223,67 @@ def parse_range(value: str | None, size: int):
     return resolve_range(req, size)
 
 
+def _wire(value: str) -> bytes:
+    """The bytes a request header value had on the wire (aiohttp decodes them as
+    UTF-8 with ``surrogateescape``)."""
+    return value.encode("utf-8", "surrogateescape")
+
+
+def _is_raw(value: str) -> bool:
+    """Whether a request header value's bytes were not UTF-8 (it holds lone surrogates)."""
+    if value.isascii():
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _stored_value(value: str) -> str:
+    """A request header value as stored: itself when its bytes were UTF-8, else
+    the latin-1 decoding of its bytes (see the module docstring)."""
+    return _wire(value).decode("latin-1") if _is_raw(value) else value
+
+
+def _sent_value(value: str, raw: bool) -> str:
+    """A stored value as handed to :func:`serialize_head`: the surrogate form of
+    its original bytes when ``raw``."""
+    if not raw:
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # not stored by this front: sent as the text it is
+        return value
+
+
+def _raw_metadata(headers) -> dict[str, str]:
+    """The ``x-amz-meta-*`` headers as ``{name: value}`` in aiohttp's decoding
+    (names lower-cased, repeated names joined with commas)."""
+    meta: dict[str, str] = {}
+    for name, value in headers.items():
+        lname = name.lower()
+        if lname.startswith("x-amz-meta-"):
+            header_value(name, value)
+            k = lname[len("x-amz-meta-"):]
+            meta[k] = f"{meta[k]},{value}" if k in meta else value
+    return meta
+
+
 def stored_headers(headers) -> dict[str, str]:
     """The standard headers of an upload request that S3 stores with the object.
 
     Values are kept as sent, byte for byte (``Content-Encoding: deflate, gzip``
     comes back so), except that ``aws-chunked``, the transfer framing of the
     request and not the object's coding, is dropped from ``Content-Encoding``
-    (as S3 does).
+    (as S3 does). Values (here or in ``x-amz-meta-*``) whose bytes were not
+    UTF-8 are listed under :data:`RAW_BYTES_KEY`.
+
+    Raises:
+        InvalidArgument: a value holds a control character.
     """
     out: dict[str, str] = {}
+    raw: list[str] = []
     for name in _STORED_HEADERS:
         value = headers.get(name)
         if value is None:
@@ -225,38 +294,66 @@ def stored_headers(headers) -> dict[str, str]:
                 value = ",".join(c for c in codings if c.strip().lower() != "aws-chunked").strip()
             if not value:
                 continue
-        out[name] = header_value(name, value)
+        header_value(name, value)
+        if _is_raw(value):
+            raw.append(name.lower())
+        out[name] = _stored_value(value)
+    if _is_raw(headers.get("Content-Type", "")):
+        raw.append("content-type")
+    raw += [f"x-amz-meta-{k}" for k, v in _raw_metadata(headers).items() if _is_raw(v)]
+    if raw:
+        out[RAW_BYTES_KEY] = ",".join(raw)
     return out
+
+
+def stored_content_type(headers) -> str | None:
+    """The ``Content-Type`` of an upload request as stored (see :func:`stored_headers`), or None.
+
+    Raises:
+        InvalidArgument: it holds a control character.
+    """
+    value = headers.get("Content-Type")
+    return None if value is None else _stored_value(header_value("Content-Type", value))
 
 
 def user_metadata(headers) -> dict[str, str]:
     """The ``x-amz-meta-*`` headers as ``{name: value}`` (names lower-cased,
-    repeated names joined with commas). Values are kept as sent: UTF-8 bytes
-    outside ASCII come back byte for byte, and RFC 2047 encoded words
-    (``=?UTF-8?B?...?=``) are neither decoded nor added.
+    repeated names joined with commas). Values are kept as sent: bytes outside
+    ASCII come back byte for byte, UTF-8 or not (a value that is not UTF-8 is
+    stored as the latin-1 decoding of its bytes and marked by
+    :func:`stored_headers`), and RFC 2047 encoded words (``=?UTF-8?B?...?=``)
+    are neither decoded nor added.
 
     Raises:
-        MetadataTooLarge: names and values exceed :data:`MAX_USER_METADATA` bytes.
-        InvalidArgument: a value holds a control character, or bytes that are not UTF-8.
+        MetadataTooLarge: names and values exceed :data:`MAX_USER_METADATA`
+            bytes as sent (S3 counts the UTF-8 bytes of each name and value).
+        InvalidArgument: a value holds a control character.
+
+    Source: "Working with object metadata" (user-defined metadata), Amazon S3 User Guide,
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingMetadata.html
     """
-    meta: dict[str, str] = {}
-    for name, value in headers.items():
-        lname = name.lower()
-        if lname.startswith("x-amz-meta-"):
-            header_value(name, value)
-            if not value.isascii():
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError as exc:
-                    raise InvalidArgument(f"The value of header {name} is not valid UTF-8") from exc
-            k = lname[len("x-amz-meta-"):]
-            meta[k] = f"{meta[k]},{value}" if k in meta else value
-    size = sum(len(k.encode()) + len(v.encode()) for k, v in meta.items())
+    meta = _raw_metadata(headers)
+    size = sum(len(_wire(k)) + len(_wire(v)) for k, v in meta.items())
     if size > MAX_USER_METADATA:
         raise MetadataTooLarge(
             f"Your metadata headers exceed the maximum allowed metadata size ({size} > "
             f"{MAX_USER_METADATA} bytes)")
-    return meta
+    return {k: _stored_value(v) for k, v in meta.items()}
+
+
+def serialize_head(status_line: str, headers) -> bytes:
+    """A response's status line and headers as bytes, each value's lone
+    surrogates written as the bytes they stand for (``surrogateescape``).
+
+    Raises:
+        ValueError: a name or value holds CR or LF.
+    """
+    lines = [status_line]
+    for name, value in headers.items():
+        if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
+            raise ValueError(f"header {name!r} holds CR or LF")
+        lines.append(f"{name}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
 
 
 def content_md5(headers) -> str | None:
@@ -294,7 +391,9 @@ def require_integrity_header(headers) -> None:
 
 
 def object_headers(info: ObjectInfo, *, checksums: bool) -> CIMultiDict:
-    """The GetObject / HeadObject response headers of an object.
+    """The GetObject / HeadObject response headers of an object. Stored values
+    whose bytes were not UTF-8 come back in the surrogate form
+    :func:`serialize_head` sends as those bytes.
 
     Args:
         info: the object.
@@ -307,12 +406,16 @@ def object_headers(info: ObjectInfo, *, checksums: bool) -> CIMultiDict:
     h: CIMultiDict = CIMultiDict()
     h["ETag"] = quote_etag(info.etag)
     h["Last-Modified"] = http_date(info.last_modified)
-    h["Content-Type"] = header_value("Content-Type", info.content_type or "application/octet-stream")
+    raw = set(info.headers.get(RAW_BYTES_KEY, "").split(","))
+    h["Content-Type"] = header_value("Content-Type", _sent_value(info.content_type or "application/octet-stream",
+                                                                 "content-type" in raw))
     h["Accept-Ranges"] = "bytes"
     for k, v in info.headers.items():
-        h[k] = header_value(k, v)
+        if k != RAW_BYTES_KEY:
+            h[k] = header_value(k, _sent_value(v, k.lower() in raw))
     for k, v in info.metadata.items():
-        h[f"x-amz-meta-{k}"] = header_value(f"x-amz-meta-{k}", v)
+        name = f"x-amz-meta-{k}"
+        h[name] = header_value(name, _sent_value(v, name in raw))
     if checksums and info.checksums:
         for alg, v in info.checksums.items():
             h[f"x-amz-checksum-{alg}"] = v

@@ -8,6 +8,7 @@ User Guide, and the operations of the same names in the API Reference.
 from __future__ import annotations
 
 import base64
+import os
 from urllib.parse import quote
 
 from aiohttp import web
@@ -17,9 +18,12 @@ from ..checksums import (
     CHECKSUM_TYPES,
     COMPOSITE_ALGORITHMS,
     FULL_OBJECT_ALGORITHMS,
+    UPLOAD_CHECKSUM_ALGORITHM,
     UPLOAD_CHECKSUM_TYPE,
     multipart_checksums,
+    new_hasher,
 )
+from ..engine import UploadInfo
 from ..errors import (
     BadDigest,
     InternalError,
@@ -31,7 +35,7 @@ from ..errors import (
     NoSuchUpload,
 )
 from ._attributes import CHECKSUM_ELEMENT
-from ._checksum import checksum_value
+from ._checksum import checksum_value, sent_algorithms
 from ._context import HandlerTable, S3Request, Services
 from ._features import check_part_headers, check_write_headers, sse_headers
 from ._headers import (
@@ -39,6 +43,7 @@ from ._headers import (
     checksum_headers,
     content_md5,
     quote_etag,
+    stored_content_type,
     stored_headers,
     strip_etag,
     user_metadata,
@@ -102,9 +107,10 @@ async def create_multipart_upload(s: Services, req: S3Request, ep: CreateMultipa
     checksum = _upload_checksum(h)
     stored = stored_headers(h)
     if checksum is not None:
+        stored[UPLOAD_CHECKSUM_ALGORITHM] = checksum[0].lower()
         stored[UPLOAD_CHECKSUM_TYPE] = checksum[1]
     up = await s.call(s.engine.create_multipart_upload, ep.bucket, ep.key,
-                      content_type=h.get("Content-Type"), metadata=user_metadata(h),
+                      content_type=stored_content_type(h), metadata=user_metadata(h),
                       headers=stored)
     root = element("InitiateMultipartUploadResult")
     sub(root, "Bucket", ep.bucket)
@@ -116,16 +122,78 @@ async def create_multipart_upload(s: Services, req: S3Request, ep: CreateMultipa
     return s.xml(root, headers=headers)
 
 
+def _find_upload(s: Services, bucket: str, key: str, upload_id: str) -> UploadInfo | None:
+    """The upload ``upload_id`` of ``bucket/key``, or None (blocking: runs on the pool)."""
+    try:
+        return s.engine.head_multipart_upload(bucket, key, upload_id)
+    except NoSuchUpload:
+        return None
+
+
+def _created_checksum(upload: UploadInfo | None) -> tuple[str | None, str | None]:
+    """``(algorithm, type)`` an upload was created with (lower-case algorithm,
+    ``COMPOSITE`` / ``FULL_OBJECT``); ``None`` for what it did not name."""
+    if upload is None:
+        return None, None
+    return upload.headers.get(UPLOAD_CHECKSUM_ALGORITHM), upload.headers.get(UPLOAD_CHECKSUM_TYPE)
+
+
+def _type_mismatch(expected: str, actual: str) -> InvalidRequestError:
+    return InvalidRequestError(f"Checksum Type mismatch occurred, expected checksum Type: {expected}, "
+                               f"actual checksum Type: {actual}")
+
+
+def _part_checksum(headers, upload: UploadInfo | None) -> tuple[str, ...]:
+    """Check that an UploadPart carries the checksum its upload was created with.
+
+    A part of an upload created with ``x-amz-checksum-algorithm`` must carry
+    exactly that algorithm's checksum (header or trailer); a FULL_OBJECT
+    upload's part may carry none, and the server computes it.
+
+    Returns:
+        The algorithms the server must compute itself (empty, or the upload's).
+
+    Raises:
+        InvalidRequestError: another algorithm's checksum, several, none on a
+            COMPOSITE upload ("Checksum Type mismatch occurred, expected
+            checksum Type: crc32, actual checksum Type: null"), or an
+            ``x-amz-sdk-checksum-algorithm`` naming another algorithm than the one sent.
+
+    Source: "UploadPart" (``x-amz-checksum-*``, InvalidRequest), Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_UploadPart.html
+    """
+    sent = sent_algorithms(headers)
+    algorithm, ctype = _created_checksum(upload)
+    if algorithm is None:
+        return ()
+    if len(sent) > 1:
+        raise InvalidRequestError("Expecting a single x-amz-checksum- header. "
+                                  "Multiple checksum Types are not allowed.")
+    if sent and sent[0] != algorithm:
+        raise _type_mismatch(algorithm, sent[0])
+    if sent:
+        return ()
+    if ctype == "FULL_OBJECT":
+        return (algorithm,)
+    raise _type_mismatch(algorithm, "null")
+
+
 async def upload_part(s: Services, req: S3Request, ep: UploadPart) -> web.Response:
-    """UploadPart: stream the body into the part, replacing an earlier one."""
+    """UploadPart: stream the body into the part, replacing an earlier one; the
+    part carries its upload's checksum algorithm (see :func:`_part_checksum`)."""
     check_part_headers(req.headers)
     md5 = content_md5(req.headers)
-    pending = await s.call(s.engine.begin_part, ep.bucket, ep.key, ep.upload_id, ep.part_number)
+
+    def begin():
+        compute = _part_checksum(req.headers, _find_upload(s, ep.bucket, ep.key, ep.upload_id))
+        return compute, s.engine.begin_part(ep.bucket, ep.key, ep.upload_id, ep.part_number)
+
+    compute, pending = await s.call(begin)
 
     def commit(checksums, expected_size):
         return pending.commit(content_md5=md5, expected_size=expected_size, checksums=checksums)
 
-    part, checksums = await s.receive(req, pending, commit)
+    part, checksums = await s.receive(req, pending, commit, compute=compute)
     return web.Response(status=200, headers=checksum_headers(part.etag, checksums))
 
 
@@ -167,6 +235,7 @@ async def upload_part_copy(s: Services, req: S3Request, ep: UploadPartCopy) -> w
 
     def run():
         with fobj:
+            algorithm = _created_checksum(_find_upload(s, ep.bucket, ep.key, ep.upload_id))[0]
             pending = s.engine.begin_part(ep.bucket, ep.key, ep.upload_id, ep.part_number)
             with pending:
                 done = 0
@@ -175,13 +244,36 @@ async def upload_part_copy(s: Services, req: S3Request, ep: UploadPartCopy) -> w
                     if n <= 0:
                         raise InternalError("source object is shorter than its catalog size")
                     done += n
-                return pending.commit(expected_size=count)
+                checksums = {algorithm: _range_checksum(fobj.fileno(), offset, count, algorithm)} \
+                    if algorithm else {}
+                return pending.commit(expected_size=count, checksums=checksums)
 
     part = await s.call(run)
     root = element("CopyPartResult")
     sub(root, "LastModified", iso8601(part.last_modified))
     sub(root, "ETag", quote_etag(part.etag))
+    for alg, value in part.checksums.items():
+        sub(root, CHECKSUM_ELEMENT[alg], value)
     return s.xml(root)
+
+
+def _range_checksum(fd: int, offset: int, count: int, algorithm: str) -> str:
+    """Base64 ``algorithm`` checksum of ``count`` bytes of ``fd`` from ``offset``
+    (blocking; the part an UploadPartCopy made, for an upload created with a
+    checksum algorithm).
+
+    Raises:
+        InternalError: the file is shorter than ``offset + count``.
+    """
+    hasher = new_hasher(algorithm)
+    done = 0
+    while done < count:
+        chunk = os.pread(fd, min(count - done, 4 << 20), offset + done)  # 4 MiB reads
+        if not chunk:
+            raise InternalError("source object is shorter than its catalog size")
+        hasher.update(chunk)
+        done += len(chunk)
+    return base64.b64encode(hasher.digest()).decode()
 
 
 def _complete_parts(data: bytes) -> list[tuple[int, str, dict[str, str]]]:
@@ -212,19 +304,79 @@ def _complete_parts(data: bytes) -> list[tuple[int, str, dict[str, str]]]:
     return parts
 
 
+#: S3's message for a listed part that does not match an uploaded one (two spaces, as S3 writes it).
+_INVALID_PART = ("One or more of the specified parts could not be found.  The part may not have been "
+                 "uploaded, or the specified entity tag may not match the part's entity tag.")
+
+
+def _check_part_values(parts: list[tuple[int, str, dict[str, str]]], algorithm: str | None,
+                       ctype: str | None) -> None:
+    """The checksums a CompleteMultipartUpload document gives for its parts:
+    at most one per part, each well formed; every part's, when the upload was
+    created with a COMPOSITE checksum.
+
+    Raises:
+        InvalidArgument: a malformed value or several for one part ("Invalid
+            Base64 or multiple checksums present in request").
+        InvalidRequestError: a COMPOSITE upload's part given without its checksum.
+    """
+    for number, _etag, checksums in parts:
+        try:
+            if len(checksums) > 1:
+                raise InvalidRequestError("multiple checksums")
+            for alg, value in checksums.items():
+                checksum_value(alg, value, f"Checksum{alg.upper()} of part {number}")
+        except InvalidRequestError as exc:
+            raise InvalidArgument(
+                "Invalid Base64 or multiple checksums present in request", argument_name="Checksum",
+                argument_value="".join(f"{alg.upper()}:{value};" for alg, value in checksums.items()),
+            ) from exc
+        if algorithm is not None and ctype != "FULL_OBJECT" and algorithm not in checksums:
+            raise InvalidRequestError(
+                f"The upload was created using a {algorithm} checksum. The complete request must include "
+                f"the checksum for each part. It was missing for part {number} in the request.")
+
+
+def _check_whole(given: dict[str, str], parts: list[tuple[dict[str, str], int]], ctype: str | None) -> None:
+    """The whole-object ``x-amz-checksum-<algorithm>`` headers of a
+    CompleteMultipartUpload against the checksums combined from ``parts``
+    (``({algorithm: base64}, size)`` in object order).
+
+    Raises:
+        InvalidRequestError: a malformed header value.
+        BadDigest: a value that differs from the combined one.
+    """
+    combined = multipart_checksums(parts, ctype)
+    for alg, value in given.items():
+        b64, dash, count = value.strip().partition("-")
+        if dash and not count.isdigit():
+            raise InvalidRequestError(f"Value for x-amz-checksum-{alg} header is invalid.")
+        checksum_value(alg, b64, f"x-amz-checksum-{alg} header")
+        want = combined.get(alg)
+        if want is None:
+            continue  # a part lacks this algorithm (or is missing: the engine refuses that)
+        want_b64, _, want_count = want.partition("-")
+        if b64 != want_b64 or (dash and count != want_count):
+            raise BadDigest(f"The {alg} you specified did not match the calculated checksum.")
+
+
 def _check_complete_checksums(s: Services, req: S3Request, ep: CompleteMultipartUpload,
                               parts: list[tuple[int, str, dict[str, str]]]) -> None:
     """Check the checksums a CompleteMultipartUpload carries before anything changes
     (blocking: runs on the pool).
 
     Each part checksum in the document must be well formed and equal the one
-    the part was uploaded with; an ``x-amz-checksum-<algorithm>`` header is
-    the whole object's: the combined CRC for FULL_OBJECT, ``<base64>-<n>``
-    (or just ``<base64>``) for COMPOSITE, as the server itself returns it; an
-    ``x-amz-checksum-type`` header must name the upload's type.
+    the part was uploaded with; an upload created with a COMPOSITE checksum
+    needs each part's. An ``x-amz-checksum-<algorithm>`` header is the whole
+    object's: the combined CRC for FULL_OBJECT, ``<base64>-<n>`` (or just
+    ``<base64>``) for COMPOSITE, as the server itself returns it (for
+    COMPOSITE, combined from the document's part checksums, so it is checked
+    first); an ``x-amz-checksum-type`` header must name the upload's type.
 
     Raises:
-        InvalidRequestError: a malformed checksum, or a type other than the upload's.
+        InvalidArgument: a malformed part checksum, or several for one part.
+        InvalidRequestError: a malformed header, a type other than the upload's,
+            or a part of a COMPOSITE upload listed without its checksum.
         InvalidPart: a part checksum that differs from the uploaded part's.
         BadDigest: the whole-object checksum differs from the combined one.
 
@@ -234,47 +386,31 @@ def _check_complete_checksums(s: Services, req: S3Request, ep: CompleteMultipart
     h = req.headers
     given = {alg: h[f"x-amz-checksum-{alg}"] for alg in CHECKSUM_ALGORITHMS if f"x-amz-checksum-{alg}" in h}
     wanted_type = (h.get("x-amz-checksum-type") or "").strip().upper()
-    if not given and not wanted_type and not any(ck for _, _, ck in parts):
-        return
+    upload = _find_upload(s, ep.bucket, ep.key, ep.upload_id)
+    algorithm, ctype = _created_checksum(upload)
+    if upload is None or (algorithm is None and not given and not wanted_type
+                          and not any(ck for _, _, ck in parts)):
+        return  # unknown, completed or aborted: the completion itself answers that
     try:
-        upload = next((u for u in s.engine.list_multipart_uploads(ep.bucket, ep.key)
-                       if u.upload_id == ep.upload_id), None)
         have = {p.part_number: p for p in s.engine.list_parts(ep.bucket, ep.key, ep.upload_id)}
     except NoSuchUpload:
-        upload = None
-    if upload is None:
-        return  # unknown, completed or aborted: the completion itself answers that
-    ctype = upload.headers.get(UPLOAD_CHECKSUM_TYPE)
+        return
     if wanted_type and wanted_type not in CHECKSUM_TYPES:
         raise InvalidRequestError("Value for x-amz-checksum-type header is invalid.")
     if wanted_type and wanted_type != (ctype or "COMPOSITE"):
         raise InvalidRequestError(f"The upload was created using the {ctype or 'COMPOSITE'} checksum mode. "
                                   f"The complete request must use the same checksum mode.")
-    chosen = []
-    for number, _etag, checksums in parts:
-        part = have.get(number)
+    _check_part_values(parts, algorithm, ctype)
+    found = [(number, have[number], ck) for number, _etag, ck in parts if number in have]
+    whole = len(found) == len(parts)
+    if given and whole and ctype == "COMPOSITE":
+        _check_whole(given, [({**p.checksums, **ck}, p.size) for _, p, ck in found], ctype)
+    for number, part, checksums in found:
         for alg, value in checksums.items():
-            raw = checksum_value(alg, value, f"Checksum{alg.upper()} of part {number}")
-            if part is None or part.checksums.get(alg) != base64.b64encode(raw).decode():
-                raise InvalidPart("One or more of the specified parts could not be found. The part may not have "
-                                  "been uploaded, or the specified entity tag may not match the part's entity tag.",
-                                  part_number=number)
-        if part is not None:
-            chosen.append((part.checksums, part.size))
-    if not given:
-        return
-    combined = multipart_checksums(chosen, ctype) if len(chosen) == len(parts) else {}
-    for alg, value in given.items():
-        b64, dash, count = value.strip().partition("-")
-        if dash and not count.isdigit():
-            raise InvalidRequestError(f"Value for x-amz-checksum-{alg} header is invalid.")
-        checksum_value(alg, b64, f"x-amz-checksum-{alg}")
-        want = combined.get(alg)
-        if want is None:
-            continue  # a part lacks this algorithm (or is missing: the engine refuses that)
-        want_b64, _, want_count = want.partition("-")
-        if b64 != want_b64 or (dash and count != want_count):
-            raise BadDigest(f"The {alg.upper()} you specified did not match the calculated checksum.")
+            if part.checksums.get(alg) != value.strip():
+                raise InvalidPart(_INVALID_PART, part_number=number)
+    if given:
+        _check_whole(given, [(p.checksums, p.size) for _, p, _ck in found] if whole else [], ctype)
 
 
 async def complete_multipart_upload(s: Services, req: S3Request, ep: CompleteMultipartUpload) -> web.Response:
@@ -308,12 +444,30 @@ async def abort_multipart_upload(s: Services, req: S3Request, ep: AbortMultipart
 
 # -- listings ----------------------------------------------------------------------
 
+def _sub_checksum_kind(parent, algorithm: str | None, ctype: str | None) -> None:
+    """``ChecksumAlgorithm`` and ``ChecksumType`` of an upload created with them."""
+    if algorithm is not None:
+        sub(parent, "ChecksumAlgorithm", algorithm.upper())
+        if ctype is not None:
+            sub(parent, "ChecksumType", ctype)
+
+
 async def list_parts(s: Services, req: S3Request, ep: ListParts) -> web.Response:
-    """ListParts: one page of an upload's parts in part-number order."""
+    """ListParts: one page of an upload's parts in part-number order, each with
+    its checksum, and the upload's checksum algorithm and type.
+
+    Source: "ListParts", Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_ListParts.html
+    """
     q = req.query
     max_parts = s.query_int(q, "max-parts", 1000, 1000)
     marker = s.query_int(q, "part-number-marker", 0, 10000)
-    parts = await s.call(s.engine.list_parts, ep.bucket, ep.key, ep.upload_id)
+
+    def read():
+        return s.engine.list_parts(ep.bucket, ep.key, ep.upload_id), \
+            _created_checksum(_find_upload(s, ep.bucket, ep.key, ep.upload_id))
+
+    parts, (algorithm, ctype) = await s.call(read)
     parts = sorted((p for p in parts if p.part_number > marker), key=lambda p: p.part_number)
     page, truncated = parts[:max_parts], len(parts) > max_parts
     root = element("ListPartsResult")
@@ -323,6 +477,7 @@ async def list_parts(s: Services, req: S3Request, ep: ListParts) -> web.Response
     s.owner(root, "Initiator")
     s.owner(root)
     sub(root, "StorageClass", "STANDARD")
+    _sub_checksum_kind(root, algorithm, ctype)
     sub(root, "PartNumberMarker", marker)
     sub(root, "NextPartNumberMarker", page[-1].part_number if page else marker)
     sub(root, "MaxParts", max_parts)
@@ -368,7 +523,12 @@ def _upload_entries(uploads, prefix: str, delimiter: str, key_marker: str, id_ma
 
 
 async def list_multipart_uploads(s: Services, req: S3Request, ep: ListMultipartUploads) -> web.Response:
-    """ListMultipartUploads: one page of the bucket's uploads in progress."""
+    """ListMultipartUploads: one page of the bucket's uploads in progress (with the
+    checksum algorithm and type of those created with one).
+
+    Source: "ListMultipartUploads", Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_ListMultipartUploads.html
+    """
     q = req.query
     prefix = q.get("prefix", "")
     delimiter = q.get("delimiter", "")
@@ -406,6 +566,7 @@ async def list_multipart_uploads(s: Services, req: S3Request, ep: ListMultipartU
         s.owner(el)
         sub(el, "StorageClass", "STANDARD")
         sub(el, "Initiated", iso8601(e.initiated))
+        _sub_checksum_kind(el, *_created_checksum(e))
     for e in page:
         if isinstance(e, str):
             cp = sub(root, "CommonPrefixes")

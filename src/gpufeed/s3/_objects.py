@@ -10,6 +10,8 @@ Source: Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API
 from __future__ import annotations
 
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
+from multidict import CIMultiDict
 
 from ..engine import MAX_KEY_BYTES
 from ..errors import (
@@ -33,6 +35,8 @@ from ._headers import (
     parse_range,
     quote_etag,
     response_overrides,
+    serialize_head,
+    stored_content_type,
     stored_headers,
     user_metadata,
     write_conditions,
@@ -54,7 +58,35 @@ __all__ = ["HANDLERS"]
 _MAX_DELETE_KEYS = 1000
 
 
-class _SendfileResponse(web.StreamResponse):
+def _has_surrogates(value: str) -> bool:
+    return not value.isascii() and any("\udc80" <= c <= "\udcff" for c in value)
+
+
+class _ObjectResponse(web.StreamResponse):
+    """A GetObject / HeadObject response whose header values may hold lone
+    surrogates: stored bytes that were not UTF-8 (see :mod:`._headers`), sent
+    as those bytes. aiohttp's own serializer encodes strict UTF-8 (it drops or
+    refuses them), so such a head is serialized by
+    :func:`~._headers.serialize_head` into the writer's header buffer instead.
+    """
+
+    async def _write_headers(self) -> None:
+        if not any(_has_surrogates(v) for v in self.headers.values()):
+            await super()._write_headers()
+            return
+        request, writer = self._req, self._payload_writer
+        assert request is not None and isinstance(writer, StreamWriter)
+        status_line = f"HTTP/{request.version[0]}.{request.version[1]} {self.status} {self.reason}"
+        # aiohttp's write_headers (hooks, state) over a stand-in, then the real bytes.
+        stand_in = CIMultiDict((k, v.encode("utf-8", "surrogateescape").decode("latin-1"))
+                               for k, v in self.headers.items())
+        await writer.write_headers(status_line, stand_in)
+        writer._headers_buf = serialize_head(status_line, self.headers)
+        if self._send_headers_immediately:
+            writer.send_headers()
+
+
+class _SendfileResponse(_ObjectResponse):
     """Sends ``count`` bytes of an open file from ``offset`` with ``loop.sendfile``."""
 
     def __init__(self, fobj, offset: int, count: int, **kwargs) -> None:
@@ -139,7 +171,7 @@ async def _get(s: Services, req: S3Request, ep: GetObject | HeadObject, *, head:
             fobj.close()
         raise
     if head:
-        resp = web.StreamResponse(status=status, headers=headers)
+        resp = _ObjectResponse(status=status, headers=headers)
         resp.content_length = count
         await resp.prepare(req.http)
         await resp.write_eof()
@@ -182,7 +214,7 @@ async def put_object(s: Services, req: S3Request, ep: PutObject) -> web.Response
     check_write_headers(h)
     md5 = content_md5(h)
     metadata = user_metadata(h)
-    content_type = h.get("Content-Type")
+    content_type = stored_content_type(h)
     stored = stored_headers(h)
     conditions = write_conditions(h)
     await s.call(_check_write_conditions, s, req, ep.bucket, ep.key)
@@ -220,7 +252,7 @@ async def copy_object(s: Services, req: S3Request, ep: CopyObject) -> web.Respon
     metadata = content_type = stored = None
     if directive == "REPLACE":
         metadata = user_metadata(h)
-        content_type = h.get("Content-Type")
+        content_type = stored_content_type(h)
         stored = stored_headers(h)
     info = await s.call(s.engine.copy_object, ep.source_bucket, ep.source_key, ep.bucket, ep.key,
                         metadata=metadata, content_type=content_type, headers=stored)

@@ -46,7 +46,7 @@ from ..errors import (
 )
 from ._context import HandlerTable, S3Request, Services
 from ._features import check_write_headers
-from ._headers import quote_etag, stored_headers, user_metadata
+from ._headers import quote_etag, stored_content_type, stored_headers, user_metadata
 from ._router import PostObject
 from ._tenancy import CURRENT_TENANT, check_owner
 from ._xml import element, sub
@@ -228,7 +228,7 @@ async def _store(s: Services, ep: PostObject, key: str, file: BodyPartReader, he
             await s.call(pending.write, chunk)
         check_policy(policy, fields, size, time.time())
         return await s.call(lambda: pending.commit(
-            content_type=headers.get("Content-Type"), metadata=user_metadata(headers),
+            content_type=stored_content_type(headers), metadata=user_metadata(headers),
             headers=stored_headers(headers)))
     except BaseException:
         pending.abort()

@@ -100,7 +100,8 @@ def error_response(method: str, exc: GpufeedError, resource: str, request_id: st
         method: the request's HTTP method.
         exc: the error; its ``code``, ``message``, ``status`` and the details
             ``method``, ``resource_type`` (a refused CORS preflight), ``bucket``,
-            ``key``, ``condition`` and ``size`` are used.
+            ``key``, ``condition``, ``argument_name``, ``argument_value``,
+            ``location_constraint``, ``storage_class_requested`` and ``size`` are used.
         resource: the decoded request path.
         request_id: the request's id.
     """
@@ -118,6 +119,11 @@ def error_response(method: str, exc: GpufeedError, resource: str, request_id: st
             sub(root, "BucketName" if name == "bucket" else "Key", exc.details[name])
     if "condition" in exc.details:
         sub(root, "Condition", exc.details["condition"])
+    for name, element_name in (("argument_name", "ArgumentName"), ("argument_value", "ArgumentValue"),
+                               ("location_constraint", "LocationConstraint"),
+                               ("storage_class_requested", "StorageClassRequested")):
+        if name in exc.details:
+            sub(root, element_name, exc.details[name])
     sub(root, "Resource", resource)
     sub(root, "RequestId", request_id)
     headers = {}
