@@ -97,7 +97,7 @@ def test_virtual_host_routes_like_path_style():
     ("PUT", "/b?policy", {}, NotImplementedByGpufeed, "'policy'"),
     ("PUT", "/b?tagging", {}, NotImplementedByGpufeed, "'tagging'"),
     ("PUT", "/b?foo", {}, NotImplementedByGpufeed, "PUT bucket ?foo"),
-    ("GET", "/b/k?retention", {}, NotImplementedByGpufeed, "'retention'"),
+    ("GET", "/b/k?torrent", {}, NotImplementedByGpufeed, "'torrent'"),
     ("POST", "/b/k", {}, NotImplementedByGpufeed, "POST operation"),
     ("PUT", "/b/k?partNumber=1", {}, InvalidArgument, "uploadId is required"),
     ("PUT", "/b/k?uploadId=u&partNumber=0", {}, InvalidArgument, "between 1 and 10000"),

@@ -22,7 +22,19 @@ from aiohttp import web
 from ..config import NodeConfig
 from ..engine import Engine
 from ..errors import GpufeedError, InternalError, NotModified, SignatureDoesNotMatch
-from . import _acl, _attributes, _bucketconfig, _buckets, _lifecycle, _listing, _multipart, _objects, _post
+from . import (
+    _acl,
+    _attributes,
+    _bucketconfig,
+    _buckets,
+    _lifecycle,
+    _listing,
+    _lock,
+    _multipart,
+    _objects,
+    _post,
+    _tagging,
+)
 from ._accesslog import AccessLog
 from ._auth import AuthResult, verify_request
 from ._context import MAX_XML, HandlerTable, S3Request, Services
@@ -72,6 +84,8 @@ HANDLERS: HandlerTable = {
     **_attributes.HANDLERS,
     **_bucketconfig.HANDLERS,
     **_post.HANDLERS,
+    **_lock.HANDLERS,
+    **_tagging.HANDLERS,
 }
 
 

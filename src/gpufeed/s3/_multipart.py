@@ -45,6 +45,7 @@ from ._headers import (
     write_conditions,
 )
 from ._listing import url_encoder
+from ._lock import check_lock_write, write_retention
 from ._router import (
     AbortMultipartUpload,
     CompleteMultipartUpload,
@@ -54,6 +55,7 @@ from ._router import (
     UploadPart,
     UploadPartCopy,
 )
+from ._tagging import tagging_header
 from ._xml import child_text, element, iso8601, local, parse_xml, sub
 
 __all__ = ["HANDLERS"]
@@ -103,9 +105,11 @@ async def create_multipart_upload(s: Services, req: S3Request, ep: CreateMultipa
     stored = stored_headers(h)
     if checksum is not None:
         stored[UPLOAD_CHECKSUM_TYPE] = checksum[1]
+    retention = write_retention(h)
+    await check_lock_write(s, ep.bucket, h, retention, body=False)
     up = await s.call(s.engine.create_multipart_upload, ep.bucket, ep.key,
                       content_type=h.get("Content-Type"), metadata=user_metadata(h),
-                      headers=stored)
+                      headers=stored, tags=tagging_header(h), retention=retention)
     root = element("InitiateMultipartUploadResult")
     sub(root, "Bucket", ep.bucket)
     sub(root, "Key", ep.key)
@@ -117,9 +121,11 @@ async def create_multipart_upload(s: Services, req: S3Request, ep: CreateMultipa
 
 
 async def upload_part(s: Services, req: S3Request, ep: UploadPart) -> web.Response:
-    """UploadPart: stream the body into the part, replacing an earlier one."""
+    """UploadPart: stream the body into the part, replacing an earlier one
+    (with ``Content-MD5`` or a checksum in a bucket with a default retention)."""
     check_part_headers(req.headers)
     md5 = content_md5(req.headers)
+    await check_lock_write(s, ep.bucket, req.headers, None, body=True)  # default retention wants a checksum
     pending = await s.call(s.engine.begin_part, ep.bucket, ep.key, ep.upload_id, ep.part_number)
 
     def commit(checksums, expected_size):
