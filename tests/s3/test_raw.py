@@ -72,7 +72,7 @@ def test_method_not_allowed_and_not_implemented(raw, bkt, code_of):
     assert r.status == 405 and code_of(r.body) == "MethodNotAllowed"
     r = raw.request("GET", f"/{bkt}?logging")
     assert r.status == 501 and code_of(r.body) == "NotImplemented"
-    r = raw.request("PUT", f"/{bkt}/k?tagging", body=b"<Tagging/>")
+    r = raw.request("POST", f"/{bkt}/k?restore", body=b"<RestoreRequest/>")
     assert r.status == 501 and code_of(r.body) == "NotImplemented"
 
 

@@ -107,7 +107,7 @@ def test_virtual_host_routes_like_path_style():
     ("PUT", "/b?tagging&cors", {}, NotImplementedByGpufeed, "'cors'"),
     ("POST", "/b?cors", {}, NotImplementedByGpufeed, "'cors'"),
     ("PUT", "/b?foo", {}, NotImplementedByGpufeed, "PUT bucket ?foo"),
-    ("GET", "/b/k?retention", {}, NotImplementedByGpufeed, "'retention'"),
+    ("GET", "/b/k?torrent", {}, NotImplementedByGpufeed, "'torrent'"),
     ("POST", "/b/k", {}, NotImplementedByGpufeed, "POST operation"),
     ("PUT", "/b/k?partNumber=1", {}, InvalidArgument, "uploadId is required"),
     ("PUT", "/b/k?uploadId=u&partNumber=0", {}, InvalidArgument, "between 1 and 10000"),

@@ -26,7 +26,20 @@ from aiohttp import web
 from ..config import NodeConfig
 from ..engine import Engine
 from ..errors import GpufeedError, InternalError, NotModified, SignatureDoesNotMatch
-from . import _acl, _attributes, _bucketconfig, _buckets, _cors, _lifecycle, _listing, _multipart, _objects, _post
+from . import (
+    _acl,
+    _attributes,
+    _bucketconfig,
+    _buckets,
+    _cors,
+    _lifecycle,
+    _listing,
+    _lock,
+    _multipart,
+    _objects,
+    _post,
+    _tagging,
+)
 from ._accesslog import AccessLog
 from ._admin import ADMIN_PREFIX, handle_admin
 from ._auth import AuthResult, verify_request
@@ -79,6 +92,8 @@ HANDLERS: HandlerTable = {
     **_bucketconfig.HANDLERS,
     **_cors.HANDLERS,
     **_post.HANDLERS,
+    **_lock.HANDLERS,
+    **_tagging.HANDLERS,
 }
 
 

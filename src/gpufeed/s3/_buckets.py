@@ -126,7 +126,8 @@ def _check_location(constraint: str, region: str) -> None:
 
 
 async def create_bucket(s: Services, req: S3Request, ep: CreateBucket) -> web.Response:
-    """CreateBucket, with the gpufeed extension headers
+    """CreateBucket (``x-amz-bucket-object-lock-enabled: true``: with object
+    lock, and so versioning, for good), with the gpufeed extension headers
     ``x-gpufeed-bucket-kind: kv`` (+ ``x-gpufeed-capacity-bytes``,
     ``x-gpufeed-ttl-s``) that make an evicting KV-cache bucket.
 
@@ -140,11 +141,11 @@ async def create_bucket(s: Services, req: S3Request, ep: CreateBucket) -> web.Re
     Raises:
         MalformedXML: a body that is not a CreateBucketConfiguration.
         InvalidLocationConstraint, IllegalLocationConstraint: see :func:`_check_location`.
-        InvalidArgument: a policy header that is not a number.
-        NotImplementedByGpufeed: object lock, or an object ownership other than BucketOwnerEnforced.
+        InvalidArgument: a policy header that is not a number; object lock on a kv bucket.
+        NotImplementedByGpufeed: an object ownership other than BucketOwnerEnforced.
         AccessControlListNotSupported: an ACL other than the owner's full control.
     """
-    check_create_bucket_headers(req.headers)
+    object_lock = check_create_bucket_headers(req.headers)
     data = await s.read_xml(req)
     constraint = ""
     if data.strip():
@@ -163,7 +164,8 @@ async def create_bucket(s: Services, req: S3Request, ep: CreateBucket) -> web.Re
     except ValueError as exc:
         raise InvalidArgument(f"bad x-gpufeed bucket policy header: {exc}") from exc
     try:
-        await s.call(s.engine.create_bucket, ep.bucket, owner=CURRENT_TENANT.get() or DEFAULT_TENANT, **policy)
+        await s.call(s.engine.create_bucket, ep.bucket, owner=CURRENT_TENANT.get() or DEFAULT_TENANT,
+                     object_lock=object_lock, **policy)
     except BucketAlreadyOwnedByYou:
         if s.config.region != "us-east-1":
             raise

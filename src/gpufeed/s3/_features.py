@@ -16,6 +16,9 @@ NotImplemented naming the feature. What gpufeed honours:
   whose object ownership is "bucket owner enforced").
 - ``x-amz-storage-class: STANDARD``.
 - ``versionId=null`` (every object is the null version of an unversioned bucket).
+- object lock and object tagging headers: read by ``_lock`` and ``_tagging``
+  (``x-amz-bucket-object-lock-enabled: true`` on CreateBucket makes a bucket
+  with object lock); object lock event holds are not built.
 
 Sources: "PutObject", "CreateBucket", "GetObject", "Controlling ownership of
 objects and disabling ACLs" and "Protecting data with server-side
@@ -67,10 +70,8 @@ _SSE_C = "server-side encryption with customer-provided keys (SSE-C)"
 _SSE_KMS = "server-side encryption with AWS KMS keys (SSE-KMS)"
 #: Headers that name a feature gpufeed does not build -> the feature named in the 501.
 _UNBUILT_WRITE_HEADERS = {
-    "x-amz-tagging": "object tagging (x-amz-tagging)",
-    "x-amz-object-lock-mode": "object lock (x-amz-object-lock-mode)",
-    "x-amz-object-lock-retain-until-date": "object lock (x-amz-object-lock-retain-until-date)",
-    "x-amz-object-lock-legal-hold": "object lock legal hold (x-amz-object-lock-legal-hold)",
+    **{f"x-amz-object-lock-event-hold{suffix}": f"object lock event holds (x-amz-object-lock-event-hold{suffix})"
+       for suffix in ("", "-duration-days", "-duration-years")},
     "x-amz-server-side-encryption-aws-kms-key-id": _SSE_KMS,
     "x-amz-server-side-encryption-context": _SSE_KMS,
     "x-amz-mfa": "MFA delete (x-amz-mfa)",
@@ -122,8 +123,8 @@ def check_write_headers(headers: Mapping[str, str], *, copy: bool = False) -> No
     """The feature headers of PutObject, CopyObject (``copy``) and CreateMultipartUpload.
 
     Raises:
-        NotImplementedByGpufeed: tagging, object lock, SSE-KMS, SSE-C, MFA, or a
-            storage class other than STANDARD.
+        NotImplementedByGpufeed: object lock event holds, SSE-KMS, SSE-C, MFA,
+            or a storage class other than STANDARD.
         InvalidStorageClass: a storage class S3 does not define.
         AccessControlListNotSupported, InvalidArgument: see :func:`check_acl_headers`;
             an unknown encryption method.
@@ -191,20 +192,25 @@ def check_request_headers(headers: Mapping[str, str]) -> None:
             raise _not_built(feature)
 
 
-def check_create_bucket_headers(headers: Mapping[str, str]) -> None:
+def check_create_bucket_headers(headers: Mapping[str, str]) -> bool:
     """The feature headers of CreateBucket.
 
+    Returns:
+        Whether ``x-amz-bucket-object-lock-enabled`` asks for object lock.
+
     Raises:
-        NotImplementedByGpufeed: object lock, or an object ownership other than
-            ``BucketOwnerEnforced``.
+        NotImplementedByGpufeed: an object ownership other than ``BucketOwnerEnforced``.
+        InvalidArgument: ``x-amz-bucket-object-lock-enabled`` neither ``true`` nor ``false``.
         AccessControlListNotSupported, InvalidArgument: see :func:`check_acl_headers`.
     """
-    if headers.get("x-amz-bucket-object-lock-enabled", "false").strip().lower() != "false":
-        raise _not_built("object lock (x-amz-bucket-object-lock-enabled)")
+    lock = headers.get("x-amz-bucket-object-lock-enabled", "false").strip().lower()
+    if lock not in ("true", "false"):
+        raise InvalidArgument("x-amz-bucket-object-lock-enabled must be true or false")
     ownership = headers.get("x-amz-object-ownership")
     if ownership is not None and ownership.strip() != "BucketOwnerEnforced":
         raise _not_built(f"object ownership {ownership.strip()!r} (only BucketOwnerEnforced)")
     check_acl_headers(headers)
+    return lock == "true"
 
 
 def sse_headers(stored: Mapping[str, str]) -> dict[str, str]:

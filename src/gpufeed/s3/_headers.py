@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Mapping
 
 from multidict import CIMultiDict
 
@@ -49,6 +50,7 @@ __all__ = [
     "stored_content_type",
     "content_md5",
     "require_integrity_header",
+    "has_integrity_header",
     "object_headers",
     "write_conditions",
     "checksum_headers",
@@ -374,20 +376,25 @@ def content_md5(headers) -> str | None:
     return value.strip()
 
 
-def require_integrity_header(headers) -> None:
-    """Refuse a request without ``Content-MD5`` or a checksum of its body
-    (``x-amz-checksum-*``, or one announced in ``x-amz-trailer``), as S3 does for
-    the calls whose API page requires one (PutBucketCors, PutBucketTagging).
-    The values themselves are checked as the body is read.
+def has_integrity_header(headers: Mapping[str, str]) -> bool:
+    """Whether the request carries ``Content-MD5`` or a checksum of its body
+    (``x-amz-checksum-*``, ``x-amz-sdk-checksum-algorithm``, or a trailer)."""
+    if "Content-MD5" in headers or "x-amz-trailer" in headers or "x-amz-sdk-checksum-algorithm" in headers:
+        return True
+    return any(f"x-amz-checksum-{alg}" in headers for alg in CHECKSUM_ALGORITHMS)
+
+
+def require_integrity_header(headers: Mapping[str, str]) -> None:
+    """Refuse a request without ``Content-MD5`` or a checksum of its body (see
+    :func:`has_integrity_header`), as S3 does for the calls whose API page
+    requires one (PutBucketCors, PutBucketTagging, PutObjectTagging, the object
+    lock Puts). The values themselves are checked as the body is read.
 
     Raises:
         InvalidRequestError: neither is present (S3's ``InvalidRequest``).
     """
-    if "Content-MD5" in headers or "x-amz-trailer" in headers:
-        return
-    if any(f"x-amz-checksum-{alg}" in headers for alg in CHECKSUM_ALGORITHMS):
-        return
-    raise InvalidRequestError("Missing required header for this request: Content-MD5")
+    if not has_integrity_header(headers):
+        raise InvalidRequestError("Missing required header for this request: Content-MD5")
 
 
 def object_headers(info: ObjectInfo, *, checksums: bool) -> CIMultiDict:

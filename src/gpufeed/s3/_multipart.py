@@ -50,6 +50,7 @@ from ._headers import (
     write_conditions,
 )
 from ._listing import url_encoder
+from ._lock import check_lock_write, write_retention
 from ._router import (
     AbortMultipartUpload,
     CompleteMultipartUpload,
@@ -59,6 +60,7 @@ from ._router import (
     UploadPart,
     UploadPartCopy,
 )
+from ._tagging import tagging_header
 from ._xml import child_text, element, iso8601, local, parse_xml, sub
 
 __all__ = ["HANDLERS"]
@@ -109,9 +111,11 @@ async def create_multipart_upload(s: Services, req: S3Request, ep: CreateMultipa
     if checksum is not None:
         stored[UPLOAD_CHECKSUM_ALGORITHM] = checksum[0].lower()
         stored[UPLOAD_CHECKSUM_TYPE] = checksum[1]
+    retention = write_retention(h)
+    await check_lock_write(s, ep.bucket, h, retention, body=False)
     up = await s.call(s.engine.create_multipart_upload, ep.bucket, ep.key,
                       content_type=stored_content_type(h), metadata=user_metadata(h),
-                      headers=stored)
+                      headers=stored, tags=tagging_header(h), retention=retention)
     root = element("InitiateMultipartUploadResult")
     sub(root, "Bucket", ep.bucket)
     sub(root, "Key", ep.key)
@@ -180,9 +184,11 @@ def _part_checksum(headers, upload: UploadInfo | None) -> tuple[str, ...]:
 
 async def upload_part(s: Services, req: S3Request, ep: UploadPart) -> web.Response:
     """UploadPart: stream the body into the part, replacing an earlier one; the
-    part carries its upload's checksum algorithm (see :func:`_part_checksum`)."""
+    part carries its upload's checksum algorithm (see :func:`_part_checksum`), and
+    needs ``Content-MD5`` or a checksum in a bucket with a default retention."""
     check_part_headers(req.headers)
     md5 = content_md5(req.headers)
+    await check_lock_write(s, ep.bucket, req.headers, None, body=True)  # default retention wants a checksum
 
     def begin():
         compute = _part_checksum(req.headers, _find_upload(s, ep.bucket, ep.key, ep.upload_id))

@@ -41,6 +41,7 @@ from ._headers import (
     user_metadata,
     write_conditions,
 )
+from ._lock import bypass_governance, check_lock_write, lock_headers, write_retention
 from ._router import (
     CopyObject,
     DeleteObject,
@@ -50,6 +51,7 @@ from ._router import (
     HeadObject,
     PutObject,
 )
+from ._tagging import copy_tags, tag_count_headers, tagging_header
 from ._xml import child_text, element, iso8601, local, parse_xml, sub
 
 __all__ = ["HANDLERS"]
@@ -154,6 +156,7 @@ async def _get(s: Services, req: S3Request, ep: GetObject | HeadObject, *, head:
         headers = object_headers(info, checksums=rng is None and part_number is None and
                                  h.get("x-amz-checksum-mode", "").upper() == "ENABLED")
         headers.update(response_overrides(req.query))
+        headers.update(lock_headers(info) | tag_count_headers(info))
         status = 200
         offset, count = 0, info.size
         if part_number is not None:
@@ -217,13 +220,15 @@ async def put_object(s: Services, req: S3Request, ep: PutObject) -> web.Response
     content_type = stored_content_type(h)
     stored = stored_headers(h)
     conditions = write_conditions(h)
+    retention, tags = write_retention(h), tagging_header(h)
+    await check_lock_write(s, ep.bucket, h, retention, body=True)
     await s.call(_check_write_conditions, s, req, ep.bucket, ep.key)
     pending = await s.call(s.engine.begin_put, ep.bucket, ep.key)
 
     def commit(checksums, expected_size):
         return pending.commit(content_type=content_type, metadata=metadata, checksums=checksums,
                               content_md5=md5, expected_size=expected_size, headers=stored,
-                              **conditions)
+                              tags=tags, retention=retention, **conditions)
 
     info, checksums = await s.receive(req, pending, commit)
     return web.Response(status=200, headers=checksum_headers(info.etag, checksums) | sse_headers(h))
@@ -241,6 +246,8 @@ async def copy_object(s: Services, req: S3Request, ep: CopyObject) -> web.Respon
     directive = h.get("x-amz-metadata-directive", "COPY").upper()
     if directive not in ("COPY", "REPLACE"):
         raise InvalidArgument("Unknown metadata directive.")
+    retention, tags = write_retention(h), copy_tags(h)
+    await check_lock_write(s, ep.bucket, h, retention, body=False)
     src = await s.call(s.engine.head_object, ep.source_bucket, ep.source_key)
     check_conditions(h, src, copy_source=True)
     if directive == "COPY" and (ep.source_bucket, ep.source_key) == (ep.bucket, ep.key):
@@ -255,7 +262,8 @@ async def copy_object(s: Services, req: S3Request, ep: CopyObject) -> web.Respon
         content_type = stored_content_type(h)
         stored = stored_headers(h)
     info = await s.call(s.engine.copy_object, ep.source_bucket, ep.source_key, ep.bucket, ep.key,
-                        metadata=metadata, content_type=content_type, headers=stored)
+                        metadata=metadata, content_type=content_type, headers=stored, tags=tags,
+                        retention=retention)
     root = element("CopyObjectResult")
     sub(root, "LastModified", iso8601(info.last_modified))
     sub(root, "ETag", quote_etag(info.etag))
@@ -265,9 +273,10 @@ async def copy_object(s: Services, req: S3Request, ep: CopyObject) -> web.Respon
 # -- deletes -----------------------------------------------------------------------
 
 async def delete_object(s: Services, req: S3Request, ep: DeleteObject) -> web.Response:
-    """DeleteObject: 204 whether or not the key existed."""
+    """DeleteObject: 204 whether or not the key existed; a version under
+    GOVERNANCE retention goes with ``x-amz-bypass-governance-retention: true``."""
     check_version_id(req.query)
-    await s.call(s.engine.delete_object, ep.bucket, ep.key)
+    await s.call(s.engine.delete_object, ep.bucket, ep.key, bypass_governance=bypass_governance(req.headers))
     return web.Response(status=204)
 
 
@@ -302,6 +311,7 @@ async def delete_objects(s: Services, req: S3Request, ep: DeleteObjects) -> web.
     """DeleteObjects: delete up to 1000 keys; each failure is reported in the
     result document, not as the request's status."""
     keys, quiet = _delete_keys(await s.read_xml(req))
+    bypass = bypass_governance(req.headers)
     await s.call(s.engine.head_bucket, ep.bucket)
 
     def run() -> list[tuple[str, GpufeedError | None]]:
@@ -310,7 +320,7 @@ async def delete_objects(s: Services, req: S3Request, ep: DeleteObjects) -> web.
             try:
                 if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
                     raise KeyTooLong("Your key is too long")
-                s.engine.delete_object(ep.bucket, key)
+                s.engine.delete_object(ep.bucket, key, bypass_governance=bypass)
                 out.append((key, None))
             except GpufeedError as exc:
                 out.append((key, exc))

@@ -34,6 +34,7 @@ from urllib.parse import quote, urlencode
 from aiohttp import BodyPartReader, MultipartReader, web
 from multidict import CIMultiDict
 
+from ..engine.types import Retention
 from ..errors import (
     AccessDenied,
     EntityTooLarge,
@@ -47,7 +48,9 @@ from ..errors import (
 from ._context import HandlerTable, S3Request, Services
 from ._features import check_write_headers
 from ._headers import quote_etag, stored_content_type, stored_headers, user_metadata
+from ._lock import write_retention
 from ._router import PostObject
+from ._tagging import parse_tag_set
 from ._tenancy import CURRENT_TENANT, check_owner
 from ._xml import element, sub
 
@@ -205,15 +208,13 @@ def _as_headers(fields: dict[str, str]) -> CIMultiDict:
     for name, value in fields.items():
         if name == "acl":
             headers["x-amz-acl"] = value
-        elif name == "tagging":
-            headers["x-amz-tagging"] = value
-        elif name not in ("key", "policy", "success_action_status", "success_action_redirect", "redirect"):
+        elif name not in ("key", "tagging", "policy", "success_action_status", "success_action_redirect", "redirect"):
             headers[name] = value
     return headers
 
 
 async def _store(s: Services, ep: PostObject, key: str, file: BodyPartReader, headers: CIMultiDict,
-                 fields: dict[str, str], policy: dict):
+                 fields: dict[str, str], policy: dict, tags: dict[str, str] | None, retention: Retention | None):
     """Stream the file into a new version of ``key``; commit once the policy holds for its size."""
     pending = await s.call(s.engine.begin_put, ep.bucket, key)
     try:
@@ -229,7 +230,7 @@ async def _store(s: Services, ep: PostObject, key: str, file: BodyPartReader, he
         check_policy(policy, fields, size, time.time())
         return await s.call(lambda: pending.commit(
             content_type=stored_content_type(headers), metadata=user_metadata(headers),
-            headers=stored_headers(headers)))
+            headers=stored_headers(headers), tags=tags, retention=retention))
     except BaseException:
         pending.abort()
         raise
@@ -242,7 +243,10 @@ async def post_object(s: Services, req: S3Request, ep: PostObject) -> web.Stream
         MalformedPOSTRequest: not multipart/form-data, or no file field.
         InvalidPolicyDocument, AccessDenied, SignatureDoesNotMatch, InvalidAccessKeyId:
             see :func:`check_policy` and the signature check.
-        NotImplementedByGpufeed: a field naming a feature not built (tagging, object lock, ...).
+        NotImplementedByGpufeed: a field naming a feature not built (SSE-KMS, ...).
+        MalformedXML, InvalidTag: a ``tagging`` field that is no ``Tagging`` document, or over the limits.
+        InvalidArgument, InvalidRequestError: bad ``x-amz-object-lock-*`` fields, or lock fields for a
+            bucket without object lock.
     """
     if not req.http.content_type.startswith("multipart/form-data"):
         raise MalformedPOSTRequest("Bucket POST must be of the enclosure-type multipart/form-data")
@@ -256,8 +260,10 @@ async def post_object(s: Services, req: S3Request, ep: PostObject) -> web.Stream
     check_policy(policy, fields, None, time.time())
     headers = _as_headers(fields)
     check_write_headers(headers)
+    tags = parse_tag_set(fields["tagging"].encode()) if "tagging" in fields else None
+    retention = write_retention(headers)
     key = fields["key"].replace("${filename}", file.filename or "")
-    info = await _store(s, ep, key, file, headers, fields, policy)
+    info = await _store(s, ep, key, file, headers, fields, policy, tags, retention)
     etag = quote_etag(info.etag)
     location = f"http://{req.target.host or ''}/{quote(ep.bucket)}/{quote(key)}"
     redirect = fields.get("success_action_redirect") or fields.get("redirect")

@@ -35,51 +35,17 @@ from urllib.parse import unquote
 from ..errors import InvalidArgument, MethodNotAllowed, NotImplementedByGpufeed
 
 __all__ = [
-    "Target",
-    "parse_target",
-    "bucket_from_host",
-    "route",
-    "UNSUPPORTED_BUCKET",
-    "UNSUPPORTED_OBJECT",
-    "Endpoint",
-    "BucketEndpoint",
-    "ObjectEndpoint",
-    "ListBuckets",
-    "HeadBucket",
-    "CreateBucket",
-    "DeleteBucket",
-    "GetBucketLocation",
-    "GetBucketVersioning",
-    "GetBucketAcl",
-    "GetBucketLifecycleConfiguration",
-    "PutBucketLifecycleConfiguration",
-    "DeleteBucketLifecycle",
-    "PutBucketAcl",
-    "GetBucketConfiguration",
-    "DeleteBucketConfiguration",
-    "PutBucketCors",
-    "PutBucketTagging",
-    "CorsPreflight",
-    "BUCKET_CONFIGURATIONS",
-    "STORED_CONFIGURATIONS",
-    "ListObjects",
-    "ListMultipartUploads",
-    "DeleteObjects",
-    "PostObject",
-    "GetObject",
-    "HeadObject",
-    "GetObjectAcl",
-    "PutObjectAcl",
-    "GetObjectAttributes",
-    "PutObject",
-    "CopyObject",
-    "DeleteObject",
-    "CreateMultipartUpload",
-    "UploadPart",
-    "UploadPartCopy",
-    "CompleteMultipartUpload",
-    "AbortMultipartUpload",
-    "ListParts",
+    "Target", "parse_target", "bucket_from_host", "route", "UNSUPPORTED_BUCKET", "UNSUPPORTED_OBJECT", "Endpoint",
+    "BucketEndpoint", "ObjectEndpoint", "ListBuckets", "HeadBucket", "CreateBucket", "DeleteBucket",
+    "GetBucketLocation", "GetBucketVersioning", "GetBucketAcl", "GetBucketLifecycleConfiguration",
+    "PutBucketLifecycleConfiguration", "DeleteBucketLifecycle", "PutBucketAcl", "GetBucketConfiguration",
+    "DeleteBucketConfiguration", "PutBucketCors", "PutBucketTagging", "CorsPreflight",
+    "PutObjectLockConfiguration", "GetObjectLockConfiguration", "BUCKET_CONFIGURATIONS", "STORED_CONFIGURATIONS",
+    "ListObjects", "ListMultipartUploads", "DeleteObjects", "PostObject", "GetObject", "HeadObject",
+    "GetObjectAcl", "PutObjectAcl", "GetObjectAttributes", "PutObjectRetention", "GetObjectRetention",
+    "PutObjectLegalHold", "GetObjectLegalHold", "PutObjectTagging", "GetObjectTagging", "DeleteObjectTagging",
+    "PutObject", "CopyObject", "DeleteObject", "CreateMultipartUpload", "UploadPart", "UploadPartCopy",
+    "CompleteMultipartUpload", "AbortMultipartUpload", "ListParts"
 ]
 
 #: Bucket configurations with Get and Delete (:class:`GetBucketConfiguration`,
@@ -92,18 +58,18 @@ STORED_CONFIGURATIONS = frozenset({"cors", "tagging"})
 #: Bucket sub-resources S3 has and gpufeed does not implement (answered 501).
 UNSUPPORTED_BUCKET = frozenset({
     "policy", "website", "logging", "notification", "replication",
-    "encryption", "object-lock", "versions", "requestPayment", "accelerate",
+    "encryption", "versions", "requestPayment", "accelerate",
     "analytics", "inventory", "metrics", "ownershipControls", "publicAccessBlock",
     "intelligent-tiering", "policyStatus",
 })
 #: Object sub-resources S3 has and gpufeed does not implement (answered 501).
 UNSUPPORTED_OBJECT = frozenset({
-    "tagging", "retention", "legal-hold", "torrent", "restore", "select",
+    "torrent", "restore", "select",
 })
 
 #: Every bucket sub-resource the router knows (a request naming two is refused).
 _SUB_RESOURCES = UNSUPPORTED_BUCKET | BUCKET_CONFIGURATIONS | {
-    "lifecycle", "acl", "location", "versioning", "uploads", "delete"}
+    "lifecycle", "acl", "location", "versioning", "uploads", "delete", "object-lock"}
 
 _PART_NUMBER_RANGE = "Part number must be an integer between 1 and 10000, inclusive"
 
@@ -369,6 +335,16 @@ class CorsPreflight(Endpoint):
 
 
 @dataclass(frozen=True, slots=True)
+class PutObjectLockConfiguration(BucketEndpoint):
+    """``PUT /bucket?object-lock``: PutObjectLockConfiguration."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetObjectLockConfiguration(BucketEndpoint):
+    """``GET /bucket?object-lock``: GetObjectLockConfiguration."""
+
+
+@dataclass(frozen=True, slots=True)
 class ListObjects(BucketEndpoint):
     """``GET /bucket``: ListObjects, or ListObjectsV2 with ``list-type=2``.
 
@@ -417,6 +393,50 @@ class PutObjectAcl(ObjectEndpoint):
 @dataclass(frozen=True, slots=True)
 class GetObjectAttributes(ObjectEndpoint):
     """``GET /bucket/key?attributes`` (and ``HEAD``): GetObjectAttributes."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutObjectRetention(ObjectEndpoint):
+    """``PUT /bucket/key?retention``: PutObjectRetention."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetObjectRetention(ObjectEndpoint):
+    """``GET /bucket/key?retention``: GetObjectRetention."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutObjectLegalHold(ObjectEndpoint):
+    """``PUT /bucket/key?legal-hold``: PutObjectLegalHold."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetObjectLegalHold(ObjectEndpoint):
+    """``GET /bucket/key?legal-hold``: GetObjectLegalHold."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutObjectTagging(ObjectEndpoint):
+    """``PUT /bucket/key?tagging``: PutObjectTagging."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetObjectTagging(ObjectEndpoint):
+    """``GET /bucket/key?tagging`` (and ``HEAD``): GetObjectTagging."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteObjectTagging(ObjectEndpoint):
+    """``DELETE /bucket/key?tagging``: DeleteObjectTagging."""
+
+
+#: Object sub-resource -> method -> endpoint (object lock and tagging).
+_OBJECT_SETTINGS: dict[str, dict[str, type[ObjectEndpoint]]] = {
+    "retention": {"GET": GetObjectRetention, "HEAD": GetObjectRetention, "PUT": PutObjectRetention},
+    "legal-hold": {"GET": GetObjectLegalHold, "HEAD": GetObjectLegalHold, "PUT": PutObjectLegalHold},
+    "tagging": {"GET": GetObjectTagging, "HEAD": GetObjectTagging, "PUT": PutObjectTagging,
+                "DELETE": DeleteObjectTagging},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -564,6 +584,10 @@ def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
         raise NotImplementedByGpufeed(f"bucket sub-resource {sorted(unsupported)[0]!r} is not implemented")
     if "lifecycle" in q and method in _LIFECYCLE:
         return _LIFECYCLE[method](bucket)
+    if "object-lock" in q:
+        if method not in ("GET", "PUT"):
+            raise _not_allowed()
+        return GetObjectLockConfiguration(bucket) if method == "GET" else PutObjectLockConfiguration(bucket)
     if method == "GET":
         if "location" in q:
             return GetBucketLocation(bucket)
@@ -596,6 +620,11 @@ def _route_object(target: Target, bucket: str, key: str) -> Endpoint:
     unsupported = UNSUPPORTED_OBJECT & q.keys()
     if unsupported:
         raise NotImplementedByGpufeed(f"object sub-resource {sorted(unsupported)[0]!r} is not implemented")
+    for name, endpoints in _OBJECT_SETTINGS.items():
+        if name in q:
+            if method not in endpoints:
+                raise _not_allowed()
+            return endpoints[method](bucket, key)
     if method in ("GET", "HEAD"):
         if "uploadId" in q and method == "GET":
             return ListParts(bucket, key, q["uploadId"])
