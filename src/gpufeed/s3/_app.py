@@ -4,7 +4,7 @@ One aiohttp catch-all route. For each request :class:`S3Front` parses the
 target once (:func:`~gpufeed.s3._router.parse_target`), checks its SigV4
 signature, routes it to a typed endpoint (:func:`~gpufeed.s3._router.route`)
 and runs that endpoint's handler from its family module (``_buckets``,
-``_listing``, ``_objects``, ``_multipart``). Every :class:`GpufeedError` becomes
+``_listing``, ``_objects``, ``_multipart``, ``_versions``, ...). Every :class:`GpufeedError` becomes
 an S3 error document here; any other exception a 500 with no traceback.
 ``OPTIONS`` (a CORS preflight) passes without a signature (see
 :func:`~gpufeed.s3._auth.verify_request`); a request with an ``Origin`` gets
@@ -26,7 +26,19 @@ from aiohttp import web
 from ..config import NodeConfig
 from ..engine import Engine
 from ..errors import GpufeedError, InternalError, NotModified, SignatureDoesNotMatch
-from . import _acl, _attributes, _bucketconfig, _buckets, _cors, _lifecycle, _listing, _multipart, _objects, _post
+from . import (
+    _acl,
+    _attributes,
+    _bucketconfig,
+    _buckets,
+    _cors,
+    _lifecycle,
+    _listing,
+    _multipart,
+    _objects,
+    _post,
+    _versions,
+)
 from ._accesslog import AccessLog
 from ._admin import ADMIN_PREFIX, handle_admin
 from ._auth import AuthResult, verify_request
@@ -78,6 +90,7 @@ HANDLERS: HandlerTable = {
     **_bucketconfig.HANDLERS,
     **_cors.HANDLERS,
     **_post.HANDLERS,
+    **_versions.HANDLERS,
 }
 
 

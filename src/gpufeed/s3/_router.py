@@ -50,6 +50,8 @@ __all__ = [
     "DeleteBucket",
     "GetBucketLocation",
     "GetBucketVersioning",
+    "PutBucketVersioning",
+    "ListObjectVersions",
     "GetBucketAcl",
     "GetBucketLifecycleConfiguration",
     "PutBucketLifecycleConfiguration",
@@ -92,7 +94,7 @@ STORED_CONFIGURATIONS = frozenset({"cors", "tagging"})
 #: Bucket sub-resources S3 has and gpufeed does not implement (answered 501).
 UNSUPPORTED_BUCKET = frozenset({
     "policy", "website", "logging", "notification", "replication",
-    "encryption", "object-lock", "versions", "requestPayment", "accelerate",
+    "encryption", "object-lock", "requestPayment", "accelerate",
     "analytics", "inventory", "metrics", "ownershipControls", "publicAccessBlock",
     "intelligent-tiering", "policyStatus",
 })
@@ -103,7 +105,7 @@ UNSUPPORTED_OBJECT = frozenset({
 
 #: Every bucket sub-resource the router knows (a request naming two is refused).
 _SUB_RESOURCES = UNSUPPORTED_BUCKET | BUCKET_CONFIGURATIONS | {
-    "lifecycle", "acl", "location", "versioning", "uploads", "delete"}
+    "lifecycle", "acl", "location", "versioning", "versions", "uploads", "delete"}
 
 _PART_NUMBER_RANGE = "Part number must be an integer between 1 and 10000, inclusive"
 
@@ -289,6 +291,16 @@ class GetBucketVersioning(BucketEndpoint):
 
 
 @dataclass(frozen=True, slots=True)
+class PutBucketVersioning(BucketEndpoint):
+    """``PUT /bucket?versioning``: PutBucketVersioning."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListObjectVersions(BucketEndpoint):
+    """``GET /bucket?versions``: ListObjectVersions."""
+
+
+@dataclass(frozen=True, slots=True)
 class GetBucketAcl(BucketEndpoint):
     """``GET /bucket?acl``: GetBucketAcl."""
 
@@ -430,10 +442,13 @@ class CopyObject(ObjectEndpoint):
 
     Attributes:
         source_bucket, source_key: the object copied.
+        source_version_id: the source version (``?versionId=`` of the copy
+            source), or None for the current one.
     """
 
     source_bucket: str
     source_key: str
+    source_version_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,10 +480,12 @@ class UploadPartCopy(UploadPart):
 
     Attributes:
         source_bucket, source_key: the object the part is copied from.
+        source_version_id: as for :class:`CopyObject`.
     """
 
     source_bucket: str
     source_key: str
+    source_version_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,15 +515,19 @@ def _not_allowed() -> MethodNotAllowed:
     return MethodNotAllowed("The specified method is not allowed against this resource.")
 
 
-def _copy_source(value: str) -> tuple[str, str]:
-    """``x-amz-copy-source`` (``[/]bucket/key[?versionId=...]``, percent-encoded) -> (bucket, key)."""
+def _copy_source(value: str) -> tuple[str, str, str | None]:
+    """``x-amz-copy-source`` (``[/]bucket/key[?versionId=...]``, percent-encoded)
+    -> (bucket, key, version id or None); the engine checks the version id's form."""
     src = value.strip()
-    src, _, _version = src.partition("?")
+    src, _, query = src.partition("?")
     src = unquote(src).lstrip("/")
     bucket, _, key = src.partition("/")
     if not bucket or not key:
         raise InvalidArgument("Copy Source must mention the source bucket and key: sourcebucket/sourcekey")
-    return bucket, key
+    version = _parse_query(query).get("versionId") if query else None
+    if version == "":
+        raise InvalidArgument("Version id cannot be the empty string", argument="x-amz-copy-source")
+    return bucket, key, version
 
 
 def _part(query: Mapping[str, str]) -> tuple[str, int]:
@@ -564,11 +585,16 @@ def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
         raise NotImplementedByGpufeed(f"bucket sub-resource {sorted(unsupported)[0]!r} is not implemented")
     if "lifecycle" in q and method in _LIFECYCLE:
         return _LIFECYCLE[method](bucket)
+    if ("versioning" in q and method not in ("GET", "HEAD", "PUT")) or \
+            ("versions" in q and method not in ("GET", "HEAD")):
+        raise _not_allowed()
     if method == "GET":
         if "location" in q:
             return GetBucketLocation(bucket)
         if "versioning" in q:
             return GetBucketVersioning(bucket)
+        if "versions" in q:
+            return ListObjectVersions(bucket)
         if "acl" in q:
             return GetBucketAcl(bucket)
         if "uploads" in q:
@@ -579,6 +605,8 @@ def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
     if method == "PUT":
         if "acl" in q:
             return PutBucketAcl(bucket)
+        if "versioning" in q:
+            return PutBucketVersioning(bucket)
         if q.keys() - {"x-id"}:
             raise NotImplementedByGpufeed(f"PUT bucket ?{next(iter(q))} is not implemented")
         return CreateBucket(bucket)
