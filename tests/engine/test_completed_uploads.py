@@ -80,3 +80,18 @@ def test_completion_records_survive_reopen_and_a_version_2_catalog_is_migrated(t
             e.complete_multipart_upload(B, "mp", uid, parts)
     finally:
         e.close()
+
+
+def test_repeated_completion_in_a_versioned_bucket_names_the_same_version(engine):
+    """A repeat answers the version the completion made, also once a later put
+    made it noncurrent. Source: "CompleteMultipartUpload", Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_CompleteMultipartUpload.html"""
+    engine.put_bucket_versioning(B, "Enabled")
+    uid, parts, info = _two_part_object(engine, "vmp")
+    assert len(info.version_id) == 32
+    assert engine.complete_multipart_upload(B, "vmp", uid, parts) == info
+    engine.put_object(B, "vmp", b"newer")
+    again = engine.complete_multipart_upload(B, "vmp", uid, parts)
+    assert (again.version_id, again.etag, again.size) == (info.version_id, info.etag, info.size)
+    assert not again.is_latest
+    assert engine.get_object(B, "vmp") == b"newer"  # the repeat changed nothing

@@ -110,3 +110,27 @@ def test_s3api_calls(aws, cli_bucket, tmp_path):
     aws("s3", "rb", f"s3://{cli_bucket}", "--force")
     gone = aws("s3api", "head-bucket", "--bucket", cli_bucket, check=False)
     assert gone.returncode != 0
+
+
+def test_s3api_versioning_and_list_object_versions(aws, cli_bucket, tmp_path):
+    """``aws s3api put-bucket-versioning`` / ``list-object-versions`` (the CLI
+    paginates with NextKeyMarker / NextVersionIdMarker). Source: "ListObjectVersions",
+    Amazon S3 API Reference,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_ListObjectVersions.html"""
+    body = tmp_path / "body"
+    body.write_bytes(b"v")
+    aws("s3api", "put-object", "--bucket", cli_bucket, "--key", "pre", "--body", str(body))
+    out = json.loads(aws("s3api", "list-object-versions", "--bucket", cli_bucket).stdout)
+    assert [(v["Key"], v["VersionId"], v["IsLatest"]) for v in out["Versions"]] == [("pre", "null", True)]
+    aws("s3api", "put-bucket-versioning", "--bucket", cli_bucket,
+        "--versioning-configuration", "Status=Enabled")
+    status = json.loads(aws("s3api", "get-bucket-versioning", "--bucket", cli_bucket).stdout)
+    assert status["Status"] == "Enabled"
+    ids = [json.loads(aws("s3api", "put-object", "--bucket", cli_bucket, "--key", f"k{i % 3}",
+                          "--body", str(body)).stdout)["VersionId"] for i in range(7)]
+    aws("s3api", "delete-object", "--bucket", cli_bucket, "--key", "k0")
+    out = json.loads(aws("s3api", "list-object-versions", "--bucket", cli_bucket, "--page-size", "2").stdout)
+    assert sorted(v["VersionId"] for v in out["Versions"]) == sorted(ids + ["null"])
+    assert [(m["Key"], m["IsLatest"]) for m in out["DeleteMarkers"]] == [("k0", True)]
+    newest_k1 = json.loads(aws("s3api", "head-object", "--bucket", cli_bucket, "--key", "k1").stdout)
+    assert newest_k1["VersionId"] == ids[4]

@@ -141,3 +141,15 @@ def test_post_without_a_file_or_signature(s3_node, bkt, code_of):
         urllib.request.urlopen(req, timeout=30)
     assert ei.value.code == 403  # not a form POST: the ordinary signature rules apply
     ei.value.close()
+
+
+def test_post_into_versioned_bucket_names_the_version(s3_node, v4):
+    """Source: "POST Object" (x-amz-version-id in versioned buckets), Amazon S3 API
+    Reference, https://docs.aws.amazon.com/AmazonS3/latest/API/RESTObjectPOST.html"""
+    name = f"pv-{uuid.uuid4().hex[:8]}"
+    s3_node.engine.create_bucket(name)
+    s3_node.engine.put_bucket_versioning(name, "Enabled")
+    post = v4.generate_presigned_post(name, "versioned", ExpiresIn=60)
+    status, headers, _ = _post(post["url"], post["fields"], b"x")
+    assert status == 204
+    assert v4.head_object(Bucket=name, Key="versioned")["VersionId"] == headers["x-amz-version-id"]

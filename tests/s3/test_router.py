@@ -42,6 +42,9 @@ def test_first_of_repeated_query_names_wins():
     ("GET", "/b?list-type=2&prefix=p", r.ListObjects("b", v2=True)),
     ("GET", "/b?location", r.GetBucketLocation("b")),
     ("GET", "/b?versioning", r.GetBucketVersioning("b")),
+    ("PUT", "/b?versioning", r.PutBucketVersioning("b")),
+    ("GET", "/b?versions", r.ListObjectVersions("b")),
+    ("GET", "/b?versions&prefix=p&key-marker=k", r.ListObjectVersions("b")),
     ("GET", "/b?acl", r.GetBucketAcl("b")),
     ("GET", "/b?uploads", r.ListMultipartUploads("b")),
     ("PUT", "/b?acl", r.PutBucketAcl("b")),
@@ -84,9 +87,14 @@ def test_route(method, target, expected):
 
 def test_copy_source_routes_to_copies():
     assert endpoint("PUT", "/b/k", x_amz_copy_source="/src/a%20b?versionId=3") == \
-        r.CopyObject("b", "k", "src", "a b")
+        r.CopyObject("b", "k", "src", "a b", "3")
+    assert endpoint("PUT", "/b/k", x_amz_copy_source="/src/a%20b") == r.CopyObject("b", "k", "src", "a b")
     assert endpoint("PUT", "/b/k?uploadId=u&partNumber=2", x_amz_copy_source="src/d/k") == \
         r.UploadPartCopy("b", "k", "u", 2, "src", "d/k")
+    assert endpoint("PUT", "/b/k?uploadId=u&partNumber=2", x_amz_copy_source="src/d/k?versionId=null") == \
+        r.UploadPartCopy("b", "k", "u", 2, "src", "d/k", "null")
+    with pytest.raises(InvalidArgument):
+        endpoint("PUT", "/b/k", x_amz_copy_source="/src/k?versionId=")
 
 
 def test_virtual_host_routes_like_path_style():
@@ -98,6 +106,9 @@ def test_virtual_host_routes_like_path_style():
     ("PUT", "/", {}, MethodNotAllowed, "not allowed"),
     ("PATCH", "/b", {}, MethodNotAllowed, "not allowed"),
     ("POST", "/b?foo", {}, MethodNotAllowed, "not allowed"),
+    ("DELETE", "/b?versions", {}, MethodNotAllowed, "not allowed"),
+    ("DELETE", "/b?versioning", {}, MethodNotAllowed, "not allowed"),
+    ("PUT", "/b?versions", {}, MethodNotAllowed, "not allowed"),
     ("PATCH", "/b/k", {}, MethodNotAllowed, "not allowed"),
     ("GET", "/b?logging&cors", {}, NotImplementedByGpufeed, "'cors'"),
     ("GET", "/b?policy&cors", {}, NotImplementedByGpufeed, "'cors'"),

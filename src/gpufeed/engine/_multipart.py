@@ -106,12 +106,21 @@ def _same_parts(done: CompletedUpload, parts: list[tuple[int, str]]) -> bool:
     return given == [(p.part_number, p.etag) for p in done.parts]
 
 
+#: Most noncurrent versions of a key searched for a repeated completion's version.
+_REPEAT_SEARCH = 10000
+
+
 def _repeat_answer(reader: CatalogReader, done: CompletedUpload) -> ObjectInfo:
     """What a repeated completion returns: the version it made while that is
-    current, else that version's record as completed (``path`` and ``blob_id`` empty)."""
+    the key's current or one of its (newest :data:`_REPEAT_SEARCH`) noncurrent
+    versions, else that version's record as completed (``path`` and
+    ``blob_id`` empty, version id ``null``)."""
     current = reader.object(done.bucket, done.key)
     if current is not None and current.blob_id == done.blob_id:
         return current
+    for v in reader.noncurrent(done.bucket, done.key, _REPEAT_SEARCH):
+        if not v.delete_marker and v.blob_id == done.blob_id:
+            return v
     # The upload's checksum type is gone with its row: each algorithm's default
     # (FULL_OBJECT for CRC64NVME, COMPOSITE otherwise).
     checksums = _joined_etag_and_checksums([PartRecord(p, "") for p in done.parts], None)[1]

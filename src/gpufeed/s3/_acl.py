@@ -20,6 +20,7 @@ from ..errors import AccessControlListNotSupported, MalformedXML
 from ._context import HandlerTable, S3Request, Services
 from ._features import check_acl_headers
 from ._router import PutBucketAcl, PutObjectAcl
+from ._versions import version_arg
 from ._xml import child_text, local, parse_xml
 
 __all__ = ["HANDLERS", "check_acl_document"]
@@ -69,7 +70,7 @@ async def put_bucket_acl(s: Services, req: S3Request, ep: PutBucketAcl) -> web.R
 async def put_object_acl(s: Services, req: S3Request, ep: PutObjectAcl) -> web.Response:
     """PutObjectAcl: accepted when it sets the owner's full control (the only ACL there is)."""
     await _put_acl(s, req)
-    await s.call(s.engine.head_object, ep.bucket, ep.key)
+    await s.call(s.engine.head_object, ep.bucket, ep.key, version_arg(req.query))
     return web.Response(status=200)
 
 

@@ -4,7 +4,7 @@ One aiohttp catch-all route. For each request :class:`S3Front` parses the
 target once (:func:`~gpufeed.s3._router.parse_target`), checks its SigV4
 signature, routes it to a typed endpoint (:func:`~gpufeed.s3._router.route`)
 and runs that endpoint's handler from its family module (``_buckets``,
-``_listing``, ``_objects``, ``_multipart``). Every :class:`GpufeedError` becomes
+``_listing``, ``_objects``, ``_multipart``, ``_versions``, ...). Every :class:`GpufeedError` becomes
 an S3 error document here; any other exception a 500 with no traceback.
 ``OPTIONS`` (a CORS preflight) passes without a signature (see
 :func:`~gpufeed.s3._auth.verify_request`); a request with an ``Origin`` gets
@@ -39,6 +39,7 @@ from . import (
     _objects,
     _post,
     _tagging,
+    _versions,
 )
 from ._accesslog import AccessLog
 from ._admin import ADMIN_PREFIX, handle_admin
@@ -94,6 +95,7 @@ HANDLERS: HandlerTable = {
     **_post.HANDLERS,
     **_lock.HANDLERS,
     **_tagging.HANDLERS,
+    **_versions.HANDLERS,
 }
 
 

@@ -23,6 +23,7 @@ from ..errors import InvalidArgument, InvalidPartNumber
 from ._context import HandlerTable, S3Request, Services
 from ._features import check_read_request
 from ._router import GetObjectAttributes
+from ._versions import read_version, version_arg
 from ._xml import element, http_date, sub
 
 __all__ = ["HANDLERS", "CHECKSUM_ELEMENT", "part_range", "parse_part_number"]
@@ -113,7 +114,7 @@ async def get_object_attributes(s: Services, req: S3Request, ep: GetObjectAttrib
     wanted = _wanted(h)
     max_parts = _header_int(h, "x-amz-max-parts", 1000, 0, 1000)
     marker = _header_int(h, "x-amz-part-number-marker", 0, 0, 10000)
-    info = await s.call(s.engine.head_object, ep.bucket, ep.key)
+    info, _, versions = await s.call(read_version, s, ep.bucket, ep.key, version_arg(req.query), open_file=False)
     parts = await s.call(s.engine.object_parts, info) if "ObjectParts" in wanted else []
     root = element("GetObjectAttributesResponse")
     if "ETag" in wanted:
@@ -143,7 +144,7 @@ async def get_object_attributes(s: Services, req: S3Request, ep: GetObjectAttrib
         sub(root, "StorageClass", "STANDARD")
     if "ObjectSize" in wanted:
         sub(root, "ObjectSize", info.size)
-    return s.xml(root, headers={"Last-Modified": http_date(info.last_modified)})
+    return s.xml(root, headers={"Last-Modified": http_date(info.last_modified)} | versions)
 
 
 #: Endpoint -> handler of this family.

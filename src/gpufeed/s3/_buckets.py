@@ -1,5 +1,5 @@
 """S3 service and bucket operations: ListBuckets, Create/Head/DeleteBucket,
-GetBucketLocation, GetBucketVersioning, GetBucketAcl.
+GetBucketLocation, GetBucketAcl (GetBucketVersioning is in ``_versions``).
 
 Source: Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API/
 """
@@ -26,7 +26,6 @@ from ._router import (
     DeleteBucket,
     GetBucketAcl,
     GetBucketLocation,
-    GetBucketVersioning,
     HeadBucket,
     ListBuckets,
 )
@@ -187,12 +186,6 @@ async def get_bucket_location(s: Services, req: S3Request, ep: GetBucketLocation
     return s.xml(root)
 
 
-async def get_bucket_versioning(s: Services, req: S3Request, ep: GetBucketVersioning) -> web.Response:
-    """GetBucketVersioning: never enabled (an empty configuration)."""
-    await s.call(s.engine.head_bucket, ep.bucket)
-    return s.xml(element("VersioningConfiguration"))
-
-
 async def get_bucket_acl(s: Services, req: S3Request, ep: GetBucketAcl) -> web.Response:
     """GetBucketAcl: the owner has FULL_CONTROL."""
     await s.call(s.engine.head_bucket, ep.bucket)
@@ -206,6 +199,5 @@ HANDLERS: HandlerTable = {
     CreateBucket: create_bucket,
     DeleteBucket: delete_bucket,
     GetBucketLocation: get_bucket_location,
-    GetBucketVersioning: get_bucket_versioning,
     GetBucketAcl: get_bucket_acl,
 }

@@ -167,16 +167,18 @@ class Services:
                 raise BadDigest("The Content-MD5 you specified did not match what we received.")
         return data
 
-    async def open_object(self, bucket: str, key: str):
-        """The current version and its data file opened for reading (the engine
-        retries a version replaced between lookup and open, so a reader racing
-        overwriters never sees a spurious 404). The file is a duplicate of the
-        engine's cached descriptor (shared with the fast path), so closing it
-        closes only this reader's copy. Returns ``(info, file)``."""
-        return await self.call(self._open_dup, bucket, key)
+    async def open_object(self, bucket: str, key: str, version_id: str | None = None):
+        """The current version (or the version ``version_id``) and its data file
+        opened for reading (the engine retries a version replaced between lookup
+        and open, so a reader racing overwriters never sees a spurious 404). The
+        file is a duplicate of the engine's cached descriptor (shared with the
+        fast path), so closing it closes only this reader's copy. Returns
+        ``(info, file)``."""
+        return await self.call(self.open_dup, bucket, key, version_id)
 
-    def _open_dup(self, bucket: str, key: str):
-        with self.engine.open_version(bucket, key) as h:
+    def open_dup(self, bucket: str, key: str, version_id: str | None = None):
+        """:meth:`open_object`, blocking (for code already on the worker pool)."""
+        with self.engine.open_version(bucket, key, version_id) as h:
             return h.info, os.fdopen(os.dup(h.fd), "rb")
 
     # upload bodies ---------------------------------------------------------------

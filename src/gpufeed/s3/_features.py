@@ -1,7 +1,7 @@
 """Request headers and parameters that name S3 features: accepted, echoed, or refused.
 
 Clients name features in headers (encryption, object lock, tagging, ACLs,
-storage classes, versions). A store that ignores one misleads its client (an
+storage classes). A store that ignores one misleads its client (an
 object "retained" that a plain DELETE removes, an "encrypted" upload stored
 as sent), so each is either built and honoured, or refused with 501
 NotImplemented naming the feature. What gpufeed honours:
@@ -15,7 +15,6 @@ NotImplemented naming the feature. What gpufeed honours:
   refused with S3's ``AccessControlListNotSupported`` (the answer of a bucket
   whose object ownership is "bucket owner enforced").
 - ``x-amz-storage-class: STANDARD``.
-- ``versionId=null`` (every object is the null version of an unversioned bucket).
 - object lock and object tagging headers: read by ``_lock`` and ``_tagging``
   (``x-amz-bucket-object-lock-enabled: true`` on CreateBucket makes a bucket
   with object lock); object lock event holds are not built.
@@ -37,7 +36,6 @@ __all__ = [
     "check_write_headers",
     "check_part_headers",
     "check_read_request",
-    "check_version_id",
     "check_create_bucket_headers",
     "check_request_headers",
     "sse_headers",
@@ -160,23 +158,11 @@ def check_read_request(headers: Mapping[str, str], query: Mapping[str, str]) -> 
     """The feature headers and parameters of GetObject / HeadObject.
 
     Raises:
-        NotImplementedByGpufeed: SSE-C headers, or a ``versionId`` other than ``null``.
+        NotImplementedByGpufeed: SSE-C headers.
     """
     for name in _SSE_C_HEADERS:
         if name in headers:
             raise _not_built(_SSE_C)
-    check_version_id(query)
-
-
-def check_version_id(query: Mapping[str, str]) -> None:
-    """Accept ``versionId=null`` (every object is its key's null version), refuse any other.
-
-    Raises:
-        NotImplementedByGpufeed: a ``versionId`` other than ``null``.
-    """
-    version = query.get("versionId")
-    if version is not None and version != "null":
-        raise _not_built("versioning (versionId)")
 
 
 def check_request_headers(headers: Mapping[str, str]) -> None:

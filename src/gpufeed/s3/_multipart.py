@@ -61,6 +61,7 @@ from ._router import (
     UploadPartCopy,
 )
 from ._tagging import tagging_header
+from ._versions import copy_source_headers, write_headers
 from ._xml import child_text, element, iso8601, local, parse_xml, sub
 
 __all__ = ["HANDLERS"]
@@ -231,10 +232,11 @@ async def upload_part_copy(s: Services, req: S3Request, ep: UploadPartCopy) -> w
     """UploadPartCopy: a part copied from (a byte range of) an object, file to file."""
     h = req.headers
     check_part_headers(h, copy=True)
-    src, fobj = await s.open_object(ep.source_bucket, ep.source_key)
+    src, fobj = await s.open_object(ep.source_bucket, ep.source_key, ep.source_version_id)
     try:
         check_conditions(h, src, copy_source=True)
         offset, count = _copy_range(h.get("x-amz-copy-source-range"), src.size)
+        versions = await s.call(copy_source_headers, s.engine, src)
     except BaseException:
         fobj.close()
         raise
@@ -260,7 +262,7 @@ async def upload_part_copy(s: Services, req: S3Request, ep: UploadPartCopy) -> w
     sub(root, "ETag", quote_etag(part.etag))
     for alg, value in part.checksums.items():
         sub(root, CHECKSUM_ELEMENT[alg], value)
-    return s.xml(root)
+    return s.xml(root, headers=versions)
 
 
 def _range_checksum(fd: int, offset: int, count: int, algorithm: str) -> str:
@@ -439,7 +441,7 @@ async def complete_multipart_upload(s: Services, req: S3Request, ep: CompleteMul
     if info.checksums:
         composite = any("-" in v for v in info.checksums.values())
         sub(root, "ChecksumType", "COMPOSITE" if composite else "FULL_OBJECT")
-    return s.xml(root, headers=sse_headers(info.headers))
+    return s.xml(root, headers=sse_headers(info.headers) | write_headers(info))
 
 
 async def abort_multipart_upload(s: Services, req: S3Request, ep: AbortMultipartUpload) -> web.Response:

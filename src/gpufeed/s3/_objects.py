@@ -14,6 +14,7 @@ from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict
 
 from ..engine import MAX_KEY_BYTES
+from ..engine.types import DeleteResult
 from ..errors import (
     GpufeedError,
     InvalidArgument,
@@ -25,7 +26,7 @@ from ..errors import (
 )
 from ._attributes import parse_part_number, part_range
 from ._context import HandlerTable, S3Request, Services
-from ._features import check_read_request, check_version_id, check_write_headers, sse_headers
+from ._features import check_read_request, check_write_headers, sse_headers
 from ._headers import (
     check_conditions,
     checksum_headers,
@@ -52,6 +53,13 @@ from ._router import (
     PutObject,
 )
 from ._tagging import copy_tags, tag_count_headers, tagging_header
+from ._versions import (
+    copy_source_headers,
+    delete_headers,
+    read_version,
+    version_arg,
+    write_headers,
+)
 from ._xml import child_text, element, iso8601, local, parse_xml, sub
 
 __all__ = ["HANDLERS"]
@@ -143,11 +151,8 @@ async def _get(s: Services, req: S3Request, ep: GetObject | HeadObject, *, head:
     check_read_request(h, req.query)
     part = req.query.get("partNumber")
     part_number = parse_part_number(part) if part is not None else None
-    fobj = None
-    if head:
-        info = await s.call(s.engine.head_object, ep.bucket, ep.key)
-    else:
-        info, fobj = await s.open_object(ep.bucket, ep.key)
+    info, fobj, versions = await s.call(read_version, s, ep.bucket, ep.key, version_arg(req.query),
+                                        open_file=not head)
     try:
         check_conditions(h, info)
         if part_number is not None and "Range" in h:
@@ -155,6 +160,7 @@ async def _get(s: Services, req: S3Request, ep: GetObject | HeadObject, *, head:
         rng = parse_range(h.get("Range"), info.size)
         headers = object_headers(info, checksums=rng is None and part_number is None and
                                  h.get("x-amz-checksum-mode", "").upper() == "ENABLED")
+        headers.update(versions)
         headers.update(response_overrides(req.query))
         headers.update(lock_headers(info) | tag_count_headers(info))
         status = 200
@@ -184,7 +190,7 @@ async def _get(s: Services, req: S3Request, ep: GetObject | HeadObject, *, head:
 
 async def get_object_acl(s: Services, req: S3Request, ep: GetObjectAcl) -> web.Response:
     """GetObjectAcl: the owner has FULL_CONTROL."""
-    await s.call(s.engine.head_object, ep.bucket, ep.key)
+    await s.call(s.engine.head_object, ep.bucket, ep.key, version_arg(req.query))
     return s.acl()
 
 
@@ -231,7 +237,8 @@ async def put_object(s: Services, req: S3Request, ep: PutObject) -> web.Response
                               tags=tags, retention=retention, **conditions)
 
     info, checksums = await s.receive(req, pending, commit)
-    return web.Response(status=200, headers=checksum_headers(info.etag, checksums) | sse_headers(h))
+    return web.Response(status=200, headers=checksum_headers(info.etag, checksums) | sse_headers(h)
+                        | write_headers(info))
 
 
 async def copy_object(s: Services, req: S3Request, ep: CopyObject) -> web.Response:
@@ -248,9 +255,10 @@ async def copy_object(s: Services, req: S3Request, ep: CopyObject) -> web.Respon
         raise InvalidArgument("Unknown metadata directive.")
     retention, tags = write_retention(h), copy_tags(h)
     await check_lock_write(s, ep.bucket, h, retention, body=False)
-    src = await s.call(s.engine.head_object, ep.source_bucket, ep.source_key)
+    src = await s.call(s.engine.head_object, ep.source_bucket, ep.source_key, ep.source_version_id)
     check_conditions(h, src, copy_source=True)
-    if directive == "COPY" and (ep.source_bucket, ep.source_key) == (ep.bucket, ep.key):
+    if directive == "COPY" and (ep.source_bucket, ep.source_key, ep.source_version_id) == \
+            (ep.bucket, ep.key, None):
         raise InvalidRequestError(
             "This copy request is illegal because it is trying to copy an object to itself "
             "without changing the object's metadata, storage class, website redirect location "
@@ -263,30 +271,31 @@ async def copy_object(s: Services, req: S3Request, ep: CopyObject) -> web.Respon
         stored = stored_headers(h)
     info = await s.call(s.engine.copy_object, ep.source_bucket, ep.source_key, ep.bucket, ep.key,
                         metadata=metadata, content_type=content_type, headers=stored, tags=tags,
-                        retention=retention)
+                        retention=retention, src_version_id=ep.source_version_id)
     root = element("CopyObjectResult")
     sub(root, "LastModified", iso8601(info.last_modified))
     sub(root, "ETag", quote_etag(info.etag))
-    return s.xml(root, headers=sse_headers(h) or sse_headers(info.headers))
+    versions = write_headers(info) | await s.call(copy_source_headers, s.engine, src)
+    return s.xml(root, headers=(sse_headers(h) or sse_headers(info.headers)) | versions)
 
 
 # -- deletes -----------------------------------------------------------------------
 
 async def delete_object(s: Services, req: S3Request, ep: DeleteObject) -> web.Response:
-    """DeleteObject: 204 whether or not the key existed; a version under
-    GOVERNANCE retention goes with ``x-amz-bypass-governance-retention: true``."""
-    check_version_id(req.query)
-    await s.call(s.engine.delete_object, ep.bucket, ep.key, bypass_governance=bypass_governance(req.headers))
-    return web.Response(status=204)
+    """DeleteObject: 204 whether or not the key (or version) existed; in a
+    versioned bucket, with the version removed or the delete marker made; a
+    version under GOVERNANCE retention goes with ``x-amz-bypass-governance-retention: true``."""
+    result = await s.call(s.engine.delete_object, ep.bucket, ep.key, version_arg(req.query),
+                          bypass_governance=bypass_governance(req.headers))
+    return web.Response(status=204, headers=delete_headers(result))
 
 
-def _delete_keys(data: bytes) -> tuple[list[str], bool]:
-    """A Delete document -> (keys, quiet).
+def _delete_keys(data: bytes) -> tuple[list[tuple[str, str | None]], bool]:
+    """A Delete document -> ([(key, version id or None)], quiet).
 
     Raises:
         MalformedXML: not a Delete document, an Object without a Key, or not
             1 to 1000 objects.
-        NotImplementedByGpufeed: an Object naming a version other than ``null``.
     """
     doc = parse_xml(data)
     if local(doc.tag) != "Delete":
@@ -298,46 +307,57 @@ def _delete_keys(data: bytes) -> tuple[list[str], bool]:
             key = child_text(el, "Key")
             if key is None:
                 raise MalformedXML("an Object without a Key")
-            version = child_text(el, "VersionId")
-            if version is not None:
-                check_version_id({"versionId": version})
-            keys.append(key)
+            keys.append((key, child_text(el, "VersionId")))
     if not keys or len(keys) > _MAX_DELETE_KEYS:
         raise MalformedXML("Delete must name between 1 and 1000 objects")
     return keys, quiet
 
 
+def _deleted(root, key: str, version: str | None, result: DeleteResult) -> None:
+    """One ``Deleted`` entry, as S3 words it: the version asked for, and the
+    delete marker made or removed."""
+    d = sub(root, "Deleted")
+    sub(d, "Key", key)
+    if version is not None:
+        sub(d, "VersionId", version)
+    if result.delete_marker:
+        sub(d, "DeleteMarker", True)
+        sub(d, "DeleteMarkerVersionId", result.version_id)
+
+
 async def delete_objects(s: Services, req: S3Request, ep: DeleteObjects) -> web.Response:
-    """DeleteObjects: delete up to 1000 keys; each failure is reported in the
-    result document, not as the request's status."""
+    """DeleteObjects: delete up to 1000 keys or versions; each failure is
+    reported in the result document, not as the request's status."""
     keys, quiet = _delete_keys(await s.read_xml(req))
     bypass = bypass_governance(req.headers)
     await s.call(s.engine.head_bucket, ep.bucket)
 
-    def run() -> list[tuple[str, GpufeedError | None]]:
-        out: list[tuple[str, GpufeedError | None]] = []
-        for key in keys:
+    def run() -> list[tuple[str, str | None, DeleteResult | GpufeedError]]:
+        out: list[tuple[str, str | None, DeleteResult | GpufeedError]] = []
+        for key, version in keys:
             try:
                 if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
                     raise KeyTooLong("Your key is too long")
-                s.engine.delete_object(ep.bucket, key, bypass_governance=bypass)
-                out.append((key, None))
+                if version == "":
+                    raise InvalidArgument("Version id cannot be the empty string")
+                out.append((key, version, s.engine.delete_object(ep.bucket, key, version, bypass_governance=bypass)))
             except GpufeedError as exc:
-                out.append((key, exc))
+                out.append((key, version, exc))
         return out
 
     results = await s.call(run)
     root = element("DeleteResult")
-    for key, err in results:
-        if err is None:
+    for key, version, res in results:
+        if isinstance(res, DeleteResult):
             if not quiet:
-                d = sub(root, "Deleted")
-                sub(d, "Key", key)
+                _deleted(root, key, version, res)
         else:
             e = sub(root, "Error")
             sub(e, "Key", key)
-            sub(e, "Code", err.code)
-            sub(e, "Message", err.message)
+            if version is not None:
+                sub(e, "VersionId", version)
+            sub(e, "Code", res.code)
+            sub(e, "Message", res.message)
     return s.xml(root)
 
 

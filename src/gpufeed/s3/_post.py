@@ -52,6 +52,7 @@ from ._lock import write_retention
 from ._router import PostObject
 from ._tagging import parse_tag_set
 from ._tenancy import CURRENT_TENANT, check_owner
+from ._versions import write_headers
 from ._xml import element, sub
 
 __all__ = ["HANDLERS", "check_policy", "post_object"]
@@ -265,12 +266,13 @@ async def post_object(s: Services, req: S3Request, ep: PostObject) -> web.Stream
     key = fields["key"].replace("${filename}", file.filename or "")
     info = await _store(s, ep, key, file, headers, fields, policy, tags, retention)
     etag = quote_etag(info.etag)
+    common = {"ETag": etag} | write_headers(info)
     location = f"http://{req.target.host or ''}/{quote(ep.bucket)}/{quote(key)}"
     redirect = fields.get("success_action_redirect") or fields.get("redirect")
     if redirect:
         query = urlencode({"bucket": ep.bucket, "key": key, "etag": etag})
-        return web.Response(status=303, headers={"Location": f"{redirect}{'&' if '?' in redirect else '?'}{query}",
-                                                 "ETag": etag})
+        return web.Response(status=303, headers={"Location": f"{redirect}{'&' if '?' in redirect else '?'}{query}"}
+                            | common)
     status = fields.get("success_action_status", "204")
     if status == "201":
         root = element("PostResponse")
@@ -278,8 +280,8 @@ async def post_object(s: Services, req: S3Request, ep: PostObject) -> web.Stream
         sub(root, "Bucket", ep.bucket)
         sub(root, "Key", key)
         sub(root, "ETag", etag)
-        return s.xml(root, status=201, headers={"ETag": etag, "Location": location})
-    return web.Response(status=200 if status == "200" else 204, headers={"ETag": etag, "Location": location})
+        return s.xml(root, status=201, headers={"Location": location} | common)
+    return web.Response(status=200 if status == "200" else 204, headers={"Location": location} | common)
 
 
 #: Endpoint -> handler of this family.

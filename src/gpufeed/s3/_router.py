@@ -45,7 +45,7 @@ __all__ = [
     "GetObjectAcl", "PutObjectAcl", "GetObjectAttributes", "PutObjectRetention", "GetObjectRetention",
     "PutObjectLegalHold", "GetObjectLegalHold", "PutObjectTagging", "GetObjectTagging", "DeleteObjectTagging",
     "PutObject", "CopyObject", "DeleteObject", "CreateMultipartUpload", "UploadPart", "UploadPartCopy",
-    "CompleteMultipartUpload", "AbortMultipartUpload", "ListParts"
+    "CompleteMultipartUpload", "AbortMultipartUpload", "ListParts", "PutBucketVersioning", "ListObjectVersions"
 ]
 
 #: Bucket configurations with Get and Delete (:class:`GetBucketConfiguration`,
@@ -58,7 +58,7 @@ STORED_CONFIGURATIONS = frozenset({"cors", "tagging"})
 #: Bucket sub-resources S3 has and gpufeed does not implement (answered 501).
 UNSUPPORTED_BUCKET = frozenset({
     "policy", "website", "logging", "notification", "replication",
-    "encryption", "versions", "requestPayment", "accelerate",
+    "encryption", "requestPayment", "accelerate",
     "analytics", "inventory", "metrics", "ownershipControls", "publicAccessBlock",
     "intelligent-tiering", "policyStatus",
 })
@@ -69,7 +69,7 @@ UNSUPPORTED_OBJECT = frozenset({
 
 #: Every bucket sub-resource the router knows (a request naming two is refused).
 _SUB_RESOURCES = UNSUPPORTED_BUCKET | BUCKET_CONFIGURATIONS | {
-    "lifecycle", "acl", "location", "versioning", "uploads", "delete", "object-lock"}
+    "lifecycle", "acl", "location", "versioning", "versions", "uploads", "delete", "object-lock"}
 
 _PART_NUMBER_RANGE = "Part number must be an integer between 1 and 10000, inclusive"
 
@@ -252,6 +252,16 @@ class GetBucketLocation(BucketEndpoint):
 @dataclass(frozen=True, slots=True)
 class GetBucketVersioning(BucketEndpoint):
     """``GET /bucket?versioning``: GetBucketVersioning."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutBucketVersioning(BucketEndpoint):
+    """``PUT /bucket?versioning``: PutBucketVersioning."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListObjectVersions(BucketEndpoint):
+    """``GET /bucket?versions``: ListObjectVersions."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,10 +460,13 @@ class CopyObject(ObjectEndpoint):
 
     Attributes:
         source_bucket, source_key: the object copied.
+        source_version_id: the source version (``?versionId=`` of the copy
+            source), or None for the current one.
     """
 
     source_bucket: str
     source_key: str
+    source_version_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,10 +498,12 @@ class UploadPartCopy(UploadPart):
 
     Attributes:
         source_bucket, source_key: the object the part is copied from.
+        source_version_id: as for :class:`CopyObject`.
     """
 
     source_bucket: str
     source_key: str
+    source_version_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,15 +533,19 @@ def _not_allowed() -> MethodNotAllowed:
     return MethodNotAllowed("The specified method is not allowed against this resource.")
 
 
-def _copy_source(value: str) -> tuple[str, str]:
-    """``x-amz-copy-source`` (``[/]bucket/key[?versionId=...]``, percent-encoded) -> (bucket, key)."""
+def _copy_source(value: str) -> tuple[str, str, str | None]:
+    """``x-amz-copy-source`` (``[/]bucket/key[?versionId=...]``, percent-encoded)
+    -> (bucket, key, version id or None); the engine checks the version id's form."""
     src = value.strip()
-    src, _, _version = src.partition("?")
+    src, _, query = src.partition("?")
     src = unquote(src).lstrip("/")
     bucket, _, key = src.partition("/")
     if not bucket or not key:
         raise InvalidArgument("Copy Source must mention the source bucket and key: sourcebucket/sourcekey")
-    return bucket, key
+    version = _parse_query(query).get("versionId") if query else None
+    if version == "":
+        raise InvalidArgument("Version id cannot be the empty string", argument="x-amz-copy-source")
+    return bucket, key, version
 
 
 def _part(query: Mapping[str, str]) -> tuple[str, int]:
@@ -588,11 +607,16 @@ def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
         if method not in ("GET", "PUT"):
             raise _not_allowed()
         return GetObjectLockConfiguration(bucket) if method == "GET" else PutObjectLockConfiguration(bucket)
+    if ("versioning" in q and method not in ("GET", "HEAD", "PUT")) or \
+            ("versions" in q and method not in ("GET", "HEAD")):
+        raise _not_allowed()
     if method == "GET":
         if "location" in q:
             return GetBucketLocation(bucket)
         if "versioning" in q:
             return GetBucketVersioning(bucket)
+        if "versions" in q:
+            return ListObjectVersions(bucket)
         if "acl" in q:
             return GetBucketAcl(bucket)
         if "uploads" in q:
@@ -603,6 +627,8 @@ def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
     if method == "PUT":
         if "acl" in q:
             return PutBucketAcl(bucket)
+        if "versioning" in q:
+            return PutBucketVersioning(bucket)
         if q.keys() - {"x-id"}:
             raise NotImplementedByGpufeed(f"PUT bucket ?{next(iter(q))} is not implemented")
         return CreateBucket(bucket)

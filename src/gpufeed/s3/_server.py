@@ -52,6 +52,7 @@ from aiohttp import web
 
 from ..errors import GpufeedError, InternalError, InvalidRequestError, RequestTimeout, SlowDown
 from ._accesslog import AccessLog, RateLimitedWarning
+from ._versions import error_extras
 from ._xml import sub, to_bytes
 
 __all__ = [
@@ -101,13 +102,15 @@ def error_response(method: str, exc: GpufeedError, resource: str, request_id: st
         exc: the error; its ``code``, ``message``, ``status`` and the details
             ``method``, ``resource_type`` (a refused CORS preflight), ``bucket``,
             ``key``, ``condition``, ``argument_name``, ``argument_value``,
-            ``location_constraint``, ``storage_class_requested`` and ``size`` are used.
+            ``location_constraint``, ``storage_class_requested`` and ``size`` are
+            used, and those of versions (:func:`~gpufeed.s3._versions.error_extras`).
         resource: the decoded request path.
         request_id: the request's id.
     """
     status = exc.status
+    headers, extra = error_extras(exc, method)
     if method == "HEAD":
-        return web.Response(status=status)
+        return web.Response(status=status, headers=headers)
     root = ET.Element("Error")  # S3 error documents carry no namespace
     sub(root, "Code", exc.code)
     sub(root, "Message", exc.message)
@@ -124,9 +127,10 @@ def error_response(method: str, exc: GpufeedError, resource: str, request_id: st
                                ("storage_class_requested", "StorageClassRequested")):
         if name in exc.details:
             sub(root, element_name, exc.details[name])
+    for name, text in extra:
+        sub(root, name, text)
     sub(root, "Resource", resource)
     sub(root, "RequestId", request_id)
-    headers = {}
     if exc.code == "InvalidRange" and "size" in exc.details:
         headers["Content-Range"] = f"bytes */{exc.details['size']}"
     return web.Response(status=status, body=to_bytes(root), content_type="application/xml",
