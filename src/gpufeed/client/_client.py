@@ -334,9 +334,9 @@ class Client:
         """Map an object's stored bytes into this process: zero-copy, shm only
         (:attr:`supports_map`).
 
-        The node sends the current version's data file (or that of version
-        ``version_id``, as :meth:`get` names one; opened read-only, with
-        ``SCM_RIGHTS``) and this process maps it ``MAP_PRIVATE``: the view's
+        The node sends the data file of the current version (or of version
+        ``version_id``), opened read-only, with ``SCM_RIGHTS``, and this
+        process maps it ``MAP_PRIVATE``: the view's
         pages *are* the node's page cache, so nothing is copied and processes
         that map the same object share one copy of it in memory. Writes to the
         view are copy-on-write: they change this process's pages only, never
@@ -357,6 +357,7 @@ class Client:
                 threads, GIL released; pages not yet cached are read from disk,
                 with readahead started first), so first touches take no page
                 faults. ``False``: pages are mapped as they are touched.
+            version_id: map that version (``None``: the current one).
 
         Returns:
             A writable byte ``memoryview`` of ``size`` bytes; the mapping goes
