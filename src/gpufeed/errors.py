@@ -511,6 +511,9 @@ S3_ERRORS: dict[str, tuple[type[GpufeedError], int]] = {}
 _ERROR_CLASSES: list[type[GpufeedError]] = [GpufeedError, *_all_subclasses(GpufeedError)]
 for _cls in _ERROR_CLASSES:
     S3_ERRORS.setdefault(_cls.code, (_cls, _cls.status))
+# AccessError is a family, not an answer: the code AccessDenied rebuilds as
+# AccessDenied itself (handlers of AccessError or PermissionError still catch it).
+S3_ERRORS[AccessDenied.code] = (AccessDenied, AccessDenied.status)
 
 
 def error_from_code(code: str, message: str = "") -> GpufeedError:

@@ -58,3 +58,66 @@ def test_put_and_error_metadata():
 def test_truncated_metadata_is_a_protocol_error():
     with pytest.raises(ProtocolError):
         p.decode(p.Get, bytes([0x97]) + fixstr("bkt"))
+
+
+def str8(s: str) -> bytes:
+    b = s.encode()
+    assert 32 <= len(b) < 256
+    return bytes([0xD9, len(b)]) + b
+
+
+VID = "0123456789abcdef0123456789abcdef"
+
+
+def test_versioned_requests_append_their_fields():
+    # GET [..., digest, version_id]; HEAD [bucket, key, version_id];
+    # DELETE [bucket, key, version_id, bypass_governance]
+    golden_get = bytes([0x98]) + fixstr("bkt") + fixstr("a/b") + bytes([0x00, 0x05, 0xFF, 0x00, 0x00]) + str8(VID)
+    assert p.encode(p.Get("bkt", "a/b", 0, 5, version_id=VID)) == golden_get
+    assert p.decode(p.Get, golden_get) == p.Get("bkt", "a/b", 0, 5, version_id=VID)
+    golden_head = bytes([0x93]) + fixstr("bkt") + fixstr("k") + fixstr("null")
+    assert p.encode(p.Head("bkt", "k", "null")) == golden_head
+    golden_delete = bytes([0x94]) + fixstr("bkt") + fixstr("k") + str8(VID) + bytes([0xC3])
+    assert p.encode(p.Delete("bkt", "k", VID, True)) == golden_delete
+    assert p.decode(p.Delete, golden_delete) == p.Delete("bkt", "k", VID, True)
+    golden_bypass = bytes([0x94]) + fixstr("bkt") + fixstr("k") + bytes([0xC0, 0xC3])
+    assert p.encode(p.Delete("bkt", "k", bypass_governance=True)) == golden_bypass
+
+
+def test_requests_without_versions_keep_their_first_form():
+    golden_head = bytes([0x92]) + fixstr("bkt") + fixstr("k")
+    assert p.encode(p.Head("bkt", "k")) == golden_head
+    assert p.encode(p.Delete("bkt", "k")) == golden_head
+    assert p.decode(p.Head, golden_head) == p.Head("bkt", "k", None)
+    assert p.decode(p.Delete, golden_head) == p.Delete("bkt", "k", None, False)
+
+
+def test_version_replies():
+    # DELETE reply [version_id, delete_marker]; an empty array (a node without versions) decodes too
+    golden = bytes([0x92]) + str8(VID) + bytes([0xC3])
+    assert p.encode(p.DeleteResult(VID, True)) == golden
+    assert p.decode(p.DeleteResult, bytes([0x90])) == p.DeleteResult(None, False)
+    # ObjectMeta's first form (7 fields) decodes with no version and no lock
+    first = (bytes([0x97]) + fixstr("bkt") + fixstr("k") + bytes([0x03]) + fixstr("x1")
+             + bytes([0xCB]) + struct.pack(">d", 1.5) + fixstr("a/b") + bytes([0x80]))
+    meta = p.decode(p.ObjectMeta, first)
+    assert (meta.size, meta.version_id, meta.lock_mode, meta.lock_until, meta.legal_hold) == (3, None, "", 0.0, False)
+    # [.., metadata, version_id, lock_mode, lock_until, legal_hold]
+    full = (bytes([0x9B]) + first[1:] + str8(VID) + fixstr("GOVERNANCE") + bytes([0xCB])
+            + struct.pack(">d", 2.0) + bytes([0xC2]))
+    assert p.encode(p.ObjectMeta("bkt", "k", 3, "x1", 1.5, "a/b", {}, VID, "GOVERNANCE", 2.0, False)) == full
+
+
+def test_error_reply_says_when_a_delete_marker_was_in_the_way():
+    # [code, message, delete_marker, version_id]
+    golden = bytes([0x94]) + fixstr("NoSuchKey") + fixstr("gone") + bytes([0xC3]) + str8(VID)
+    reply = p.ErrorReply("NoSuchKey", "gone", True, VID)
+    assert p.encode(reply) == golden
+    err = p.error_from_reply(p.decode(p.ErrorReply, golden))
+    assert err.code == "NoSuchKey" and err.details == {"delete_marker": True, "version_id": VID}
+
+
+def test_unknown_trailing_fields_are_ignored():
+    """Fields are only ever added at the end: a receiver reads the ones it knows."""
+    later = bytes([0x94]) + fixstr("bkt") + fixstr("k") + fixstr("null") + bytes([0x07])
+    assert p.decode(p.Head, later) == p.Head("bkt", "k", "null")

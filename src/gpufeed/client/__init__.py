@@ -1,5 +1,5 @@
 """The SDK users import: fast-path client (``gpufeed+tcp://``, ``gpufeed+shm://``)."""
 
-from ._client import AsyncClient, Client, ListEntry, ObjectMeta, ReadRequest, parse_url
+from ._client import AsyncClient, Client, DeleteResult, ListEntry, ObjectMeta, ReadRequest, parse_url
 
-__all__ = ["Client", "AsyncClient", "ReadRequest", "ListEntry", "ObjectMeta", "parse_url"]
+__all__ = ["Client", "AsyncClient", "ReadRequest", "ListEntry", "ObjectMeta", "DeleteResult", "parse_url"]

@@ -27,10 +27,11 @@ from concurrent.futures import Future
 
 import msgspec
 
-from ..errors import InvalidArgument, TransportError
+from ..errors import InvalidArgument, NotImplementedByGpufeed, TransportError
 from ..wire import protocol as p
 from ._transports import TRANSPORTS, Transport, TransportOptions
 from ._types import (
+    DeleteResult,
     ListEntry,
     ObjectMeta,
     ReadRequest,
@@ -38,11 +39,12 @@ from ._types import (
     bucket_req,
     check_bucket,
     check_object,
+    check_version,
     parse_url,
     then,
 )
 
-__all__ = ["Client", "AsyncClient", "ReadRequest", "ListEntry", "ObjectMeta", "parse_url"]
+__all__ = ["Client", "AsyncClient", "ReadRequest", "ListEntry", "ObjectMeta", "DeleteResult", "parse_url"]
 
 
 def _writable_dest(buffer, length: int | None, *, batch: bool = False) -> memoryview:
@@ -122,6 +124,25 @@ class Client:
         other transports it is plain page-aligned memory, no faster to read into
         than any other buffer."""
         return self._t.supports_registered_alloc
+
+    @property
+    def supports_versions(self) -> bool:
+        """Reads, heads, maps and deletes can name an object version
+        (``version_id``): the node lists the ``"versions"`` feature."""
+        return self._t.supports_versions
+
+    def _check_version(self, version_id, bypass_governance: bool = False) -> None:
+        """Refuse a version argument this client cannot send.
+
+        Raises:
+            InvalidArgument: not a ``str`` (``bypass_governance``: not a ``bool``).
+            NotImplementedByGpufeed: a version named to a node without versions
+                (it would ignore the id and serve the current version).
+        """
+        check_version(version_id, bypass_governance)
+        if (version_id is not None or bypass_governance) and not self._t.supports_versions:
+            raise NotImplementedByGpufeed("this node's fast path does not serve object versions "
+                                          "(its HELLO lists no 'versions' feature)")
 
     @property
     def max_batch_item_bytes(self) -> int | None:
@@ -278,27 +299,44 @@ class Client:
         return self.submit_list_buckets().result()
 
     # --- objects -----------------------------------------------------------------------
-    def submit_head(self, bucket: str, key: str) -> Future:
+    def submit_head(self, bucket: str, key: str, *, version_id: str | None = None) -> Future:
         """Start :meth:`head`; the Future resolves to the :class:`ObjectMeta`."""
         check_object(bucket, key)
-        return self._t.request(p.Op.HEAD, p.Head(bucket, key))
+        self._check_version(version_id)
+        return self._t.request(p.Op.HEAD, p.Head(bucket, key, version_id))
 
-    def head(self, bucket: str, key: str) -> ObjectMeta:
-        """Object metadata. Raises NoSuchBucket, NoSuchKey."""
-        return self.submit_head(bucket, key).result()
+    def head(self, bucket: str, key: str, *, version_id: str | None = None) -> ObjectMeta:
+        """Object metadata: of the current version, or of version ``version_id``
+        (``"null"`` or an id the node gave). The result's ``version_id``,
+        ``lock_mode``, ``lock_until`` and ``legal_hold`` describe that version.
 
-    def submit_map_object(self, bucket: str, key: str, *, populate: bool = True) -> Future:
+        Raises:
+            NoSuchBucket: no such bucket.
+            NoSuchKey: no current version; when a delete marker is the latest
+                version, ``details`` has ``delete_marker=True`` and its ``version_id``.
+            NoSuchVersion: no version ``version_id`` of the key.
+            MethodNotAllowed: ``version_id`` names a delete marker.
+            InvalidArgument: a malformed version id.
+            NotImplementedByGpufeed: a version named to a node without versions.
+        """
+        return self.submit_head(bucket, key, version_id=version_id).result()
+
+    def submit_map_object(self, bucket: str, key: str, *, populate: bool = True,
+                          version_id: str | None = None) -> Future:
         """Start :meth:`map_object` (on the client's threads); the Future resolves
         to the view."""
         check_object(bucket, key)
-        return self._t.executor_submit(self._t.map_object, bucket, key, populate)
+        self._check_version(version_id)
+        return self._t.executor_submit(self._t.map_object, bucket, key, populate, version_id)
 
-    def map_object(self, bucket: str, key: str, *, populate: bool = True) -> memoryview:
+    def map_object(self, bucket: str, key: str, *, populate: bool = True,
+                   version_id: str | None = None) -> memoryview:
         """Map an object's stored bytes into this process: zero-copy, shm only
         (:attr:`supports_map`).
 
-        The node sends the current version's data file (opened read-only, with
-        ``SCM_RIGHTS``) and this process maps it ``MAP_PRIVATE``: the view's
+        The node sends the data file of the current version (or of version
+        ``version_id``), opened read-only, with ``SCM_RIGHTS``, and this
+        process maps it ``MAP_PRIVATE``: the view's
         pages *are* the node's page cache, so nothing is copied and processes
         that map the same object share one copy of it in memory. Writes to the
         view are copy-on-write: they change this process's pages only, never
@@ -319,6 +357,7 @@ class Client:
                 threads, GIL released; pages not yet cached are read from disk,
                 with readahead started first), so first touches take no page
                 faults. ``False``: pages are mapped as they are touched.
+            version_id: map that version (``None``: the current one).
 
         Returns:
             A writable byte ``memoryview`` of ``size`` bytes; the mapping goes
@@ -331,11 +370,13 @@ class Client:
                 node without the MAP operation, or the mapping failed (address
                 space or ``vm.max_map_count``).
             NoSuchBucket, NoSuchKey: nothing there.
+            NoSuchVersion, MethodNotAllowed: as for :meth:`head`.
             InternalError: the data file is shorter than the object.
             TransportError: the node went away.
         """
         check_object(bucket, key)
-        return self._t.map_object(bucket, key, populate)
+        self._check_version(version_id)
+        return self._t.map_object(bucket, key, populate, version_id)
 
     def submit_put(self, bucket: str, key: str, data, *, content_type: str | None = None,
                    metadata: dict[str, str] | None = None) -> Future:
@@ -349,7 +390,10 @@ class Client:
 
     def put(self, bucket: str, key: str, data, *, content_type: str | None = None,
             metadata: dict[str, str] | None = None) -> ObjectMeta:
-        """Write a whole object from any buffer. Returns its metadata.
+        """Write a whole object from any buffer. Returns its metadata: in a
+        versioned bucket ``version_id`` is the new version's id (``"null"`` where
+        versioning was never enabled or is suspended), and the lock fields hold
+        the retention an object-lock bucket's default gave it.
 
         Raises:
             NoSuchBucket, KeyTooLong, InvalidArgument, TransportError.
@@ -357,31 +401,42 @@ class Client:
         return self.submit_put(bucket, key, data, content_type=content_type, metadata=metadata).result()
 
     def submit_get(self, bucket: str, key: str, *, offset: int = 0,
-                   length: int | None = None) -> Future:
+                   length: int | None = None, version_id: str | None = None) -> Future:
         """Start :meth:`get`; the Future resolves to the ``memoryview``."""
         check_object(bucket, key, offset, length)
-        return self._t.submit_get(bucket, key, offset, length)
+        self._check_version(version_id)
+        return self._t.submit_get(bucket, key, offset, length, version_id)
 
-    def get(self, bucket: str, key: str, *, offset: int = 0, length: int | None = None) -> memoryview:
+    def get(self, bucket: str, key: str, *, offset: int = 0, length: int | None = None,
+            version_id: str | None = None) -> memoryview:
         """Read an object (or ``length`` bytes from ``offset``) into new memory.
+
+        Args:
+            version_id: read that version (``"null"`` or an id the node gave);
+                ``None``: the current one.
 
         Returns:
             A ``memoryview`` over a ``bytearray``.
 
         Raises:
             NoSuchBucket, NoSuchKey, InvalidRange.
+            NoSuchVersion, MethodNotAllowed, InvalidArgument,
+                NotImplementedByGpufeed: a version id, as for :meth:`head`.
         """
         check_object(bucket, key, offset, length)
-        return self._t.get(bucket, key, offset, length)
+        self._check_version(version_id)
+        return self._t.get(bucket, key, offset, length, version_id)
 
     def submit_get_into(self, bucket: str, key: str, buffer, *, offset: int = 0,
-                        length: int | None = None) -> Future:
+                        length: int | None = None, version_id: str | None = None) -> Future:
         """Start :meth:`get_into`; the Future resolves to the bytes read."""
         check_object(bucket, key, offset, length)
-        return self._t.submit_get_into(bucket, key, _writable_dest(buffer, length), offset)
+        self._check_version(version_id)
+        return self._t.submit_get_into(bucket, key, _writable_dest(buffer, length), offset,
+                                       version_id)
 
     def get_into(self, bucket: str, key: str, buffer, *, offset: int = 0,
-                 length: int | None = None) -> int:
+                 length: int | None = None, version_id: str | None = None) -> int:
         """Read object bytes from ``offset`` straight into ``buffer``.
 
         Args:
@@ -389,14 +444,18 @@ class Client:
                 ``.numpy()``, a view from :meth:`alloc`).
             offset: first byte of the object to read.
             length: bytes to read (default ``len(buffer)``).
+            version_id: read that version (``None``: the current one).
 
         Returns:
             Bytes read: less than requested only at the end of the object.
 
         Raises:
             NoSuchBucket, NoSuchKey, InvalidRange (offset past the end), TransportError.
+            NoSuchVersion, MethodNotAllowed, InvalidArgument,
+                NotImplementedByGpufeed: a version id, as for :meth:`head`.
         """
-        return self.submit_get_into(bucket, key, buffer, offset=offset, length=length).result()
+        return self.submit_get_into(bucket, key, buffer, offset=offset, length=length,
+                                    version_id=version_id).result()
 
     def submit_get_many_into(self, requests: Sequence[ReadRequest | tuple], *,
                              digests_out: list | None = None,
@@ -410,7 +469,7 @@ class Client:
 
         Args:
             requests: :class:`ReadRequest` or ``(bucket, key, dest, offset, length,
-                digest)`` tuples (trailing fields optional).
+                digest, version_id)`` tuples (trailing fields optional).
             digests_out: a list that, before the Future resolves, holds one entry per
                 request: the server's XXH3-64 digests (``int``, seed 0) of each
                 ``digest``-byte piece of the bytes delivered into ``dest``, or ``None``
@@ -439,6 +498,8 @@ class Client:
             check_object(r.bucket, r.key, r.offset, r.length)
             if type(r.digest) is not int or r.digest < 0:
                 raise InvalidArgument(f"digest piece size must be >= 0, not {r.digest!r}")
+            if r.version_id is not None:
+                self._check_version(r.version_id)
             dests.append(_writable_dest(r.dest, r.length, batch=True))
         return self._t.submit_get_many_into(reqs, dests, digests_out, errors_out)
 
@@ -450,7 +511,7 @@ class Client:
 
         Args:
             requests: :class:`ReadRequest` or ``(bucket, key, dest, offset, length,
-                digest)`` tuples (trailing fields optional).
+                digest, version_id)`` tuples (trailing fields optional).
             digests_out: filled with server-computed piece digests (see
                 :meth:`submit_get_many_into`).
             errors_out: filled with per-request errors instead of raising (see
@@ -466,14 +527,41 @@ class Client:
         return self.submit_get_many_into(requests, digests_out=digests_out,
                                          errors_out=errors_out).result()
 
-    def submit_delete(self, bucket: str, key: str) -> Future:
-        """Start :meth:`delete`; the Future resolves to ``None``."""
+    def submit_delete(self, bucket: str, key: str, *, version_id: str | None = None,
+                      bypass_governance: bool = False) -> Future:
+        """Start :meth:`delete`; the Future resolves to the :class:`DeleteResult`."""
         check_object(bucket, key)
-        return then(self._t.request(p.Op.DELETE, p.Delete(bucket, key)), _none)
+        self._check_version(version_id, bypass_governance)
+        return self._t.request(p.Op.DELETE, p.Delete(bucket, key, version_id, bypass_governance))
 
-    def delete(self, bucket: str, key: str) -> None:
-        """Delete a key; a missing key is not an error. Raises NoSuchBucket."""
-        self.submit_delete(bucket, key).result()
+    def delete(self, bucket: str, key: str, *, version_id: str | None = None,
+               bypass_governance: bool = False) -> DeleteResult:
+        """Delete a key, or one version of it, as S3 DeleteObject does; a missing
+        key or version is not an error.
+
+        Without ``version_id`` the object goes, or in a versioned bucket a new
+        delete marker hides it (the versions stay). With ``version_id`` that
+        version (or delete marker) is removed for good, unless object lock
+        protects it.
+
+        Args:
+            version_id: the version to remove; ``None``: the key as a whole.
+            bypass_governance: remove a version under GOVERNANCE retention
+                (never COMPLIANCE retention, never a legal hold).
+
+        Returns:
+            The :class:`DeleteResult`: ``version_id`` of the version removed or
+            the delete marker made (``None`` in a never-versioned bucket), and
+            ``delete_marker``.
+
+        Raises:
+            NoSuchBucket: no such bucket.
+            AccessDenied: the version is under retention or legal hold.
+            InvalidArgument: a malformed version id.
+            NotImplementedByGpufeed: a version or bypass sent to a node without versions.
+        """
+        return self.submit_delete(bucket, key, version_id=version_id,
+                                  bypass_governance=bypass_governance).result()
 
     def submit_list(self, bucket: str, prefix: str = "", delimiter: str = "", *,
                     start_after: str = "", page_size: int = 1000) -> Future:
@@ -554,8 +642,8 @@ class AsyncClient:
     async def map_object(self, bucket: str, key: str, **kw) -> memoryview:
         return await asyncio.wrap_future(self.sync.submit_map_object(bucket, key, **kw))
 
-    async def head(self, bucket: str, key: str) -> ObjectMeta:
-        return await asyncio.wrap_future(self.sync.submit_head(bucket, key))
+    async def head(self, bucket: str, key: str, **kw) -> ObjectMeta:
+        return await asyncio.wrap_future(self.sync.submit_head(bucket, key, **kw))
 
     async def put(self, bucket: str, key: str, data, **kw) -> ObjectMeta:
         return await asyncio.wrap_future(self.sync.submit_put(bucket, key, data, **kw))
@@ -569,8 +657,8 @@ class AsyncClient:
     async def get_many_into(self, requests, **kw) -> list[int]:
         return await asyncio.wrap_future(self.sync.submit_get_many_into(requests, **kw))
 
-    async def delete(self, bucket: str, key: str) -> None:
-        await asyncio.wrap_future(self.sync.submit_delete(bucket, key))
+    async def delete(self, bucket: str, key: str, **kw) -> DeleteResult:
+        return await asyncio.wrap_future(self.sync.submit_delete(bucket, key, **kw))
 
     async def list(self, bucket: str, prefix: str = "", delimiter: str = "",
                    **kw) -> builtins.list[ListEntry]:

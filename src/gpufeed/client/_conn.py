@@ -14,7 +14,7 @@ import socket
 import threading
 from concurrent.futures import Future
 
-from ..errors import GpufeedError, InvalidArgument, ProtocolError, TransportError, error_from_code
+from ..errors import GpufeedError, InvalidArgument, ProtocolError, TransportError
 from ..wire import protocol as p
 
 __all__ = ["Connection", "connect_tcp", "connect_unix"]
@@ -189,8 +189,7 @@ class Connection:
                 with self._pending_lock:
                     pend = self._pending.pop(rid, None)
                 if op == p.ERROR_OP:
-                    err = p.decode(p.ErrorReply, memoryview(meta))
-                    failure = error_from_code(err.code, err.message)
+                    failure = p.error_from_reply(p.decode(p.ErrorReply, memoryview(meta)))
                     if pend is None:  # connection-level error (e.g. bad frame)
                         raise failure
                     pend.future.set_exception(failure)

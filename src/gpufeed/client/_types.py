@@ -14,10 +14,11 @@ from urllib.parse import urlsplit
 from ..errors import InvalidArgument
 from ..wire import protocol as p
 
-__all__ = ["ReadRequest", "ListEntry", "ObjectMeta", "parse_url", "as_bytes", "check_object",
-           "check_bucket", "bucket_req", "then", "MAX_OFFSET"]
+__all__ = ["ReadRequest", "ListEntry", "ObjectMeta", "DeleteResult", "parse_url", "as_bytes",
+           "check_object", "check_bucket", "check_version", "bucket_req", "then", "MAX_OFFSET"]
 
 ObjectMeta = p.ObjectMeta
+DeleteResult = p.DeleteResult
 
 #: Largest object offset or length the wire carries (a signed 64-bit int).
 MAX_OFFSET = (1 << 63) - 1
@@ -30,7 +31,8 @@ class ReadRequest:
 
     ``digest`` > 0 asks the server for the XXH3-64 of each consecutive
     ``digest``-byte piece of the delivered bytes (see ``digests_out`` of
-    :meth:`Client.submit_get_many_into`)."""
+    :meth:`Client.submit_get_many_into`). ``version_id`` reads that version of
+    the object (``None``: the current one)."""
 
     bucket: str
     key: str
@@ -38,6 +40,7 @@ class ReadRequest:
     offset: int = 0
     length: int | None = None
     digest: int = 0
+    version_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,19 @@ def check_object(bucket, key, offset: int = 0, length: int | None = None) -> Non
         raise InvalidArgument(f"offset must be an int in [0, 2**63): {offset!r}")
     if length is not None and (type(length) is not int or not 0 <= length <= MAX_OFFSET):
         raise InvalidArgument(f"length must be an int >= 0: {length!r}")
+
+
+def check_version(version_id, bypass_governance: bool = False) -> None:
+    """Cheap checks of a version argument (the node checks the id's form).
+
+    Raises:
+        InvalidArgument: ``version_id`` is neither ``None`` nor a ``str``, or
+            ``bypass_governance`` is not a ``bool``.
+    """
+    if version_id is not None and type(version_id) is not str:
+        raise InvalidArgument(f"version_id must be a str or None: {version_id!r}")
+    if type(bypass_governance) is not bool:
+        raise InvalidArgument(f"bypass_governance must be a bool: {bypass_governance!r}")
 
 
 def bucket_req(bucket, kind, capacity_bytes, ttl_s) -> p.BucketReq:

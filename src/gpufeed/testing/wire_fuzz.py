@@ -10,8 +10,9 @@ die. Cases are drawn from a seeded ``random.Random``, so a failure replays:
 * headers: bad magic or version, metadata over the limit, unknown ops (reply
   ops and ``0xFF`` included), a payload on ops that carry none;
 * metadata: random bytes, random msgpack values, the right shape with one field
-  hostile (huge or negative integers, NaN, NUL/CR/LF, wrong types), and bit
-  flips or cuts of valid requests;
+  hostile (huge or negative integers, NaN, NUL/CR/LF, wrong types; object
+  version ids and the governance bypass included), and bit flips or cuts of
+  valid requests;
 * PUT payloads shorter or longer than the request says;
 * shm only: REGISTER with an empty memfd, an unsealed one, one smaller than
   claimed, a pipe, two descriptors; ALLOC_REGION of absurd sizes; descriptors
@@ -130,13 +131,15 @@ def _value(rng: random.Random, depth: int = 0) -> Any:
 def _valid(rng: random.Random, op: int) -> list[Any]:
     """A well-formed request array of ``op`` (fields as the spec orders them)."""
     b, k = rng.choice(["fuzz", "nobucket"]), rng.choice(["k", "missing", "a/b"])
-    get: list[Any] = [b, k, rng.randrange(0, 64), rng.choice([-1, 0, 8]), -1, 0, 0]
+    vid = rng.choice([None, "null", "0" * 32])  # an object version (the current one for None)
+    get: list[Any] = [b, k, rng.randrange(0, 64), rng.choice([-1, 0, 8]), -1, 0, 0, vid]
     requests: dict[int, list[Any]] = {
         p.Op.HELLO: ["fuzz", 1], p.Op.REGISTER: [1, 4096], p.Op.UNREGISTER: [1, False],
-        p.Op.ALLOC_REGION: [1, 4096], p.Op.FORKED: [], p.Op.HEAD: [b, k], p.Op.GET: get,
-        p.Op.GETV: [[get, get]], p.Op.PUT: [b, k, 4, -1, 0, None, {}], p.Op.DELETE: [b, k],
+        p.Op.ALLOC_REGION: [1, 4096], p.Op.FORKED: [], p.Op.HEAD: [b, k, vid], p.Op.GET: get,
+        p.Op.GETV: [[get, get]], p.Op.PUT: [b, k, 4, -1, 0, None, {}],
+        p.Op.DELETE: [b, k, vid, rng.choice([False, True])],
         p.Op.LIST: [b, "", "", None, 10, ""], p.Op.CREATE_BUCKET: [b], p.Op.LIST_BUCKETS: [],
-        p.Op.DELETE_BUCKET: ["nobucket"], p.Op.BUCKET_STATS: [b], p.Op.MAP: [b, k],
+        p.Op.DELETE_BUCKET: ["nobucket"], p.Op.BUCKET_STATS: [b], p.Op.MAP: [b, k, vid],
     }
     return requests[op]
 

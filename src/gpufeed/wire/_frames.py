@@ -282,9 +282,15 @@ class FrameIO:
         self.send_frame(op | p.REPLY, rid, p.encode(obj))
 
     def reply_error(self, rid: int, exc: GpufeedError) -> None:
-        """Send an error reply; a socket already gone is ignored (nobody to tell)."""
+        """Send an error reply; a socket already gone is ignored (nobody to tell).
+        An error that met a delete marker (its ``details``) says so, with the
+        marker's version id."""
+        details = getattr(exc, "details", None) or {}
+        marker = details.get("delete_marker") is True
+        vid = details.get("version_id") if marker else None
+        reply = p.ErrorReply(exc.code, exc.message, marker, vid if isinstance(vid, str) else None)
         try:
-            self.send_frame(p.ERROR_OP, rid, p.encode(p.ErrorReply(exc.code, exc.message)))
+            self.send_frame(p.ERROR_OP, rid, p.encode(reply))
         except OSError:
             pass
 

@@ -71,8 +71,8 @@ class Ops:
 
     # --- session and memory --------------------------------------------------------
     def hello(self, conn: Connection, rid: int, req: p.Hello) -> None:
-        """Name the server, its protocol version, transport and optional ops."""
-        features = ["alloc_region", "map"] if conn.transport == "shm" else []
+        """Name the server, its protocol version, transport and optional features."""
+        features = ["alloc_region", "map", "versions"] if conn.transport == "shm" else ["versions"]
         conn.reply(p.Op.HELLO, rid, p.HelloReply(self.server_name, p.VERSION, conn.transport,
                                                  features))
 
@@ -109,25 +109,27 @@ class Ops:
 
     # --- objects -------------------------------------------------------------------
     def head(self, conn: Connection, rid: int, req: p.Head) -> None:
-        """An object's metadata."""
-        conn.reply(p.Op.HEAD, rid, _meta(self.engine.head_object(req.bucket, req.key)))
+        """An object version's metadata (the current one unless the request names one)."""
+        conn.reply(p.Op.HEAD, rid, _meta(self.engine.head_object(req.bucket, req.key, req.version_id)))
 
     def map(self, conn: Connection, rid: int, req: p.Head) -> None:
-        """Send the current version's data file, read-only, for the client to map
-        (zero-copy: its pages are the page cache's). Blob files are immutable and
-        never truncated (a new version is a new file), so a mapping of one stays
-        valid and unchanged, after overwrites and deletes too."""
+        """Send the version's data file (the current one unless the request names
+        one), read-only, for the client to map (zero-copy: its pages are the page
+        cache's). Blob files are immutable and never truncated (a new version is a
+        new file), so a mapping of one stays valid and unchanged, after
+        overwrites and deletes too."""
         if conn.transport != "shm":
             raise InvalidArgument("MAP needs the shm transport (a descriptor cannot cross TCP)")
-        info, fd = self.engine.open_object(req.bucket, req.key)
+        info, fd = self.engine.open_object(req.bucket, req.key, req.version_id)
         try:
             conn.reply_with_fd(p.Op.MAP, rid, p.MapReply(info.size, info.etag), fd)
         finally:
             os.close(fd)
 
     def get(self, conn: Connection, rid: int, req: p.Get) -> None:
-        """One object range: sent by ``sendfile`` (TCP) or read into a region (shm)."""
-        h = self.engine.open_version(req.bucket, req.key)
+        """One range of an object version: sent by ``sendfile`` (TCP) or read into a
+        region (shm)."""
+        h = self.engine.open_version(req.bucket, req.key, req.version_id)
         info, f = h.info, h
         try:
             start, n = _extent(req, info.size)
@@ -165,12 +167,13 @@ class Ops:
                 h.close()
 
     def _plan_item(self, conn: Connection, batch: "_Batch", i: int, item: p.Get) -> None:
-        """Open item ``i`` of a GETV (once per object in the batch) and plan its
-        read: a TCP extent, or region read tasks (an item that asks for digests is
-        cut into whole pieces of about :data:`DIGEST_TASK_BYTES`)."""
-        f = batch.opened.get((item.bucket, item.key))
+        """Open item ``i`` of a GETV (once per object version in the batch) and plan
+        its read: a TCP extent, or region read tasks (an item that asks for digests
+        is cut into whole pieces of about :data:`DIGEST_TASK_BYTES`)."""
+        name = (item.bucket, item.key, item.version_id)
+        f = batch.opened.get(name)
         if f is None:  # acquired once for the whole batch
-            f = batch.opened[(item.bucket, item.key)] = self.engine.open_version(item.bucket, item.key)
+            f = batch.opened[name] = self.engine.open_version(*name)
         info = f.info
         start, n = _extent(item, info.size)
         if item.region == -1:
@@ -249,9 +252,11 @@ class Ops:
         conn.reply(p.Op.PUT, rid, _meta(info))
 
     def delete(self, conn: Connection, rid: int, req: p.Delete) -> None:
-        """Delete an object."""
-        self.engine.delete_object(req.bucket, req.key)
-        conn.reply(p.Op.DELETE, rid, p.Empty())
+        """Delete an object, or one version of it (S3 DeleteObject); object lock
+        refuses a protected version (``AccessDenied``)."""
+        res = self.engine.delete_object(req.bucket, req.key, req.version_id,
+                                        bypass_governance=req.bypass_governance)
+        conn.reply(p.Op.DELETE, rid, p.DeleteResult(res.version_id, res.delete_marker))
 
     def list_objects(self, conn: Connection, rid: int, req: p.List) -> None:
         """One page of a bucket's keys (S3 ListObjectsV2 semantics)."""
@@ -302,8 +307,8 @@ class _Batch:
         self.extents: list[tuple[int, int, int]] = []
         self.tasks: list[ReadTask] = []
         self.views: list[memoryview] = []
-        #: (bucket, key) -> what the batch opened (each released once at the end)
-        self.opened: dict[tuple[str, str], ObjectHandle] = {}
+        #: (bucket, key, version_id) -> what the batch opened (each released once at the end)
+        self.opened: dict[tuple[str, str, str | None], ObjectHandle] = {}
 
     def release_views(self) -> None:
         """Release every region view (a released region must not stay exported)."""
@@ -315,7 +320,8 @@ class _Batch:
 
 def _meta(info: ObjectInfo) -> p.ObjectMeta:
     return p.ObjectMeta(info.bucket, info.key, info.size, info.etag, info.last_modified,
-                        info.content_type, dict(info.metadata))
+                        info.content_type, dict(info.metadata), info.version_id, info.lock_mode,
+                        info.lock_until, info.legal_hold)
 
 
 def _extent(item: p.Get, size: int) -> tuple[int, int]:

@@ -16,6 +16,12 @@ Every frame, in both directions::
     4      4    meta_len    u32 LE, bytes of msgpack metadata that follow (<= MAX_META)
     8      8    request_id  u64 LE, chosen by the client, echoed by the reply
     16     8    payload_len u64 LE, raw bytes after the metadata
+
+Metadata structs only ever grow at their end, each added field with a default
+that keeps the earlier meaning, and a receiver ignores trailing fields it does
+not know (msgspec's array decoding does), so the version byte stays 1. A
+request whose added field an older node would ignore (an object version) is
+sent only to a node whose HELLO lists the feature (``"versions"``).
 """
 
 from __future__ import annotations
@@ -26,12 +32,12 @@ from enum import IntEnum
 
 import msgspec
 
-from ..errors import ProtocolError
+from ..errors import GpufeedError, ProtocolError, error_from_code
 
 __all__ = [
     "MAGIC", "VERSION", "HEADER", "HEADER_SIZE", "MAX_META", "Op", "REPLY", "ERROR_OP",
     "Hello", "HelloReply", "Register", "Unregister", "AllocRegion", "AllocRegionReply", "Head",
-    "Get", "GetV", "Put", "Delete",
+    "Get", "GetV", "Put", "Delete", "DeleteResult", "FIRST_FORM_FIELDS", "error_from_reply",
     "List", "BucketReq", "Empty", "ObjectMeta", "GetReply", "GetVReply", "ListReply",
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
     "close_fds", "ListEntry", "MapReply", "decode",
@@ -116,8 +122,12 @@ class AllocRegionReply(msgspec.Struct, array_like=True, frozen=True):
 
 
 class Head(msgspec.Struct, array_like=True, frozen=True):
+    """HEAD (and MAP) of the current version of ``bucket/key``, or of version
+    ``version_id`` (``"null"`` or an id the node gave; ``None``: the current one)."""
+
     bucket: str
     key: str
+    version_id: str | None = None
 
 
 class MapReply(msgspec.Struct, array_like=True, frozen=True):
@@ -140,6 +150,9 @@ class Get(msgspec.Struct, array_like=True, frozen=True):
     delivered (the last piece may be shorter), computed right after each piece
     lands, while it is still in the CPU cache. 0: no digests. Ignored on payload
     (``region`` -1) reads, whose bytes the client hashes as they arrive.
+
+    ``version_id``: read that version (``"null"`` or an id the node gave);
+    ``None``: the current one.
     """
 
     bucket: str
@@ -149,6 +162,7 @@ class Get(msgspec.Struct, array_like=True, frozen=True):
     region: int = -1
     region_offset: int = 0
     digest: int = 0
+    version_id: str | None = None
 
 
 class GetV(msgspec.Struct, array_like=True, frozen=True):
@@ -171,8 +185,25 @@ class Put(msgspec.Struct, array_like=True, frozen=True):
 
 
 class Delete(msgspec.Struct, array_like=True, frozen=True):
+    """Delete ``bucket/key`` as S3 DeleteObject does: without ``version_id`` the
+    object (or, in a versioned bucket, a new delete marker hides it); with it,
+    that version for good. ``bypass_governance``: remove a version under
+    GOVERNANCE retention (never COMPLIANCE, never a legal hold)."""
+
     bucket: str
     key: str
+    version_id: str | None = None
+    bypass_governance: bool = False
+
+
+class DeleteResult(msgspec.Struct, array_like=True, frozen=True):
+    """What a DELETE did: ``version_id`` of the version removed or of the delete
+    marker made (``None`` in a bucket that was never versioned, or from a node
+    without versions); ``delete_marker``: a marker was made, or the version
+    removed was one."""
+
+    version_id: str | None = None
+    delete_marker: bool = False
 
 
 class List(msgspec.Struct, array_like=True, frozen=True):
@@ -200,8 +231,12 @@ class Empty(msgspec.Struct, array_like=True, frozen=True):
 
 
 class ObjectMeta(msgspec.Struct, array_like=True, frozen=True):
-    """An object's metadata: ``size`` bytes, ``etag`` (no quotes), ``last_modified``
-    Unix seconds, ``content_type``, user ``metadata``."""
+    """An object version's metadata: ``size`` bytes, ``etag`` (no quotes),
+    ``last_modified`` Unix seconds, ``content_type``, user ``metadata``;
+    ``version_id`` (``"null"`` in a bucket that was never versioned; ``None``
+    from a node without versions); object lock: ``lock_mode`` (``"GOVERNANCE"``,
+    ``"COMPLIANCE"`` or ``""``), ``lock_until`` (retain-until, Unix seconds; 0
+    without retention), ``legal_hold``."""
 
     bucket: str
     key: str
@@ -210,6 +245,10 @@ class ObjectMeta(msgspec.Struct, array_like=True, frozen=True):
     last_modified: float
     content_type: str = "application/octet-stream"
     metadata: dict[str, str] = {}
+    version_id: str | None = None
+    lock_mode: str = ""
+    lock_until: float = 0.0
+    legal_hold: bool = False
 
 
 class GetReply(msgspec.Struct, array_like=True, frozen=True):
@@ -262,8 +301,14 @@ class BucketStats(msgspec.Struct, array_like=True, frozen=True):
 
 
 class ErrorReply(msgspec.Struct, array_like=True, frozen=True):
+    """An error: S3's ``code`` and a ``message``. ``delete_marker``: the key's
+    latest version (NoSuchKey), or the version named (MethodNotAllowed), is a
+    delete marker, whose id is ``version_id``."""
+
     code: str
     message: str
+    delete_marker: bool = False
+    version_id: str | None = None
 
 
 REQUEST_TYPES: dict[int, type] = {
@@ -275,18 +320,43 @@ REQUEST_TYPES: dict[int, type] = {
 }
 REPLY_TYPES: dict[int, type] = {
     Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
-    Op.GET: GetReply, Op.GETV: GetVReply, Op.PUT: ObjectMeta, Op.DELETE: Empty,
+    Op.GET: GetReply, Op.GETV: GetVReply, Op.PUT: ObjectMeta, Op.DELETE: DeleteResult,
     Op.LIST: ListReply, Op.CREATE_BUCKET: Empty, Op.LIST_BUCKETS: BucketsReply,
     Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats, Op.ALLOC_REGION: AllocRegionReply,
     Op.FORKED: Empty, Op.MAP: MapReply,
 }
 
+#: Messages that gained trailing fields after their first form: type -> number
+#: of fields of that form. :func:`encode` leaves the added fields out while they
+#: hold their defaults, so such a frame is the first form byte for byte.
+FIRST_FORM_FIELDS: dict[type, int] = {Head: 2, Get: 7, Delete: 2, ErrorReply: 2}
+
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type, msgspec.msgpack.Decoder] = {}
+_defaults: dict[type, tuple] = {}
 
 
 def encode(obj: msgspec.Struct) -> bytes:
-    """msgpack-encode a metadata struct."""
+    """msgpack-encode a metadata struct.
+
+    Fields a message gained after its first form (:data:`FIRST_FORM_FIELDS`)
+    are left out from the end while they hold their defaults, so a request
+    that names no version is the frame every version-1 node reads, and a plain
+    error reply is what every version-1 client reads. Only the top-level
+    message is trimmed: the items of a GETV are encoded whole (natively, for
+    speed), each with its trailing ``version_id``.
+    """
+    first = FIRST_FORM_FIELDS.get(type(obj))
+    if first is not None:
+        values = msgspec.structs.astuple(obj)
+        defaults = _defaults.get(type(obj))
+        if defaults is None:
+            defaults = _defaults[type(obj)] = tuple(f.default for f in msgspec.structs.fields(obj))
+        end = len(values)
+        while end > first and values[end - 1] == defaults[end - 1]:
+            end -= 1
+        if end < len(values):
+            return _encoder.encode(values[:end])
     return _encoder.encode(obj)
 
 
@@ -303,6 +373,16 @@ def decode(tp: type, data: bytes | bytearray | memoryview):
         return decoder_for(tp).decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ProtocolError(f"malformed {tp.__name__} metadata: {exc}") from exc
+
+
+def error_from_reply(reply: ErrorReply) -> GpufeedError:
+    """The typed error an error reply names (:func:`gpufeed.errors.error_from_code`),
+    with ``details`` ``delete_marker`` and ``version_id`` when the reply says a
+    delete marker was in the way."""
+    err = error_from_code(reply.code, reply.message)
+    if reply.delete_marker:
+        err.details.update(delete_marker=True, version_id=reply.version_id)
+    return err
 
 
 def pack_header(op: int, meta_len: int, request_id: int, payload_len: int = 0) -> bytes:

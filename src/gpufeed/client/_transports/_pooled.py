@@ -97,6 +97,10 @@ class PooledTransport(Transport):
         return self._closed
 
     @property
+    def supports_versions(self) -> bool:
+        return "versions" in self.features
+
+    @property
     def lost_connection(self) -> bool:
         """A connection failed (timeout, node gone): requests of it got no reply, so
         the node may still write into memory they named; pooled memory is then not

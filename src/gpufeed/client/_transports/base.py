@@ -98,6 +98,12 @@ class Transport(ABC):
         return False
 
     @property
+    def supports_versions(self) -> bool:
+        """Reads, heads, maps and deletes can name an object version
+        (``version_id``), and deletes can bypass GOVERNANCE retention."""
+        return False
+
+    @property
     def max_batch_item_bytes(self) -> int | None:
         """Largest destination outside :meth:`alloc` memory that a batch read serves
         inside its one round trip; larger ones are still read, with extra round
@@ -127,15 +133,20 @@ class Transport(ABC):
         """Run blocking ``fn(*args)`` on the transport's threads."""
 
     @abstractmethod
-    def submit_get(self, bucket: str, key: str, offset: int, length: int | None) -> Future:
-        """Read into new memory; the Future resolves to a ``memoryview``."""
+    def submit_get(self, bucket: str, key: str, offset: int, length: int | None,
+                   version_id: str | None = None) -> Future:
+        """Read into new memory; the Future resolves to a ``memoryview``.
+        ``version_id``: that version (``None``: the current one); only passed
+        when :attr:`supports_versions`, like every ``version_id`` here."""
 
-    def get(self, bucket: str, key: str, offset: int, length: int | None) -> memoryview:
+    def get(self, bucket: str, key: str, offset: int, length: int | None,
+            version_id: str | None = None) -> memoryview:
         """Blocking :meth:`submit_get` (a transport may do it on the caller's thread)."""
-        return self.submit_get(bucket, key, offset, length).result()
+        return self.submit_get(bucket, key, offset, length, version_id).result()
 
     @abstractmethod
-    def submit_get_into(self, bucket: str, key: str, dest: memoryview, offset: int) -> Future:
+    def submit_get_into(self, bucket: str, key: str, dest: memoryview, offset: int,
+                        version_id: str | None = None) -> Future:
         """Read up to ``len(dest)`` bytes from ``offset``; resolves to the count."""
 
     @abstractmethod
@@ -158,8 +169,9 @@ class Transport(ABC):
         ``None`` when there is nothing to do."""
         return None
 
-    def map_object(self, bucket: str, key: str, populate: bool) -> memoryview:
-        """Map an object's stored bytes (see ``Client.map_object``).
+    def map_object(self, bucket: str, key: str, populate: bool,
+                   version_id: str | None = None) -> memoryview:
+        """Map an object version's stored bytes (see ``Client.map_object``).
 
         Raises:
             InvalidArgument: the transport cannot map (:attr:`supports_map` False).
