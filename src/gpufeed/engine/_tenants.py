@@ -34,6 +34,7 @@ from cryptography.exceptions import InvalidTag as _BadSeal
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..errors import (
+    AccessDenied,
     InternalError,
     InvalidTenantName,
     NoSuchAccessKey,
@@ -295,3 +296,26 @@ class TenantAdmin:
         with self._key_cache_lock:
             self._owner_gen += 1
             self._owners.pop(name, None)
+
+    def authorize(self, tenant: str | None, action: str, bucket: str, key: str | None = None, *,
+                  access_key: str | None = None, source_ip: str | None = None) -> None:
+        """Decide whether a request may act on a bucket; both fronts ask this.
+
+        The bucket's owner may do anything to it; nobody else may (anonymous
+        callers, ``tenant`` ``None``, included).
+
+        Args:
+            tenant: the requester's tenant, ``None`` when anonymous.
+            action: the S3 action name (``"s3:GetObject"``, ``"s3:PutObject"``,
+                ``"s3:ListBucket"``, ...).
+            bucket, key: the resource (``key`` ``None`` for the bucket itself).
+            access_key: the key the request was signed with.
+            source_ip: the client's address.
+
+        Raises:
+            NoSuchBucket: the bucket does not exist.
+            AccessDenied: the request is not allowed (the message names nothing).
+        """
+        if self.bucket_owner(bucket) != tenant:
+            raise AccessDenied("Access Denied")
+

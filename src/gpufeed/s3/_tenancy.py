@@ -24,7 +24,6 @@ import hashlib
 from ..config import NodeConfig
 from ..engine import Engine
 from ..engine.types import DEFAULT_TENANT
-from ..errors import AccessDenied
 
 __all__ = ["KeyRing", "CURRENT_TENANT", "check_owner", "owner_identity"]
 
@@ -61,14 +60,14 @@ class KeyRing:
 
 
 def check_owner(engine: Engine, bucket: str, tenant: str | None) -> None:
-    """Refuse a request of ``tenant`` on a bucket it does not own.
+    """Refuse a request of ``tenant`` on a bucket it may not reach
+    (:meth:`gpufeed.engine.Engine.authorize`).
 
     Raises:
         NoSuchBucket: the bucket does not exist.
         AccessDenied: another tenant owns it (or the request has no tenant).
     """
-    if engine.bucket_owner(bucket) != tenant:
-        raise AccessDenied("Access Denied")
+    engine.authorize(tenant, "s3:*", bucket)
 
 
 def owner_identity(config: NodeConfig, tenant: str | None) -> tuple[str, str]:
