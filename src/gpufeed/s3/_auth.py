@@ -78,6 +78,8 @@ class AuthResult:
             the signed policy in the form, ``gpufeed.s3._post``) or a CORS
             preflight (``OPTIONS``, answered from the bucket's CORS rules alone,
             ``gpufeed.s3._cors``); nothing else is proved.
+        anonymous: the request carries no signature at all; it goes on as no
+            tenant and reaches only what a bucket policy grants everyone.
     """
 
     access_key: str
@@ -87,6 +89,7 @@ class AuthResult:
     scope: str
     signing_key: bytes
     deferred: bool = False
+    anonymous: bool = False
 
 
 class _ClientSigned(SigV4Auth):
@@ -390,6 +393,12 @@ def _unverified() -> AuthResult:
                       scope="", signing_key=b"", deferred=True)
 
 
+def _anonymous() -> AuthResult:
+    """The result of a request with no signature: no tenant, no key."""
+    return AuthResult(access_key="", payload_hash="UNSIGNED-PAYLOAD", signature="", timestamp="",
+                      scope="", signing_key=b"", anonymous=True)
+
+
 def verify_request(
     *,
     method: str,
@@ -399,6 +408,7 @@ def verify_request(
     credentials: SecretLookup,
     now_s: float | None = None,
     virtual_bucket: str | None = None,
+    allow_anonymous: bool = False,
 ) -> AuthResult:
     """Check a request's SigV4 signature (header or presigned query).
 
@@ -411,14 +421,19 @@ def verify_request(
         now_s: current Unix time, seconds (for tests).
         virtual_bucket: the bucket named by the Host header (signature version 2
             signs ``/bucket/key`` even for virtual-hosted requests).
+        allow_anonymous: let a request with no signature at all through as
+            ``anonymous`` rather than refuse it.
 
     Returns:
         An :class:`AuthResult`. Let through ``deferred``: a browser-form POST to a bucket (its handler
     checks the policy signature in the body) and any ``OPTIONS``, a CORS
     preflight, unsigned as browsers send it (routed only to the preflight).
+    With ``allow_anonymous``, a request with no signature at all is let through
+    ``anonymous``: the front decides it by bucket policy alone
+    (:meth:`gpufeed.engine.Engine.authorize`).
 
     Raises:
-        AccessDenied: no signature at all (anonymous request).
+        AccessDenied: no signature at all (anonymous request) and not ``allow_anonymous``.
         InvalidAccessKeyId: unknown access key.
         SignatureDoesNotMatch: the signature differs from the one computed.
         RequestExpired: presigned URL past ``X-Amz-Date + X-Amz-Expires``.
@@ -445,6 +460,8 @@ def verify_request(
         claim = _query_claim(query)
     elif _is_form_post(method, raw_path, raw_query, headers, virtual_bucket):
         return _unverified()
+    elif allow_anonymous:
+        return _anonymous()
     else:
         raise AccessDenied("Anonymous access is not allowed")
 

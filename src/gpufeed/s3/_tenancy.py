@@ -1,12 +1,12 @@
 """Who is asking: access keys to secrets and tenants, and the rule that a
-tenant reaches only its own buckets.
+tenant reaches only its own buckets unless their policies say otherwise.
 
 The node's configured key acts for :data:`~gpufeed.engine.types.DEFAULT_TENANT`;
 every other key is looked up in the engine (:meth:`gpufeed.engine.Engine.lookup_access_key`,
 answered from memory after the first use). A request on a bucket of another
 tenant is refused with ``AccessDenied`` and a message that names nothing, as
-S3 answers a bucket of another account; a bucket that does not exist stays
-``NoSuchBucket``.
+S3 answers a bucket of another account, unless that bucket's policy grants it
+(:mod:`._policy`); a bucket that does not exist stays ``NoSuchBucket``.
 
 The tenant of the request being handled is in :data:`CURRENT_TENANT` (a
 context variable set per request), so answers that name an owner name the
@@ -59,15 +59,22 @@ class KeyRing:
         return found[0] if found is not None else None
 
 
-def check_owner(engine: Engine, bucket: str, tenant: str | None) -> None:
+def check_owner(engine: Engine, bucket: str, tenant: str | None, action: str = "s3:*",
+                key: str | None = None) -> None:
     """Refuse a request of ``tenant`` on a bucket it may not reach
-    (:meth:`gpufeed.engine.Engine.authorize`).
+    (:meth:`gpufeed.engine.Engine.authorize`, by owner and bucket policy).
+
+    Args:
+        engine: the node's engine.
+        bucket, key: the resource (``key`` ``None`` for the bucket itself).
+        tenant: the requester's tenant, ``None`` when anonymous.
+        action: the S3 action asked (``"s3:PutObject"``).
 
     Raises:
         NoSuchBucket: the bucket does not exist.
-        AccessDenied: another tenant owns it (or the request has no tenant).
+        AccessDenied: the request is not allowed.
     """
-    engine.authorize(tenant, "s3:*", bucket)
+    engine.authorize(tenant, action, bucket, key)
 
 
 def owner_identity(config: NodeConfig, tenant: str | None) -> tuple[str, str]:
