@@ -393,8 +393,17 @@ def _unverified() -> AuthResult:
                       scope="", signing_key=b"", deferred=True)
 
 
-def _anonymous() -> AuthResult:
-    """The result of a request with no signature: no tenant, no key."""
+def _no_signature(form_post: bool, allow_anonymous: bool) -> AuthResult:
+    """A request with no signature: a form POST is ``deferred``; any other is
+    ``anonymous`` (no tenant, no key) when allowed.
+
+    Raises:
+        AccessDenied: it is not allowed.
+    """
+    if form_post:
+        return _unverified()
+    if not allow_anonymous:
+        raise AccessDenied("Anonymous access is not allowed")
     return AuthResult(access_key="", payload_hash="UNSIGNED-PAYLOAD", signature="", timestamp="",
                       scope="", signing_key=b"", anonymous=True)
 
@@ -421,16 +430,12 @@ def verify_request(
         now_s: current Unix time, seconds (for tests).
         virtual_bucket: the bucket named by the Host header (signature version 2
             signs ``/bucket/key`` even for virtual-hosted requests).
-        allow_anonymous: let a request with no signature at all through as
-            ``anonymous`` rather than refuse it.
+        allow_anonymous: let a request with no signature at all through ``anonymous``.
 
     Returns:
         An :class:`AuthResult`. Let through ``deferred``: a browser-form POST to a bucket (its handler
     checks the policy signature in the body) and any ``OPTIONS``, a CORS
     preflight, unsigned as browsers send it (routed only to the preflight).
-    With ``allow_anonymous``, a request with no signature at all is let through
-    ``anonymous``: the front decides it by bucket policy alone
-    (:meth:`gpufeed.engine.Engine.authorize`).
 
     Raises:
         AccessDenied: no signature at all (anonymous request) and not ``allow_anonymous``.
@@ -447,23 +452,15 @@ def verify_request(
     query = dict(pairs)
     auth = headers.get("Authorization")
     presigned = "X-Amz-Signature" in query or "X-Amz-Algorithm" in query
-
     if (auth is not None and auth.startswith("AWS ")) or (
         auth is None and "AWSAccessKeyId" in query and "Signature" in query
     ):
         return _verify_v2(method=method, raw_path=raw_path, raw_query=raw_query, query=query,
                           headers=headers, credentials=credentials, now_s=now_s,
                           virtual_bucket=virtual_bucket)
-    if auth is not None:
-        claim = _header_claim(auth, headers)
-    elif presigned:
-        claim = _query_claim(query)
-    elif _is_form_post(method, raw_path, raw_query, headers, virtual_bucket):
-        return _unverified()
-    elif allow_anonymous:
-        return _anonymous()
-    else:
-        raise AccessDenied("Anonymous access is not allowed")
+    if auth is None and not presigned:
+        return _no_signature(_is_form_post(method, raw_path, raw_query, headers, virtual_bucket), allow_anonymous)
+    claim = _header_claim(auth, headers) if auth is not None else _query_claim(query)
 
     parts = claim.credential.split("/")
     if len(parts) != 5 or parts[4] != "aws4_request":
