@@ -62,7 +62,7 @@ from ._server import (
     error_response,
     new_request_id,
 )
-from ._tenancy import CURRENT_TENANT
+from ._tenancy import BUCKET_OWNER, CURRENT_TENANT
 from ._xml import http_date
 
 __all__ = ["S3Front", "make_app", "start_s3", "error_response", "HANDLERS"]
@@ -171,12 +171,14 @@ class S3Front(Services):
         """
         tenant = self.credentials.tenant_of(auth.access_key) if auth.access_key else None
         CURRENT_TENANT.set(tenant)
+        BUCKET_OWNER.set(None)
         if not isinstance(endpoint, BucketEndpoint) or isinstance(endpoint, (CreateBucket, PostObject)):
             if auth.anonymous:
                 raise AccessDenied("Anonymous access is not allowed")
             return
         _policy.authorize_request(self.engine, endpoint, self._target(request).query, tenant,
                                   access_key=auth.access_key or None, source_ip=request.remote)
+        BUCKET_OWNER.set(self.engine.bucket_owner(endpoint.bucket))
 
     async def expect(self, request: web.BaseRequest) -> web.StreamResponse | None:
         """aiohttp expect handler: answer ``Expect: 100-continue`` only once the
