@@ -36,6 +36,7 @@ from ..errors import (
 from ._blobs import BlobFiles, copy_range, new_id, remove_quietly, write_all
 from ._kvpolicy import KVBucketPolicy
 from ._names import check_str_map
+from ._tenants import check_quota
 from ._versions import check_tags, place_version
 from .catalog import Catalog, CatalogWriter, require_bucket
 from .types import ObjectInfo, Retention
@@ -123,6 +124,7 @@ class WritePath:
             InvalidTag: tags over S3's limits.
             InvalidRequestError: lock settings in a bucket without object lock.
             AccessDenied: the version it would replace is protected by object lock.
+            QuotaExceeded: the bucket or its tenant would go past its quota.
         """
         for d in (metadata, checksums, headers):
             check_str_map(d)
@@ -144,6 +146,7 @@ class WritePath:
                                              old.size if old else 0)
                 info, freed = place_version(w, b, info, old, retention)
                 w.put_object(info)
+                check_quota(w, b)
         except BaseException:
             remove_quietly(path)
             raise
