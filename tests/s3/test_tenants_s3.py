@@ -226,3 +226,4 @@ def test_quotas_through_the_admin_api_and_s3(tnode, admin):
     c.delete_object(Bucket="quota-bucket", Key="a")
     c.put_object(Bucket="quota-bucket", Key="b", Body=b"x" * 600)
     assert admin.quota_get("bucket", "quota-bucket")["stored_bytes"] == 600
+
