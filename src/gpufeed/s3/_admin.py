@@ -10,11 +10,14 @@ method path                                     answer (JSON)
 ====== ======================================== =====================================
 GET    ``tenants``                              ``{"tenants": [{"name", "created"}]}``
 POST   ``tenants`` ``{"name"}``                 the tenant
-GET    ``tenants/NAME/stats``                   ``{"name", "buckets", "bytes", "objects"}``
+GET    ``tenants/NAME/stats``                   :meth:`~gpufeed.engine.Engine.tenant_stats`
 DELETE ``tenants/NAME``                         ``{}``
 POST   ``tenants/NAME/keys``                    ``{"access_key", "secret_key", "tenant"}``
 GET    ``keys`` (``?tenant=NAME``)              ``{"keys": [{"access_key", "tenant", "created", "revoked"}]}``
 DELETE ``keys/ACCESS_KEY``                      ``{}``
+GET    ``quotas/SCOPE/NAME`` (``tenant|bucket``)  ``{"scope", "name", "quota_bytes", "quota_objects",
+                                                "stored_bytes", "stored_versions"}``
+PUT    ``quotas/SCOPE/NAME`` ``{"bytes", "objects"}`` the same, after the change
 ====== ======================================== =====================================
 
 Errors answer ``{"error": code, "message": text}`` with the error's status.
@@ -87,6 +90,13 @@ async def _dispatch(s: Services, request: web.BaseRequest, target: Target) -> we
         case ["keys", access_key] if method == "DELETE":
             await s.call(e.revoke_access_key, access_key)
             return _json({})
-        case ["tenants"] | ["tenants", _] | ["tenants", _, "stats" | "keys"] | ["keys"] | ["keys", _]:
+        case ["quotas", scope, name] if method == "GET":
+            return _json(await s.call(e.quota, scope, name))
+        case ["quotas", scope, name] if method == "PUT":
+            body = await _body(request)
+            await s.call(e.set_quota, scope, name, body.get("bytes", 0), body.get("objects", 0))
+            return _json(await s.call(e.quota, scope, name))
+        case ["tenants"] | ["tenants", _] | ["tenants", _, "stats" | "keys"] | ["keys"] | ["keys", _] | \
+                ["quotas", _, _]:
             raise MethodNotAllowed(f"{method} is not allowed on {target.path}")
     raise NoSuchKey(f"no admin call {target.path}")

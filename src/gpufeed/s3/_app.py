@@ -162,8 +162,9 @@ class S3Front(Services):
 
         An anonymous request (no signature) goes on as no tenant to a bucket
         or object, where only a bucket policy can let it through; listing the
-        buckets or creating one needs a signature. A form POST is
-        authenticated later, by its policy's signature (:mod:`._post` asks then).
+        buckets or creating one needs a signature. A form POST that carries no
+        signature of its own is authenticated later, by its policy's signature
+        (:mod:`._post` asks then).
 
         Raises:
             NoSuchBucket: the bucket does not exist.
@@ -172,7 +173,8 @@ class S3Front(Services):
         tenant = self.credentials.tenant_of(auth.access_key) if auth.access_key else None
         CURRENT_TENANT.set(tenant)
         BUCKET_OWNER.set(None)
-        if not isinstance(endpoint, BucketEndpoint) or isinstance(endpoint, (CreateBucket, PostObject)):
+        deferred = isinstance(endpoint, PostObject) and not auth.access_key  # signed in its form
+        if not isinstance(endpoint, BucketEndpoint) or isinstance(endpoint, CreateBucket) or deferred:
             if auth.anonymous:
                 raise AccessDenied("Anonymous access is not allowed")
             return

@@ -211,14 +211,15 @@ def authorize_request(engine: Engine, endpoint: BucketEndpoint, query: dict[str,
                       access_key: str | None, source_ip: str | None) -> None:
     """Ask the engine whether a request on a bucket may go on: its action on its
     bucket or object (with ``s3:prefix`` for listings), and a copy's
-    ``s3:GetObject`` on its source. DeleteObjects is asked key by key by its
-    handler; here it only needs the bucket's owner or a bucket policy.
+    ``s3:GetObject`` on its source. DeleteObjects and a form POST are asked key
+    by key by their handlers; here they only need the bucket's owner or a
+    bucket policy.
 
     Raises:
         NoSuchBucket: a bucket named does not exist.
         AccessDenied: the request is not allowed.
     """
-    if isinstance(endpoint, DeleteObjects):
+    if isinstance(endpoint, (DeleteObjects, PostObject)):
         if not may_reach(engine, endpoint.bucket, tenant):
             raise AccessDenied("Access Denied")
         return
