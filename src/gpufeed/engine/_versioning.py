@@ -53,7 +53,7 @@ def _missing(c: CatalogReader, b: BucketInfo, key: str) -> NoSuchKey:
         if newest and newest[0].delete_marker and newest[0].is_latest:
             return NoSuchKey("The specified key does not exist.", bucket=b.name, key=key,
                              delete_marker=True, version_id=newest[0].version_id)
-    return NoSuchKey(f"{b.name}/{key} does not exist", bucket=b.name, key=key)
+    return NoSuchKey("The specified key does not exist.", bucket=b.name, key=key)
 
 
 class VersionedObjects:
@@ -94,7 +94,7 @@ class VersionedObjects:
         if info is not None:
             if self._kv.on_read(info):
                 return info
-            raise NoSuchKey(f"{bucket}/{key} does not exist (expired)", bucket=bucket, key=key)
+            raise NoSuchKey("The specified key does not exist.", bucket=bucket, key=key, expired=True)
         with self._cat.snapshot() as c:
             raise _missing(c, require_bucket(c, bucket), key)
 
@@ -111,7 +111,7 @@ class VersionedObjects:
                                    bucket=bucket, key=key, delete_marker=True, version_id=version_id,
                                    last_modified=info.last_modified)
         if info.is_latest and not self._kv.on_read(info):
-            raise NoSuchKey(f"{bucket}/{key} does not exist (expired)", bucket=bucket, key=key)
+            raise NoSuchKey("The specified key does not exist.", bucket=bucket, key=key, expired=True)
         return info
 
     # deletes -------------------------------------------------------------------

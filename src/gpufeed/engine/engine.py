@@ -146,7 +146,7 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
             os.close(self._lock_fd)
             raise
         self._closed = False
-        self._master = MasterKey(self.data_dir, master_key)
+        self._master = MasterKey(self.data_dir, master_key, has_sealed=lambda: bool(self._cat.access_keys()))
         self._key_cache: dict[str, tuple[str, str] | None] = {}
         self._key_cache_lock = threading.Lock()
         self._key_gen = 0
