@@ -123,7 +123,8 @@ class RequestBody:
         self.received = 0
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """Yield the decoded body in pieces of at most 1 MiB.
+        """Yield the decoded body in pieces of at most 1 MiB (as they arrive, never joined
+        when the body is not aws-chunked).
 
         Raises:
             IncompleteBody: the connection ended early or the decoded length differs
@@ -136,10 +137,14 @@ class RequestBody:
                     self.received += len(piece)
                     yield piece
             else:
+                # One buffered read at a time, as the socket delivered it: readany
+                # would join everything buffered (a copy of up to 2 MiB).
                 content = self._request.content
                 while True:
-                    piece = await content.readany()
+                    piece, end_of_http_chunk = await content.readchunk()
                     if not piece:
+                        if end_of_http_chunk and not content.at_eof():
+                            continue  # a Transfer-Encoding: chunked boundary
                         break
                     self.received += len(piece)
                     yield piece
@@ -209,7 +214,9 @@ class RequestBody:
             hashing: asyncio.Future | None = None  # the previous piece's hash, on a worker
             remaining = size
             while remaining:
-                piece = await content.readexactly(min(remaining, _PIECE))
+                piece = await content.read(min(remaining, _PIECE))  # what is buffered, up to that
+                if not piece:
+                    raise IncompleteBody("The request body ended before it was complete")
                 remaining -= len(piece)
                 if chunk_hash is not None:
                     if hashing is not None:
