@@ -211,7 +211,9 @@ class PendingWrite:
     context manager: leaving the block with an exception aborts (the temp file
     is removed). A PendingWrite is not thread-safe: one writer at a time.
 
-    Data is appended at offset :attr:`size` of a temp file in ``tmp/``. The
+    Data is appended at offset :attr:`size` of a temp file in ``tmp/``; with
+    ``fsync`` on, writeback of every new 16 MiB is started as it is written
+    (``sync_file_range``), so the commit's ``fsync`` waits for the tail only. The
     ETag hash follows the data: buffers passed to :meth:`write` (or to
     :meth:`wrote`) are hashed as they go; bytes that reached the file without
     passing through Python (:meth:`write_from_fd`, :meth:`wrote` without

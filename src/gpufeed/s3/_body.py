@@ -3,11 +3,13 @@
 A body is consumed as an async iterator of decoded byte chunks, never held
 whole in memory. :func:`stream_body` copies it into a pending write: the event
 loop only reads the socket, and two ordered lanes on the worker pool take the
-pieces from there, one writing the file (the engine hashes MD5 alongside) and
-one feeding :class:`BodyDigests` (SHA-256, CRC32, ...). All the hashing is
-native code that releases the GIL, so an upload keeps both cores busy and never
-stalls other clients' requests on the loop. :meth:`BodyDigests.verify` runs at
-the end.
+pieces from there (as the socket delivered them, never joined), one writing the
+file with ``pwritev`` (the engine hashes MD5 alongside, on a thread of its own)
+and one feeding :class:`BodyDigests` (SHA-256, CRC32, ...). Each lane is
+drained by one worker while it has work, so the loop is not woken per batch.
+All the hashing is native code that releases the GIL, so an upload keeps both
+cores busy and never stalls other clients' requests on the loop.
+:meth:`BodyDigests.verify` runs at the end.
 
 aws-chunked framing (Amazon S3 API Reference, "Signature Calculations for the
 Authorization Header: Transferring Payload in Multiple Chunks" and
