@@ -61,6 +61,9 @@ class _Pending:
             with self.lock:
                 self.active -= 1
 
+    def write_many(self, bufs) -> int:
+        return self.write(b"".join(bufs))
+
 
 def _pieces(n: int) -> list[bytes]:
     return [bytes([i % 251]) * PIECE for i in range(n)]

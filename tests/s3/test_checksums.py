@@ -30,6 +30,7 @@ from gpufeed.checksums import (
     crc64nvme,
     full_object_checksum,
     multipart_checksums,
+    new_hasher,
 )
 
 awscrt = pytest.importorskip("awscrt.checksums")
@@ -66,6 +67,21 @@ def test_check_values():
     assert crc32c(b"6789", crc32c(b"12345")) == 0xE3069283
     assert crc64nvme(b"123456789") == 0xAE8B14860A799888
     assert crc64nvme(b"6789", crc64nvme(b"12345")) == 0xAE8B14860A799888
+
+
+@pytest.mark.parametrize("size", [0, 1, 15, 4096, (1 << 20) + 3])
+def test_crc32_in_use_matches_zlib(size):
+    """The CRC-32 the node computes (ISA-L's when ``isal`` is installed) is zlib's,
+    whole and continued across pieces of any buffer type."""
+    data = os.urandom(size)
+    crc = new_hasher("crc32")
+    mv = memoryview(data)
+    for i in range(0, size, 4099):
+        crc.update(mv[i:i + 4099])
+    assert crc.digest() == zlib.crc32(data).to_bytes(4, "big")
+    whole = new_hasher("crc32")
+    whole.update(bytearray(data))
+    assert whole.digest() == crc.digest()
 
 
 @pytest.mark.parametrize("alg", ["crc32", "crc32c", "crc64nvme"])

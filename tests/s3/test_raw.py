@@ -212,6 +212,41 @@ def test_body_shorter_than_declared_over_keepalive(raw, bkt, s3_node):
         s3_node.engine.head_object(bkt, "never")
 
 
+def test_transfer_encoding_chunked_put_over_keepalive(raw, bkt, s3_node):
+    """An HTTP/1.1 ``Transfer-Encoding: chunked`` body (no Content-Length) is stored
+    byte for byte, chunk boundaries anywhere, and the connection serves the next
+    request (RFC 9112 section 7.1)."""
+    path = f"/{bkt}/te-chunked"
+    body = os.urandom((3 << 20) + 12345)
+    headers = raw.sign("PUT", path, headers={"Transfer-Encoding": "chunked"}, payload_hash="UNSIGNED-PAYLOAD")
+    sizes = [1, 70_000, 1 << 20, 5, 2 << 20]
+    with socket.create_connection(("127.0.0.1", raw.port)) as sock:
+        head = f"PUT {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        sock.sendall(head.encode())
+        pos = 0
+        for n in sizes + [len(body)]:
+            piece = body[pos:pos + n]
+            pos += len(piece)
+            if piece:
+                sock.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
+        sock.sendall(b"0\r\n\r\n")
+        get = raw.sign("HEAD", path)
+        sock.sendall((f"HEAD {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in get.items())
+                      + "\r\n").encode())
+        sock.settimeout(30)
+        replies = b""
+        while replies.count(b"HTTP/1.1 ") < 2 or not replies.endswith(b"\r\n\r\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            replies += chunk
+    assert replies.startswith(b"HTTP/1.1 200"), replies[:300]
+    assert replies.count(b"HTTP/1.1 200") == 2, replies[:600]
+    assert f"Content-Length: {len(body)}".encode() in replies.split(b"HTTP/1.1 200")[2]
+    assert hashlib.md5(body).hexdigest().encode() in replies
+    assert raw.request("GET", path).body == body
+
+
 # bad XML --------------------------------------------------------------------------------------------
 def _md5(body: bytes) -> str:
     return base64.b64encode(hashlib.md5(body).digest()).decode()

@@ -8,6 +8,7 @@ live; :meth:`BlobFiles.sweep` deletes the rest on start.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import shutil
@@ -16,7 +17,10 @@ from pathlib import Path
 from ._openfiles import OpenFiles
 from ._private import DIR_MODE, FILE_MODE, make_private_dirs
 
-__all__ = ["BlobFiles", "new_id", "remove_quietly", "fsync_dir", "copy_range"]
+__all__ = [
+    "BlobFiles", "new_id", "remove_quietly", "fsync_dir", "copy_range", "write_all", "write_all_v",
+    "start_writeback",
+]
 
 _OPEN_TMP = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -24,6 +28,10 @@ _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
 _COPY_CHUNK = 8 << 20  # 8 MiB: read/write fallback chunk
 _MAX_COPY = 1 << 30  # 1 GiB: largest single copy_file_range request
+#: Most buffers passed to one ``os.pwritev`` (Linux's ``IOV_MAX`` is 1024).
+_MAX_IOV = 1024
+#: ``SYNC_FILE_RANGE_WRITE`` (linux/fs.h): start writeback of dirty pages, do not wait.
+_SYNC_FILE_RANGE_WRITE = 2
 
 
 def new_id() -> str:
@@ -97,6 +105,57 @@ def write_all(fd: int, mv: memoryview, offset: int) -> int:
     while done < total:
         done += os.pwrite(fd, mv[done:] if done else mv, offset + done)
     return total
+
+
+def write_all_v(fd: int, views: list[memoryview], offset: int) -> int:
+    """``os.pwritev`` all of ``views`` (byte views) at ``offset``, looping over short writes.
+
+    Returns:
+        The views' total length, bytes.
+    """
+    total = sum(v.nbytes for v in views)
+    done = 0
+    i = 0  # first view not completely written
+    skip = 0  # bytes of views[i] already written
+    while done < total:
+        group = views[i:i + _MAX_IOV]
+        if skip:
+            group[0] = group[0][skip:]
+        n = os.pwritev(fd, group, offset + done)
+        done += n
+        n += skip
+        while i < len(views) and n >= views[i].nbytes:
+            n -= views[i].nbytes
+            i += 1
+        skip = n
+    return total
+
+
+def _libc_sync_file_range():
+    """libc's ``sync_file_range`` through ctypes (it releases the GIL), or None off Linux."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _libc_sync_file_range()
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing ``[offset, offset + nbytes)`` of ``fd`` to disk,
+    without waiting (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, Linux).
+
+    A file written this way while it grows has little left to write when it is
+    fsynced, so the final ``fsync`` of a large upload takes milliseconds instead of
+    the whole file's writeback. Advisory: it guarantees nothing (``fsync`` still
+    does) and does nothing where the call is missing or refused.
+    """
+    if _sync_file_range is not None:
+        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
 class BlobFiles:

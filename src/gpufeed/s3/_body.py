@@ -3,11 +3,13 @@
 A body is consumed as an async iterator of decoded byte chunks, never held
 whole in memory. :func:`stream_body` copies it into a pending write: the event
 loop only reads the socket, and two ordered lanes on the worker pool take the
-pieces from there, one writing the file (the engine hashes MD5 alongside) and
-one feeding :class:`BodyDigests` (SHA-256, CRC32, ...). All the hashing is
-native code that releases the GIL, so an upload keeps both cores busy and never
-stalls other clients' requests on the loop. :meth:`BodyDigests.verify` runs at
-the end.
+pieces from there (as the socket delivered them, never joined), one writing the
+file with ``pwritev`` (the engine hashes MD5 alongside, on a thread of its own)
+and one feeding :class:`BodyDigests` (SHA-256, CRC32, ...). Each lane is
+drained by one worker while it has work, so the loop is not woken per batch.
+All the hashing is native code that releases the GIL, so an upload keeps both
+cores busy and never stalls other clients' requests on the loop.
+:meth:`BodyDigests.verify` runs at the end.
 
 aws-chunked framing (Amazon S3 API Reference, "Signature Calculations for the
 Authorization Header: Transferring Payload in Multiple Chunks" and
@@ -25,6 +27,7 @@ import asyncio
 import hashlib
 import hmac
 import re
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
@@ -128,7 +131,8 @@ class RequestBody:
         self.received = 0
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """Yield the decoded body in pieces of at most 1 MiB.
+        """Yield the decoded body in pieces of at most 1 MiB (as they arrive, never joined
+        when the body is not aws-chunked).
 
         Raises:
             IncompleteBody: the connection ended early or the decoded length differs
@@ -141,10 +145,14 @@ class RequestBody:
                     self.received += len(piece)
                     yield piece
             else:
+                # One buffered read at a time, as the socket delivered it: readany
+                # would join everything buffered (a copy of up to 2 MiB).
                 content = self._request.content
                 while True:
-                    piece = await content.readany()
+                    piece, end_of_http_chunk = await content.readchunk()
                     if not piece:
+                        if end_of_http_chunk and not content.at_eof():
+                            continue  # a Transfer-Encoding: chunked boundary
                         break
                     self.received += len(piece)
                     yield piece
@@ -214,7 +222,9 @@ class RequestBody:
             hashing: asyncio.Future | None = None  # the previous piece's hash, on a worker
             remaining = size
             while remaining:
-                piece = await content.readexactly(min(remaining, _PIECE))
+                piece = await content.read(min(remaining, _PIECE))  # what is buffered, up to that
+                if not piece:
+                    raise IncompleteBody("The request body ended before it was complete")
                 remaining -= len(piece)
                 if chunk_hash is not None:
                     if hashing is not None:
@@ -284,51 +294,118 @@ class RequestBody:
 class _Lane:
     """Calls ``fn(batch)`` for each submitted batch on ``executor``, in order, one at a time.
 
-    Each batch is a task chained to the previous one; a failed batch fails every
-    later one without running it. The tasks are never cancelled by the caller
-    (it awaits them shielded), so once :meth:`settle` returns no worker is still
-    running ``fn``.
+    One worker drains the lane's queue while it has batches, so a busy lane
+    costs the event loop nothing per batch: it is woken only when it waits
+    (:meth:`wait`). A failed batch drops every later one without running it
+    and is raised by the next :meth:`submit` or :meth:`wait`. Once
+    ``wait(0)`` returns (or :meth:`settle` does), no worker is running ``fn``.
     """
 
     def __init__(self, executor: Executor, fn: Callable[[list[bytes]], object]) -> None:
+        self._loop = asyncio.get_running_loop()
         self._executor = executor
         self._fn = fn
-        self._tail: asyncio.Future | None = None
+        self._lock = threading.Lock()
+        self._queue: deque[tuple[list[bytes], int]] = deque()
+        self._running = False  # a worker is draining the queue
+        self._stopped = False  # drop queued batches (settle after a failure)
+        self._error: BaseException | None = None
+        self._pending = 0  # bytes submitted and not yet done, under _lock
+        self._waiter: tuple[asyncio.Future, int] | None = None  # (future, bytes limit), under _lock
 
-    def submit(self, batch: list[bytes]) -> asyncio.Future:
-        task = asyncio.ensure_future(self._step(self._tail, batch))
-        task.add_done_callback(_retrieve)
-        self._tail = task
-        return task
+    def submit(self, batch: list[bytes], nbytes: int) -> None:
+        """Queue ``batch`` (``nbytes`` long); raises an earlier batch's failure."""
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            self._queue.append((batch, nbytes))
+            self._pending += nbytes
+            start = not self._running
+            self._running = True
+        if start:
+            try:
+                self._executor.submit(self._drain)
+            except BaseException:
+                with self._lock:
+                    self._running = False
+                raise
 
-    async def _step(self, prev: asyncio.Future | None, batch: list[bytes]) -> None:
-        if prev is not None:
-            await prev
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._fn, batch)
+    def _drain(self) -> None:
+        """Worker: run queued batches until the queue is empty (or the lane stopped)."""
+        while True:
+            with self._lock:
+                if not self._queue or self._stopped or self._error is not None:
+                    self._queue.clear()
+                    self._pending = 0
+                    self._running = False
+                    self._wake()
+                    return
+                batch, nbytes = self._queue.popleft()
+            try:
+                self._fn(batch)
+            except BaseException as exc:
+                with self._lock:
+                    self._error = exc
+            with self._lock:
+                self._pending -= nbytes
+                self._wake()
+
+    def _done_waiting(self, limit: int) -> bool:
+        """Under ``_lock``: a failure, or at most ``limit`` bytes outstanding (0: idle too)."""
+        if self._error is not None:
+            return not self._running or limit > 0
+        return self._pending <= limit and (limit > 0 or not self._running)
+
+    def _wake(self) -> None:
+        """Under ``_lock``: resolve the loop's waiter when its condition holds."""
+        if self._waiter is not None and self._done_waiting(self._waiter[1]):
+            fut = self._waiter[0]
+            self._waiter = None
+            try:
+                self._loop.call_soon_threadsafe(_resolve, fut)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+    async def wait(self, limit: int) -> None:
+        """Until at most ``limit`` bytes are queued or running (``0``: the lane is idle).
+
+        Raises:
+            the exception of a failed batch.
+        """
+        while True:
+            with self._lock:
+                if self._done_waiting(limit):
+                    if self._error is not None:
+                        raise self._error
+                    return
+                fut = self._loop.create_future()
+                self._waiter = (fut, limit)
+            await fut
 
     async def settle(self) -> None:
-        """Wait until no batch of this lane is running or queued (ignoring failures)."""
-        if self._tail is not None:
-            await asyncio.wait([self._tail])
+        """Drop queued batches and wait until no worker runs ``fn`` (ignoring failures)."""
+        with self._lock:
+            self._stopped = True
+        while True:
+            with self._lock:
+                if not self._running:
+                    return
+                fut = self._loop.create_future()
+                self._waiter = (fut, 0)
+            await asyncio.shield(fut)
 
 
-def _retrieve(task: asyncio.Future) -> None:
-    """Mark a lane task's exception as seen (the caller reports the first one)."""
-    if not task.cancelled():
-        task.exception()
-
-
-def _write_batch(pending, batch: list[bytes]) -> None:
-    """One buffer to the pending write: a large write lets the engine hash MD5
-    on a helper thread while it writes (the join is one memcpy, on this worker)."""
-    pending.write(batch[0] if len(batch) == 1 else b"".join(batch))
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 async def stream_body(body: RequestBody, pending, executor: Executor) -> None:
     """Copy the decoded body into ``pending`` while its declared digests are computed.
 
-    The event loop only reads the socket; batches of 4 MiB go to two ordered
-    lanes on ``executor``: the file write (with the engine's MD5 beside it) and
+    The event loop only reads the socket; batches of 4 MiB (the pieces as read,
+    never joined) go to two ordered lanes on ``executor``: the file write
+    (``pwritev``, with the engine's MD5 beside it) and
     :meth:`BodyDigests.update_many`. Reading runs up to 32 MiB ahead of the
     slower lane, so the socket, the disk and each hash proceed at their own pace
     on all cores. Does not verify the digests (call ``body.digests.verify()``).
@@ -342,25 +419,9 @@ async def stream_body(body: RequestBody, pending, executor: Executor) -> None:
         IncompleteBody, SignatureDoesNotMatch: see :meth:`RequestBody.chunks`.
         InternalError: the write failed (disk full, I/O error).
     """
-    lanes = [_Lane(executor, lambda batch: _write_batch(pending, batch))]
+    lanes = [_Lane(executor, pending.write_many)]
     if body.digests.active:
         lanes.append(_Lane(executor, body.digests.update_many))
-    window: deque[tuple[int, asyncio.Future]] = deque()
-    ahead = 0
-
-    async def submit(batch: list[bytes], size: int) -> None:
-        nonlocal ahead
-        done = asyncio.gather(*(lane.submit(batch) for lane in lanes))
-        done.add_done_callback(_retrieve)
-        window.append((size, done))
-        ahead += size
-        # Finished batches leave the window (a failed one raises here, early);
-        # past the read-ahead, wait for the oldest.
-        while window and (window[0][1].done() or ahead > _READ_AHEAD):
-            n, oldest = window.popleft()
-            await asyncio.shield(oldest)
-            ahead -= n
-
     batch: list[bytes] = []
     size = 0
     try:
@@ -368,12 +429,16 @@ async def stream_body(body: RequestBody, pending, executor: Executor) -> None:
             batch.append(piece)
             size += len(piece)
             if size >= _WRITE_BATCH:
-                await submit(batch, size)
+                for lane in lanes:
+                    lane.submit(batch, size)
                 batch, size = [], 0
+                for lane in lanes:  # past the read-ahead, wait for the slower lane
+                    await lane.wait(_READ_AHEAD)
         if batch:
-            await submit(batch, size)
-        while window:
-            await asyncio.shield(window.popleft()[1])
+            for lane in lanes:
+                lane.submit(batch, size)
+        for lane in lanes:
+            await lane.wait(0)
     except BaseException:
         # Never leave a worker writing into a PendingWrite the caller aborts next.
         for lane in lanes:
