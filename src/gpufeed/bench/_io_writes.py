@@ -12,6 +12,10 @@ Rows (each with GB/s and CPU seconds per GB on the client and server side):
   ``put_object`` with checksums off, and through pyarrow's
   ``S3FileSystem.open_output_stream`` with its default checksum (absent when
   pyarrow is not installed);
+- ``s3_put_64m_etag_md5`` and ``s3_put_64m_etag_none``: 64 MiB objects PUT
+  through presigned URLs (unsigned payload, no checksum: what the node hashes
+  is only what its ETag policy asks) into a bucket of ETag policy ``md5`` and
+  one of ``none``, runs of the two interleaved;
 - ``http_fileresponse_get`` and ``s3_get``: the same 1 GiB read by one urllib3
   client into a preallocated buffer, from a plain aiohttp ``web.FileResponse``
   (the HTTP limit) and from the node's S3 GET (presigned URL).
@@ -40,6 +44,8 @@ MULTIPART_CHUNK = 8 << 20  # 8 MiB
 MULTIPART_INFLIGHT = 4
 #: Size of the pyarrow / boto3 small-object rows, bytes.
 SMALL_PUT = 40 << 20  # 40 MiB
+#: Size of the ETag-policy rows, bytes.
+ETAG_PUT = 64 << 20  # 64 MiB
 _READ_CHUNK = 16 << 20  # 16 MiB readinto calls of the GET rows
 GB = 1e9
 
@@ -159,6 +165,47 @@ def _small_put_rows(node, s3, bucket: str, meter, repeat: int) -> tuple[list[dic
     return rows, None
 
 
+def _etag_policy_rows(s3, meter, repeat: int) -> list[dict]:
+    """64 MiB presigned PUTs into an ``md5`` and a ``none`` ETag-policy bucket, interleaved."""
+    import urllib3
+
+    data = np.random.default_rng(2).integers(0, 256, ETAG_PUT, dtype=np.uint8).tobytes()
+    http = urllib3.PoolManager(maxsize=2)
+    best: dict[str, tuple[float, float, float]] = {}
+    buckets = {"md5": "bench-etag-md5", "none": "bench-etag-none"}
+
+    def header(policy):
+        def add(request, **_):
+            request.headers["x-gpufeed-etag-policy"] = policy
+        return add
+
+    for policy, name in buckets.items():
+        hook = header(policy)
+        s3.meta.events.register("before-sign.s3.CreateBucket", hook)
+        try:
+            s3.create_bucket(Bucket=name)
+        finally:
+            s3.meta.events.unregister("before-sign.s3.CreateBucket", hook)
+    urls = {p: s3.generate_presigned_url("put_object", Params={"Bucket": b, "Key": "k"}, ExpiresIn=3600)
+            for p, b in buckets.items()}
+
+    def put(url: str) -> None:
+        r = http.request("PUT", url, body=data, headers={"Content-Length": str(len(data))})
+        if r.status != 200:
+            raise RuntimeError(f"PUT answered {r.status}: {r.data[:200]!r}")
+
+    for _ in range(repeat):
+        for policy, url in urls.items():
+            t = _timed(functools.partial(put, url), meter, 1)
+            if t[0] < best.get(policy, (float("inf"),))[0]:
+                best[policy] = t
+    for name in buckets.values():
+        s3.delete_object(Bucket=name, Key="k")
+        s3.delete_bucket(Bucket=name)
+    http.clear()
+    return [_row(f"s3_put_64m_etag_{p}", ETAG_PUT, best[p]) for p in buckets]
+
+
 def write_rows(*, node, shm, s3, bucket: str, key: str, src: np.ndarray, region, src_path: Path, root: Path,
                repeat: int, console, meter_of) -> dict:
     """Measure the write rows and the GET pair; returns ``{"rows", "ratios", "notes"}``.
@@ -209,6 +256,8 @@ def write_rows(*, node, shm, s3, bucket: str, key: str, src: np.ndarray, region,
     rows += small
     if note:
         notes.append(note)
+    console.print("  ETag policy: 64 MiB puts, md5 vs none ...")
+    rows += _etag_policy_rows(s3, meter, max(repeat, 3))
     console.print("  gets: aiohttp FileResponse vs S3 GET ...")
     rows += _get_rows(s3, bucket, key, src_path, size, meter, meter_of, repeat)
     for extra in ("shm-put.bin", "s3-put.bin", "s3-mp.bin", "small-boto3.bin", "small-pyarrow.bin"):
@@ -223,6 +272,7 @@ def write_rows(*, node, shm, s3, bucket: str, key: str, src: np.ndarray, region,
         "s3_put_multipart_vs_local_write_fsync": by["s3_put_multipart"] / limit,
         "shm_put_vs_local_write_fsync": by["shm_put"] / limit,
         "s3_get_vs_http_fileresponse": by["s3_get"] / by["http_fileresponse_get"],
+        "s3_put_64m_etag_none_vs_md5": by["s3_put_64m_etag_none"] / by["s3_put_64m_etag_md5"],
     }
     if "pyarrow_put_40m" in by:
         ratios["pyarrow_put_40m_vs_boto3_nochecksum"] = by["pyarrow_put_40m"] / by["boto3_put_40m_nochecksum"]
