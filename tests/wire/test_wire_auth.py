@@ -354,3 +354,27 @@ def test_a_node_that_cannot_prove_the_secret_is_refused():
         Client(f"gpufeed+tcp://127.0.0.1:{port}", connections=1)
     t.join(5)
     srv.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_node_session_reconnects_with_the_same_key(anode, keys, transport):
+    """``NodeSession`` (checkpoints, the KV tier, LMCache) replaces a client that
+    lost its connection; the new one authenticates again with the keys given."""
+    from gpufeed.ai._session import NodeSession
+
+    a, _b = keys
+    session = NodeSession(_url(anode, transport), replace_lost=True,
+                          connect_kw={"access_key": a["access_key"], "secret_key": a["secret_key"]})
+    try:
+        first = session.require()
+        assert first.tenant == "alice" and bytes(first.get(BUCKET, KEY)) == DATA
+        for conn in first._conns:  # the connection dies (as when the node restarts)
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + 10
+        while not first.lost_connection and time.monotonic() < deadline:
+            time.sleep(0.01)
+        second = session.require()
+        assert second is not first and second.tenant == "alice"
+        assert bytes(second.get(BUCKET, KEY)) == DATA
+    finally:
+        session.close()

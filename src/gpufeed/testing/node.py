@@ -44,6 +44,13 @@ class NodeProcess:
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def credentials(self) -> dict[str, str]:
+        """``{"access_key", "secret_key"}`` of the node's own key, for
+        ``Client(url, **node.credentials)`` (so keys in the environment of the
+        process that started the node do not reach its clients)."""
+        return {"access_key": self.access_key, "secret_key": self.secret_key}
+
     def boto3_client(self, **config):
         """A boto3 S3 client for this node (``config`` goes to botocore Config)."""
         import boto3
