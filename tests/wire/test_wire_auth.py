@@ -378,3 +378,18 @@ def test_node_session_reconnects_with_the_same_key(anode, keys, transport):
         assert bytes(second.get(BUCKET, KEY)) == DATA
     finally:
         session.close()
+
+
+def test_async_client_takes_keys(anode, keys):
+    import asyncio
+
+    from gpufeed.client import AsyncClient
+
+    _a, b = keys
+
+    async def main() -> tuple[str | None, list[str]]:
+        async with await AsyncClient.connect(anode.shm_url, access_key=b["access_key"],
+                                             secret_key=b["secret_key"]) as c:
+            return c.sync.tenant, await c.list_buckets()
+
+    assert asyncio.run(main()) == ("bob", ["bob-wire"])
