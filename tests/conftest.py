@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from gpufeed.testing.node import NodeProcess, start_node
@@ -31,3 +33,14 @@ def s3(node):
     client = node.boto3_client()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_ambient_keys():
+    """Keys in the shell that runs the tests (``AWS_ACCESS_KEY_ID`` for real AWS,
+    say) would reach every ``Client(url)`` and every node started here: the
+    tests run with the built-in key unless they pass one."""
+    names = ("GPUFEED_ACCESS_KEY", "GPUFEED_SECRET_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    saved = {n: os.environ.pop(n) for n in names if n in os.environ}
+    yield
+    os.environ.update(saved)

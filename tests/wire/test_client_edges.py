@@ -140,7 +140,8 @@ def test_reply_cut_off_mid_payload_fails_its_request():
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
-    with Client(f"gpufeed+tcp://127.0.0.1:{port}", connections=1, request_timeout_s=30) as c:
+    with Client(f"gpufeed+tcp://127.0.0.1:{port}", connections=1, request_timeout_s=30,
+                allow_unauthenticated=True) as c:
         fut = c.submit_get_many_into([("b", "k", bytearray(1 << 20)), ("b", "k", bytearray(1 << 20))])
         t0 = time.monotonic()
         with pytest.raises(TransportError):

@@ -121,3 +121,51 @@ def test_unknown_trailing_fields_are_ignored():
     """Fields are only ever added at the end: a receiver reads the ones it knows."""
     later = bytes([0x94]) + fixstr("bkt") + fixstr("k") + fixstr("null") + bytes([0x07])
     assert p.decode(p.Head, later) == p.Head("bkt", "k", "null")
+
+
+# --- authentication (docs/wire-protocol.md, "Authentication") -----------------------
+
+def bin8(b: bytes) -> bytes:
+    assert len(b) < 256
+    return bytes([0xC4, len(b)]) + b
+
+
+def test_auth_request_and_replies():
+    assert p.Op.AUTH == 6 and p.REPLY | p.Op.AUTH == 0x86
+    nonce, proof = bytes(range(32)), bytes(range(32, 64))
+    # [access_key, client_nonce, proof]
+    golden = bytes([0x93]) + fixstr("gpufeed") + bin8(nonce) + bin8(proof)
+    assert p.encode(p.Auth("gpufeed", nonce, proof)) == golden
+    assert p.decode(p.Auth, golden) == p.Auth("gpufeed", nonce, proof)
+    # [tenant, proof]
+    golden_reply = bytes([0x92]) + fixstr("default") + bin8(proof)
+    assert p.encode(p.AuthReply("default", proof)) == golden_reply
+    # HELLO reply: [server, version, transport, features, nonce]
+    golden_hello = (bytes([0x95]) + fixstr("gpufeed/x") + bytes([0x01]) + fixstr("tcp")
+                    + bytes([0x92]) + fixstr("auth") + fixstr("versions") + bin8(nonce))
+    assert p.encode(p.HelloReply("gpufeed/x", 1, "tcp", ["auth", "versions"], nonce)) == golden_hello
+    # a HELLO reply of a node without authentication has no nonce
+    old = bytes([0x94]) + fixstr("old") + bytes([0x01]) + fixstr("tcp") + bytes([0x90])
+    assert p.decode(p.HelloReply, old).nonce == b""
+
+
+def test_auth_proof_known_answer():
+    """The proof from the spec's words, with hashlib/hmac only: the key is
+    HMAC-SHA256(secret, label + " key"); the proof HMAC-SHA256(key, each field
+    preceded by its u16 LE length)."""
+    import hashlib
+    import hmac
+
+    label = b"gpufeed-wire-auth/1"
+    key = hmac.new(b"gpufeed-secret-key", label + b" key", hashlib.sha256).digest()
+    sn, cn = b"S" * 32, b"C" * 32
+    msg = b"".join(len(f).to_bytes(2, "little") + f
+                   for f in (label, b"client", b"shm", b"gpufeed", sn, cn))
+    want = hmac.new(key, msg, hashlib.sha256).digest()
+    assert p.auth_key("gpufeed-secret-key") == key
+    assert p.auth_proof(key, "client", "shm", "gpufeed", sn, cn) == want
+    # every field counts: role, transport, key id and both nonces
+    for change in (("server", "shm", "gpufeed", sn, cn), ("client", "tcp", "gpufeed", sn, cn),
+                   ("client", "shm", "gpufeedx", sn, cn), ("client", "shm", "gpufeed", cn, cn),
+                   ("client", "shm", "gpufeed", sn, sn)):
+        assert p.auth_proof(key, *change) != want

@@ -13,6 +13,7 @@ import pytest
 
 from gpufeed.client import AsyncClient, Client, parse_url
 from gpufeed.errors import EntityTooLarge, InvalidArgument, NoSuchBucket, NoSuchKey
+from gpufeed.testing.wire_fuzz import authenticate_raw
 from gpufeed.wire import protocol as p
 
 KB = 1 << 10
@@ -109,7 +110,7 @@ def test_old_client_create_bucket_frame_still_works(node):
             assert rid == 7 and plen == 0
             return rop, body
 
-        call(p.Op.HELLO, msgspec.msgpack.encode(["old-client", 1]))
+        authenticate_raw(s, "tcp")  # nodes authenticate every client now
         rop, _ = call(p.Op.CREATE_BUCKET, msgspec.msgpack.encode([b]))
         assert rop == p.Op.CREATE_BUCKET | p.REPLY
     with Client(node.tcp_url) as c:

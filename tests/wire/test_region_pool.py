@@ -355,6 +355,7 @@ def test_client_that_stops_reading_cannot_stall_others(tmp_path):
     import os
     import socket
 
+    from gpufeed.testing.wire_fuzz import authenticate_raw
     from gpufeed.wire import protocol as p
 
     proc = start_node(tmp_path / "data", env={**os.environ, "GPUFEED_SEND_TIMEOUT_S": "2"})
@@ -365,6 +366,7 @@ def test_client_that_stops_reading_cannot_stall_others(tmp_path):
         host, port = proc.tcp_url.split("//")[1].rsplit(":", 1)
         hog = socket.create_connection((host, int(port)))
         hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        authenticate_raw(hog, "tcp")
         meta = p.encode(p.Get("stall", "obj"))
         frame = b"".join(p.pack_header(p.Op.GET, len(meta), i + 1, 0) + meta for i in range(64))
         hog.sendall(frame)  # 64 MiB of replies that nobody reads

@@ -21,6 +21,7 @@ from gpufeed.errors import (
     NoSuchKey,
     TransportError,
 )
+from gpufeed.testing.wire_fuzz import authenticate_raw
 from gpufeed.wire import protocol as p
 
 TRANSPORTS = ["tcp", "shm"]
@@ -215,8 +216,11 @@ def test_url_parsing():
 # --- hostile input: raw frames ------------------------------------------------------
 
 def _raw(node):
+    """A raw TCP connection that has authenticated (HELLO, AUTH) with the node's key."""
     host, port = parse_url(node.tcp_url)[1]
-    return socket.create_connection((host, port), timeout=10)
+    sock = socket.create_connection((host, port), timeout=10)
+    authenticate_raw(sock, "tcp", node.access_key, node.secret_key)
+    return sock
 
 
 def _read_frame(sock):

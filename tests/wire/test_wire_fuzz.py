@@ -52,6 +52,8 @@ def test_fuzz_gets_typed_answers_and_leaves_the_node_healthy(fuzz_node, transpor
     report = run_fuzz(url, CASES, seed=12, timeout_s=10, node_pid=fuzz_node.pid, max_meta=1 << 20)
     assert not report.crashed, fuzz_node.log_path.read_text()[-4000:]
     assert report.hangs == [] and report.internal == [] and report.unanswered == []
+    assert report.unrefused == []  # nothing served before (or without) a good AUTH
+    assert report.codes["AccessDenied"] and report.codes["SignatureDoesNotMatch"]
     assert report.cases == CASES and report.answered > CASES * 0.9
     assert report.seconds < 60
     assert report.codes["ProtocolError"] and report.codes["InvalidArgument"]

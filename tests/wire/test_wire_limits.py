@@ -16,7 +16,14 @@ import pytest
 from gpufeed.client import Client
 from gpufeed.errors import InvalidArgument, TransportError
 from gpufeed.testing.node import start_node
-from gpufeed.testing.wire_fuzz import connect_raw, make_memfd, node_resources, raw_frame, read_answer
+from gpufeed.testing.wire_fuzz import (
+    authenticate_raw,
+    connect_raw,
+    make_memfd,
+    node_resources,
+    raw_frame,
+    read_answer,
+)
 from gpufeed.wire import protocol as p
 
 HELLO = raw_frame(p.Op.HELLO, msgspec.msgpack.encode(["limits-test", 1]))
@@ -44,6 +51,13 @@ def _send(sock: socket.socket, data: bytes) -> None:
         sock.sendall(data)
     except (BrokenPipeError, ConnectionResetError):
         pass
+
+
+def _authed(url: str, timeout_s: float) -> socket.socket:
+    """A raw connection that has authenticated (HELLO, AUTH) with the built-in key."""
+    s = connect_raw(url, timeout_s)
+    authenticate_raw(s, "tcp" if url.startswith("gpufeed+tcp://") else "shm")
+    return s
 
 
 def _until_served(url: str, timeout_s: float = 5.0) -> None:
@@ -184,8 +198,8 @@ def _register(sock: socket.socket, region_id: int, size: int, fd: int) -> tuple[
 def test_registered_memory_is_capped_per_client(tmp_path):
     proc = _node(tmp_path, "mem", client_memory_bytes="40MiB", node_memory_bytes="1GiB")
     fds = [make_memfd(16 << 20) for _ in range(3)]
-    a = connect_raw(proc.shm_url, 5)
-    b = connect_raw(proc.shm_url, 5)
+    a = _authed(proc.shm_url, 5)
+    b = _authed(proc.shm_url, 5)
     try:
         before = node_resources(proc.pid)["rss_bytes"]
         assert _register(a, 1, 16 << 20, fds[0]) == ("ok", "")
@@ -216,7 +230,7 @@ def test_lent_and_registered_memory_is_capped_per_node(tmp_path):
         with Client(proc.shm_url) as c:
             with pytest.raises(InvalidArgument, match="GPUFEED_WIRE_NODE_MEMORY_BYTES"):
                 c.alloc(32 << 20)
-        s = connect_raw(proc.shm_url, 5)
+        s = _authed(proc.shm_url, 5)
         assert _register(s, 1, 16 << 20, fd) == ("ok", "")
         s.sendall(raw_frame(p.Op.ALLOC_REGION, msgspec.msgpack.encode([2, 16 << 20])))
         code, message = read_answer(s, time.monotonic() + 10)
@@ -229,7 +243,7 @@ def test_lent_and_registered_memory_is_capped_per_node(tmp_path):
 
 @pytest.mark.parametrize("transport", ["shm"])
 def test_registering_an_empty_region_is_invalid_argument(tight, transport):
-    s = connect_raw(tight.shm_url, 5)
+    s = _authed(tight.shm_url, 5)
     for size, fd in [(0, make_memfd(0)), (0, make_memfd(4096))]:
         try:
             code, message = _register(s, 1, size, fd)
@@ -312,7 +326,7 @@ def test_large_metadata_arriving_in_pieces_is_served_within_the_header_timeout(t
     items = [["nobucket", f"key-{i:06d}", 0, 8] for i in range(8000)]
     frame = raw_frame(p.Op.GETV, msgspec.msgpack.encode([items]))
     assert len(frame) > 128 << 10  # past the size buffered at once
-    s = connect_raw(tight.tcp_url, 5)
+    s = _authed(tight.tcp_url, 5)
     try:
         step = len(frame) // 4 + 1  # four pieces: the last one 3 pauses after the first
         for i in range(0, len(frame), step):

@@ -32,6 +32,7 @@ from gpufeed.errors import (
     NotImplementedByGpufeed,
 )
 from gpufeed.testing.node import start_node
+from gpufeed.testing.wire_fuzz import authenticate_raw
 from gpufeed.wire import protocol as p
 
 VERSIONED, PLAIN, GOVERNANCE, COMPLIANCE = "vers-on", "vers-plain", "vers-gov", "vers-comp"
@@ -236,7 +237,7 @@ def test_first_form_frames_still_work(vnode):
         c.put(VERSIONED, key, b"v")
     host, port = parse_url(vnode.tcp_url)[1]
     with socket.create_connection((host, port), timeout=10) as s:
-        call(s, p.Op.HELLO, ["old-client", 1])
+        authenticate_raw(s, "tcp")  # nodes authenticate every client now
         op, meta = call(s, p.Op.HEAD, [VERSIONED, key])
         assert op == p.Op.HEAD | p.REPLY
         assert msgspec.msgpack.decode(meta)[:3] == [VERSIONED, key, 1]
@@ -293,7 +294,8 @@ def test_versions_are_refused_towards_a_node_without_them():
     t = threading.Thread(target=old_node, daemon=True)
     t.start()
     try:
-        with Client(f"gpufeed+tcp://127.0.0.1:{port}", connections=1) as c:
+        with Client(f"gpufeed+tcp://127.0.0.1:{port}", connections=1,
+                    allow_unauthenticated=True) as c:
             assert not c.supports_versions
             for call_ in (lambda: c.get("bkt", "k", version_id="null"),
                           lambda: c.head("bkt", "k", version_id="null"),

@@ -172,7 +172,8 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
     dedup: dict = {}
     load_avg = [round(os.getloadavg()[0], 2)]  # at the start and the end: other work on the machine
     try:
-        clients = {"gpufeed": Client(node.shm_url), "gpufeed_tcp": Client(node.tcp_url)}
+        clients = {"gpufeed": Client(node.shm_url, **node.credentials),
+                   "gpufeed_tcp": Client(node.tcp_url, **node.credentials)}
         clients["gpufeed"].create_bucket(BUCKET)
         console.print(f"[bold]gpufeed bench checkpoint[/]: building a {size / GB:.2f} GB state dict ...")
         model, opt = build_state(size)

@@ -387,7 +387,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
     results: list[PathResult] = []
     try:
         prefix = f"llama-{size}/"
-        with Client(node.shm_url) as up:
+        with Client(node.shm_url, **node.credentials) as up:
             upload_s = _upload(up, model_dir, prefix)
         say(f"upload: {file_bytes / 1e9:.2f} GB through gpufeed+shm in {upload_s:.1f} s "
             f"({file_bytes / 1e9 / upload_s:.2f} GB/s)")
@@ -395,7 +395,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
         # warm-up: local files and the node's copies into the page cache
         scratch = memoryview(bytearray(file_bytes))
         _readinto(files, scratch)
-        with Client(node.tcp_url) as c:
+        with Client(node.tcp_url, **node.credentials) as c:
             for f in files:
                 c.get_into(BUCKET, prefix + f.name, scratch[:f.stat().st_size])
         meter = _Meter(node.pid)
@@ -412,7 +412,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
             # (~0.6 s/GB here); later runs reuse the pooled memory of the tensors
             # the previous run dropped, just as the local baseline reuses the
             # memory its allocator already holds. Every run is listed in "runs".
-            client = Client(url)
+            client = Client(url, **node.credentials)
             try:
                 say(f"measuring {path} ...")
                 results.append(meter.measure(
@@ -425,7 +425,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
 
         # Zero-copy: the tensors map the node's page cache (copy-on-write); every
         # page is mapped in before the call returns.
-        client = Client(node.shm_url)
+        client = Client(node.shm_url, **node.credentials)
         try:
             say("measuring shm_map (zero-copy) ...")
             results.append(meter.measure(

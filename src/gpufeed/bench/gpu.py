@@ -178,7 +178,7 @@ def _load_rows(node, prefix: str, files: list[Path], reference: dict, nbytes: in
         "two host staging slots -> one torch.empty buffer (the CUDA code path, on CPU)"
     rows: list[dict] = []
     fst = _FastSafetensorsTo(files, dev)
-    clients = {"shm": Client(node.shm_url), "tcp": Client(node.tcp_url)}
+    clients = {"shm": Client(node.shm_url, **node.credentials), "tcp": Client(node.tcp_url, **node.credentials)}
     s3 = node.boto3_client() if "s3" in paths else None
     try:
         loaders = {
@@ -557,11 +557,11 @@ def _measure(model: dict, files: list[Path], reference: dict, dev, workdir: Path
     gc.collect()
     gc.freeze()
     try:
-        with Client(node.shm_url) as up:
+        with Client(node.shm_url, **node.credentials) as up:
             _upload(up, files[0].parent, prefix)
         scratch = memoryview(bytearray(model["file_bytes"]))  # page-cache files and node copies
         _readinto(files, scratch)
-        with Client(node.tcp_url) as c:
+        with Client(node.tcp_url, **node.credentials) as c:
             for f in files:
                 c.get_into(BUCKET, prefix + f.name, scratch[:f.stat().st_size])
         del scratch

@@ -186,8 +186,8 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
         src_path = root / "local.bin"
         with open(src_path, "wb") as f:
             f.write(src.data)
-        shm = Client(node.shm_url)
-        tcp = Client(node.tcp_url)
+        shm = Client(node.shm_url, **node.credentials)
+        tcp = Client(node.tcp_url, **node.credentials)
         s3 = node.boto3_client()
         shm.create_bucket(BUCKET)
         key = "object.bin"

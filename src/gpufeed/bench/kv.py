@@ -216,7 +216,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
 
         io = {}
         if io_size:
-            with Client(node.shm_url) as c:
+            with Client(node.shm_url, **node.credentials) as c:
                 region = c.alloc(io_size)
                 np.frombuffer(region, np.uint8)[:] = 7
                 c.put(BUCKET, "io.bin", region)
@@ -227,7 +227,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
         if io_size:
             for transport, url in (("shm", node.shm_url), ("tcp", node.tcp_url)):
                 console.print(f"  io large read via {transport} ...")
-                with Client(url) as c:
+                with Client(url, **node.credentials) as c:
                     io[transport] = _io_gbps(c, io_size, repeat, None)
                 results.append({"path": f"io_{transport}", "gbps": io[transport], "size_bytes": io_size})
 

@@ -235,7 +235,7 @@ def _first_loads(files: list[Path], model_dir: Path, prefix: str, tmp: Path, nod
                 continue
             if pool == "off":
                 nopool = start_node(tmp / "node-nopool", extra_args=["--region-pool", "0", "--no-fsync"])
-                with Client(nopool.shm_url) as up:
+                with Client(nopool.shm_url, **nopool.credentials) as up:
                     _upload(up, model_dir, prefix)
                 warm(tmp / "node-nopool" / "blobs")
                 url = nopool.shm_url
@@ -346,12 +346,12 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
     fst = _FastSafetensors(files)
     try:
         prefix = f"llama-{size}/"
-        with Client(node.shm_url) as up:
+        with Client(node.shm_url, **node.credentials) as up:
             _upload(up, model_dir, prefix)
         blobs = [str(p) for p in (tmp / "node" / "blobs").rglob("*") if p.is_file()]
         meter = _Meter(node.pid)
         scratch = memoryview(bytearray(file_bytes))
-        clients = {"shm": Client(node.shm_url), "tcp": Client(node.tcp_url)}
+        clients = {"shm": Client(node.shm_url, **node.credentials), "tcp": Client(node.tcp_url, **node.credentials)}
         s3 = node.boto3_client()
         s3_paths = [f"s3://{BUCKET}/{prefix}{f.name}" for f in files]
         runai_creds = None

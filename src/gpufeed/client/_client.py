@@ -15,6 +15,7 @@ above the SDK asks the capability properties (:attr:`Client.supports_map`,
 ``submit_*`` form that returns a ``concurrent.futures.Future`` (many requests
 in flight), and :class:`AsyncClient` is built on those forms only, so it
 refuses exactly the arguments :class:`Client` refuses.
+Each connection authenticates once when it opens (``_auth.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import msgspec
 
 from ..errors import InvalidArgument, NotImplementedByGpufeed, TransportError
 from ..wire import protocol as p
+from ._auth import resolve_credentials
 from ._transports import TRANSPORTS, Transport, TransportOptions
 from ._types import (
     DeleteResult,
@@ -42,27 +44,10 @@ from ._types import (
     check_version,
     parse_url,
     then,
+    writable_dest,
 )
 
 __all__ = ["Client", "AsyncClient", "ReadRequest", "ListEntry", "ObjectMeta", "DeleteResult", "parse_url"]
-
-
-def _writable_dest(buffer, length: int | None, *, batch: bool = False) -> memoryview:
-    """The checked destination of a read: a flat writable view, cut to ``length``.
-
-    Raises:
-        InvalidArgument: not a contiguous buffer, read-only, or shorter than ``length``.
-    """
-    dest = as_bytes(buffer)
-    if dest.readonly:
-        raise InvalidArgument("a destination buffer is read-only" if batch
-                              else "the destination buffer is read-only")
-    if length is not None:
-        if length > len(dest):
-            raise InvalidArgument(f"length {length} exceeds {'its' if batch else 'the'} buffer "
-                                  f"({len(dest)} bytes)")
-        dest = dest[:length]
-    return dest
 
 
 class Client:
@@ -71,6 +56,10 @@ class Client:
 
     Args:
         url: ``gpufeed+tcp://HOST:PORT`` or ``gpufeed+shm:///path/gpufeed.sock``.
+        access_key, secret_key: the key each connection proves it holds (both or
+            neither). Neither: ``GPUFEED_ACCESS_KEY`` / ``GPUFEED_SECRET_KEY``,
+            else ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, else the
+            built-in default key (the one ``gpufeed serve`` accepts without settings).
         connections: pooled connections (default 4 for TCP, 1 for shm; each
             carries many requests in flight).
         timeout_s: connect timeout, seconds.
@@ -80,23 +69,32 @@ class Client:
         slot_bytes: size of one staging slot.
         max_idle_bytes: memory from :meth:`alloc` kept for reuse after its
             buffers are gone (bytes; default 4 GiB).
+        allow_unauthenticated: talk to a node that does not authenticate
+            clients (its HELLO lists no ``"auth"``: a node older than
+            authentication) instead of refusing it with TransportError.
 
     Attributes:
         url: the URL it was made with.
 
     Raises:
-        TransportError: the node cannot be reached.
-        InvalidArgument: a malformed URL.
+        TransportError: the node cannot be reached, does not authenticate
+            clients (unless allowed), or cannot prove it holds the key's secret.
+        InvalidAccessKeyId: the node knows no valid key of that id (or it was revoked).
+        SignatureDoesNotMatch: the secret is not the key's.
+        InvalidArgument: a malformed URL, or only one of ``access_key`` / ``secret_key``.
     """
 
-    def __init__(self, url: str, *, connections: int | None = None, timeout_s: float = 30.0,
+    def __init__(self, url: str, access_key: str | None = None, secret_key: str | None = None, *,
+                 connections: int | None = None, timeout_s: float = 30.0,
                  request_timeout_s: float | None = 60.0,
                  staging_bytes: int = 64 << 20, slot_bytes: int = 4 << 20,
-                 max_idle_bytes: int = 4 << 30) -> None:
+                 max_idle_bytes: int = 4 << 30, allow_unauthenticated: bool = False) -> None:
         self.url = url
         name, address = parse_url(url)
         options = TransportOptions(connections, timeout_s, request_timeout_s, staging_bytes,
-                                   slot_bytes, max_idle_bytes)
+                                   slot_bytes, max_idle_bytes,
+                                   resolve_credentials(access_key, secret_key),
+                                   bool(allow_unauthenticated))
         self._t: Transport = TRANSPORTS[name](address, options)
 
     # --- what the transport can do -----------------------------------------------------
@@ -105,6 +103,12 @@ class Client:
         """The transport's name (``"tcp"``, ``"shm"``), for display: branch on the
         ``supports_*`` properties instead."""
         return self._t.name
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant the client's key acts for, as the node said when it accepted
+        the key (``None``: the node does not authenticate)."""
+        return self._t.tenant
 
     @property
     def supports_map(self) -> bool:
@@ -432,7 +436,7 @@ class Client:
         """Start :meth:`get_into`; the Future resolves to the bytes read."""
         check_object(bucket, key, offset, length)
         self._check_version(version_id)
-        return self._t.submit_get_into(bucket, key, _writable_dest(buffer, length), offset,
+        return self._t.submit_get_into(bucket, key, writable_dest(buffer, length), offset,
                                        version_id)
 
     def get_into(self, bucket: str, key: str, buffer, *, offset: int = 0,
@@ -500,7 +504,7 @@ class Client:
                 raise InvalidArgument(f"digest piece size must be >= 0, not {r.digest!r}")
             if r.version_id is not None:
                 self._check_version(r.version_id)
-            dests.append(_writable_dest(r.dest, r.length, batch=True))
+            dests.append(writable_dest(r.dest, r.length, batch=True))
         return self._t.submit_get_many_into(reqs, dests, digests_out, errors_out)
 
     def get_many_into(self, requests: Sequence[ReadRequest | tuple], *,

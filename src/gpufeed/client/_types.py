@@ -15,7 +15,8 @@ from ..errors import InvalidArgument
 from ..wire import protocol as p
 
 __all__ = ["ReadRequest", "ListEntry", "ObjectMeta", "DeleteResult", "parse_url", "as_bytes",
-           "check_object", "check_bucket", "check_version", "bucket_req", "then", "MAX_OFFSET"]
+           "check_object", "check_bucket", "check_version", "bucket_req", "then", "MAX_OFFSET",
+           "writable_dest"]
 
 ObjectMeta = p.ObjectMeta
 DeleteResult = p.DeleteResult
@@ -154,3 +155,21 @@ def then(fut: Future, fn) -> Future:
 
     fut.add_done_callback(done)
     return out
+
+
+def writable_dest(buffer, length: int | None, *, batch: bool = False) -> memoryview:
+    """The checked destination of a read: a flat writable view, cut to ``length``.
+
+    Raises:
+        InvalidArgument: not a contiguous buffer, read-only, or shorter than ``length``.
+    """
+    dest = as_bytes(buffer)
+    if dest.readonly:
+        raise InvalidArgument("a destination buffer is read-only" if batch
+                              else "the destination buffer is read-only")
+    if length is not None:
+        if length > len(dest):
+            raise InvalidArgument(f"length {length} exceeds {'its' if batch else 'the'} buffer "
+                                  f"({len(dest)} bytes)")
+        dest = dest[:length]
+    return dest

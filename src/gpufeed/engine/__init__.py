@@ -1,5 +1,6 @@
 """The storage node with no network: catalog, blobs, buckets, objects, multipart, lifecycle."""
 
+from ._keyring import KeyRing
 from ._openfiles import ObjectHandle
 from ._sqlite import SqliteCatalog
 from .catalog import Catalog, CatalogReader, CatalogWriter
@@ -26,4 +27,5 @@ __all__ = [
     "CatalogReader",
     "CatalogWriter",
     "SqliteCatalog",
+    "KeyRing",
 ]

@@ -25,13 +25,13 @@ from typing import Any
 from aiohttp import web
 
 from ..config import NodeConfig
-from ..engine import Engine
+from ..engine import Engine, KeyRing
 from ..errors import BadDigest, EntityTooLarge, InvalidArgument, MissingContentLength
 from ._auth import AuthResult
 from ._body import RequestBody, stream_body
 from ._headers import content_md5
 from ._router import Endpoint, Target
-from ._tenancy import KeyRing, answer_owner, owner_identity
+from ._tenancy import answer_owner, owner_identity
 from ._xml import element, sub, to_bytes
 
 __all__ = ["Services", "S3Request", "Handler", "HandlerTable", "MAX_XML"]
@@ -76,7 +76,7 @@ class Services:
     def __init__(self, engine: Engine, config: NodeConfig) -> None:
         self.engine = engine
         self.config = config
-        self.credentials = KeyRing(config, engine)
+        self.credentials = KeyRing(config.access_key, config.secret_key, engine)
         self.executor = ThreadPoolExecutor(
             max_workers=max(4, config.io_threads), thread_name_prefix="gpufeed-s3"
         )

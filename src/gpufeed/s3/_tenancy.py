@@ -1,9 +1,10 @@
 """Who is asking: access keys to secrets and tenants, and the rule that a
 tenant reaches only its own buckets unless their policies say otherwise.
 
-The node's configured key acts for :data:`~gpufeed.engine.types.DEFAULT_TENANT`;
-every other key is looked up in the engine (:meth:`gpufeed.engine.Engine.lookup_access_key`,
-answered from memory after the first use). A request on a bucket of another
+Keys are resolved by the engine's :class:`~gpufeed.engine.KeyRing` (the same
+the fast path uses): the node's configured key acts for
+:data:`~gpufeed.engine.types.DEFAULT_TENANT`; every other key is looked up in
+the engine (answered from memory after the first use). A request on a bucket of another
 tenant is refused with ``AccessDenied`` and a message that names nothing, as
 S3 answers a bucket of another account, unless that bucket's policy grants it
 (:mod:`._policy`); a bucket that does not exist stays ``NoSuchBucket``.
@@ -26,41 +27,13 @@ from ..config import NodeConfig
 from ..engine import Engine
 from ..engine.types import DEFAULT_TENANT
 
-__all__ = ["KeyRing", "CURRENT_TENANT", "BUCKET_OWNER", "check_owner", "owner_identity", "answer_owner"]
+__all__ = ["CURRENT_TENANT", "BUCKET_OWNER", "check_owner", "owner_identity", "answer_owner"]
 
 #: The tenant of the request being handled (``None`` before authentication).
 CURRENT_TENANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpufeed_tenant", default=None)
 #: The tenant owning the bucket the request acts on (``None`` when it names no
 #: bucket): the owner S3 answers name, also to a tenant a bucket policy lets in.
 BUCKET_OWNER: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpufeed_bucket_owner", default=None)
-
-
-class KeyRing:
-    """The secrets the front accepts: ``get(access_key) -> secret | None``, as
-    the SigV4 verifier asks, and :meth:`tenant_of`.
-
-    Args:
-        config: the node's settings (its configured key acts for the default tenant).
-        engine: looks up every other key.
-    """
-
-    def __init__(self, config: NodeConfig, engine: Engine) -> None:
-        self._key, self._secret = config.access_key, config.secret_key
-        self._engine = engine
-
-    def get(self, access_key: str, default: str | None = None) -> str | None:
-        """The secret of a valid key, else ``default``."""
-        if access_key == self._key:
-            return self._secret
-        found = self._engine.lookup_access_key(access_key) if access_key else None
-        return found[1] if found is not None else default
-
-    def tenant_of(self, access_key: str) -> str | None:
-        """The tenant a valid key acts for, else ``None``."""
-        if access_key == self._key:
-            return DEFAULT_TENANT
-        found = self._engine.lookup_access_key(access_key) if access_key else None
-        return found[0] if found is not None else None
 
 
 def check_owner(engine: Engine, bucket: str, tenant: str | None, action: str = "s3:*",

@@ -13,8 +13,16 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
-__all__ = ["NodeProcess", "start_node", "socket_path"]
+__all__ = ["NodeProcess", "NodeCredentials", "start_node", "socket_path"]
+
+
+class NodeCredentials(TypedDict):
+    """A node's own key, as ``Client(url, **creds)`` takes it."""
+
+    access_key: str
+    secret_key: str
 
 
 @dataclass
@@ -43,6 +51,13 @@ class NodeProcess:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def credentials(self) -> NodeCredentials:
+        """``{"access_key", "secret_key"}`` of the node's own key, for
+        ``Client(url, **node.credentials)`` (so keys in the environment of the
+        process that started the node do not reach its clients)."""
+        return NodeCredentials(access_key=self.access_key, secret_key=self.secret_key)
 
     def boto3_client(self, **config):
         """A boto3 S3 client for this node (``config`` goes to botocore Config)."""

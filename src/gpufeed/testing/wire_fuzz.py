@@ -17,7 +17,12 @@ die. Cases are drawn from a seeded ``random.Random``, so a failure replays:
 * shm only: REGISTER with an empty memfd, an unsealed one, one smaller than
   claimed, a pipe, two descriptors; ALLOC_REGION of absurd sizes; descriptors
   on frames that take none;
-* truncated frames (the client then closes): the node just ends the connection.
+* truncated frames (the client then closes): the node just ends the connection;
+* authentication: each case runs on a connection that has authenticated
+  (HELLO, then AUTH with the key given), except a share that does not: hostile
+  AUTH requests (wrong proofs, nonces of the wrong size, unknown or absurd key
+  ids, a proof replayed from another connection) and ops sent before AUTH,
+  which the node must refuse (``AccessDenied`` and the like), then close.
 
 Why our own: the frames are our own protocol, and a fuzzer that ships with the
 package can be run against any node (``run_fuzz(url, ...)``).
@@ -25,8 +30,10 @@ package can be run against any node (``run_fuzz(url, ...)``).
 
 from __future__ import annotations
 
+import hmac
 import os
 import random
+import secrets
 import select
 import socket
 import time
@@ -38,10 +45,11 @@ from typing import Any
 
 import msgspec
 
+from ..config import DEFAULT_ACCESS_KEY, DEFAULT_SECRET_KEY
 from ..wire import protocol as p
 
 __all__ = ["FuzzCase", "FuzzReport", "make_cases", "run_fuzz", "node_resources", "raw_frame",
-           "read_answer", "connect_raw", "make_memfd", "CASE_RID"]
+           "read_answer", "connect_raw", "make_memfd", "CASE_RID", "authenticate_raw", "auth_frame"]
 
 #: Request id of every fuzz frame (0 is what the node uses for connection-level errors).
 CASE_RID = 7
@@ -60,12 +68,21 @@ class FuzzCase:
             closes them), or ``None``.
         complete: ``data`` is whole frames, so the node must answer (else the
             runner closes its side after sending and only a prompt close is due).
+        authenticated: the runner authenticates the connection before sending
+            ``data`` (else ``data`` goes on a fresh connection, HELLO first when
+            ``hello``).
+        hello: send HELLO first on an unauthenticated case (``data`` may hold
+            ``{nonce}``-free AUTH frames built by ``make``).
+        make: builds ``data`` from the connection's server nonce (AUTH cases).
     """
 
     name: str
     data: bytes
     fds: Callable[[], list[int]] | None = None
     complete: bool = True
+    authenticated: bool = True
+    hello: bool = False
+    make: Callable[[bytes], bytes] | None = None
 
 
 @dataclass
@@ -79,6 +96,8 @@ class FuzzReport:
         internal: cases answered ``InternalError`` (name: message).
         hangs: cases with neither an answer nor a close within the timeout.
         unanswered: complete cases whose connection closed without an answer.
+        unrefused: cases sent before authenticating (or with a bad AUTH) that
+            were served, or whose connection stayed open.
         crashed: the node died during the run.
         seconds: wall time of the run.
     """
@@ -89,13 +108,15 @@ class FuzzReport:
     internal: list[str] = field(default_factory=list)
     hangs: list[str] = field(default_factory=list)
     unanswered: list[str] = field(default_factory=list)
+    unrefused: list[str] = field(default_factory=list)
     crashed: bool = False
     seconds: float = 0.0
 
     @property
     def clean(self) -> bool:
-        """No crash, hang, ``InternalError`` or complete frame left unanswered."""
-        return not (self.crashed or self.internal or self.hangs or self.unanswered)
+        """No crash, hang, ``InternalError``, complete frame left unanswered, or
+        unauthenticated request served."""
+        return not (self.crashed or self.internal or self.hangs or self.unanswered or self.unrefused)
 
 
 def raw_frame(op: int, meta: bytes, payload: bytes = b"", *, rid: int = CASE_RID,
@@ -140,6 +161,7 @@ def _valid(rng: random.Random, op: int) -> list[Any]:
         p.Op.DELETE: [b, k, vid, rng.choice([False, True])],
         p.Op.LIST: [b, "", "", None, 10, ""], p.Op.CREATE_BUCKET: [b], p.Op.LIST_BUCKETS: [],
         p.Op.DELETE_BUCKET: ["nobucket"], p.Op.BUCKET_STATS: [b], p.Op.MAP: [b, k, vid],
+        p.Op.AUTH: [DEFAULT_ACCESS_KEY, rng.randbytes(32), rng.randbytes(32)],
     }
     return requests[op]
 
@@ -189,7 +211,7 @@ def _header_case(rng: random.Random, max_meta: int) -> FuzzCase:
         claim = rng.choice([max_meta + 1, p.MAX_META + 1, 2**32 - 1])
         return FuzzCase("metadata over the limit", p.HEADER.pack(p.MAGIC, p.VERSION, 1, claim, 1, 0))
     if style == 3:
-        op = rng.choice([0, 6, 9, 21, 127, 0x81, 0x8B, 0xFE, p.ERROR_OP])
+        op = rng.choice([0, 7, 9, 21, 127, 0x81, 0x8B, 0xFE, p.ERROR_OP])
         return FuzzCase(f"unknown op {op}", raw_frame(op, meta))
     op = rng.choice([p.Op.HELLO, p.Op.HEAD, p.Op.GET, p.Op.LIST_BUCKETS])
     fields = _valid(rng, op)
@@ -210,6 +232,96 @@ def _truncated_case(rng: random.Random) -> FuzzCase:
     whole = raw_frame(p.Op.HEAD, msgspec.msgpack.encode(["fuzz", "k"]))
     cut = rng.randrange(1, len(whole))
     return FuzzCase(f"truncated at {cut} of {len(whole)}", whole[:cut], complete=False)
+
+
+def auth_frame(server_nonce: bytes, transport: str, access_key: str = DEFAULT_ACCESS_KEY,
+               secret_key: str = DEFAULT_SECRET_KEY, *, client_nonce: bytes | None = None,
+               rid: int = CASE_RID) -> bytes:
+    """A valid AUTH frame for a connection whose HELLO reply carried ``server_nonce``."""
+    nonce = secrets.token_bytes(32) if client_nonce is None else client_nonce
+    proof = p.auth_proof(p.auth_key(secret_key), "client", transport, access_key, server_nonce, nonce)
+    return raw_frame(p.Op.AUTH, p.encode(p.Auth(access_key, nonce, proof)), rid=rid)
+
+
+def _hello(sock: socket.socket, deadline: float) -> bytes:
+    """Send HELLO; the server nonce of its reply.
+
+    Raises:
+        ConnectionError: the node answered with an error or closed.
+        TimeoutError: no answer by ``deadline``.
+    """
+    sock.sendall(raw_frame(p.Op.HELLO, p.encode(p.Hello("fuzz")), rid=1))
+    hdr = _recv_exact(sock, p.HEADER_SIZE, deadline)
+    if hdr is None:
+        raise ConnectionError("the node closed the connection after HELLO")
+    op, meta_len, _rid, _plen = p.unpack_header(hdr)
+    meta = _recv_exact(sock, meta_len, deadline) if meta_len else b""
+    if meta is None or op != p.Op.HELLO | p.REPLY:
+        raise ConnectionError("HELLO was not answered")
+    return p.decode(p.HelloReply, meta).nonce
+
+
+def authenticate_raw(sock: socket.socket, transport: str, access_key: str = DEFAULT_ACCESS_KEY,
+                     secret_key: str = DEFAULT_SECRET_KEY, timeout_s: float = 10.0) -> str:
+    """HELLO and AUTH on a raw socket (as the SDK does); the tenant of the key.
+
+    Args:
+        sock: a fresh connection to the node.
+        transport: ``"tcp"`` or ``"shm"``.
+        access_key, secret_key: the key (default: the node's built-in one).
+        timeout_s: seconds for both answers.
+
+    Raises:
+        ConnectionError: the node refused (the message has its error code).
+        TimeoutError: no answer in time.
+    """
+    deadline = time.monotonic() + timeout_s
+    nonce = _hello(sock, deadline)
+    client_nonce = secrets.token_bytes(32)
+    sock.sendall(auth_frame(nonce, transport, access_key, secret_key, client_nonce=client_nonce, rid=2))
+    hdr = _recv_exact(sock, p.HEADER_SIZE, deadline)
+    if hdr is None:
+        raise ConnectionError("the node closed the connection after AUTH")
+    op, meta_len, _rid, _plen = p.unpack_header(hdr)
+    meta = _recv_exact(sock, meta_len, deadline) or b""
+    if op == p.ERROR_OP:
+        err = p.decode(p.ErrorReply, meta)
+        raise ConnectionError(f"{err.code}: {err.message}")
+    reply = p.decode(p.AuthReply, meta)
+    want = p.auth_proof(p.auth_key(secret_key), "server", transport, access_key, nonce, client_nonce)
+    if not hmac.compare_digest(want, reply.proof):
+        raise ConnectionError("the node's AUTH proof is wrong")
+    return reply.tenant
+
+
+def _auth_case(rng: random.Random, transport: str) -> FuzzCase:
+    """A case on a connection that has not authenticated: a hostile AUTH, or an
+    op before AUTH; the node must refuse it and close."""
+    style = rng.randrange(6)
+    nonce, mine = rng.randbytes(32), rng.randbytes(32)
+    if style == 0:
+        op = rng.choice([o for o in sorted(p.REQUEST_TYPES) if o not in (p.Op.HELLO, p.Op.AUTH)])
+        meta = msgspec.msgpack.encode(_valid(rng, op))
+        payload = b"x" * 4 if op == p.Op.PUT else b""
+        return FuzzCase(f"{p.Op(op).name} before AUTH", raw_frame(op, meta, payload),
+                        authenticated=False, hello=rng.random() < 0.5)
+    if style == 1:
+        return FuzzCase("AUTH with a wrong secret", b"", authenticated=False, hello=True,
+                        make=lambda sn: auth_frame(sn, transport, secret_key="not-the-secret", client_nonce=mine))
+    if style == 2:
+        key = rng.choice(["", "GFNOSUCHKEY", "k" * 5000, "\x00", DEFAULT_ACCESS_KEY + "x"])
+        return FuzzCase("AUTH with an unknown key", b"", authenticated=False, hello=True,
+                        make=lambda sn: auth_frame(sn, transport, access_key=key, client_nonce=mine))
+    if style == 3:
+        size = rng.choice([0, 1, 15, 65, 4096])
+        return FuzzCase(f"AUTH with a {size}-byte client nonce", b"", authenticated=False, hello=True,
+                        make=lambda sn: auth_frame(sn, transport, client_nonce=bytes(size)))
+    if style == 4:  # a proof made for another connection's nonce
+        return FuzzCase("AUTH replayed from another connection",
+                        auth_frame(nonce, transport, client_nonce=mine), authenticated=False, hello=True)
+    fields = [rng.choice([DEFAULT_ACCESS_KEY, _value(rng)]), _value(rng), _value(rng)]
+    return FuzzCase("AUTH: hostile fields", raw_frame(p.Op.AUTH, msgspec.msgpack.encode(fields)),
+                    authenticated=False, hello=rng.random() < 0.5)
 
 
 def make_memfd(size: int, seal: bool = True) -> int:
@@ -269,7 +381,9 @@ def make_cases(n: int, *, shm: bool, seed: int = 0, max_meta: int = p.MAX_META) 
     out: list[FuzzCase] = []
     for _ in range(n):
         roll = rng.random()
-        if shm and roll < 0.12:
+        if rng.random() < 0.1:
+            out.append(_auth_case(rng, "shm" if shm else "tcp"))
+        elif shm and roll < 0.12:
             out.append(_shm_case(rng))
         elif roll < 0.25:
             out.append(_header_case(rng, max_meta))
@@ -346,15 +460,28 @@ def read_answer(sock: socket.socket, deadline: float) -> tuple[str, str] | None:
     return "ok", ""
 
 
-def _run_case(url: str, case: FuzzCase, timeout_s: float, report: FuzzReport) -> None:
+def _run_case(url: str, case: FuzzCase, timeout_s: float, report: FuzzReport,
+              creds: tuple[str, str]) -> None:
     try:
         sock = connect_raw(url, timeout_s)
     except OSError as exc:
         report.hangs.append(f"{case.name}: cannot connect ({exc})")
         return
-    fds = case.fds() if case.fds else []
+    fds: list[int] = []
+    transport = "tcp" if url.startswith("gpufeed+tcp://") else "shm"
     try:
         deadline = time.monotonic() + timeout_s
+        try:
+            if case.authenticated:
+                authenticate_raw(sock, transport, *creds, timeout_s=timeout_s)
+            elif case.hello or case.make:
+                nonce = _hello(sock, deadline)
+                if case.make:
+                    case = FuzzCase(case.name, case.make(nonce), authenticated=False)
+        except (OSError, TimeoutError) as exc:
+            report.hangs.append(f"{case.name}: the handshake failed ({exc})")
+            return
+        fds = case.fds() if case.fds else []
         try:
             if fds:
                 socket.send_fds(sock, [case.data], fds)
@@ -381,24 +508,44 @@ def _run_case(url: str, case: FuzzCase, timeout_s: float, report: FuzzReport) ->
         report.answered += case.complete
         if code == "InternalError":
             report.internal.append(f"{case.name}: {message}")
+        if not case.authenticated:
+            _check_refused(sock, case, code, deadline, report)
     finally:
         for fd in fds:
             os.close(fd)
         sock.close()
 
 
-def _setup(url: str, timeout_s: float) -> None:
+def _check_refused(sock: socket.socket, case: FuzzCase, code: str, deadline: float,
+                   report: FuzzReport) -> None:
+    """An unauthenticated case must be refused and its connection closed."""
+    if code == "ok":
+        report.unrefused.append(case.name)
+        return
+    try:
+        while read_answer(sock, deadline) is not None:
+            pass
+    except TimeoutError:
+        report.unrefused.append(f"{case.name}: the connection stayed open")
+    except Exception:  # noqa: BLE001 - a reset is a close too
+        pass
+
+
+def _setup(url: str, timeout_s: float, creds: tuple[str, str]) -> None:
     """Bucket ``fuzz`` with object ``k`` (64 bytes), so cases reach past lookups."""
     frames = [raw_frame(p.Op.CREATE_BUCKET, msgspec.msgpack.encode(["fuzz"]), rid=1),
               raw_frame(p.Op.PUT, msgspec.msgpack.encode(["fuzz", "k", 64]), b"v" * 64, rid=2)]
     with connect_raw(url, timeout_s) as sock:
+        authenticate_raw(sock, "tcp" if url.startswith("gpufeed+tcp://") else "shm", *creds,
+                         timeout_s=timeout_s)
         for frame in frames:
             sock.sendall(frame)
             read_answer(sock, time.monotonic() + timeout_s)  # BucketAlreadyOwnedByYou is fine
 
 
 def run_fuzz(url: str, n: int = 2000, *, seed: int = 0, timeout_s: float = 10.0,
-             node_pid: int | None = None, max_meta: int = p.MAX_META) -> FuzzReport:
+             node_pid: int | None = None, max_meta: int = p.MAX_META,
+             access_key: str = DEFAULT_ACCESS_KEY, secret_key: str = DEFAULT_SECRET_KEY) -> FuzzReport:
     """Send ``n`` hostile cases to the node at ``url``, one connection each.
 
     Args:
@@ -408,16 +555,19 @@ def run_fuzz(url: str, n: int = 2000, *, seed: int = 0, timeout_s: float = 10.0,
         timeout_s: seconds a case may wait for its answer (or the close).
         node_pid: the node's pid, to notice a crash (stops the run).
         max_meta: the node's metadata limit, bytes.
+        access_key, secret_key: the key authenticated cases use (default: the
+            node's built-in one).
 
     Returns:
         The report; :attr:`FuzzReport.clean` is what a healthy node gives.
     """
     started = time.monotonic()
-    _setup(url, timeout_s)
+    creds = (access_key, secret_key)
+    _setup(url, timeout_s, creds)
     cases = make_cases(n, shm=url.startswith("gpufeed+shm://"), seed=seed, max_meta=max_meta)
     report = FuzzReport()
     for i, case in enumerate(cases):
-        _run_case(url, case, timeout_s, report)
+        _run_case(url, case, timeout_s, report, creds)
         report.cases += 1
         if node_pid is not None and i % 50 == 0 and not _alive(node_pid):
             report.crashed = True

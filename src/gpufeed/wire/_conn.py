@@ -5,12 +5,18 @@ answered inline on that thread (lowest latency), large ones go to a shared
 worker pool so several requests per connection are in flight. Whatever a
 handler raises becomes an error reply here, never a traceback to the client
 and never a dead server.
+
+Authentication is checked here, before a request is even decoded: until AUTH
+succeeds only HELLO and AUTH are served (anything else is ``AccessDenied``
+and the connection closes); afterwards each op first asks whether the key is
+still valid (a dict lookup), so a revoked key's connections close at their next op.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import secrets
 import socket
 import threading
 import time
@@ -19,13 +25,22 @@ from concurrent.futures import Executor
 from typing import Any
 
 from ..config import WireLimits
-from ..errors import GpufeedError, InternalError, NoSuchKey, ProtocolError, error_from_code
+from ..errors import (
+    AccessDenied,
+    GpufeedError,
+    InternalError,
+    InvalidAccessKeyId,
+    NoSuchKey,
+    ProtocolError,
+    error_from_code,
+)
 from . import protocol as p
+from ._auth import Authenticator, Principal
 from ._frames import FrameIO, RecvTimeout
 from ._lending import Lending
 from ._regions import peer_process
 
-__all__ = ["Connection", "Handler", "StreamHandler"]
+__all__ = ["Connection", "Handler", "StreamHandler", "EndConnection"]
 
 log = logging.getLogger("gpufeed.wire")
 
@@ -36,6 +51,20 @@ SMALL_GETV_ITEMS = 64
 SMALL_ITEM_BYTES = 16 << 10  # 16 KiB
 #: Ops that move object data (and may touch the client's shared memory).
 _DATA_OPS = (p.Op.GET, p.Op.GETV, p.Op.PUT)
+#: Ops served before a connection has authenticated.
+_OPEN_OPS = (p.Op.HELLO, p.Op.AUTH)
+
+
+class EndConnection(Exception):
+    """Answer the request with ``error``, then close the connection.
+
+    Args:
+        error: what the client is told.
+    """
+
+    def __init__(self, error: GpufeedError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 #: An op handler: ``(connection, request id, decoded request)``; it sends the reply.
 Handler = Callable[["Connection", int, Any], None]
@@ -58,13 +87,29 @@ class Connection(FrameIO):
         limits: frame size and timeouts (defaults: :class:`WireLimits`'s).
         peer: ``(pid, pidfd)`` of the shm client (:func:`peer_process`), when the
             caller has it already.
+        authenticator: checks AUTH and, on each op, the connection's key.
+
+    Attributes:
+        server_nonce: the connection's fresh random nonce (HELLO replies carry it).
+        principal: who the connection authenticated as (``None`` before AUTH).
+        source_ip: the client's address (TCP), ``None`` on the Unix socket.
     """
 
     def __init__(self, sock: socket.socket, transport: str, *, handlers: Mapping[int, Handler],
                  put_stream: StreamHandler, pool: Executor, lending: Lending,
                  on_close: Callable[["Connection"], None], limits: WireLimits | None = None,
-                 peer: tuple[int, int | None] | None = None) -> None:
+                 peer: tuple[int, int | None] | None = None,
+                 authenticator: Authenticator) -> None:
         self.limits = limits = limits or WireLimits()
+        self._auth = authenticator
+        self.server_nonce = secrets.token_bytes(p.NONCE_BYTES)
+        self.principal: Principal | None = None
+        self.source_ip: str | None = None
+        if transport == "tcp":
+            try:
+                self.source_ip = sock.getpeername()[0]
+            except OSError:  # already reset; the read loop ends it
+                pass
         waits = [t for t in (limits.header_timeout_s, limits.idle_timeout_s) if t > 0]
         super().__init__(sock, transport, min(waits) if waits else 0.0, limits.header_timeout_s)
         self._handlers = handlers
@@ -108,6 +153,11 @@ class Connection(FrameIO):
                     self.dispatch(op, rid, meta, payload_len)
                 except ProtocolError as exc:
                     self.reply_error(rid, exc)
+                    return
+                except EndConnection as end:
+                    log.info("closing a %s connection: %s", self.transport, end.error.message)
+                    self.reply_error(rid, end.error)
+                    self.shutdown_politely()
                     return
         except RecvTimeout as exc:
             self._timed_out(exc)
@@ -177,10 +227,13 @@ class Connection(FrameIO):
         Raises:
             ProtocolError: an unknown op, a bad frame or descriptors where none
                 belong (the connection is then closed).
+            EndConnection: an op before AUTH, a failed AUTH, or the key was
+                revoked (the connection is then closed).
         """
         tp = p.REQUEST_TYPES.get(op)
         if tp is None:
             raise ProtocolError(f"unknown op {op}")
+        self._check_principal(op)
         if self.fds_in and op != p.Op.REGISTER:
             self.close_fds_in()
             raise ProtocolError("file descriptors are accepted only with REGISTER")
@@ -190,6 +243,9 @@ class Connection(FrameIO):
             return
         if payload_len:
             raise ProtocolError(f"op {op} carries no payload")
+        if op == p.Op.AUTH:
+            self._authenticate(rid, req)
+            return
         # every request is counted until it is done (inline ones too): a region lent
         # to this client is reused only when nothing of its process is running, and
         # a connection with a request in flight is not idle
@@ -202,6 +258,47 @@ class Connection(FrameIO):
                 raise
         else:
             self._run_counted(op, rid, req)
+
+    def _check_principal(self, op: int) -> None:
+        """Refuse an op the connection may not send now.
+
+        Raises:
+            EndConnection: an op other than HELLO/AUTH before AUTH
+                (``AccessDenied``); any op once the key is no longer valid
+                (``InvalidAccessKeyId``).
+        """
+        principal = self.principal
+        if principal is None:
+            if op not in _OPEN_OPS:
+                self.close_fds_in()
+                raise EndConnection(AccessDenied(
+                    "this connection has not authenticated: send AUTH after HELLO "
+                    "(docs/wire-protocol.md, Authentication)"))
+            return
+        try:
+            valid = self._auth.still_valid(principal)
+        except GpufeedError as exc:  # the key's stored secret does not open
+            raise EndConnection(exc) from exc
+        if not valid:
+            self.close_fds_in()
+            raise EndConnection(InvalidAccessKeyId(
+                "The access key Id of this connection is no longer valid (revoked)."))
+
+    def _authenticate(self, rid: int, req: p.Auth) -> None:
+        """Serve AUTH: check the proof, remember who the connection is, reply.
+
+        Raises:
+            EndConnection: a second AUTH, or the proof fails (bad nonce,
+                unknown or revoked key, wrong secret).
+        """
+        if self.principal is not None:
+            raise EndConnection(ProtocolError("this connection has authenticated already"))
+        try:
+            principal, reply = self._auth.authenticate(self.transport, self.server_nonce, req)
+        except GpufeedError as exc:
+            raise EndConnection(exc) from exc
+        self.principal = principal
+        self.reply(p.Op.AUTH, rid, reply)
 
     def _count(self, delta: int) -> None:
         """A request started (+1) or ended (-1)."""

@@ -8,6 +8,12 @@ the region lending) and sends one reply; none keeps state of its own (spec:
   client's mapped region, so data crosses from the file to the application's
   memory in one copy and no socket carries it; writes go the other way from the
   mapped region. Large reads are split across threads.
+
+Every op on a bucket or object first asks :meth:`Engine.authorize` as the
+connection's tenant, with S3's action names (:data:`READ`, ...), before the
+engine is asked anything else, so a refusal reveals nothing of what the bucket
+holds; LIST_BUCKETS lists the tenant's own buckets and CREATE_BUCKET makes the
+bucket the tenant's.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import os
 
 from ..engine import Engine, ObjectHandle, ObjectInfo
-from ..errors import GpufeedError, InvalidArgument, InvalidRange, ProtocolError
+from ..errors import AccessDenied, GpufeedError, InvalidArgument, InvalidRange, ProtocolError
 from ..store import OffsetByteRequest, RangeByteRequest, resolve_range
 from . import protocol as p
 from ._conn import Connection, Handler
@@ -31,6 +37,16 @@ GETV_PARALLEL_BYTES = 4 << 20  # 4 MiB
 DIGEST_TASK_BYTES = 4 << 20  # 4 MiB
 #: Bytes a region PUT hands the engine per write.
 PUT_STEP_BYTES = 64 << 20  # 64 MiB
+
+#: S3 action names each op is authorized as (a version named: the ``Version`` form,
+#: as S3 asks for ``GetObjectVersion`` / ``DeleteObjectVersion``). BUCKET_STATS
+#: reveals what a listing reveals (object count and bytes): ``s3:ListBucket``.
+READ, READ_VERSION = "s3:GetObject", "s3:GetObjectVersion"
+WRITE = "s3:PutObject"
+DELETE, DELETE_VERSION = "s3:DeleteObject", "s3:DeleteObjectVersion"
+BYPASS_GOVERNANCE = "s3:BypassGovernanceRetention"
+LIST = "s3:ListBucket"
+DELETE_BUCKET = "s3:DeleteBucket"
 
 
 class Ops:
@@ -72,9 +88,24 @@ class Ops:
     # --- session and memory --------------------------------------------------------
     def hello(self, conn: Connection, rid: int, req: p.Hello) -> None:
         """Name the server, its protocol version, transport and optional features."""
-        features = ["alloc_region", "map", "versions"] if conn.transport == "shm" else ["versions"]
+        features = ["alloc_region", "auth", "map", "versions"] if conn.transport == "shm" \
+            else ["auth", "versions"]
         conn.reply(p.Op.HELLO, rid, p.HelloReply(self.server_name, p.VERSION, conn.transport,
-                                                 features))
+                                                 features, conn.server_nonce))
+
+    def allow(self, conn: Connection, action: str, bucket: str, key: str | None = None, *,
+              prefix: str | None = None) -> None:
+        """Ask the engine whether the connection's tenant may do ``action``.
+
+        Raises:
+            NoSuchBucket: the bucket does not exist.
+            AccessDenied: it may not (the message names nothing).
+        """
+        who = conn.principal
+        if who is None:  # dispatch serves no such op before AUTH
+            raise AccessDenied("Access Denied")
+        self.engine.authorize(who.tenant, action, bucket, key, access_key=who.access_key,
+                              source_ip=conn.source_ip, prefix=prefix)
 
     def register(self, conn: Connection, rid: int, req: p.Register) -> None:
         """Map the memfd that came with the frame as a region (shm only)."""
@@ -110,6 +141,7 @@ class Ops:
     # --- objects -------------------------------------------------------------------
     def head(self, conn: Connection, rid: int, req: p.Head) -> None:
         """An object version's metadata (the current one unless the request names one)."""
+        self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
         conn.reply(p.Op.HEAD, rid, _meta(self.engine.head_object(req.bucket, req.key, req.version_id)))
 
     def map(self, conn: Connection, rid: int, req: p.Head) -> None:
@@ -120,6 +152,7 @@ class Ops:
         overwrites and deletes too."""
         if conn.transport != "shm":
             raise InvalidArgument("MAP needs the shm transport (a descriptor cannot cross TCP)")
+        self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
         info, fd = self.engine.open_object(req.bucket, req.key, req.version_id)
         try:
             conn.reply_with_fd(p.Op.MAP, rid, p.MapReply(info.size, info.etag), fd)
@@ -129,6 +162,7 @@ class Ops:
     def get(self, conn: Connection, rid: int, req: p.Get) -> None:
         """One range of an object version: sent by ``sendfile`` (TCP) or read into a
         region (shm)."""
+        self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
         h = self.engine.open_version(req.bucket, req.key, req.version_id)
         info, f = h.info, h
         try:
@@ -172,7 +206,8 @@ class Ops:
         is cut into whole pieces of about :data:`DIGEST_TASK_BYTES`)."""
         name = (item.bucket, item.key, item.version_id)
         f = batch.opened.get(name)
-        if f is None:  # acquired once for the whole batch
+        if f is None:  # authorized and acquired once for the whole batch
+            self.allow(conn, READ if item.version_id is None else READ_VERSION, item.bucket, item.key)
             f = batch.opened[name] = self.engine.open_version(*name)
         info = f.info
         start, n = _extent(item, info.size)
@@ -209,6 +244,7 @@ class Ops:
 
     def put_region(self, conn: Connection, rid: int, req: p.Put) -> None:
         """Store an object from bytes in a registered region (shm)."""
+        self.allow(conn, WRITE, req.bucket, req.key)
         src = conn.memory.region(req.region).view(req.region_offset, req.length)
         try:
             with self.engine.begin_put(req.bucket, req.key, etag="xxh3") as pending:
@@ -230,6 +266,7 @@ class Ops:
         if req.region != -1 or payload_len != req.length:
             raise ProtocolError(f"PUT length {req.length} != payload {payload_len}")
         try:
+            self.allow(conn, WRITE, req.bucket, req.key)
             pending = self.engine.begin_put(req.bucket, req.key, etag="xxh3")
         except GpufeedError as exc:
             # Drain the payload the client is sending anyway, so the stream stays
@@ -254,12 +291,16 @@ class Ops:
     def delete(self, conn: Connection, rid: int, req: p.Delete) -> None:
         """Delete an object, or one version of it (S3 DeleteObject); object lock
         refuses a protected version (``AccessDenied``)."""
+        self.allow(conn, DELETE if req.version_id is None else DELETE_VERSION, req.bucket, req.key)
+        if req.bypass_governance:
+            self.allow(conn, BYPASS_GOVERNANCE, req.bucket, req.key)
         res = self.engine.delete_object(req.bucket, req.key, req.version_id,
                                         bypass_governance=req.bypass_governance)
         conn.reply(p.Op.DELETE, rid, p.DeleteResult(res.version_id, res.delete_marker))
 
     def list_objects(self, conn: Connection, rid: int, req: p.List) -> None:
         """One page of a bucket's keys (S3 ListObjectsV2 semantics)."""
+        self.allow(conn, LIST, req.bucket, prefix=req.prefix)
         res = self.engine.list_objects(
             req.bucket, prefix=req.prefix, delimiter=req.delimiter, start_after=req.start_after,
             continuation_token=req.token, max_keys=req.max_keys)
@@ -269,22 +310,31 @@ class Ops:
 
     # --- buckets -------------------------------------------------------------------
     def create_bucket(self, conn: Connection, rid: int, req: p.BucketReq) -> None:
-        """Create a bucket (a KV bucket with capacity and TTL, or a plain one)."""
+        """Create a bucket (a KV bucket with capacity and TTL, or a plain one), owned
+        by the connection's tenant (another tenant's name: ``BucketAlreadyExists``)."""
+        who = conn.principal
+        if who is None:
+            raise AccessDenied("Access Denied")
         self.engine.create_bucket(req.bucket, kind=req.kind, capacity_bytes=req.capacity_bytes,
-                                  ttl_s=req.ttl_s)
+                                  ttl_s=req.ttl_s, owner=who.tenant)
         conn.reply(p.Op.CREATE_BUCKET, rid, p.Empty())
 
     def bucket_stats(self, conn: Connection, rid: int, req: p.BucketReq) -> None:
         """A bucket's counters."""
+        self.allow(conn, LIST, req.bucket)
         conn.reply(p.Op.BUCKET_STATS, rid, p.BucketStats(**self.engine.bucket_stats(req.bucket)))
 
     def list_buckets(self, conn: Connection, rid: int, req: p.Empty) -> None:
-        """Every bucket's name."""
+        """The names of the connection's tenant's buckets."""
+        who = conn.principal
+        if who is None:
+            raise AccessDenied("Access Denied")
         conn.reply(p.Op.LIST_BUCKETS, rid,
-                   p.BucketsReply([b.name for b in self.engine.list_buckets()]))
+                   p.BucketsReply([b.name for b in self.engine.list_buckets(owner=who.tenant)]))
 
     def delete_bucket(self, conn: Connection, rid: int, req: p.BucketReq) -> None:
         """Delete an empty bucket."""
+        self.allow(conn, DELETE_BUCKET, req.bucket)
         self.engine.delete_bucket(req.bucket)
         conn.reply(p.Op.DELETE_BUCKET, rid, p.Empty())
 

@@ -22,17 +22,24 @@ that keeps the earlier meaning, and a receiver ignores trailing fields it does
 not know (msgspec's array decoding does), so the version byte stays 1. A
 request whose added field an older node would ignore (an object version) is
 sent only to a node whose HELLO lists the feature (``"versions"``).
+
+A connection authenticates once, right after HELLO: the HELLO reply carries a
+fresh server nonce, the client answers with AUTH (its access key id, its own
+nonce and :func:`auth_proof`), and the server answers with its own proof. Every
+other op before that is refused (``AccessDenied``) and the connection closed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import struct
 from enum import IntEnum
 
 import msgspec
 
-from ..errors import GpufeedError, ProtocolError, error_from_code
+from ..errors import GpufeedError, InvalidArgument, ProtocolError, error_from_code
 
 __all__ = [
     "MAGIC", "VERSION", "HEADER", "HEADER_SIZE", "MAX_META", "Op", "REPLY", "ERROR_OP",
@@ -40,7 +47,8 @@ __all__ = [
     "Get", "GetV", "Put", "Delete", "DeleteResult", "FIRST_FORM_FIELDS", "error_from_reply",
     "List", "BucketReq", "Empty", "ObjectMeta", "GetReply", "GetVReply", "ListReply",
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
-    "close_fds", "ListEntry", "MapReply", "decode",
+    "close_fds", "ListEntry", "MapReply", "decode", "Auth", "AuthReply", "auth_key", "auth_proof",
+    "AUTH_LABEL", "NONCE_BYTES",
 ]
 
 MAGIC = b"GF"
@@ -60,6 +68,7 @@ class Op(IntEnum):
     UNREGISTER = 3
     ALLOC_REGION = 4  # shm only: an fd travels with the reply frame (SCM_RIGHTS)
     FORKED = 5  # shm: the client process forked; what it was lent so far is never reused
+    AUTH = 6  # prove the connection holds an access key's secret (after HELLO)
     HEAD = 10
     GET = 11
     GETV = 12
@@ -80,12 +89,35 @@ class Hello(msgspec.Struct, array_like=True, frozen=True):
 
 
 class HelloReply(msgspec.Struct, array_like=True, frozen=True):
-    """``features``: optional ops this server supports (``"alloc_region"``)."""
+    """``features``: optional ops this server supports (``"alloc_region"``,
+    ``"auth"``); ``nonce``: the connection's server nonce (:data:`NONCE_BYTES`
+    random bytes, the same in every HELLO reply of one connection; empty from
+    a node without ``"auth"``)."""
 
     server: str
     version: int
     transport: str  # "tcp" | "shm"
     features: list[str] = []
+    nonce: bytes = b""
+
+
+class Auth(msgspec.Struct, array_like=True, frozen=True):
+    """Authenticate the connection: ``access_key`` (id), the client's own
+    ``client_nonce`` (16 to 64 random bytes) and ``proof``, :func:`auth_proof`
+    with role ``"client"``."""
+
+    access_key: str
+    client_nonce: bytes
+    proof: bytes
+
+
+class AuthReply(msgspec.Struct, array_like=True, frozen=True):
+    """AUTH succeeded: the ``tenant`` the key acts for and the server's
+    ``proof`` (:func:`auth_proof` with role ``"server"``), which shows the
+    client that the node holds the secret too."""
+
+    tenant: str
+    proof: bytes
 
 
 class Register(msgspec.Struct, array_like=True, frozen=True):
@@ -317,14 +349,14 @@ REQUEST_TYPES: dict[int, type] = {
     Op.GET: Get, Op.GETV: GetV, Op.PUT: Put, Op.DELETE: Delete, Op.LIST: List,
     Op.CREATE_BUCKET: BucketReq, Op.LIST_BUCKETS: Empty, Op.DELETE_BUCKET: BucketReq,
     Op.BUCKET_STATS: BucketReq, Op.ALLOC_REGION: AllocRegion, Op.FORKED: Empty,
-    Op.MAP: Head,
+    Op.MAP: Head, Op.AUTH: Auth,
 }
 REPLY_TYPES: dict[int, type] = {
     Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
     Op.GET: GetReply, Op.GETV: GetVReply, Op.PUT: ObjectMeta, Op.DELETE: DeleteResult,
     Op.LIST: ListReply, Op.CREATE_BUCKET: Empty, Op.LIST_BUCKETS: BucketsReply,
     Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats, Op.ALLOC_REGION: AllocRegionReply,
-    Op.FORKED: Empty, Op.MAP: MapReply,
+    Op.FORKED: Empty, Op.MAP: MapReply, Op.AUTH: AuthReply,
 }
 
 #: Messages that gained trailing fields after their first form: type -> number
@@ -384,6 +416,59 @@ def error_from_reply(reply: ErrorReply) -> GpufeedError:
     if reply.delete_marker:
         err.details.update(delete_marker=True, version_id=reply.version_id)
     return err
+
+
+#: Label that starts every AUTH proof and the key derivation (domain separation).
+AUTH_LABEL = b"gpufeed-wire-auth/1"
+#: Bytes of the server nonce a HELLO reply carries.
+NONCE_BYTES = 32
+_LEN16 = struct.Struct("<H")
+
+
+def auth_key(secret: str) -> bytes:
+    """The key AUTH proofs are made with: HMAC-SHA256 keyed by the access key's
+    ``secret`` (UTF-8) over ``AUTH_LABEL + b" key"``, so no fast-path proof is an
+    HMAC keyed by the secret itself (nor by SigV4's ``"AWS4" + secret``).
+
+    Args:
+        secret: the secret access key.
+
+    Returns:
+        32 bytes.
+    """
+    return hmac.new(secret.encode(), AUTH_LABEL + b" key", hashlib.sha256).digest()
+
+
+def auth_proof(key: bytes, role: str, transport: str, access_key: str, server_nonce: bytes,
+               client_nonce: bytes) -> bytes:
+    """An AUTH proof (spec: ``docs/wire-protocol.md``, "Authentication").
+
+    HMAC-SHA256 keyed by :func:`auth_key` over the fields ``AUTH_LABEL``,
+    ``role``, ``transport``, ``access_key``, ``server_nonce``, ``client_nonce``,
+    each preceded by its length in bytes as a u16 LE (strings UTF-8).
+
+    Args:
+        key: :func:`auth_key` of the secret.
+        role: ``"client"`` (the AUTH request) or ``"server"`` (its reply).
+        transport: ``"tcp"`` or ``"shm"``: the transport the connection uses.
+        access_key: the access key id.
+        server_nonce: the nonce of the connection's HELLO reply.
+        client_nonce: the nonce of the AUTH request.
+
+    Returns:
+        32 bytes.
+
+    Raises:
+        InvalidArgument: a field longer than 65535 bytes.
+    """
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for field in (AUTH_LABEL, role.encode(), transport.encode(), access_key.encode(),
+                  server_nonce, client_nonce):
+        if len(field) > 0xFFFF:
+            raise InvalidArgument("an AUTH field is longer than 65535 bytes")
+        mac.update(_LEN16.pack(len(field)))
+        mac.update(field)
+    return mac.digest()
 
 
 def pack_header(op: int, meta_len: int, request_id: int, payload_len: int = 0) -> bytes:

@@ -14,7 +14,8 @@ connections and wires the parts together:
 
 Connections are capped (``NodeConfig.wire``: per node and per client, a client
 being a remote address on TCP and a process on shm); one past a cap gets a
-``SlowDown`` error frame (request id 0) and is closed at once.
+``SlowDown`` error frame (request id 0) and is closed at once. Each connection
+authenticates (:mod:`._auth`: AUTH after HELLO) before any other op is served.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from pathlib import Path
 
 from .._version import __version__
 from ..config import NodeConfig
-from ..engine import Engine
+from ..engine import Engine, KeyRing
 from ..errors import error_from_code
+from ._auth import Authenticator
 from ._conn import Connection
 from ._frames import FrameIO, set_send_timeout
 from ._lending import Lending
@@ -68,6 +70,7 @@ class WireServer:
                                client_bytes=config.wire.client_memory_bytes,
                                node_bytes=config.wire.node_memory_bytes)
         self.ops = Ops(engine, self.reader, self.lending, f"gpufeed/{__version__}")
+        self.auth = Authenticator(KeyRing(config.access_key, config.secret_key, engine))
         self._listeners: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._conns: dict[Connection, tuple] = {}  # -> its client (remote address or process)
@@ -95,7 +98,7 @@ class WireServer:
             self._remove_stale_socket(path)
             usock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             usock.bind(path)
-            os.chmod(path, 0o600)  # owner only: the fast path does not authenticate
+            os.chmod(path, 0o600)  # owner only, as well as AUTH: a second fence on the same host
             usock.listen(128)
             self.socket_path = path
             self._spawn_acceptor(usock, "shm")
@@ -155,7 +158,7 @@ class WireServer:
                 conn = Connection(sock, transport, handlers=self.ops.handlers,
                                   put_stream=self.ops.put_stream, pool=self.pool,
                                   lending=self.lending, on_close=self._forget,
-                                  limits=self.config.wire, peer=peer)
+                                  limits=self.config.wire, peer=peer, authenticator=self.auth)
             except BaseException:
                 self._release(key)
                 sock.close()

@@ -20,6 +20,7 @@ import numpy as np
 from ...config import host_memory_bytes
 from ...errors import InvalidArgument, TransportError
 from ...wire import protocol as p
+from .._auth import Credentials, authenticate
 from .._conn import Connection
 from .base import Transport, TransportOptions
 
@@ -77,15 +78,31 @@ class PooledTransport(Transport):
         self._retire: list = []      # regions over the idle cap, to release
         self.max_idle_bytes = options.max_idle_bytes
         self._exec: ThreadPoolExecutor | None = None
+        #: the key every connection proves (kept for connections opened later)
+        self.credentials: Credentials = options.credentials
+        self._allow_unauthenticated = options.allow_unauthenticated
         try:
             for _ in range(options.connections or self.default_connections):
                 conn = Connection(self._open_socket(address, options.timeout_s),
                                   self.passes_fds, options.request_timeout_s)
                 self.conns.append(conn)
-                self.features = set(conn.call(p.Op.HELLO, p.Hello("gpufeed-python")).features)
+                self.features = self.handshake(conn)
         except BaseException:
             self.close()
             raise
+
+    def handshake(self, conn: Connection) -> set[str]:
+        """HELLO, then AUTH, on a new connection; returns the node's features.
+
+        Raises:
+            TransportError: the node does not authenticate (and that was not
+                allowed), or failed to prove it holds the secret.
+            InvalidAccessKeyId, SignatureDoesNotMatch: the node refused the key.
+        """
+        hello = conn.call(p.Op.HELLO, p.Hello("gpufeed-python"))
+        self.tenant = authenticate(conn, hello, self.credentials, self.name,
+                                   allow_unauthenticated=self._allow_unauthenticated)
+        return set(hello.features)
 
     # --- connections -------------------------------------------------------------------
     def _open_socket(self, address, timeout_s: float) -> socket.socket:

@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from ..._memory import map_file_private, populate_range, prefetch_range
 from ...errors import GpufeedError, InternalError, InvalidArgument, InvalidRange, TransportError
 from ...wire import protocol as p
+from .._auth import Credentials, authenticate
 from .._conn import Connection, connect_unix
 from .._region import Region, StagingPool, address_of
 from .._types import ReadRequest, then
@@ -29,20 +30,23 @@ from .base import TransportOptions
 __all__ = ["ShmTransport"]
 
 #: Node addresses (socket paths) whose closed transports left lent memory in use
-#: in this process: the node keeps it until this process exits, so a fork must be
-#: reported there (a child may map it) on a connection of its own.
-_CLOSED_WITH_LENT: set[str] = set()
+#: in this process, with the key to authenticate with: the node keeps that memory
+#: until this process exits, so a fork must be reported there (a child may map
+#: it) on a connection of its own.
+_CLOSED_WITH_LENT: dict[str, tuple[Credentials, bool]] = {}
 
 #: Open transports whose node lends memory: told about every fork in this process.
 _OPEN_LENDING: "weakref.WeakSet[ShmTransport]" = weakref.WeakSet()
 
 
 def _report_fork_after_close() -> None:
-    for address in list(_CLOSED_WITH_LENT):
+    for address, (creds, allow_unauthenticated) in list(_CLOSED_WITH_LENT.items()):
         try:
             conn = Connection(connect_unix(address, 5.0), True, 5.0)
             try:
-                conn.call(p.Op.HELLO, p.Hello("gpufeed-python"))
+                hello = conn.call(p.Op.HELLO, p.Hello("gpufeed-python"))
+                authenticate(conn, hello, creds, ShmTransport.name,
+                             allow_unauthenticated=allow_unauthenticated)
                 conn.call(p.Op.FORKED, p.Empty())
             finally:
                 conn.close()
@@ -357,4 +361,4 @@ class ShmTransport(PooledTransport):
                 pass
 
     def _kept_after_close(self) -> None:
-        _CLOSED_WITH_LENT.add(self.address)
+        _CLOSED_WITH_LENT[self.address] = (self.credentials, self._allow_unauthenticated)

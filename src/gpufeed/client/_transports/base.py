@@ -20,9 +20,10 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...errors import InvalidArgument
+from .._auth import Credentials, resolve_credentials
 from .._types import ReadRequest
 
 __all__ = ["Transport", "TransportOptions"]
@@ -42,6 +43,10 @@ class TransportOptions:
             reach directly (shm).
         slot_bytes: bytes of one staging slot (shm).
         max_idle_bytes: bytes of :meth:`Transport.alloc` memory kept for reuse.
+        credentials: the key each connection proves (AUTH); default: resolved
+            from the environment (:func:`~gpufeed.client._auth.resolve_credentials`).
+        allow_unauthenticated: talk to a node that does not authenticate
+            (no ``"auth"`` in its HELLO) instead of refusing it.
     """
 
     connections: int | None = None
@@ -50,6 +55,8 @@ class TransportOptions:
     staging_bytes: int = 64 << 20  # 64 MiB
     slot_bytes: int = 4 << 20  # 4 MiB
     max_idle_bytes: int = 4 << 30  # 4 GiB
+    credentials: Credentials = field(default_factory=resolve_credentials)
+    allow_unauthenticated: bool = False
 
 
 class Transport(ABC):
@@ -70,6 +77,8 @@ class Transport(ABC):
     name: str = ""
     regions_reused: int = 0
     max_idle_bytes: int = 0
+    #: the tenant the node says the key acts for (``None``: the node does not authenticate)
+    tenant: str | None = None
 
     @abstractmethod
     def __init__(self, address, options: TransportOptions) -> None:
