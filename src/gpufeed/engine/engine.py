@@ -179,6 +179,11 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         self._files.open_files.close()
         os.close(self._lock_fd)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run (every call then fails)."""
+        return self._closed
+
     def __enter__(self) -> "Engine":
         return self
 

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiohttp import web
 
+from .._metrics import NodeMetrics
 from ..config import NodeConfig
 from ..engine import Engine
-from ..errors import GpufeedError, InternalError, NotModified, SignatureDoesNotMatch
+from ..errors import GpufeedError, InternalError, MethodNotAllowed, NotModified, SignatureDoesNotMatch
 from . import (
     _acl,
     _attributes,
@@ -47,10 +49,12 @@ from ._auth import AuthResult, verify_request
 from ._context import MAX_XML, HandlerTable, S3Request, Services
 from ._features import check_request_headers
 from ._headers import quote_etag
+from ._health import HEALTH_PATH, health_report, health_response
 from ._router import BucketEndpoint, CreateBucket, Endpoint, PostObject, Target, parse_target, route
 from ._server import (
     AUTH,
     ERROR_CODE,
+    OP,
     REQUEST_ID,
     TARGET,
     ConnectionLimits,
@@ -112,7 +116,25 @@ class S3Front(Services):
     Args:
         engine: the storage engine (synchronous, thread-safe).
         config: node settings (credentials, region, io threads, size limit).
+        started_s: Unix time the node started, seconds (for the health answer's
+            uptime); ``None``: now.
     """
+
+    def __init__(self, engine: Engine, config: NodeConfig, started_s: float | None = None) -> None:
+        super().__init__(engine, config)
+        self.started_s = time.time() if started_s is None else started_s
+
+    async def _health(self, request: web.BaseRequest) -> web.Response:
+        """``GET``/``HEAD`` :data:`HEALTH_PATH`, unauthenticated (see :mod:`._health`).
+
+        Raises:
+            MethodNotAllowed: any other method.
+        """
+        request[OP] = "Health"
+        if request.method not in ("GET", "HEAD"):
+            raise MethodNotAllowed(f"{request.method} is not allowed on {HEALTH_PATH}")
+        status, body = await self.call(health_report, self.engine, self.started_s)
+        return health_response(request.method, status, body)
 
     def _target(self, request: web.BaseRequest) -> Target:
         target = request.get(TARGET)
@@ -201,12 +223,16 @@ class S3Front(Services):
         request[REQUEST_ID] = request_id
         target = self._target(request)
         try:
+            if target.path == HEALTH_PATH:  # before authentication: probes do not sign
+                return await self._health(request)
             await self._find_cors(request, target)
             auth = request.get(AUTH) or self._verify(request, target)
             request[AUTH] = auth
             if target.path.startswith(ADMIN_PREFIX):
+                request[OP] = "Admin"
                 return await handle_admin(self, request, target, auth)
             endpoint = route(target)
+            request[OP] = type(endpoint).__name__
             self._authorize(auth, endpoint)
             check_request_headers(request.headers)
             handler = HANDLERS[type(endpoint)]
@@ -251,20 +277,21 @@ async def _add_common_headers(request: web.BaseRequest, response: web.StreamResp
         protocol.response_started(request, response)
 
 
-def make_app(engine: Engine, config: NodeConfig) -> web.Application:
+def make_app(engine: Engine, config: NodeConfig, metrics: NodeMetrics | None = None) -> web.Application:
     """Build the aiohttp application of the S3 endpoint.
 
     Args:
         engine: the node's storage engine.
         config: node settings; ``access_key``/``secret_key``/``region`` are the
             SigV4 credentials accepted, ``io_threads`` sizes the worker pool.
+        metrics: the node's metrics (their start time is the health answer's); ``None``: none.
 
     Returns:
         An application with one catch-all route; its worker pool is shut down
         on cleanup (the engine is not closed: it belongs to the caller).
     """
     app = web.Application(client_max_size=MAX_XML, handler_args=_HANDLER_ARGS)
-    front = S3Front(engine, config)
+    front = S3Front(engine, config, metrics.started_s if metrics is not None else None)
     app[_FRONT_KEY] = front
     app.router.add_route("*", "/{tail:[\\s\\S]*}", front.handle,  # keys may hold newlines
                          expect_handler=front.expect)
@@ -277,11 +304,14 @@ def make_app(engine: Engine, config: NodeConfig) -> web.Application:
     return app
 
 
-async def start_s3(engine: Engine, config: NodeConfig) -> tuple[web.AppRunner, int]:
+async def start_s3(engine: Engine, config: NodeConfig,
+                   metrics: NodeMetrics | None = None) -> tuple[web.AppRunner, int]:
     """Serve the S3 endpoint on ``config.host:config.s3_port`` (0 picks a free port).
 
     Connections get the header and body timeouts, the per-address cap and the
-    access log of ``config`` (see :mod:`gpufeed.s3._server`).
+    access log of ``config`` (see :mod:`gpufeed.s3._server`); every request is
+    counted in ``metrics`` when given, and the port's open connections are
+    reported to it at scrape time.
 
     Returns:
         ``(runner, port)``: call ``await runner.cleanup()`` to stop (it also
@@ -290,7 +320,7 @@ async def start_s3(engine: Engine, config: NodeConfig) -> tuple[web.AppRunner, i
     Raises:
         OSError: the port is taken, or the access log file cannot be opened.
     """
-    app = make_app(engine, config)
+    app = make_app(engine, config, metrics)
     access_log = AccessLog(config.access_log)
 
     async def _close_log(_app: web.Application) -> None:
@@ -299,7 +329,9 @@ async def start_s3(engine: Engine, config: NodeConfig) -> tuple[web.AppRunner, i
     app.on_cleanup.append(_close_log)
     policy = ConnectionPolicy(
         header_timeout_s=config.s3_header_timeout_s, body_timeout_s=config.s3_body_timeout_s,
-        limits=ConnectionLimits(config.s3_max_connections_per_address), access_log=access_log)
+        limits=ConnectionLimits(config.s3_max_connections_per_address), access_log=access_log, metrics=metrics)
+    if metrics is not None:
+        metrics.count_connections("s3", policy.limits.total)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
     site = S3Site(runner, config.host, config.s3_port, policy=policy, backlog=1024, handler_args={

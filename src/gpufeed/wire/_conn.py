@@ -18,11 +18,13 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
+from .._metrics import NodeMetrics
 from ..config import WireLimits
 from ..errors import GpufeedError, InternalError, NoSuchKey, ProtocolError, error_from_code
 from . import protocol as p
-from ._frames import FrameIO, RecvTimeout
+from ._frames import RecvTimeout
 from ._lending import Lending
+from ._metered import MeteredReplies
 from ._regions import peer_process
 
 __all__ = ["Connection", "Handler", "StreamHandler"]
@@ -44,7 +46,7 @@ Handler = Callable[["Connection", int, Any], None]
 StreamHandler = Callable[["Connection", int, p.Put, int], None]
 
 
-class Connection(FrameIO):
+class Connection(MeteredReplies):
     """One client connection (TCP or Unix), served by its own reader thread.
 
     Args:
@@ -58,15 +60,17 @@ class Connection(FrameIO):
         limits: frame size and timeouts (defaults: :class:`WireLimits`'s).
         peer: ``(pid, pidfd)`` of the shm client (:func:`peer_process`), when the
             caller has it already.
+        metrics: where each request is counted (:class:`MeteredReplies`); ``None`` counts nothing.
     """
 
     def __init__(self, sock: socket.socket, transport: str, *, handlers: Mapping[int, Handler],
                  put_stream: StreamHandler, pool: Executor, lending: Lending,
                  on_close: Callable[["Connection"], None], limits: WireLimits | None = None,
-                 peer: tuple[int, int | None] | None = None) -> None:
+                 peer: tuple[int, int | None] | None = None, metrics: NodeMetrics | None = None) -> None:
         self.limits = limits = limits or WireLimits()
         waits = [t for t in (limits.header_timeout_s, limits.idle_timeout_s) if t > 0]
         super().__init__(sock, transport, min(waits) if waits else 0.0, limits.header_timeout_s)
+        self.metrics = metrics
         self._handlers = handlers
         self._put_stream = put_stream
         self._pool = pool
@@ -185,6 +189,7 @@ class Connection(FrameIO):
             self.close_fds_in()
             raise ProtocolError("file descriptors are accepted only with REGISTER")
         req = p.decode(tp, meta)
+        self.request_begun(op, rid)
         if op == p.Op.PUT and req.region == -1:
             self._put_stream(self, rid, req, payload_len)
             return
