@@ -58,7 +58,7 @@ USAGE_CACHE_S = 5.0
 def _usage_families(engine: Engine, tenant_labels: bool) -> list[Metric]:
     """One pass over every tenant's usage."""
     stats = [engine.tenant_stats(t.name) for t in engine.list_tenants()]
-    out = [gauge("gpufeed_tenants", "Tenants.", len(stats))]
+    out: list[Metric] = [gauge("gpufeed_tenants", "Tenants.", len(stats))]
     for field, name in (("buckets", "buckets"), ("objects", "objects"), ("bytes", "stored_bytes")):
         out.append(gauge(f"gpufeed_{name}", f"Current {field} over every tenant.",
                          sum(s[field] for s in stats)))

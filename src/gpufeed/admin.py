@@ -1,4 +1,4 @@
-"""Administering tenants and access keys, on a running node or a stopped one.
+"""Administering tenants, access keys and buckets, on a running node or a stopped one.
 
 :class:`RemoteAdmin` calls a running node's admin API over its S3 port
 (:mod:`gpufeed.s3._admin`), signing each request with SigV4 (botocore) and
@@ -56,6 +56,11 @@ class Admin:
 
     def key_revoke(self, access_key: str) -> dict:
         """Revoke a key: ``{}``."""
+        raise NotImplementedError
+
+    def bucket_stats(self, bucket: str) -> dict:
+        """A bucket's counters, owner, versioning and object lock
+        (:func:`gpufeed.s3._admin.bucket_report`); NoSuchBucket when absent."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -125,6 +130,9 @@ class RemoteAdmin(Admin):
     def key_revoke(self, access_key: str) -> dict:
         return self._call("DELETE", f"keys/{urllib.parse.quote(access_key, safe='')}")
 
+    def bucket_stats(self, bucket: str) -> dict:
+        return self._call("GET", f"buckets/{urllib.parse.quote(bucket, safe='')}/stats")
+
 
 class LocalAdmin(Admin):
     """The data folder of a stopped node, opened directly.
@@ -166,6 +174,11 @@ class LocalAdmin(Admin):
     def key_revoke(self, access_key: str) -> dict:
         self._engine.revoke_access_key(access_key)
         return {}
+
+    def bucket_stats(self, bucket: str) -> dict:
+        from .s3._admin import bucket_report
+
+        return bucket_report(self._engine, bucket)
 
     def close(self) -> None:
         self._engine.close()

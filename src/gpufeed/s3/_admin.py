@@ -15,6 +15,7 @@ DELETE ``tenants/NAME``                         ``{}``
 POST   ``tenants/NAME/keys``                    ``{"access_key", "secret_key", "tenant"}``
 GET    ``keys`` (``?tenant=NAME``)              ``{"keys": [{"access_key", "tenant", "created", "revoked"}]}``
 DELETE ``keys/ACCESS_KEY``                      ``{}``
+GET    ``buckets/NAME/stats``                   :func:`bucket_report`
 ====== ======================================== =====================================
 
 Errors answer ``{"error": code, "message": text}`` with the error's status.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -32,10 +34,31 @@ from ._auth import AuthResult
 from ._context import Services
 from ._router import Target
 
-__all__ = ["ADMIN_PREFIX", "handle_admin"]
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+__all__ = ["ADMIN_PREFIX", "handle_admin", "bucket_report"]
 
 #: Every admin path starts with this.
 ADMIN_PREFIX = "/_gpufeed/admin/"
+
+
+def bucket_report(engine: Engine, name: str) -> dict:
+    """What ``gpufeed admin bucket stats`` shows: ``Engine.bucket_stats`` (``kind``,
+    ``capacity_bytes``, ``ttl_s``, ``bytes``, ``objects``, ``evictions``,
+    ``expirations``) plus ``name``, ``owner`` (its tenant), ``created`` (Unix
+    seconds), ``versioning`` (``""`` never enabled, ``"Enabled"``, ``"Suspended"``)
+    and ``object_lock`` (``{"enabled", "mode", "days", "years"}``: the default
+    retention, ``mode`` ``""`` for none).
+
+    Raises:
+        NoSuchBucket: it does not exist.
+    """
+    info = engine.head_bucket(name)
+    return {"name": name, "owner": engine.bucket_owner(name), "created": info.created,
+            **engine.bucket_stats(name), "versioning": info.versioning,
+            "object_lock": {"enabled": info.object_lock, "mode": info.lock_mode, "days": info.lock_days,
+                            "years": info.lock_years}}
 
 
 def _json(body: object, status: int = 200) -> web.Response:
@@ -87,6 +110,9 @@ async def _dispatch(s: Services, request: web.BaseRequest, target: Target) -> we
         case ["keys", access_key] if method == "DELETE":
             await s.call(e.revoke_access_key, access_key)
             return _json({})
-        case ["tenants"] | ["tenants", _] | ["tenants", _, "stats" | "keys"] | ["keys"] | ["keys", _]:
+        case ["buckets", name, "stats"] if method == "GET":
+            return _json(await s.call(bucket_report, e, name))
+        case (["tenants"] | ["tenants", _] | ["tenants", _, "stats" | "keys"] | ["keys"] | ["keys", _]
+              | ["buckets", _, "stats"]):
             raise MethodNotAllowed(f"{method} is not allowed on {target.path}")
     raise NoSuchKey(f"no admin call {target.path}")
