@@ -36,11 +36,14 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
+from itertools import accumulate
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 __all__ = ["NodeMetrics", "CachedSource", "gauge", "CONTENT_TYPE"]
 
@@ -91,22 +94,24 @@ class CachedSource:
 
 
 class _Sources(Collector):
-    """The registry's view of the scrape-time sources; a failing source is skipped."""
+    """The registry's view of the request tallies and the scrape-time sources;
+    a failing source is skipped."""
 
-    def __init__(self, sources: list[Source], connections: dict[str, Callable[[], int]]) -> None:
-        self._sources = sources
-        self._connections = connections
+    def __init__(self, metrics: "NodeMetrics") -> None:
+        self._m = metrics
 
     def collect(self) -> Iterator[Metric]:
+        m = self._m
+        yield from m._request_families()
         counts = []
-        for front, count in list(self._connections.items()):
+        for front, count in list(m._connections.items()):
             try:
                 counts.append(((front,), float(count())))
             except Exception:  # a front that has stopped
                 continue
         yield gauge("gpufeed_connections_open", "Open connections, by front.", labels=("front",),
                     samples=counts)
-        for source in list(self._sources):
+        for source in list(m._sources):
             try:
                 families = list(source())
             except Exception:  # a closed engine or server: leave its families out
@@ -122,7 +127,9 @@ class NodeMetrics:
             exported; the scrape-time source reads it.
 
     Thread-safe: :meth:`observe` is called from the S3 event loop and the fast
-    path's threads at once.
+    path's threads at once. Requests are tallied in plain integers under one
+    lock (about a microsecond a request) and turned into the counter and
+    histogram families only when scraped.
     """
 
     def __init__(self, *, tenant_labels: bool = True) -> None:
@@ -131,26 +138,17 @@ class NodeMetrics:
         #: Unix time the metrics (the node) started, seconds.
         self.started_s = time.time()
         r = self.registry
-        self.requests = Counter("gpufeed_requests", "Requests answered.", ["front", "op", "status", "code"],
-                                registry=r)
-        self.latency = Histogram("gpufeed_request_duration_seconds", "Time to answer a request, seconds.",
-                                 ["front", "op"], buckets=LATENCY_BUCKETS_S, registry=r)
-        self.received = Counter("gpufeed_received_bytes", "Request body bytes received (object data in).",
-                                ["front"], registry=r)
-        self.sent = Counter("gpufeed_sent_bytes", "Response body bytes sent (object data out).",
-                            ["front"], registry=r)
-        self.errors = Counter("gpufeed_errors", "Error answers, by error code.", ["front", "code"],
-                              registry=r)
         self.lifecycle_passes = Counter("gpufeed_lifecycle_passes", "Lifecycle worker passes.", ["result"],
                                         registry=r)
         self.lifecycle_actions = Counter("gpufeed_lifecycle_actions", "What lifecycle passes did.",
                                          ["action"], registry=r)
-        # label values -> (request counter, latency histogram, error counter or None)
-        self._children: dict[tuple[str, str, int, str], tuple] = {}
-        self._bytes: dict[str, tuple] = {}  # front -> (received, sent)
+        self._lock = threading.Lock()
+        # (front, op, status, code) -> [count, seconds summed, per-bucket counts (last: +Inf)]
+        self._tallies: dict[tuple[str, str, int, str], list] = {}
+        self._bytes: dict[str, list[int]] = {}  # front -> [received, sent]
         self._sources: list[Source] = []
         self._connections: dict[str, Callable[[], int]] = {}
-        self.registry.register(_Sources(self._sources, self._connections))
+        self.registry.register(_Sources(self))
 
     def observe(self, front: str, op: str, status: int, code: str | None, duration_s: float,
                 received: int = 0, sent: int = 0) -> None:
@@ -165,24 +163,53 @@ class NodeMetrics:
             received, sent: object/body bytes in and out, bytes.
         """
         key = (front, op, status, code or "OK")
-        children = self._children.get(key)
-        if children is None:
-            children = self._children.setdefault(key, (
-                self.requests.labels(front, op, str(status), key[3]),
-                self.latency.labels(front, op),
-                self.errors.labels(front, code) if code else None))
-        children[0].inc()
-        children[1].observe(duration_s)
-        if children[2] is not None:
-            children[2].inc()
-        if received or sent:
-            pair = self._bytes.get(front)
-            if pair is None:
-                pair = self._bytes.setdefault(front, (self.received.labels(front), self.sent.labels(front)))
-            if received:
-                pair[0].inc(received)
-            if sent:
-                pair[1].inc(sent)
+        slot = bisect_left(LATENCY_BUCKETS_S, duration_s)  # first bound >= duration ("le")
+        with self._lock:
+            tally = self._tallies.get(key)
+            if tally is None:
+                tally = self._tallies[key] = [0, 0.0, [0] * (len(LATENCY_BUCKETS_S) + 1)]
+            tally[0] += 1
+            tally[1] += duration_s
+            tally[2][slot] += 1
+            if received or sent:
+                pair = self._bytes.get(front)
+                if pair is None:
+                    pair = self._bytes[front] = [0, 0]
+                pair[0] += received
+                pair[1] += sent
+
+    def _request_families(self) -> list[Metric]:
+        """The tallies as ``requests``, ``errors``, ``request_duration_seconds`` and byte families."""
+        with self._lock:
+            tallies = [(k, t[0], t[1], list(t[2])) for k, t in self._tallies.items()]
+            moved = [(f, p[0], p[1]) for f, p in self._bytes.items()]
+        requests = CounterMetricFamily("gpufeed_requests", "Requests answered.",
+                                       labels=["front", "op", "status", "code"])
+        errors = CounterMetricFamily("gpufeed_errors", "Error answers, by error code.", labels=["front", "code"])
+        latency = HistogramMetricFamily("gpufeed_request_duration_seconds", "Time to answer a request, seconds.",
+                                        labels=["front", "op"])
+        received = CounterMetricFamily("gpufeed_received_bytes", "Request body bytes received (object data in).",
+                                       labels=["front"])
+        sent = CounterMetricFamily("gpufeed_sent_bytes", "Response body bytes sent (object data out).",
+                                   labels=["front"])
+        by_code: dict[tuple[str, str], int] = {}
+        by_op: dict[tuple[str, str], tuple[float, list[int]]] = {}
+        for (front, op, status, code), count, sum_s, slots in tallies:
+            requests.add_metric([front, op, str(status), code], count)
+            if code != "OK":
+                by_code[(front, code)] = by_code.get((front, code), 0) + count
+            total_s, acc = by_op.get((front, op), (0.0, [0] * len(slots)))
+            by_op[(front, op)] = (total_s + sum_s, [a + b for a, b in zip(acc, slots)])
+        for (front, code), count in by_code.items():
+            errors.add_metric([front, code], count)
+        for (front, op), (sum_s, slots) in by_op.items():
+            cumulative = list(accumulate(slots))
+            bounds = [*(floatToGoString(b) for b in LATENCY_BUCKETS_S), "+Inf"]
+            latency.add_metric([front, op], list(zip(bounds, cumulative)), sum_s)
+        for front, n_in, n_out in moved:
+            received.add_metric([front], n_in)
+            sent.add_metric([front], n_out)
+        return [requests, latency, received, sent, errors]
 
     def lifecycle_pass(self, done: dict[str, int] | None) -> None:
         """Count one lifecycle pass: ``done`` maps action -> count, ``None`` when it failed."""
