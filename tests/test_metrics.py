@@ -256,7 +256,8 @@ def test_admin_bucket_stats(mnode, s3):
     assert (r["name"], r["owner"], r["objects"], r["bytes"], r["versioning"]) == ("statbkt", "default", 1, 4,
                                                                                    "Enabled")
     assert r["object_lock"] == {"enabled": True, "mode": "", "days": 0, "years": 0}
-    assert r["kind"] == "standard" and r["created"] > 0
+    assert r["kind"] == "standard" and r["created"] > 0 and r["etag_policy"] == "md5"
+    assert r["quota"] == {"bytes": 0, "objects": 0}
     text = subprocess.run([*base, "statbkt"], capture_output=True, text=True, timeout=60, check=True).stdout
     assert "owner       default" in text and "object lock enabled" in text
     missing = subprocess.run([*base, "nosuchbkt", "--json"], capture_output=True, text=True, timeout=60)

@@ -9,6 +9,7 @@ import os
 
 import click
 
+from ._cli_types import SizeType
 from .admin import Admin, LocalAdmin, RemoteAdmin
 
 __all__ = ["admin"]
@@ -91,7 +92,46 @@ def tenant_delete(ctx, name, as_json) -> None:
 def tenant_stats(ctx, name, as_json) -> None:
     """Buckets, bytes and objects tenant NAME holds."""
     _run(ctx, lambda a: a.tenant_stats(name), as_json,
-         lambda r: f"{r['name']}: {r['buckets']} buckets, {r['objects']} objects, {r['bytes']} bytes")
+         lambda r: f"{r['name']}: {r['buckets']} buckets, {r['objects']} objects, {r['bytes']} bytes; "
+                   f"{_quota_line(r)}")
+
+
+def _quota_line(r: dict) -> str:
+    def limit(n: int) -> str:
+        return str(n) if n else "no limit"
+    return (f"stored {r['stored_bytes']} bytes in {r['stored_versions']} versions; quota "
+            f"{limit(r['quota_bytes'])} bytes, {limit(r['quota_objects'])} versions")
+
+
+@admin.group()
+def quota() -> None:
+    """Quotas: the most bytes and object versions a tenant (all its buckets) or one bucket holds."""
+
+
+SCOPE_ARGUMENT = click.argument("scope", type=click.Choice(["tenant", "bucket"]))
+
+
+@quota.command("set")
+@SCOPE_ARGUMENT
+@click.argument("name")
+@click.option("--bytes", "max_bytes", type=SizeType(), default=0, help="Most bytes (e.g. 10GiB); 0 = no limit.")
+@click.option("--objects", "max_objects", type=int, default=0, help="Most object versions; 0 = no limit.")
+@JSON_OPTION
+@click.pass_context
+def quota_set(ctx, scope, name, max_bytes, max_objects, as_json) -> None:
+    """Set the quota of tenant or bucket NAME (both limits 0 removes it)."""
+    _run(ctx, lambda a: a.quota_set(scope, name, max_bytes, max_objects), as_json,
+         lambda r: f"{r['scope']} {r['name']}: {_quota_line(r)}")
+
+
+@quota.command("show")
+@SCOPE_ARGUMENT
+@click.argument("name")
+@JSON_OPTION
+@click.pass_context
+def quota_show(ctx, scope, name, as_json) -> None:
+    """The quota of tenant or bucket NAME and what it holds now."""
+    _run(ctx, lambda a: a.quota_get(scope, name), as_json, lambda r: f"{r['scope']} {r['name']}: {_quota_line(r)}")
 
 
 @admin.group()
@@ -146,8 +186,10 @@ def _show_bucket(r: dict) -> str:
                                       if r["kind"] == "kv" else ""),
         f"objects     {r['objects']}",
         f"bytes       {r['bytes']}",
+        f"etag        {r.get('etag_policy', 'md5')}",
         f"versioning  {r['versioning'] or 'never enabled'}",
         f"object lock {'enabled' + retention if lock['enabled'] else 'off'}",
+        f"quota       {r['quota']['bytes'] or 'no'} bytes, {r['quota']['objects'] or 'no'} objects limit",
     ]
     if r["kind"] == "kv":
         lines.append(f"evictions   {r['evictions']}, expirations {r['expirations']}")

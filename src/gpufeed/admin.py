@@ -43,7 +43,8 @@ class Admin:
         raise NotImplementedError
 
     def tenant_stats(self, name: str) -> dict:
-        """``{"name", "buckets", "bytes", "objects"}``."""
+        """:meth:`gpufeed.engine.Engine.tenant_stats`: buckets, current objects and
+        their bytes, every stored version's bytes, and the quota."""
         raise NotImplementedError
 
     def key_create(self, tenant: str) -> dict:
@@ -56,6 +57,14 @@ class Admin:
 
     def key_revoke(self, access_key: str) -> dict:
         """Revoke a key: ``{}``."""
+        raise NotImplementedError
+
+    def quota_set(self, scope: str, name: str, max_bytes: int = 0, max_objects: int = 0) -> dict:
+        """Set a ``"tenant"`` or ``"bucket"`` quota (0 = no limit); answers as :meth:`quota_get`."""
+        raise NotImplementedError
+
+    def quota_get(self, scope: str, name: str) -> dict:
+        """``{"scope", "name", "quota_bytes", "quota_objects", "stored_bytes", "stored_versions"}``."""
         raise NotImplementedError
 
     def bucket_stats(self, bucket: str) -> dict:
@@ -130,6 +139,13 @@ class RemoteAdmin(Admin):
     def key_revoke(self, access_key: str) -> dict:
         return self._call("DELETE", f"keys/{urllib.parse.quote(access_key, safe='')}")
 
+    def quota_set(self, scope: str, name: str, max_bytes: int = 0, max_objects: int = 0) -> dict:
+        return self._call("PUT", f"quotas/{urllib.parse.quote(scope, safe='')}/{urllib.parse.quote(name, safe='')}",
+                          {"bytes": max_bytes, "objects": max_objects})
+
+    def quota_get(self, scope: str, name: str) -> dict:
+        return self._call("GET", f"quotas/{urllib.parse.quote(scope, safe='')}/{urllib.parse.quote(name, safe='')}")
+
     def bucket_stats(self, bucket: str) -> dict:
         return self._call("GET", f"buckets/{urllib.parse.quote(bucket, safe='')}/stats")
 
@@ -174,6 +190,13 @@ class LocalAdmin(Admin):
     def key_revoke(self, access_key: str) -> dict:
         self._engine.revoke_access_key(access_key)
         return {}
+
+    def quota_set(self, scope: str, name: str, max_bytes: int = 0, max_objects: int = 0) -> dict:
+        self._engine.set_quota(scope, name, max_bytes, max_objects)
+        return self._engine.quota(scope, name)
+
+    def quota_get(self, scope: str, name: str) -> dict:
+        return self._engine.quota(scope, name)
 
     def bucket_stats(self, bucket: str) -> dict:
         from .s3._admin import bucket_report

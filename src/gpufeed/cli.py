@@ -16,23 +16,10 @@ from pathlib import Path
 import click
 
 from ._cli_admin import admin
+from ._cli_types import SizeType
 from ._version import __version__
-from .config import parse_size
 
 __all__ = ["main", "SizeType"]
-
-
-class SizeType(click.ParamType):
-    name = "size"
-
-    def convert(self, value, param, ctx):
-        try:
-            size = value if isinstance(value, int) else parse_size(value)
-        except ValueError:
-            self.fail(f"{value!r} is not a size like 256MiB or 1GiB", param, ctx)
-        if size < 0:
-            self.fail(f"{value!r} is negative", param, ctx)
-        return size
 
 
 class _Group(click.Group):

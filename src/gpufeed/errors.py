@@ -22,6 +22,7 @@ Tree::
     │   └── NoSuchConfiguration  (its code names the configuration: NoSuchBucketPolicy, ...)
     ├── AccessError (PermissionError)
     │   ├── AccessDenied
+    │   ├── QuotaExceeded     (a write past a tenant's or bucket's quota)
     │   ├── InvalidAccessKeyId
     │   ├── SignatureDoesNotMatch
     │   ├── RequestExpired
@@ -103,6 +104,7 @@ __all__ = [
     "InvalidTenantName",
     "AccessError",
     "AccessDenied",
+    "QuotaExceeded",
     "InvalidAccessKeyId",
     "SignatureDoesNotMatch",
     "RequestExpired",
@@ -235,6 +237,11 @@ class AccessError(GpufeedError, PermissionError):
 
 class AccessDenied(AccessError):
     code, status = "AccessDenied", 403
+
+
+class QuotaExceeded(AccessError):
+    """The write would take a bucket or its tenant past its quota (bytes or object versions)."""
+    code, status = "QuotaExceeded", 403
 
 
 class InvalidAccessKeyId(AccessError):

@@ -13,9 +13,11 @@ from gpufeed.errors import (
     BucketAlreadyExists,
     BucketAlreadyOwnedByYou,
     InternalError,
+    InvalidArgument,
     InvalidTenantName,
     NoSuchAccessKey,
     NoSuchTenant,
+    QuotaExceeded,
     TenantAlreadyExists,
     TenantNotEmpty,
 )
@@ -101,3 +103,106 @@ def test_tenant_names_and_the_default_tenant(eng):
         eng.create_access_key("ghost")
     info, _ = eng.create_access_key("default")
     assert eng.lookup_access_key(info.access_key)[0] == "default"
+
+
+# -- quotas ------------------------------------------------------------------------
+
+def test_usage_counts_every_version_exactly(eng):
+    """The usage counters follow puts, overwrites, versions, markers and deletes."""
+    eng.create_bucket("counted")
+    eng.put_object("counted", "a", b"12345")
+    eng.put_object("counted", "a", b"123")  # replaces: 3 bytes, 1 version
+    assert eng.quota("bucket", "counted")["stored_bytes"] == 3
+    eng.put_bucket_versioning("counted", "Enabled")
+    v = eng.put_object("counted", "a", b"1234567")
+    eng.delete_object("counted", "a")  # a marker: no data
+    got = eng.quota("bucket", "counted")
+    assert (got["stored_bytes"], got["stored_versions"]) == (10, 2)
+    eng.delete_object("counted", "a", v.version_id)
+    got = eng.quota("bucket", "counted")
+    assert (got["stored_bytes"], got["stored_versions"]) == (3, 1)
+
+
+def test_bucket_quota_refuses_the_write_whole(eng):
+    """A put past the bucket's quota is QuotaExceeded and leaves nothing; deletes free room."""
+    eng.create_bucket("capped")
+    eng.set_quota("bucket", "capped", max_bytes=10, max_objects=2)
+    eng.put_object("capped", "a", b"123456")
+    with pytest.raises(QuotaExceeded):
+        eng.put_object("capped", "b", b"123456")
+    assert [o.key for o in eng.list_objects("capped").objects] == ["a"]
+    eng.put_object("capped", "a", b"1234567890")  # an overwrite replaces: 10 bytes
+    eng.put_object("capped", "c", b"")
+    with pytest.raises(QuotaExceeded):
+        eng.put_object("capped", "d", b"")  # third object
+    with pytest.raises(QuotaExceeded):
+        eng.copy_object("capped", "a", "capped", "e")
+    eng.delete_object("capped", "c")
+    eng.put_object("capped", "d", b"")
+    assert eng.quota("bucket", "capped")["stored_versions"] == 2
+    leftovers = [f for _, _, fs in os.walk(eng.data_dir / "tmp") for f in fs]
+    assert leftovers == []
+
+
+def test_tenant_quota_spans_its_buckets(eng):
+    eng.create_tenant("team")
+    eng.create_bucket("team-a", owner="team")
+    eng.create_bucket("team-b", owner="team")
+    eng.set_quota("tenant", "team", max_bytes=8)
+    eng.put_object("team-a", "x", b"12345")
+    with pytest.raises(QuotaExceeded):
+        eng.put_object("team-b", "y", b"12345")
+    up = eng.create_multipart_upload("team-b", "mp")
+    part = eng.upload_part("team-b", "mp", up.upload_id, 1, b"1234")
+    with pytest.raises(QuotaExceeded):
+        eng.complete_multipart_upload("team-b", "mp", up.upload_id, [(1, part.etag)])
+    assert eng.list_objects("team-b").objects == []
+    eng.put_object("team-b", "y", b"123")
+    stats = eng.tenant_stats("team")
+    assert (stats["stored_bytes"], stats["quota_bytes"]) == (8, 8)
+    eng.create_bucket("elsewhere")
+    eng.put_object("elsewhere", "z", b"x" * 100)  # the default tenant has no quota
+
+
+def test_quota_below_usage_and_bad_quotas_are_refused(eng):
+    eng.create_bucket("full")
+    eng.put_object("full", "a", b"x" * 100)
+    with pytest.raises(InvalidArgument, match="already holds"):
+        eng.set_quota("bucket", "full", max_bytes=50)
+    for bad in ({"max_bytes": -1}, {"max_objects": 1.5}, {"max_bytes": True}):
+        with pytest.raises(InvalidArgument):
+            eng.set_quota("bucket", "full", **bad)
+    with pytest.raises(InvalidArgument):
+        eng.set_quota("planet", "full", max_bytes=1)
+    with pytest.raises(NoSuchTenant):
+        eng.set_quota("tenant", "ghost", max_bytes=1)
+    assert eng.quota("bucket", "full")["quota_bytes"] == 0
+    eng.set_quota("bucket", "full", max_bytes=100)
+    eng.set_quota("bucket", "full")  # 0, 0: no limit again
+    eng.put_object("full", "b", b"x" * 1000)
+
+
+def test_usage_of_a_catalog_made_before_counters(tmp_path):
+    """A catalog from before usage counting gets its counters filled on open."""
+    import sqlite3
+
+    from gpufeed.engine._sqlite import SqliteCatalog
+
+    path = str(tmp_path / "catalog.sqlite3")
+    with sqlite3.connect(path) as db:
+        db.executescript("""
+CREATE TABLE buckets (name TEXT PRIMARY KEY, created REAL NOT NULL) WITHOUT ROWID;
+CREATE TABLE objects (bucket TEXT NOT NULL, key TEXT NOT NULL, size INTEGER NOT NULL, etag TEXT NOT NULL,
+    last_modified REAL NOT NULL, content_type TEXT NOT NULL, metadata TEXT NOT NULL, checksums TEXT NOT NULL,
+    blob_id TEXT NOT NULL, PRIMARY KEY (bucket, key)) WITHOUT ROWID;
+INSERT INTO buckets VALUES ('old', 7.0);
+INSERT INTO objects VALUES ('old', 'k1', 3, 'e', 5.0, 'text/plain', '', '', 'b1');
+INSERT INTO objects VALUES ('old', 'k2', 4, 'e', 5.0, 'text/plain', '', '', 'b2');
+PRAGMA user_version=3;
+""")
+    db.close()
+    c = SqliteCatalog(path, fsync=False)
+    try:
+        assert c.usage("old") == (7, 2)
+    finally:
+        c.close()

@@ -19,7 +19,14 @@ import pytest
 from botocore.exceptions import ClientError
 
 from gpufeed.admin import RemoteAdmin
-from gpufeed.errors import AccessError, InvalidTenantName, NoSuchAccessKey, TenantAlreadyExists, TenantNotEmpty
+from gpufeed.errors import (
+    AccessError,
+    InvalidArgument,
+    InvalidTenantName,
+    NoSuchAccessKey,
+    TenantAlreadyExists,
+    TenantNotEmpty,
+)
 from gpufeed.testing.node import start_node
 
 
@@ -138,7 +145,9 @@ def test_tenant_admin_errors(admin, two):
     with pytest.raises(TenantNotEmpty):
         admin.tenant_delete("alice")
     stats = admin.tenant_stats("alice")
-    assert stats == {"name": "alice", "buckets": 1, "bytes": len(b"alice's plan"), "objects": 1}
+    n = len(b"alice's plan")
+    assert stats == {"name": "alice", "buckets": 1, "bytes": n, "objects": 1, "stored_bytes": n,
+                     "stored_versions": 1, "quota_bytes": 0, "quota_objects": 0}
     names = [t["name"] for t in admin.tenant_list()["tenants"]]
     assert names == sorted(names) and {"alice", "bob", "default"} <= set(names)
 
@@ -165,6 +174,11 @@ def test_cli_against_a_running_node(tnode):
     _client(tnode, key).create_bucket(Bucket="dave-bucket")
     out = subprocess.run(base + ["tenant", "stats", "dave", "--json"], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["buckets"] == 1
+    out = subprocess.run(base + ["quota", "set", "bucket", "dave-bucket", "--bytes", "1MiB", "--json"],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["quota_bytes"] == 1 << 20
+    out = subprocess.run(base + ["quota", "show", "tenant", "dave"], capture_output=True, text=True, check=True)
+    assert "quota no limit bytes" in out.stdout
     bad = subprocess.run(base + ["tenant", "create", "Dave/../x"], capture_output=True, text=True)
     assert bad.returncode == 1 and "InvalidTenantName" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -188,3 +202,28 @@ def test_cli_on_a_stopped_node_and_a_node_that_is_down(tmp_path):
     down = subprocess.run([sys.executable, "-m", "gpufeed", "admin", "--url", node.s3_url, "tenant", "list"],
                           capture_output=True, text=True)
     assert down.returncode == 1 and "cannot reach the node" in down.stderr and "Traceback" not in down.stderr
+
+
+def test_quotas_through_the_admin_api_and_s3(tnode, admin):
+    """A tenant quota refuses the S3 put that would pass it (403 QuotaExceeded), whole."""
+    admin.tenant_create("quota-team")
+    key = admin.key_create("quota-team")
+    c = _client(tnode, key)
+    c.create_bucket(Bucket="quota-bucket")
+    got = admin.quota_set("tenant", "quota-team", max_bytes=1000, max_objects=3)
+    assert (got["quota_bytes"], got["quota_objects"], got["stored_bytes"]) == (1000, 3, 0)
+    c.put_object(Bucket="quota-bucket", Key="a", Body=b"x" * 600)
+    with pytest.raises(ClientError) as exc:
+        c.put_object(Bucket="quota-bucket", Key="b", Body=b"x" * 600)
+    assert _code(exc) == (403, "QuotaExceeded")
+    assert [o["Key"] for o in c.list_objects_v2(Bucket="quota-bucket")["Contents"]] == ["a"]
+    with pytest.raises(ClientError) as exc:
+        c.copy_object(Bucket="quota-bucket", Key="c", CopySource={"Bucket": "quota-bucket", "Key": "a"})
+    assert _code(exc) == (403, "QuotaExceeded")
+    with pytest.raises(InvalidArgument, match="already holds"):
+        admin.quota_set("tenant", "quota-team", max_bytes=100)
+    assert admin.tenant_stats("quota-team")["quota_bytes"] == 1000
+    c.delete_object(Bucket="quota-bucket", Key="a")
+    c.put_object(Bucket="quota-bucket", Key="b", Body=b"x" * 600)
+    assert admin.quota_get("bucket", "quota-bucket")["stored_bytes"] == 600
+

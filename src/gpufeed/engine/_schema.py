@@ -77,7 +77,9 @@ CREATE INDEX IF NOT EXISTS completed_uploads_by_blob ON completed_uploads (blob_
 CREATE INDEX IF NOT EXISTS completed_uploads_by_time ON completed_uploads (completed);
 """
 
-# Version 4: tenants and their access keys; bucket configuration documents S3
+# Version 4: tenants and their access keys; quotas, and usage counted by
+# triggers on every write of a version (REPLACE counts as a delete and an
+# insert: the writer runs with recursive_triggers on); bucket configuration documents S3
 # stores whole (CORS, bucket tagging, ...); and the versions of keys that are not current: noncurrent
 # versions and delete markers (``objects`` keeps each key's current version,
 # unless that is a delete marker, which is here with latest=1).
@@ -122,6 +124,35 @@ CREATE TABLE IF NOT EXISTS access_keys (
     revoked    REAL NOT NULL       -- Unix s of the revocation, 0 while valid
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS access_keys_by_tenant ON access_keys (tenant, created);
+CREATE TABLE IF NOT EXISTS quotas (
+    scope   TEXT NOT NULL,      -- 'tenant' | 'bucket'
+    name    TEXT NOT NULL,
+    bytes   INTEGER NOT NULL,   -- most bytes of object versions held; 0 = no limit
+    objects INTEGER NOT NULL,   -- most object versions held (delete markers not counted); 0 = no limit
+    PRIMARY KEY (scope, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS usage (
+    bucket  TEXT PRIMARY KEY,
+    bytes   INTEGER NOT NULL,   -- summed size of every version with data, current or not
+    objects INTEGER NOT NULL    -- how many such versions
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS usage_objects_insert AFTER INSERT ON objects BEGIN
+    INSERT INTO usage (bucket, bytes, objects) VALUES (new.bucket, new.size, 1)
+        ON CONFLICT (bucket) DO UPDATE SET bytes = bytes + new.size, objects = objects + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS usage_objects_delete AFTER DELETE ON objects BEGIN
+    UPDATE usage SET bytes = bytes - old.size, objects = objects - 1 WHERE bucket = old.bucket;
+END;
+CREATE TRIGGER IF NOT EXISTS usage_versions_insert AFTER INSERT ON versions WHEN new.delete_marker = 0 BEGIN
+    INSERT INTO usage (bucket, bytes, objects) VALUES (new.bucket, new.size, 1)
+        ON CONFLICT (bucket) DO UPDATE SET bytes = bytes + new.size, objects = objects + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS usage_versions_delete AFTER DELETE ON versions WHEN old.delete_marker = 0 BEGIN
+    UPDATE usage SET bytes = bytes - old.size, objects = objects - 1 WHERE bucket = old.bucket;
+END;
+INSERT OR REPLACE INTO usage (bucket, bytes, objects)
+    SELECT bucket, SUM(size), COUNT(*) FROM (SELECT bucket, size FROM objects
+        UNION ALL SELECT bucket, size FROM versions WHERE delete_marker = 0) GROUP BY bucket;
 """
 
 #: ``version -> SQL`` that takes a catalog of that version to the next one. A
@@ -157,6 +188,7 @@ _ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("buckets", "lock_days", "INTEGER NOT NULL DEFAULT 0"),
     ("buckets", "lock_years", "INTEGER NOT NULL DEFAULT 0"),
     ("buckets", "owner", "TEXT NOT NULL DEFAULT ''"),         # tenant name; '' = the default tenant
+    ("buckets", "etag_policy", "TEXT NOT NULL DEFAULT 'md5'"),  # 'md5' | 'fast' | 'none'
     ("uploads", "tags", "TEXT NOT NULL DEFAULT ''"),          # of the object the upload completes into
     ("uploads", "lock", "TEXT NOT NULL DEFAULT ''"),          # JSON [mode, until, legal_hold], '' for none
 )

@@ -30,7 +30,17 @@ from ..errors import InternalError, InvalidArgument
 from ._private import create_private_file
 from ._schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, add_columns
 from .catalog import Catalog, CatalogReader, CatalogWriter, CompletedUpload, LiveFiles, ObjectUse, PartRecord
-from .types import AccessKeyInfo, BucketInfo, LifecycleRule, ObjectInfo, PartInfo, Retention, TenantInfo, UploadInfo
+from .types import (
+    DEFAULT_TENANT,
+    AccessKeyInfo,
+    BucketInfo,
+    LifecycleRule,
+    ObjectInfo,
+    PartInfo,
+    Retention,
+    TenantInfo,
+    UploadInfo,
+)
 
 __all__ = ["SqliteCatalog", "SCHEMA_VERSION"]
 
@@ -39,7 +49,7 @@ _BUSY_TIMEOUT_S = 30.0
 
 
 _BUCKET_COLS = ("SELECT name, created, kind, capacity_bytes, ttl_s, versioning, object_lock, lock_mode,"
-                " lock_days, lock_years, owner FROM buckets")
+                " lock_days, lock_years, owner, etag_policy FROM buckets")
 #: The columns of a version after its key, in :meth:`_Reads._object_info` order.
 _VERSION_COLS = ("size, etag, last_modified, content_type, metadata, checksums, blob_id, headers,"
                  " version_id, seq, lock_mode, lock_until, legal_hold, tags")
@@ -82,8 +92,8 @@ def _no_path(blob_id: str) -> str:
 
 
 def _bucket(row) -> BucketInfo:
-    name, created, kind, cap, ttl, versioning, lock, mode, days, years, owner = row
-    return BucketInfo(name, created, kind, cap, ttl, versioning, bool(lock), mode, days, years, owner)
+    name, created, kind, cap, ttl, versioning, lock, mode, days, years, owner, etag_policy = row
+    return BucketInfo(name, created, kind, cap, ttl, versioning, bool(lock), mode, days, years, owner, etag_policy)
 
 
 def _lock_dumps(r: Retention) -> str:
@@ -252,6 +262,21 @@ class _Reads(CatalogReader):
         rows = self._conn().execute("SELECT bucket, rules FROM lifecycle ORDER BY bucket").fetchall()
         return {b: _rules_loads(r) for b, r in rows}
 
+    def quota(self, scope: str, name: str) -> tuple[int, int]:
+        rows = self._conn().execute("SELECT bytes, objects FROM quotas WHERE scope=? AND name=?",
+                                    (scope, name)).fetchall()
+        return (rows[0][0], rows[0][1]) if rows else (0, 0)
+
+    def usage(self, bucket: str) -> tuple[int, int]:
+        rows = self._conn().execute("SELECT bytes, objects FROM usage WHERE bucket=?", (bucket,)).fetchall()
+        return (rows[0][0], rows[0][1]) if rows else (0, 0)
+
+    def tenant_usage(self, tenant: str) -> tuple[int, int]:
+        owner = "" if tenant == DEFAULT_TENANT else tenant
+        return self._conn().execute(
+            "SELECT COALESCE(SUM(u.bytes), 0), COALESCE(SUM(u.objects), 0) FROM usage AS u"
+            " JOIN buckets AS b ON b.name = u.bucket WHERE b.owner=?", (owner,)).fetchone()
+
     def tenant(self, name: str) -> TenantInfo | None:
         rows = self._conn().execute("SELECT name, created FROM tenants WHERE name=?", (name,)).fetchall()
         return TenantInfo(*rows[0]) if rows else None
@@ -317,14 +342,22 @@ class _Writer(_View, CatalogWriter):
     def insert_bucket(self, info: BucketInfo) -> None:
         self._c.execute(
             "INSERT INTO buckets (name, created, kind, capacity_bytes, ttl_s, versioning, object_lock, lock_mode,"
-            " lock_days, lock_years, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " lock_days, lock_years, owner, etag_policy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (info.name, info.created, info.kind, info.capacity_bytes, info.ttl_s, info.versioning,
-             int(info.object_lock), info.lock_mode, info.lock_days, info.lock_years, info.owner))
+             int(info.object_lock), info.lock_mode, info.lock_days, info.lock_years, info.owner, info.etag_policy))
 
     def insert_tenant(self, info: TenantInfo) -> None:
         self._c.execute("INSERT INTO tenants (name, created) VALUES (?, ?)", (info.name, info.created))
 
+    def set_quota(self, scope: str, name: str, max_bytes: int, max_objects: int) -> None:
+        if max_bytes or max_objects:
+            self._c.execute("INSERT OR REPLACE INTO quotas (scope, name, bytes, objects) VALUES (?, ?, ?, ?)",
+                            (scope, name, max_bytes, max_objects))
+        else:
+            self._c.execute("DELETE FROM quotas WHERE scope=? AND name=?", (scope, name))
+
     def delete_tenant(self, name: str) -> None:
+        self._c.execute("DELETE FROM quotas WHERE scope='tenant' AND name=?", (name,))
         self._c.execute("DELETE FROM access_keys WHERE tenant=?", (name,))
         self._c.execute("DELETE FROM tenants WHERE name=?", (name,))
 
@@ -350,6 +383,8 @@ class _Writer(_View, CatalogWriter):
         self._c.execute("DELETE FROM buckets WHERE name=?", (name,))
         self._c.execute("DELETE FROM lifecycle WHERE bucket=?", (name,))
         self._c.execute("DELETE FROM bucket_configs WHERE bucket=?", (name,))
+        self._c.execute("DELETE FROM usage WHERE bucket=?", (name,))
+        self._c.execute("DELETE FROM quotas WHERE scope='bucket' AND name=?", (name,))
 
     def set_lifecycle(self, bucket: str, rules: list[LifecycleRule]) -> None:
         self._c.execute("INSERT OR REPLACE INTO lifecycle (bucket, rules) VALUES (?, ?)",
@@ -492,6 +527,7 @@ class SqliteCatalog(_Reads, Catalog):
                 raise InternalError(f"catalog {path}: cannot enable WAL (got {mode!r})")
             w.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
             w.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")
+            w.execute("PRAGMA recursive_triggers=ON")  # INSERT OR REPLACE fires the usage delete trigger
             version = w.execute("PRAGMA user_version").fetchone()[0]
             if not 0 <= version <= SCHEMA_VERSION:
                 raise InternalError(f"catalog {path} has schema version {version}, newer than this gpufeed's "

@@ -36,17 +36,22 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from ..errors import (
     AccessDenied,
     InternalError,
+    InvalidArgument,
     InvalidTenantName,
     NoSuchAccessKey,
     NoSuchTenant,
+    QuotaExceeded,
     TenantAlreadyExists,
     TenantNotEmpty,
 )
 from ._private import FILE_MODE
-from .catalog import Catalog, require_bucket
-from .types import DEFAULT_TENANT, AccessKeyInfo, TenantInfo
+from .catalog import Catalog, CatalogReader, require_bucket
+from .types import DEFAULT_TENANT, AccessKeyInfo, BucketInfo, TenantInfo
 
-__all__ = ["TenantAdmin", "MasterKey", "check_tenant_name", "owner_of"]
+__all__ = ["TenantAdmin", "MasterKey", "check_tenant_name", "owner_of", "check_quota", "QUOTA_SCOPES"]
+
+#: What a quota can bound: a tenant (all its buckets together) or one bucket.
+QUOTA_SCOPES = ("tenant", "bucket")
 
 _TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
@@ -67,6 +72,23 @@ def check_tenant_name(name: str) -> None:
 def owner_of(owner: str) -> str:
     """A bucket's stored owner as a tenant name (``""`` is the default tenant)."""
     return owner or DEFAULT_TENANT
+
+
+def check_quota(r: CatalogReader, b: BucketInfo) -> None:
+    """Refuse the write just made in bucket ``b`` (inside its transaction, so
+    raising rolls it back) when it took the bucket or its owner past a quota.
+
+    Raises:
+        QuotaExceeded: a quota's bytes or object versions are exceeded.
+    """
+    for scope, name, used in (("bucket", b.name, r.usage), ("tenant", owner_of(b.owner), r.tenant_usage)):
+        max_bytes, max_objects = r.quota(scope, name)
+        if not (max_bytes or max_objects):
+            continue
+        held_bytes, held_objects = used(name)
+        if (max_bytes and held_bytes > max_bytes) or (max_objects and held_objects > max_objects):
+            raise QuotaExceeded(f"the {scope}'s quota ({max_bytes or 'any'} bytes, {max_objects or 'any'} "
+                                "object versions) would be exceeded")
 
 
 class MasterKey:
@@ -180,8 +202,66 @@ class TenantAdmin:
         with self._cat.snapshot() as c:
             owned = [b.name for b in c.buckets() if owner_of(b.owner) == name]
             usage = [c.bucket_usage(b) for b in owned]
+            stored_bytes, stored_versions = c.tenant_usage(name)
+            quota_bytes, quota_objects = c.quota("tenant", name)
         return {"name": name, "buckets": len(owned), "bytes": sum(u[0] for u in usage),
-                "objects": sum(u[1] for u in usage)}
+                "objects": sum(u[1] for u in usage), "stored_bytes": stored_bytes,
+                "stored_versions": stored_versions, "quota_bytes": quota_bytes, "quota_objects": quota_objects}
+
+    def set_quota(self, scope: str, name: str, max_bytes: int = 0, max_objects: int = 0) -> None:
+        """Bound what a tenant (all its buckets) or one bucket holds: bytes and
+        object versions, current or not (delete markers not counted); 0 = no
+        limit. Enforced on every write that adds a version (put, copy,
+        multipart completion, fast-path put), which is refused whole with
+        ``QuotaExceeded``; deletes are always allowed.
+
+        Raises:
+            InvalidArgument: an unknown scope, a negative limit, or a limit below
+                what is held now (lower usage first).
+            NoSuchTenant, NoSuchBucket: no such tenant or bucket.
+        """
+        if scope not in QUOTA_SCOPES:
+            raise InvalidArgument(f"quota scope must be one of {QUOTA_SCOPES}, not {scope!r}")
+        for n in (max_bytes, max_objects):
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise InvalidArgument(f"a quota is an integer >= 0, not {n!r}")
+        with self._cat.write() as w:
+            if scope == "tenant":
+                if name != DEFAULT_TENANT and w.tenant(name) is None:
+                    raise NoSuchTenant(f"tenant {name!r} does not exist")
+                held_bytes, held_objects = w.tenant_usage(name)
+            else:
+                require_bucket(w, name)
+                held_bytes, held_objects = w.usage(name)
+            if (max_bytes and max_bytes < held_bytes) or (max_objects and max_objects < held_objects):
+                raise InvalidArgument(f"the {scope} {name!r} already holds {held_bytes} bytes in {held_objects} "
+                                      "object versions, more than the quota asked; delete first")
+            w.set_quota(scope, name, max_bytes, max_objects)
+
+    def quota(self, scope: str, name: str) -> dict:
+        """A quota and what it bounds now.
+
+        Returns:
+            ``{"scope", "name", "quota_bytes", "quota_objects", "stored_bytes",
+            "stored_versions"}`` (quotas 0 = no limit).
+
+        Raises:
+            InvalidArgument: an unknown scope.
+            NoSuchTenant, NoSuchBucket: no such tenant or bucket.
+        """
+        if scope not in QUOTA_SCOPES:
+            raise InvalidArgument(f"quota scope must be one of {QUOTA_SCOPES}, not {scope!r}")
+        with self._cat.snapshot() as c:
+            if scope == "tenant":
+                if name != DEFAULT_TENANT and c.tenant(name) is None:
+                    raise NoSuchTenant(f"tenant {name!r} does not exist")
+                held = c.tenant_usage(name)
+            else:
+                require_bucket(c, name)
+                held = c.usage(name)
+            q = c.quota(scope, name)
+        return {"scope": scope, "name": name, "quota_bytes": q[0], "quota_objects": q[1],
+                "stored_bytes": held[0], "stored_versions": held[1]}
 
     def delete_tenant(self, name: str) -> None:
         """Remove a tenant that owns no bucket, with all its keys (they stop working at once).

@@ -36,6 +36,7 @@ from ..errors import (
 from ._blobs import BlobFiles, copy_range, new_id, remove_quietly, write_all
 from ._kvpolicy import KVBucketPolicy
 from ._names import check_str_map
+from ._tenants import check_quota
 from ._versions import check_tags, place_version
 from .catalog import Catalog, CatalogWriter, require_bucket
 from .types import ObjectInfo, Retention
@@ -91,7 +92,7 @@ class WritePath:
             self._pool.shutdown(wait=True)
 
     def publish_object(
-        self, bucket: str, key: str, tmp: str, size: int, etag: str, *,
+        self, bucket: str, key: str, tmp: str, size: int, etag: str | None, *,
         content_type: str | None, metadata: dict[str, str] | None, checksums: dict[str, str] | None,
         headers: dict[str, str] | None = None, if_match: str | None = None,
         if_none_match: str | None = None, extra: Callable[[CatalogWriter, ObjectInfo], None] | None = None,
@@ -123,12 +124,14 @@ class WritePath:
             InvalidTag: tags over S3's limits.
             InvalidRequestError: lock settings in a bucket without object lock.
             AccessDenied: the version it would replace is protected by object lock.
+            QuotaExceeded: the bucket or its tenant would go past its quota.
         """
         for d in (metadata, checksums, headers):
             check_str_map(d)
         tags = check_tags(tags) if tags else {}
         blob_id = new_id()
         path = self.files.publish_blob(tmp, blob_id)
+        etag = etag if etag is not None else "n" + blob_id  # a bucket with ETag policy "none"
         info = ObjectInfo(bucket, key, size, etag, time.time(), content_type or _DEFAULT_TYPE,
                           dict(metadata or {}), dict(checksums or {}), blob_id, path, dict(headers or {}),
                           tags=tags)
@@ -144,6 +147,7 @@ class WritePath:
                                              old.size if old else 0)
                 info, freed = place_version(w, b, info, old, retention)
                 w.put_object(info)
+                check_quota(w, b)
         except BaseException:
             remove_quietly(path)
             raise

@@ -216,6 +216,19 @@ class CatalogReader(ABC):
 
     # tenants and access keys --------------------------------------------------
     @abstractmethod
+    def quota(self, scope: str, name: str) -> tuple[int, int]:
+        """``(max_bytes, max_objects)`` of a ``"tenant"`` or ``"bucket"``; 0 = no limit."""
+
+    @abstractmethod
+    def usage(self, bucket: str) -> tuple[int, int]:
+        """``(bytes, versions)`` a bucket holds: every version with data, current
+        or not (delete markers not counted), kept exact by every write."""
+
+    @abstractmethod
+    def tenant_usage(self, tenant: str) -> tuple[int, int]:
+        """:meth:`usage` summed over the buckets ``tenant`` owns."""
+
+    @abstractmethod
     def tenant(self, name: str) -> TenantInfo | None:
         """The tenant ``name``, or ``None``."""
 
@@ -271,7 +284,12 @@ class CatalogWriter(CatalogReader):
 
     @abstractmethod
     def delete_tenant(self, name: str) -> None:
-        """Remove a tenant and every access key of it (the caller checked it owns no bucket)."""
+        """Remove a tenant, its quota and every access key of it (the caller checked it owns no bucket)."""
+
+    @abstractmethod
+    def set_quota(self, scope: str, name: str, max_bytes: int, max_objects: int) -> None:
+        """Set the quota of a ``"tenant"`` or ``"bucket"`` (both 0: none). A
+        bucket's is removed with the bucket."""
 
     @abstractmethod
     def insert_access_key(self, info: AccessKeyInfo, sealed_secret: str) -> None:
@@ -295,8 +313,8 @@ class CatalogWriter(CatalogReader):
 
     @abstractmethod
     def delete_bucket(self, name: str) -> None:
-        """Remove a bucket row, its lifecycle configuration and its configuration
-        documents (the caller checked it is empty)."""
+        """Remove a bucket row, its lifecycle configuration, configuration
+        documents, usage and quota (the caller checked it is empty)."""
 
     @abstractmethod
     def set_lifecycle(self, bucket: str, rules: list[LifecycleRule]) -> None:

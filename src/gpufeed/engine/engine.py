@@ -86,6 +86,7 @@ from ._writes import PendingWrite, WritePath, check_hash_kind, feed
 from .catalog import Catalog, require_bucket
 from .types import (
     DEFAULT_TENANT,
+    ETAG_POLICIES,
     BucketInfo,
     LifecycleResult,
     LifecycleRule,
@@ -179,10 +180,7 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         self._files.open_files.close()
         os.close(self._lock_fd)
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` has run (every call then fails)."""
-        return self._closed
+    closed = property(lambda self: self._closed, doc="Whether :meth:`close` has run (every call then fails).")
 
     def __enter__(self) -> "Engine":
         return self
@@ -192,7 +190,8 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
 
     # buckets -----------------------------------------------------------
     def create_bucket(self, name: str, *, kind: str = "standard", capacity_bytes: int = 0,
-                      ttl_s: float = 0.0, object_lock: bool = False, owner: str = DEFAULT_TENANT) -> BucketInfo:
+                      ttl_s: float = 0.0, object_lock: bool = False, owner: str = DEFAULT_TENANT,
+                      etag_policy: str = "md5") -> BucketInfo:
         """Create a bucket.
 
         A ``"kv"`` bucket is a cache: a put never fails for lack of room.
@@ -215,6 +214,8 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
             object_lock: make the bucket with object lock (WORM; its versioning
                 is ``"Enabled"`` for good); standard buckets only.
             owner: the tenant that owns it.
+            etag_policy: how writes are hashed, fixed at creation
+                (:attr:`BucketInfo.etag_policy`: ``"md5"``, ``"fast"``, ``"none"``).
 
         Returns:
             The new bucket.
@@ -231,10 +232,12 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         capacity_bytes, ttl_s = check_policy(kind, capacity_bytes, ttl_s)
         if object_lock and kind != "standard":
             raise InvalidArgument("only standard buckets can have object lock")
+        if etag_policy not in ETAG_POLICIES:
+            raise InvalidArgument(f"etag policy must be one of {ETAG_POLICIES}, not {etag_policy!r}")
         check_tenant_name(owner)
         info = BucketInfo(name, time.time(), kind, capacity_bytes, ttl_s,
                           versioning="Enabled" if object_lock else "", object_lock=bool(object_lock),
-                          owner="" if owner == DEFAULT_TENANT else owner)
+                          owner="" if owner == DEFAULT_TENANT else owner, etag_policy=etag_policy)
         with self._cat.write() as w:
             if owner != DEFAULT_TENANT and w.tenant(owner) is None:
                 raise NoSuchTenant(f"tenant {owner!r} does not exist")
@@ -276,8 +279,8 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         """Counters of a bucket (first dropping expired objects of a kv bucket).
 
         Returns:
-            ``{"kind", "capacity_bytes", "ttl_s", "bytes", "objects", "evictions",
-            "expirations"}``: ``bytes``/``objects`` are the live object data;
+            ``{"kind", "capacity_bytes", "ttl_s", "etag_policy", "bytes", "objects",
+            "evictions", "expirations"}``: ``bytes``/``objects`` are the live object data;
             ``evictions``/``expirations`` count objects dropped for room / by TTL
             since this engine started (always 0 for standard buckets).
 
@@ -285,7 +288,8 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
             NoSuchBucket: it does not exist.
         """
         info = self.head_bucket(name)
-        out = {"kind": info.kind, "capacity_bytes": info.capacity_bytes, "ttl_s": info.ttl_s}
+        out = {"kind": info.kind, "capacity_bytes": info.capacity_bytes, "ttl_s": info.ttl_s,
+               "etag_policy": info.etag_policy}
         if info.kind != "kv":
             size, count = self._cat.bucket_usage(name)
             return out | {"bytes": size, "objects": count, "evictions": 0, "expirations": 0}
@@ -330,7 +334,9 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
             bucket: bucket name.
             key: object key.
             etag: ``"md5"`` (S3 compatible, ~0.6 GB/s of CPU) or ``"xxh3"``
-                (fast path; ETag ``x<hex xxh3-128>``, tens of GB/s).
+                (fast path; ETag ``x<hex xxh3-128>``, tens of GB/s). The
+                bucket's ETag policy overrides it: ``"fast"`` hashes with
+                xxh3, ``"none"`` not at all (ETag ``n<blob id>``).
 
         Returns:
             A :class:`PendingWrite`; nothing is visible until its ``commit()``.
@@ -342,12 +348,13 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         """
         check_key(key)
         check_hash_kind(etag)
-        require_bucket(self._cat, bucket)
+        policy = require_bucket(self._cat, bucket).etag_policy
+        kind: str | None = etag if policy == "md5" else "xxh3" if policy == "fast" else None
 
         def finish(pw, tmp, etag_value, md5_digest, **kw):
             return self._writes.publish_object(bucket, key, tmp, pw.size, etag_value, **kw)
 
-        return self._writes.begin(etag, finish)
+        return self._writes.begin(kind, finish)
 
     def put_object(
         self,

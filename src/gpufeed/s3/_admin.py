@@ -10,11 +10,14 @@ method path                                     answer (JSON)
 ====== ======================================== =====================================
 GET    ``tenants``                              ``{"tenants": [{"name", "created"}]}``
 POST   ``tenants`` ``{"name"}``                 the tenant
-GET    ``tenants/NAME/stats``                   ``{"name", "buckets", "bytes", "objects"}``
+GET    ``tenants/NAME/stats``                   :meth:`~gpufeed.engine.Engine.tenant_stats`
 DELETE ``tenants/NAME``                         ``{}``
 POST   ``tenants/NAME/keys``                    ``{"access_key", "secret_key", "tenant"}``
 GET    ``keys`` (``?tenant=NAME``)              ``{"keys": [{"access_key", "tenant", "created", "revoked"}]}``
 DELETE ``keys/ACCESS_KEY``                      ``{}``
+GET    ``quotas/SCOPE/NAME`` (``tenant|bucket``)  ``{"scope", "name", "quota_bytes", "quota_objects",
+                                                "stored_bytes", "stored_versions"}``
+PUT    ``quotas/SCOPE/NAME`` ``{"bytes", "objects"}`` the same, after the change
 GET    ``buckets/NAME/stats``                   :func:`bucket_report`
 ====== ======================================== =====================================
 
@@ -45,20 +48,23 @@ ADMIN_PREFIX = "/_gpufeed/admin/"
 
 def bucket_report(engine: Engine, name: str) -> dict:
     """What ``gpufeed admin bucket stats`` shows: ``Engine.bucket_stats`` (``kind``,
-    ``capacity_bytes``, ``ttl_s``, ``bytes``, ``objects``, ``evictions``,
-    ``expirations``) plus ``name``, ``owner`` (its tenant), ``created`` (Unix
-    seconds), ``versioning`` (``""`` never enabled, ``"Enabled"``, ``"Suspended"``)
-    and ``object_lock`` (``{"enabled", "mode", "days", "years"}``: the default
-    retention, ``mode`` ``""`` for none).
+    ``capacity_bytes``, ``ttl_s``, ``etag_policy``, ``bytes``, ``objects``,
+    ``evictions``, ``expirations``) plus ``name``, ``owner`` (its tenant),
+    ``created`` (Unix seconds), ``versioning`` (``""`` never enabled,
+    ``"Enabled"``, ``"Suspended"``), ``object_lock`` (``{"enabled", "mode",
+    "days", "years"}``: the default retention, ``mode`` ``""`` for none) and
+    ``quota`` (``{"bytes", "objects"}`` of the bucket's quota, 0 = no limit).
 
     Raises:
         NoSuchBucket: it does not exist.
     """
     info = engine.head_bucket(name)
+    quota = engine.quota("bucket", name)
     return {"name": name, "owner": engine.bucket_owner(name), "created": info.created,
             **engine.bucket_stats(name), "versioning": info.versioning,
             "object_lock": {"enabled": info.object_lock, "mode": info.lock_mode, "days": info.lock_days,
-                            "years": info.lock_years}}
+                            "years": info.lock_years}, "quota": {"bytes": quota["quota_bytes"],
+                                                                 "objects": quota["quota_objects"]}}
 
 
 def _json(body: object, status: int = 200) -> web.Response:
@@ -110,9 +116,15 @@ async def _dispatch(s: Services, request: web.BaseRequest, target: Target) -> we
         case ["keys", access_key] if method == "DELETE":
             await s.call(e.revoke_access_key, access_key)
             return _json({})
+        case ["quotas", scope, name] if method == "GET":
+            return _json(await s.call(e.quota, scope, name))
+        case ["quotas", scope, name] if method == "PUT":
+            body = await _body(request)
+            await s.call(e.set_quota, scope, name, body.get("bytes", 0), body.get("objects", 0))
+            return _json(await s.call(e.quota, scope, name))
         case ["buckets", name, "stats"] if method == "GET":
             return _json(await s.call(bucket_report, e, name))
         case (["tenants"] | ["tenants", _] | ["tenants", _, "stats" | "keys"] | ["keys"] | ["keys", _]
-              | ["buckets", _, "stats"]):
+              | ["quotas", _, _] | ["buckets", _, "stats"]):
             raise MethodNotAllowed(f"{method} is not allowed on {target.path}")
     raise NoSuchKey(f"no admin call {target.path}")

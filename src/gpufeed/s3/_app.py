@@ -177,8 +177,8 @@ class S3Front(Services):
     def _authorize(self, auth: AuthResult, endpoint: Endpoint) -> None:
         """Set the request's tenant and refuse a bucket (or copy source) it does not own.
 
-        A form POST is authenticated later, by its policy's signature
-        (:mod:`._post` checks the owner then).
+        A form POST that carries no signature of its own is authenticated
+        later, by its policy's signature (:mod:`._post` checks the owner then).
 
         Raises:
             NoSuchBucket: the bucket does not exist.
@@ -186,7 +186,8 @@ class S3Front(Services):
         """
         tenant = self.credentials.tenant_of(auth.access_key) if auth.access_key else None
         CURRENT_TENANT.set(tenant)
-        if isinstance(endpoint, BucketEndpoint) and not isinstance(endpoint, (CreateBucket, PostObject)):
+        deferred = isinstance(endpoint, PostObject) and not auth.access_key  # signed in its form
+        if isinstance(endpoint, BucketEndpoint) and not isinstance(endpoint, CreateBucket) and not deferred:
             check_owner(self.engine, endpoint.bucket, tenant)
             source = getattr(endpoint, "source_bucket", None)
             if source is not None:
