@@ -240,10 +240,10 @@ class Node:
         """Start the S3 endpoint, then the metrics port if it is on (the S3 endpoint
         is cleaned up again when that fails); fills ``result``."""
         from ._monitor import start_monitor
-        from .s3 import start_s3
+        from .s3 import serve_s3
 
         cfg = self.config
-        runner, result["port"] = await start_s3(engine, cfg, self.metrics)
+        runner, result["port"] = await serve_s3(engine, cfg, self.metrics)
         if cfg.metrics_port >= 0:
             try:
                 result["monitor"], result["metrics_port"] = await start_monitor(

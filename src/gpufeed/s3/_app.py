@@ -68,7 +68,7 @@ from ._server import (
 from ._tenancy import CURRENT_TENANT, check_owner
 from ._xml import http_date
 
-__all__ = ["S3Front", "make_app", "start_s3", "error_response", "HANDLERS"]
+__all__ = ["S3Front", "make_app", "start_s3", "serve_s3", "error_response", "HANDLERS"]
 
 log = logging.getLogger("gpufeed.s3")
 
@@ -278,19 +278,23 @@ async def _add_common_headers(request: web.BaseRequest, response: web.StreamResp
         protocol.response_started(request, response)
 
 
-def make_app(engine: Engine, config: NodeConfig, metrics: NodeMetrics | None = None) -> web.Application:
+def make_app(engine: Engine, config: NodeConfig) -> web.Application:
     """Build the aiohttp application of the S3 endpoint.
 
     Args:
         engine: the node's storage engine.
         config: node settings; ``access_key``/``secret_key``/``region`` are the
             SigV4 credentials accepted, ``io_threads`` sizes the worker pool.
-        metrics: the node's metrics (their start time is the health answer's); ``None``: none.
 
     Returns:
         An application with one catch-all route; its worker pool is shut down
         on cleanup (the engine is not closed: it belongs to the caller).
     """
+    return _make_app(engine, config, None)
+
+
+def _make_app(engine: Engine, config: NodeConfig, metrics: NodeMetrics | None) -> web.Application:
+    """:func:`make_app`, with the node's metrics (their start time is the health answer's)."""
     app = web.Application(client_max_size=MAX_XML, handler_args=_HANDLER_ARGS)
     front = S3Front(engine, config, metrics.started_s if metrics is not None else None)
     app[_FRONT_KEY] = front
@@ -305,14 +309,11 @@ def make_app(engine: Engine, config: NodeConfig, metrics: NodeMetrics | None = N
     return app
 
 
-async def start_s3(engine: Engine, config: NodeConfig,
-                   metrics: NodeMetrics | None = None) -> tuple[web.AppRunner, int]:
+async def start_s3(engine: Engine, config: NodeConfig) -> tuple[web.AppRunner, int]:
     """Serve the S3 endpoint on ``config.host:config.s3_port`` (0 picks a free port).
 
     Connections get the header and body timeouts, the per-address cap and the
-    access log of ``config`` (see :mod:`gpufeed.s3._server`); every request is
-    counted in ``metrics`` when given, and the port's open connections are
-    reported to it at scrape time.
+    access log of ``config`` (see :mod:`gpufeed.s3._server`).
 
     Returns:
         ``(runner, port)``: call ``await runner.cleanup()`` to stop (it also
@@ -321,7 +322,21 @@ async def start_s3(engine: Engine, config: NodeConfig,
     Raises:
         OSError: the port is taken, or the access log file cannot be opened.
     """
-    app = make_app(engine, config, metrics)
+    return await serve_s3(engine, config, None)
+
+
+async def serve_s3(engine: Engine, config: NodeConfig, metrics: NodeMetrics | None) -> tuple[web.AppRunner, int]:
+    """:func:`start_s3`, counting every request in ``metrics`` (the node's) and
+    reporting the port's open connections to it at scrape time.
+
+    Returns:
+        ``(runner, port)``: call ``await runner.cleanup()`` to stop (it also
+        closes the access log).
+
+    Raises:
+        OSError: the port is taken, or the access log file cannot be opened.
+    """
+    app = _make_app(engine, config, metrics)
     access_log = AccessLog(config.access_log)
 
     async def _close_log(_app: web.Application) -> None:
