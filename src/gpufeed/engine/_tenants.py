@@ -23,11 +23,13 @@ server needs the secret); NIST SP 800-38D (GCM).
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import re
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag as _BadSeal
@@ -52,6 +54,8 @@ __all__ = ["TenantAdmin", "MasterKey", "check_tenant_name", "owner_of", "check_q
 
 #: What a quota can bound: a tenant (all its buckets together) or one bucket.
 QUOTA_SCOPES = ("tenant", "bucket")
+
+log = logging.getLogger(__name__)
 
 _TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
@@ -98,18 +102,31 @@ class MasterKey:
         data_dir: the data folder; ``master.key`` there is read, or made
             (``0600``, 32 random bytes) when ``key`` is ``None`` and it is missing.
         key: 32 bytes given by the node's settings, used instead of the file.
+        has_sealed: whether secrets are stored already; then a missing file is
+            an error, never replaced by a new key that could not open them.
 
     Raises:
-        InternalError: ``key`` is not 32 bytes, or the file is not.
+        InternalError: ``key`` is not 32 bytes, or the file is not; the file is
+            missing while secrets are stored (at first use).
     """
 
-    def __init__(self, data_dir: Path, key: bytes | None = None) -> None:
+    def __init__(self, data_dir: Path, key: bytes | None = None,
+                 has_sealed: Callable[[], bool] = lambda: False) -> None:
         self._path = data_dir / "master.key"
         self._given = key
+        self._has_sealed = has_sealed
         if key is not None and len(key) != _MASTER_BYTES:
             raise InternalError(f"the master key must be {_MASTER_BYTES} bytes, not {len(key)}")
         self._aead: AESGCM | None = AESGCM(key) if key is not None else None
         self._lock = threading.Lock()
+
+    def load(self) -> None:
+        """Read (or make) the key now rather than at first use.
+
+        Raises:
+            InternalError: as the class does.
+        """
+        self._cipher()
 
     def _cipher(self) -> AESGCM:
         if self._aead is not None:
@@ -123,6 +140,9 @@ class MasterKey:
         try:
             key = self._path.read_bytes()
         except FileNotFoundError:
+            if self._has_sealed():
+                raise InternalError(f"{self._path} is missing but access keys are stored: give the master key "
+                                    "they were sealed with (GPUFEED_MASTER_KEY)") from None
             key = secrets.token_bytes(_MASTER_BYTES)
             fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
             try:
@@ -292,6 +312,7 @@ class TenantAdmin:
         Raises:
             NoSuchTenant: no such tenant.
         """
+        self._check_master_key()
         access_key = "GF" + "".join(secrets.choice(_KEY_ALPHABET) for _ in range(18))
         secret = secrets.token_urlsafe(30)
         info = AccessKeyInfo(access_key, tenant, time.time())
@@ -302,6 +323,23 @@ class TenantAdmin:
             w.insert_access_key(info, sealed)
             w.on_commit(self._forget_keys)
         return info, secret
+
+    def _check_master_key(self) -> None:
+        """Refuse to seal a new secret under a master key that does not open the stored ones.
+
+        Raises:
+            InternalError: it does not (the node was given another master key).
+        """
+        self._master.load()  # a missing master.key says so itself
+        for info in self._cat.access_keys():
+            row = self._cat.access_key(info.access_key)
+            if row is not None:
+                try:
+                    self._master.open(info.access_key, row[1])
+                except InternalError as exc:
+                    raise InternalError("this master key does not open the access keys already stored; use the "
+                                        "node's (GPUFEED_MASTER_KEY, or its data folder's master.key)") from exc
+            return
 
     def list_access_keys(self, tenant: str | None = None) -> list[AccessKeyInfo]:
         """The keys of ``tenant`` (every tenant's when ``None``), revoked ones included.
@@ -330,8 +368,8 @@ class TenantAdmin:
         Answers from memory after the first lookup of a key; creating or
         revoking a key, or deleting a tenant, empties that memory.
 
-        Raises:
-            InternalError: the stored secret does not open with the master key.
+        A key whose stored secret does not open with the node's master key (the
+        node was started with another one) is treated as unknown, and logged.
         """
         cache = self._key_cache
         if access_key in cache:
@@ -340,7 +378,10 @@ class TenantAdmin:
         row = self._cat.access_key(access_key)
         found = None
         if row is not None and not row[0].revoked:
-            found = (row[0].tenant, self._master.open(access_key, row[1]))
+            try:
+                found = (row[0].tenant, self._master.open(access_key, row[1]))
+            except InternalError as exc:
+                log.warning("access key %s refused: %s", access_key, exc.message)
         with self._key_cache_lock:
             if gen == self._key_gen:
                 if len(cache) > 10_000:

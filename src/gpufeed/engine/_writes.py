@@ -165,7 +165,7 @@ def check_preconditions(bucket: str, key: str, current: str | None,
     """
     if if_match is not None:
         if current is None:
-            raise NoSuchKey(f"{bucket}/{key} does not exist", bucket=bucket, key=key)
+            raise NoSuchKey("The specified key does not exist.", bucket=bucket, key=key)
         if if_match != "*" and if_match != current:
             raise PreconditionFailed("At least one of the pre-conditions you specified did not hold",
                                      condition="If-Match")

@@ -146,7 +146,7 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
             os.close(self._lock_fd)
             raise
         self._closed = False
-        self._master = MasterKey(self.data_dir, master_key)
+        self._master = MasterKey(self.data_dir, master_key, has_sealed=lambda: bool(self._cat.access_keys()))
         self._key_cache: dict[str, tuple[str, str] | None] = {}
         self._key_cache_lock = threading.Lock()
         self._key_gen = 0
@@ -413,6 +413,8 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         src_version_id: str | None = None,
         tags: dict[str, str] | None = None,
         retention: Retention | None = None,
+        if_match: str | None = None,
+        if_none_match: str | None = None,
     ) -> ObjectInfo:
         """Copy (kernel-side ``copy_file_range`` into a new blob).
 
@@ -421,7 +423,8 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         (``REPLACE``). The ETag and checksums are the source's. Copying a key
         onto itself with new metadata works. ``src_version_id`` copies that
         version of the source; ``tags`` ``None`` keeps the source's tags;
-        ``retention`` as for :meth:`PendingWrite.commit`.
+        ``retention``, ``if_match`` and ``if_none_match`` (on the destination)
+        as for :meth:`PendingWrite.commit`.
 
         Raises:
             NoSuchBucket, NoSuchKey, NoSuchVersion: missing source or
@@ -444,6 +447,7 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
                 dst_bucket, dst_key, tmp, pw.size, src.etag,
                 content_type=ct, metadata=md, checksums=src.checksums, headers=hd,
                 tags=src.tags if tags is None else tags, retention=retention,
+                if_match=if_match, if_none_match=if_none_match,
             )
 
         try:

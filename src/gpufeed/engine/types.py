@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "BucketInfo", "ObjectInfo", "ListResult", "UploadInfo", "PartInfo", "LifecycleRule", "LifecycleResult",
     "DeleteResult", "VersionListResult", "Retention", "VERSIONING_STATES", "LOCK_MODES", "TenantInfo",
-    "AccessKeyInfo", "DEFAULT_TENANT", "ETAG_POLICIES",
+    "AccessKeyInfo", "DEFAULT_TENANT", "ETAG_POLICIES", "DeleteConditions",
 ]
 
 #: The tenant that owns buckets made without one, and the node's configured key.
@@ -129,6 +129,23 @@ class Retention:
     mode: str = ""
     until: float = 0.0
     legal_hold: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteConditions:
+    """Conditions of a delete (S3 DeleteObject ``If-Match``,
+    ``x-amz-if-match-last-modified-time``, ``x-amz-if-match-size``): the version
+    the delete targets must have all that are given.
+
+    Attributes:
+        etag: its ETag (no quotes), or ``"*"`` for any.
+        last_modified: its last-modified time, Unix s (compared to the second, as HTTP dates are).
+        size: its size in bytes.
+    """
+
+    etag: str | None = None
+    last_modified: float | None = None
+    size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
