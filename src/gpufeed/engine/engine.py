@@ -180,8 +180,6 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         self._files.open_files.close()
         os.close(self._lock_fd)
 
-    closed = property(lambda self: self._closed, doc="Whether :meth:`close` has run (every call then fails).")
-
     def __enter__(self) -> "Engine":
         return self
 

@@ -5,8 +5,9 @@ Unauthenticated on purpose: load balancers and probes do not sign requests.
 It reveals only that a gpufeed node of some version is up and for how long;
 no bucket, tenant or object names, no data.
 
-A node is healthy when its engine is open and its catalog answers a trivial
-query (the tenant list); otherwise the answer is 503 with the same fields.
+A node is healthy when its catalog answers a trivial query (the tenant list)
+through its engine; otherwise the answer is 503 with the same fields, and
+``engine_open`` false when the engine has been closed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from aiohttp import web
 
 from .._version import __version__
 from ..engine import Engine
+from ..errors import InternalError
 
 __all__ = ["HEALTH_PATH", "health_report", "health_response"]
 
@@ -38,15 +40,15 @@ def health_report(engine: Engine, started_s: float) -> tuple[int, dict]:
         ``"error"`` (what failed) when unhealthy.
     """
     body: dict = {"status": "ok", "version": __version__, "uptime_s": round(time.time() - started_s, 3),
-                  "engine_open": not engine.closed, "catalog_readable": False}
-    if body["engine_open"]:
-        try:
-            engine.list_tenants()
-            body["catalog_readable"] = True
-        except Exception as exc:  # whatever the catalog raises, the answer is "unhealthy"
-            body["error"] = f"catalog query failed: {type(exc).__name__}"
-    else:
-        body["error"] = "engine closed"
+                  "engine_open": True, "catalog_readable": False}
+    try:
+        engine.list_tenants()
+        body["catalog_readable"] = True
+    except InternalError as exc:  # a closed engine says so in these words (engine/_sqlite.py)
+        body["engine_open"] = "engine is closed" not in exc.message
+        body["error"] = "engine closed" if not body["engine_open"] else f"catalog query failed: {exc.message}"
+    except Exception as exc:  # whatever else the catalog raises, the answer is "unhealthy"
+        body["error"] = f"catalog query failed: {type(exc).__name__}"
     if not (body["engine_open"] and body["catalog_readable"]):
         body["status"] = "unhealthy"
         return 503, body
