@@ -36,6 +36,8 @@ _LC = (b'<LifecycleConfiguration><Rule><ID>r</ID><Filter><Prefix></Prefix></Filt
 _TAGS = b"<Tagging><TagSet><Tag><Key>k</Key><Value>v</Value></Tag></TagSet></Tagging>"
 _CORS = (b"<CORSConfiguration><CORSRule><AllowedOrigin>*</AllowedOrigin><AllowedMethod>GET</AllowedMethod>"
          b"</CORSRule></CORSConfiguration>")
+_POLICY = (b'{"Statement": [{"Effect": "Allow", "Principal": "*", "Action": "s3:*", '
+           b'"Resource": ["arn:aws:s3:::matrix-target", "arn:aws:s3:::matrix-target/*"]}]}')
 _ACL = {"x-amz-acl": "private"}
 _MD5 = {"Content-MD5": "1B2M2Y8AsgTpgAmY7PhCfg=="}  # of an empty body; a wrong one is refused later anyway
 
@@ -62,6 +64,7 @@ REQUESTS: dict[str, tuple[str, str | None, str, dict, bytes]] = {
     "DeleteBucketConfiguration": ("DELETE", None, "cors", {}, b""),
     "PutBucketTagging": ("PUT", None, "tagging", {}, _TAGS),
     "PutBucketCors": ("PUT", None, "cors", {}, _CORS),
+    "PutBucketPolicy": ("PUT", None, "policy", {}, _POLICY),
     "PutBucketVersioning": ("PUT", None, "versioning", {},
                             b"<VersioningConfiguration><Status>Suspended</Status></VersioningConfiguration>"),
     "GetBucketVersioning": ("GET", None, "versioning", {}, b""),
@@ -164,7 +167,7 @@ def test_every_call_by_every_outsider_is_refused_and_changes_nothing(world):
     cases = [(e, c) for e in sorted(REQUESTS) for c in CALLERS]
     failures = [f for e, c in cases if (f := _refusal(node, creds[c], upload, e, c)) is not None]
     assert failures == [], f"{len(failures)} of {len(cases)} cases not refused cleanly"
-    assert len(cases) == len(REQUESTS) * len(CALLERS) >= 176
+    assert len(cases) == len(REQUESTS) * len(CALLERS) >= 180
     _check_untouched(alice, upload)
 
 
@@ -192,6 +195,7 @@ def _check_untouched(alice, upload: str) -> None:
     assert alice.get_object_tagging(Bucket=BUCKET, Key=KEY)["TagSet"] == []
     assert [u["UploadId"] for u in alice.list_multipart_uploads(Bucket=BUCKET)["Uploads"]] == [upload]
     assert alice.list_parts(Bucket=BUCKET, Key=KEY, UploadId=upload).get("Parts", []) == []
-    for call in (alice.get_bucket_lifecycle_configuration, alice.get_bucket_cors, alice.get_bucket_tagging):
+    for call in (alice.get_bucket_lifecycle_configuration, alice.get_bucket_cors, alice.get_bucket_tagging,
+                 alice.get_bucket_policy):
         with pytest.raises(alice.exceptions.ClientError):
             call(Bucket=BUCKET)

@@ -73,7 +73,7 @@ from ..errors import (
 )
 from ._blobs import BlobFiles
 from ._kvpolicy import KVBucketPolicy, check_policy
-from ._lifecycle import Lifecycle
+from ._lifecycle import Lifecycle, LifecycleCalls
 from ._listing import read_page, start_position
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_text
@@ -88,8 +88,6 @@ from .types import (
     DEFAULT_TENANT,
     ETAG_POLICIES,
     BucketInfo,
-    LifecycleResult,
-    LifecycleRule,
     ListResult,
     ObjectInfo,
     PartInfo,
@@ -100,7 +98,7 @@ from .types import (
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
 
-class Engine(VersionedObjects, TenantAdmin, ObjectReads):
+class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads):
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
@@ -647,56 +645,3 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
             NoSuchBucket: the bucket does not exist.
         """
         return self._multipart.list_uploads(bucket, prefix)
-
-    # lifecycle (see ._lifecycle) ------------------------------------------------
-    def put_bucket_lifecycle(self, bucket: str, rules: list[LifecycleRule]) -> None:
-        """Make ``rules`` the bucket's lifecycle configuration, replacing any.
-
-        Raises:
-            NoSuchBucket: it does not exist.
-            InvalidArgument, InvalidRequestError: rules S3 would refuse
-                (see :func:`gpufeed.engine._lifecycle.check_rules`).
-
-        Source: https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutBucketLifecycleConfiguration.html
-        """
-        self._lifecycle.put(bucket, rules)
-
-    def get_bucket_lifecycle(self, bucket: str) -> list[LifecycleRule]:
-        """The bucket's lifecycle rules, in the order they were set.
-
-        Raises:
-            NoSuchBucket: it does not exist.
-            NoSuchLifecycleConfiguration: it has none.
-        """
-        return self._lifecycle.get(bucket)
-
-    def delete_bucket_lifecycle(self, bucket: str) -> None:
-        """Remove the bucket's lifecycle configuration (having none is fine).
-
-        Raises:
-            NoSuchBucket: it does not exist.
-        """
-        self._lifecycle.delete(bucket)
-
-    def apply_lifecycle(self, now: float | None = None, *, idle_upload_s: float = 0.0) -> LifecycleResult:
-        """Apply every bucket's enabled lifecycle rules once, as of ``now``.
-
-        Expired current objects are deleted, or in a versioned bucket get a
-        delete marker (only the version that expired; a key overwritten
-        meanwhile stays), due noncurrent versions not under object lock and
-        lone delete markers are removed, due multipart uploads aborted (see
-        :mod:`gpufeed.engine._lifecycle`); then,
-        with ``idle_upload_s > 0``, every upload with no activity (start or part
-        upload) for that many seconds is aborted, whatever the rules say.
-
-        Args:
-            now: Unix s the rules are applied at; ``None`` for the clock.
-            idle_upload_s: seconds after which an untouched upload is aborted; 0 never.
-
-        Returns:
-            What was removed.
-
-        Raises:
-            InternalError: the catalog failed, or the engine is closed.
-        """
-        return self._lifecycle.apply(now, idle_upload_s)

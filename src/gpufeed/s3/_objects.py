@@ -56,6 +56,7 @@ from ._router import (
     PutObject,
 )
 from ._tagging import copy_tags, tag_count_headers, tagging_header
+from ._tenancy import CURRENT_TENANT
 from ._versions import (
     copy_source_headers,
     delete_headers,
@@ -366,10 +367,12 @@ def _deleted(root, key: str, version: str | None, result: DeleteResult) -> None:
 
 async def delete_objects(s: Services, req: S3Request, ep: DeleteObjects) -> web.Response:
     """DeleteObjects: delete up to 1000 keys or versions; each failure is
-    reported in the result document, not as the request's status."""
+    reported in the result document, not as the request's status (a key the
+    bucket policy does not let the requester delete is such an AccessDenied)."""
     keys, quiet = _delete_keys(await s.read_xml(req))
     bypass = bypass_governance(req.headers)
     await s.call(s.engine.head_bucket, ep.bucket)
+    tenant, access_key, source_ip = CURRENT_TENANT.get(), req.auth.access_key or None, req.http.remote
 
     def run() -> list[tuple[str, str | None, DeleteResult | GpufeedError]]:
         out: list[tuple[str, str | None, DeleteResult | GpufeedError]] = []
@@ -379,6 +382,8 @@ async def delete_objects(s: Services, req: S3Request, ep: DeleteObjects) -> web.
                     raise KeyTooLong("Your key is too long")
                 if version == "":
                     raise InvalidArgument("Version id cannot be the empty string")
+                s.engine.authorize(tenant, "s3:DeleteObject" if version is None else "s3:DeleteObjectVersion",
+                                   ep.bucket, key, access_key=access_key, source_ip=source_ip)
                 out.append((key, version, s.engine.delete_object(ep.bucket, key, version, bypass_governance=bypass,
                                                                  conditions=conditions)))
             except GpufeedError as exc:

@@ -39,7 +39,7 @@ __all__ = [
     "BucketEndpoint", "ObjectEndpoint", "ListBuckets", "HeadBucket", "CreateBucket", "DeleteBucket",
     "GetBucketLocation", "GetBucketVersioning", "GetBucketAcl", "GetBucketLifecycleConfiguration",
     "PutBucketLifecycleConfiguration", "DeleteBucketLifecycle", "PutBucketAcl", "GetBucketConfiguration",
-    "DeleteBucketConfiguration", "PutBucketCors", "PutBucketTagging", "CorsPreflight",
+    "DeleteBucketConfiguration", "PutBucketCors", "PutBucketTagging", "PutBucketPolicy", "CorsPreflight",
     "PutObjectLockConfiguration", "GetObjectLockConfiguration", "BUCKET_CONFIGURATIONS", "STORED_CONFIGURATIONS",
     "ListObjects", "ListMultipartUploads", "DeleteObjects", "PostObject", "GetObject", "HeadObject",
     "GetObjectAcl", "PutObjectAcl", "GetObjectAttributes", "PutObjectRetention", "GetObjectRetention",
@@ -53,11 +53,12 @@ __all__ = [
 #: "no such configuration" 404, Delete succeeds whether one was set or not.
 BUCKET_CONFIGURATIONS = frozenset({"policy", "cors", "encryption", "website", "replication", "tagging"})
 #: The configurations gpufeed stores (set with :class:`PutBucketCors`,
-#: :class:`PutBucketTagging`); setting any other is in :data:`UNSUPPORTED_BUCKET`.
-STORED_CONFIGURATIONS = frozenset({"cors", "tagging"})
+#: :class:`PutBucketTagging`, :class:`PutBucketPolicy`); setting any other is in
+#: :data:`UNSUPPORTED_BUCKET`.
+STORED_CONFIGURATIONS = frozenset({"cors", "tagging", "policy"})
 #: Bucket sub-resources S3 has and gpufeed does not implement (answered 501).
 UNSUPPORTED_BUCKET = frozenset({
-    "policy", "website", "logging", "notification", "replication",
+    "website", "logging", "notification", "replication",
     "encryption", "requestPayment", "accelerate",
     "analytics", "inventory", "metrics", "ownershipControls", "publicAccessBlock",
     "intelligent-tiering", "policyStatus",
@@ -328,7 +329,13 @@ class PutBucketTagging(BucketEndpoint):
     """``PUT /bucket?tagging``: PutBucketTagging."""
 
 
-_PUT_CONFIGURATION: dict[str, type[BucketEndpoint]] = {"cors": PutBucketCors, "tagging": PutBucketTagging}
+@dataclass(frozen=True, slots=True)
+class PutBucketPolicy(BucketEndpoint):
+    """``PUT /bucket?policy``: PutBucketPolicy."""
+
+
+_PUT_CONFIGURATION: dict[str, type[BucketEndpoint]] = {
+    "cors": PutBucketCors, "tagging": PutBucketTagging, "policy": PutBucketPolicy}
 
 
 @dataclass(frozen=True, slots=True)
