@@ -1,4 +1,4 @@
-"""``gpufeed admin``: tenants and access keys, on a running node (its admin API
+"""``gpufeed admin``: tenants, access keys and bucket stats, on a running node (its admin API
 on the S3 port, signed with the admin key) or on a stopped node's data folder."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _when(t: float) -> str:
 @click.option("--secret-key", default=None, help="The node's admin secret (env GPUFEED_SECRET_KEY).")
 @click.pass_context
 def admin(ctx, url, data_dir, access_key, secret_key) -> None:
-    """Manage tenants and their access keys."""
+    """Manage tenants and their access keys; inspect buckets."""
     from .config import DEFAULT_ACCESS_KEY, DEFAULT_SECRET_KEY, NodeConfig
 
     def open_admin() -> Admin:
@@ -167,3 +167,39 @@ def key_list(ctx, tenant_name, as_json) -> None:
 def key_revoke(ctx, access_key, as_json) -> None:
     """Revoke ACCESS_KEY: requests signed with it are refused from now on."""
     _run(ctx, lambda a: a.key_revoke(access_key), as_json, lambda r: f"access key {access_key} revoked")
+
+
+@admin.group()
+def bucket() -> None:
+    """Buckets, as the node's operator sees them (any tenant's)."""
+
+
+def _show_bucket(r: dict) -> str:
+    lock = r["object_lock"]
+    retention = (f", default {lock['mode']} {lock['days'] or lock['years']} "
+                 f"{'days' if lock['days'] else 'years'}" if lock["mode"] else "")
+    lines = [
+        f"bucket      {r['name']}",
+        f"owner       {r['owner']}",
+        f"created     {_when(r['created'])}",
+        f"kind        {r['kind']}" + (f" (capacity {r['capacity_bytes']} bytes, ttl {r['ttl_s']} s)"
+                                      if r["kind"] == "kv" else ""),
+        f"objects     {r['objects']}",
+        f"bytes       {r['bytes']}",
+        f"etag        {r.get('etag_policy', 'md5')}",
+        f"versioning  {r['versioning'] or 'never enabled'}",
+        f"object lock {'enabled' + retention if lock['enabled'] else 'off'}",
+        f"quota       {r['quota']['bytes'] or 'no'} bytes, {r['quota']['objects'] or 'no'} objects limit",
+    ]
+    if r["kind"] == "kv":
+        lines.append(f"evictions   {r['evictions']}, expirations {r['expirations']}")
+    return "\n".join(lines)
+
+
+@bucket.command("stats")
+@click.argument("name")
+@JSON_OPTION
+@click.pass_context
+def bucket_stats(ctx, name, as_json) -> None:
+    """Objects, bytes, owner, versioning and object lock of bucket NAME."""
+    _run(ctx, lambda a: a.bucket_stats(name), as_json, _show_bucket)

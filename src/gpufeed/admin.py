@@ -1,4 +1,4 @@
-"""Administering tenants and access keys, on a running node or a stopped one.
+"""Administering tenants, access keys and buckets, on a running node or a stopped one.
 
 :class:`RemoteAdmin` calls a running node's admin API over its S3 port
 (:mod:`gpufeed.s3._admin`), signing each request with SigV4 (botocore) and
@@ -87,6 +87,11 @@ class Admin:
         """``{"scope", "name", "quota_bytes", "quota_objects", "stored_bytes", "stored_versions"}``."""
         raise NotImplementedError
 
+    def bucket_stats(self, bucket: str) -> dict:
+        """A bucket's counters, owner, versioning and object lock
+        (:func:`gpufeed.s3._admin.bucket_report`); NoSuchBucket when absent."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Release what the admin holds."""
 
@@ -158,6 +163,9 @@ class RemoteAdmin(Admin):
     def quota_get(self, scope: str, name: str) -> dict:
         return self._call("GET", f"quotas/{urllib.parse.quote(scope, safe='')}/{urllib.parse.quote(name, safe='')}")
 
+    def bucket_stats(self, bucket: str) -> dict:
+        return self._call("GET", f"buckets/{urllib.parse.quote(bucket, safe='')}/stats")
+
 
 class LocalAdmin(Admin):
     """The data folder of a stopped node, opened directly.
@@ -210,6 +218,11 @@ class LocalAdmin(Admin):
 
     def quota_get(self, scope: str, name: str) -> dict:
         return self._engine.quota(scope, name)
+
+    def bucket_stats(self, bucket: str) -> dict:
+        from .s3._admin import bucket_report
+
+        return bucket_report(self._engine, bucket)
 
     def close(self) -> None:
         self._engine.close()

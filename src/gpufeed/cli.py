@@ -67,8 +67,11 @@ main.add_command(admin)
 @click.option("--access-log", default=None,
               help="S3 access log, one JSON line per request: a file path or '-' for stdout "
                    "(env GPUFEED_ACCESS_LOG; default none).")
+@click.option("--metrics-port", type=int, default=None,
+              help="Serve GET /metrics (Prometheus) and GET /health on this port of --host, "
+                   "unauthenticated (0 = free port; default off; env GPUFEED_METRICS_PORT).")
 def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no_fsync,
-          region_pool, log_level, access_log) -> None:
+          region_pool, log_level, access_log, metrics_port) -> None:
     """Run a storage node: S3 endpoint plus the fast data path.
 
     Prints the endpoints as one JSON line on stdout, then serves until
@@ -85,7 +88,7 @@ def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no
     cfg = NodeConfig.from_env(
         data_dir=data_dir, host=host, s3_port=s3_port, port=port, socket_path=socket_path,
         access_key=access_key, secret_key=secret_key, fsync=False if no_fsync else None,
-        region_pool_bytes=region_pool, access_log=access_log,
+        region_pool_bytes=region_pool, access_log=access_log, metrics_port=metrics_port,
     )
     node = Node(cfg)
     endpoints = node.start()

@@ -225,6 +225,17 @@ class NodeConfig:
         master_key: 32 bytes that seal the secrets of tenants' access keys at
             rest; ``None`` keeps them in ``<data_dir>/master.key`` (made on first
             use). Env ``GPUFEED_MASTER_KEY`` (base64 of 32 bytes).
+        metrics_port: TCP port, on ``host``, of the metrics listener: ``GET /metrics``
+            (Prometheus text format) and ``GET /health`` (JSON; 503 when unhealthy);
+            0 picks a free port, negative (the default) serves none. Unauthenticated
+            (scrapers do not sign): it holds no object data but shows request counts,
+            error codes and, with ``metrics_tenant_labels``, tenant names and usage;
+            bind ``host`` to a loopback or management address where that matters.
+            The S3 port answers ``GET /_gpufeed/health`` unauthenticated either way.
+            Env ``GPUFEED_METRICS_PORT``.
+        metrics_tenant_labels: export per-tenant usage gauges with a ``tenant``
+            label (tenant names); off, only node totals. Env
+            ``GPUFEED_METRICS_TENANT_LABELS`` (``0``/``1``).
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -249,6 +260,8 @@ class NodeConfig:
     access_log: str | None = None
     wire: WireLimits = field(default_factory=WireLimits)
     master_key: bytes | None = field(default=None, repr=False)
+    metrics_port: int = -1
+    metrics_tenant_labels: bool = True
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -278,6 +291,9 @@ class NodeConfig:
             access_log=_env("GPUFEED_ACCESS_LOG", str, None),
             wire=WireLimits.from_env(),
             master_key=_env("GPUFEED_MASTER_KEY", master_key_from_text, None),
+            metrics_port=_env("GPUFEED_METRICS_PORT", int, cls.metrics_port),
+            metrics_tenant_labels=_env("GPUFEED_METRICS_TENANT_LABELS", lambda s: s not in ("0", "false", "no"),
+                                       cls.metrics_tenant_labels),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

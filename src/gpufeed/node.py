@@ -8,6 +8,10 @@ Besides the endpoints a node runs one background thread, the lifecycle worker
 (:class:`LifecycleWorker`): every ``lifecycle_interval_s`` it applies the
 buckets' lifecycle rules and aborts multipart uploads idle for
 ``abort_idle_uploads_s`` (:meth:`gpufeed.engine.Engine.apply_lifecycle`).
+
+Every node counts its requests in a :class:`~gpufeed._metrics.NodeMetrics` of
+its own (``Node.metrics``); with ``metrics_port`` >= 0 it also serves them, with
+a health answer, on a listener of their own (:mod:`gpufeed._monitor`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._metrics import NodeMetrics
 from .config import NodeConfig
 from .engine import Engine
 from .engine._private import make_private_dirs
@@ -48,6 +53,8 @@ class Endpoints:
     #: Problems found at start that the operator should fix (a data folder other
     #: users can read); also logged.
     warnings: tuple[str, ...] = ()
+    #: ``http://host:port/metrics`` when the metrics port is on, else ``None``.
+    metrics: str | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -58,6 +65,7 @@ class Endpoints:
             "secret_key": self.secret_key,
             "data_dir": self.data_dir,
             "warnings": list(self.warnings),
+            "metrics": self.metrics,
         }
 
 
@@ -70,10 +78,13 @@ class LifecycleWorker:
         engine: the node's engine.
         interval_s: seconds between passes (> 0).
         idle_upload_s: passed on as ``idle_upload_s`` (0: no idle-upload default).
+        metrics: where each pass is counted (``None``: nowhere).
     """
 
-    def __init__(self, engine: Engine, interval_s: float, idle_upload_s: float) -> None:
+    def __init__(self, engine: Engine, interval_s: float, idle_upload_s: float,
+                 metrics: NodeMetrics | None = None) -> None:
         self._engine = engine
+        self._metrics = metrics
         self._interval_s = interval_s
         self._idle_upload_s = idle_upload_s
         self._stop = threading.Event()
@@ -87,12 +98,16 @@ class LifecycleWorker:
         while not self._stop.is_set():
             try:
                 done = self._engine.apply_lifecycle(idle_upload_s=self._idle_upload_s)
+                if self._metrics is not None:
+                    self._metrics.lifecycle_pass(dataclasses.asdict(done))
                 if any(dataclasses.astuple(done)):
                     log.info("lifecycle: %s", ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(done).items()))
             except Exception:
                 if self._stop.is_set():
                     return  # the engine closed under a pass that was ending anyway
                 log.exception("lifecycle pass failed")
+                if self._metrics is not None:
+                    self._metrics.lifecycle_pass(None)
             self._stop.wait(self._interval_s)
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -133,6 +148,9 @@ class Node:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
+        self._monitor: web.AppRunner | None = None
+        #: this node's metrics (its own registry)
+        self.metrics = NodeMetrics(tenant_labels=config.metrics_tenant_labels)
         self._wire: WireServer | None = None
         self._lifecycle: LifecycleWorker | None = None
         self.endpoints: Endpoints | None = None
@@ -159,7 +177,7 @@ class Node:
             raise
 
     def _start(self, data_dir: Path) -> Endpoints:
-        from .s3 import start_s3
+        from ._monitor import add_node_sources
         from .wire.server import WireServer
 
         cfg = self.config
@@ -168,7 +186,8 @@ class Node:
         if sock and Path(sock).resolve().parent.is_relative_to(data_dir):
             make_private_dirs(Path(sock).resolve().parent)  # the socket's folder is private too
         self.engine = engine = Engine(cfg.data_dir, fsync=cfg.fsync, master_key=cfg.master_key)
-        self._wire = wire = WireServer(engine, cfg)
+        self._wire = wire = WireServer(engine, cfg, self.metrics)
+        add_node_sources(self.metrics, engine, wire)
         try:
             tcp_port = wire.start()
         except OSError as exc:
@@ -182,8 +201,7 @@ class Node:
         def run_loop() -> None:
             asyncio.set_event_loop(loop)
             try:
-                runner, port = loop.run_until_complete(start_s3(engine, cfg))
-                result["runner"], result["port"] = runner, port
+                loop.run_until_complete(self._start_http(engine, result))
             except BaseException as exc:  # reported to start()
                 result["error"] = exc
             started.set()
@@ -196,11 +214,15 @@ class Node:
         if "error" in result:
             err = result["error"]
             if isinstance(err, OSError):
-                raise OSError(err.errno, f"cannot listen for S3 on {cfg.host}:{cfg.s3_port}: {err.strerror}") from err
+                where = (f"metrics on {cfg.host}:{cfg.metrics_port}" if "port" in result
+                         else f"S3 on {cfg.host}:{cfg.s3_port}")
+                raise OSError(err.errno, f"cannot listen for {where}: {err.strerror}") from err
             raise err
         self._runner = result["runner"]
+        self._monitor = result.get("monitor")
         if cfg.lifecycle_interval_s > 0:
-            self._lifecycle = LifecycleWorker(engine, cfg.lifecycle_interval_s, cfg.abort_idle_uploads_s)
+            self._lifecycle = LifecycleWorker(engine, cfg.lifecycle_interval_s, cfg.abort_idle_uploads_s,
+                                              self.metrics)
             self._lifecycle.start()
         self.endpoints = Endpoints(
             s3=f"http://{cfg.host}:{result['port']}",
@@ -210,8 +232,26 @@ class Node:
             secret_key=cfg.secret_key,
             data_dir=str(data_dir),
             warnings=tuple(engine.permission_warnings),
+            metrics=f"http://{cfg.host}:{result['metrics_port']}/metrics" if self._monitor else None,
         )
         return self.endpoints
+
+    async def _start_http(self, engine: Engine, result: dict[str, Any]) -> None:
+        """Start the S3 endpoint, then the metrics port if it is on (the S3 endpoint
+        is cleaned up again when that fails); fills ``result``."""
+        from ._monitor import start_monitor
+        from .s3 import serve_s3
+
+        cfg = self.config
+        runner, result["port"] = await serve_s3(engine, cfg, self.metrics)
+        if cfg.metrics_port >= 0:
+            try:
+                result["monitor"], result["metrics_port"] = await start_monitor(
+                    self.metrics, engine, cfg.host, cfg.metrics_port)
+            except BaseException:
+                await runner.cleanup()
+                raise
+        result["runner"] = runner
 
     def stop(self) -> None:
         """Stop every endpoint and the lifecycle worker, and close the engine. Idempotent."""
@@ -223,6 +263,12 @@ class Node:
             self._wire = None
         if self._loop is not None:
             loop = self._loop
+            if self._monitor is not None:
+                try:
+                    asyncio.run_coroutine_threadsafe(self._monitor.cleanup(), loop).result(timeout=10)
+                except Exception:  # pragma: no cover - best effort on shutdown
+                    log.exception("metrics endpoint cleanup failed")
+                self._monitor = None
             if self._runner is not None:
                 fut = asyncio.run_coroutine_threadsafe(_stop_s3(self._runner), loop)
                 try:

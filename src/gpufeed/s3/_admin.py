@@ -18,6 +18,7 @@ DELETE ``keys/ACCESS_KEY``                      ``{}``
 GET    ``quotas/SCOPE/NAME`` (``tenant|bucket``)  ``{"scope", "name", "quota_bytes", "quota_objects",
                                                 "stored_bytes", "stored_versions"}``
 PUT    ``quotas/SCOPE/NAME`` ``{"bytes", "objects"}`` the same, after the change
+GET    ``buckets/NAME/stats``                   :func:`bucket_report`
 ====== ======================================== =====================================
 
 Errors answer ``{"error": code, "message": text}`` with the error's status.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -36,10 +38,34 @@ from ._context import Services
 from ._router import Target
 from ._server import ERROR_CODE
 
-__all__ = ["ADMIN_PREFIX", "handle_admin"]
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+__all__ = ["ADMIN_PREFIX", "handle_admin", "bucket_report"]
 
 #: Every admin path starts with this.
 ADMIN_PREFIX = "/_gpufeed/admin/"
+
+
+def bucket_report(engine: Engine, name: str) -> dict:
+    """What ``gpufeed admin bucket stats`` shows: ``Engine.bucket_stats`` (``kind``,
+    ``capacity_bytes``, ``ttl_s``, ``etag_policy``, ``bytes``, ``objects``,
+    ``evictions``, ``expirations``) plus ``name``, ``owner`` (its tenant),
+    ``created`` (Unix seconds), ``versioning`` (``""`` never enabled,
+    ``"Enabled"``, ``"Suspended"``), ``object_lock`` (``{"enabled", "mode",
+    "days", "years"}``: the default retention, ``mode`` ``""`` for none) and
+    ``quota`` (``{"bytes", "objects"}`` of the bucket's quota, 0 = no limit).
+
+    Raises:
+        NoSuchBucket: it does not exist.
+    """
+    info = engine.head_bucket(name)
+    quota = engine.quota("bucket", name)
+    return {"name": name, "owner": engine.bucket_owner(name), "created": info.created,
+            **engine.bucket_stats(name), "versioning": info.versioning,
+            "object_lock": {"enabled": info.object_lock, "mode": info.lock_mode, "days": info.lock_days,
+                            "years": info.lock_years}, "quota": {"bytes": quota["quota_bytes"],
+                                                                 "objects": quota["quota_objects"]}}
 
 
 def _json(body: object, status: int = 200) -> web.Response:
@@ -99,7 +125,9 @@ async def _dispatch(s: Services, request: web.BaseRequest, target: Target) -> we
             body = await _body(request)
             await s.call(e.set_quota, scope, name, body.get("bytes", 0), body.get("objects", 0))
             return _json(await s.call(e.quota, scope, name))
-        case ["tenants"] | ["tenants", _] | ["tenants", _, "stats" | "keys"] | ["keys"] | ["keys", _] | \
-                ["quotas", _, _]:
+        case ["buckets", name, "stats"] if method == "GET":
+            return _json(await s.call(bucket_report, e, name))
+        case (["tenants"] | ["tenants", _] | ["tenants", _, "stats" | "keys"] | ["keys"] | ["keys", _]
+              | ["quotas", _, _] | ["buckets", _, "stats"]):
             raise MethodNotAllowed(f"{method} is not allowed on {target.path}")
     raise NoSuchKey(f"no admin call {target.path}")

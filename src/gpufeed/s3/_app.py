@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiohttp import web
 
+from .._metrics import NodeMetrics
 from ..config import NodeConfig
 from ..engine import Engine
-from ..errors import AccessDenied, GpufeedError, InternalError, NotModified, SignatureDoesNotMatch
+from ..errors import AccessDenied, GpufeedError, InternalError, MethodNotAllowed, NotModified, SignatureDoesNotMatch
 from . import (
     _acl,
     _attributes,
@@ -48,10 +50,12 @@ from ._auth import AuthResult, verify_request
 from ._context import MAX_XML, HandlerTable, S3Request, Services
 from ._features import check_request_headers
 from ._headers import quote_etag
+from ._health import HEALTH_PATH, health_report, health_response
 from ._router import BucketEndpoint, CreateBucket, Endpoint, PostObject, Target, parse_target, route
 from ._server import (
     AUTH,
     ERROR_CODE,
+    OP,
     REQUEST_ID,
     TARGET,
     ConnectionLimits,
@@ -65,7 +69,7 @@ from ._server import (
 from ._tenancy import BUCKET_OWNER, CURRENT_TENANT
 from ._xml import http_date
 
-__all__ = ["S3Front", "make_app", "start_s3", "error_response", "HANDLERS"]
+__all__ = ["S3Front", "make_app", "start_s3", "serve_s3", "error_response", "HANDLERS"]
 
 log = logging.getLogger("gpufeed.s3")
 
@@ -114,7 +118,25 @@ class S3Front(Services):
     Args:
         engine: the storage engine (synchronous, thread-safe).
         config: node settings (credentials, region, io threads, size limit).
+        started_s: Unix time the node started, seconds (for the health answer's
+            uptime); ``None``: now.
     """
+
+    def __init__(self, engine: Engine, config: NodeConfig, started_s: float | None = None) -> None:
+        super().__init__(engine, config)
+        self.started_s = time.time() if started_s is None else started_s
+
+    async def _health(self, request: web.BaseRequest) -> web.Response:
+        """``GET``/``HEAD`` :data:`HEALTH_PATH`, unauthenticated (see :mod:`._health`).
+
+        Raises:
+            MethodNotAllowed: any other method.
+        """
+        request[OP] = "Health"
+        if request.method not in ("GET", "HEAD"):
+            raise MethodNotAllowed(f"{request.method} is not allowed on {HEALTH_PATH}")
+        status, body = await self.call(health_report, self.engine, self.started_s)
+        return health_response(request.method, status, body)
 
     def _target(self, request: web.BaseRequest) -> Target:
         target = request.get(TARGET)
@@ -213,14 +235,18 @@ class S3Front(Services):
         request[REQUEST_ID] = request_id
         target = self._target(request)
         try:
+            if target.path == HEALTH_PATH:  # before authentication: probes do not sign
+                return await self._health(request)
             await self._find_cors(request, target)
             auth = request.get(AUTH) or self._verify(request, target)
             request[AUTH] = auth
             if auth.anonymous and target.path.startswith(ADMIN_PREFIX):
                 raise AccessDenied("Anonymous access is not allowed")
             if target.path.startswith(ADMIN_PREFIX):
+                request[OP] = "Admin"
                 return await handle_admin(self, request, target, auth)
             endpoint = _route(target, auth)
+            request[OP] = type(endpoint).__name__
             self._authorize(request, auth, endpoint)
             check_request_headers(request.headers)
             handler = HANDLERS[type(endpoint)]
@@ -288,8 +314,13 @@ def make_app(engine: Engine, config: NodeConfig) -> web.Application:
         An application with one catch-all route; its worker pool is shut down
         on cleanup (the engine is not closed: it belongs to the caller).
     """
+    return _make_app(engine, config, None)
+
+
+def _make_app(engine: Engine, config: NodeConfig, metrics: NodeMetrics | None) -> web.Application:
+    """:func:`make_app`, with the node's metrics (their start time is the health answer's)."""
     app = web.Application(client_max_size=MAX_XML, handler_args=_HANDLER_ARGS)
-    front = S3Front(engine, config)
+    front = S3Front(engine, config, metrics.started_s if metrics is not None else None)
     app[_FRONT_KEY] = front
     app.router.add_route("*", "/{tail:[\\s\\S]*}", front.handle,  # keys may hold newlines
                          expect_handler=front.expect)
@@ -315,7 +346,21 @@ async def start_s3(engine: Engine, config: NodeConfig) -> tuple[web.AppRunner, i
     Raises:
         OSError: the port is taken, or the access log file cannot be opened.
     """
-    app = make_app(engine, config)
+    return await serve_s3(engine, config, None)
+
+
+async def serve_s3(engine: Engine, config: NodeConfig, metrics: NodeMetrics | None) -> tuple[web.AppRunner, int]:
+    """:func:`start_s3`, counting every request in ``metrics`` (the node's) and
+    reporting the port's open connections to it at scrape time.
+
+    Returns:
+        ``(runner, port)``: call ``await runner.cleanup()`` to stop (it also
+        closes the access log).
+
+    Raises:
+        OSError: the port is taken, or the access log file cannot be opened.
+    """
+    app = _make_app(engine, config, metrics)
     access_log = AccessLog(config.access_log)
 
     async def _close_log(_app: web.Application) -> None:
@@ -324,7 +369,9 @@ async def start_s3(engine: Engine, config: NodeConfig) -> tuple[web.AppRunner, i
     app.on_cleanup.append(_close_log)
     policy = ConnectionPolicy(
         header_timeout_s=config.s3_header_timeout_s, body_timeout_s=config.s3_body_timeout_s,
-        limits=ConnectionLimits(config.s3_max_connections_per_address), access_log=access_log)
+        limits=ConnectionLimits(config.s3_max_connections_per_address), access_log=access_log, metrics=metrics)
+    if metrics is not None:
+        metrics.count_connections("s3", policy.limits.total)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
     site = S3Site(runner, config.host, config.s3_port, policy=policy, backlog=1024, handler_args={

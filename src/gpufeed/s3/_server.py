@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from .._metrics import NodeMetrics
 from ..errors import GpufeedError, InternalError, InvalidRequestError, RequestTimeout, SlowDown
 from ._accesslog import AccessLog, RateLimitedWarning
 from ._versions import error_extras
@@ -67,6 +68,7 @@ __all__ = [
     "TARGET",
     "AUTH",
     "ERROR_CODE",
+    "OP",
 ]
 
 log = logging.getLogger("gpufeed.s3")
@@ -75,6 +77,7 @@ REQUEST_ID = web.RequestKey("gpufeed_s3_request_id", str)
 TARGET = web.RequestKey("gpufeed_s3_target", object)  # Target parsed by S3Front
 AUTH = web.RequestKey("gpufeed_s3_auth", object)  # AuthResult found by S3Front
 ERROR_CODE = web.RequestKey("gpufeed_s3_error_code", str)  # S3 error code answered
+OP = web.RequestKey("gpufeed_s3_op", str)  # operation name (endpoint class), for metrics
 _START = web.RequestKey("gpufeed_s3_start", float)  # loop time the handler started
 
 _PRINTABLE = frozenset(string.printable) - frozenset("\r\n\x0b\x0c")
@@ -165,6 +168,7 @@ class ConnectionLimits:
     def __init__(self, max_per_address: int) -> None:
         self.max_per_address = max_per_address
         self._open: dict[str, int] = {}
+        self._total = 0  # sum of _open, readable from any thread
 
     def acquire(self, address: str) -> bool:
         """Count one more connection of ``address``; False (nothing counted) at the cap."""
@@ -172,11 +176,14 @@ class ConnectionLimits:
         if self.max_per_address and n >= self.max_per_address:
             return False
         self._open[address] = n + 1
+        self._total += 1
         return True
 
     def release(self, address: str) -> None:
         """Forget one connection of ``address``."""
         n = self._open.get(address, 0) - 1
+        if n >= 0:
+            self._total -= 1
         if n > 0:
             self._open[address] = n
         else:
@@ -185,6 +192,10 @@ class ConnectionLimits:
     def open_count(self, address: str) -> int:
         """Connections ``address`` holds now."""
         return self._open.get(address, 0)
+
+    def total(self) -> int:
+        """Connections open now, every address together."""
+        return self._total
 
 
 @dataclass
@@ -197,6 +208,7 @@ class ConnectionPolicy:
         limits: the per-address connection counts.
         access_log: where one line per request goes.
         warn: the rate-limited warning for refusals and malformed requests.
+        metrics: where every answered request is counted too; ``None`` counts nothing.
     """
 
     header_timeout_s: float
@@ -204,6 +216,14 @@ class ConnectionPolicy:
     limits: ConnectionLimits
     access_log: AccessLog
     warn: RateLimitedWarning = field(default_factory=lambda: RateLimitedWarning(log))
+    metrics: NodeMetrics | None = None
+
+    def log(self, record: dict, op: str = "-", received: int = 0) -> None:
+        """Write one access-log line and count the request (``op``, ``received`` body bytes)."""
+        self.access_log.write(record)
+        if self.metrics is not None:
+            self.metrics.observe("s3", op, record["status"], record.get("error"), record.get("duration_s", 0.0),
+                                 received, record.get("bytes") or 0)
 
 
 class S3RequestHandler(web.RequestHandler):
@@ -299,12 +319,12 @@ class S3RequestHandler(web.RequestHandler):
         nbytes = 0
         if method != "HEAD" and response.status not in (204, 304):
             nbytes = response.content_length if response.content_length is not None else response.body_length
-        self._policy.access_log.write({
+        self._policy.log({
             "remote": self._peer, "access_key": getattr(auth, "access_key", None),
             "method": method, "bucket": getattr(target, "bucket", None), "key": getattr(target, "key", None),
             "status": response.status, "error": request.get(ERROR_CODE), "bytes": nbytes,
             "duration_s": round(duration, 6), "request_id": request.get(REQUEST_ID),
-        })
+        }, request.get(OP, "-"), request.content_length or 0)
 
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -346,7 +366,7 @@ class S3RequestHandler(web.RequestHandler):
             transport.write(_raw_error(RequestTimeout(
                 "Your socket connection to the server was not read from or written to within "
                 "the timeout period."), request_id))
-            self._policy.access_log.write({"remote": self._peer, "method": "-", "status": 400,
+            self._policy.log({"remote": self._peer, "method": "-", "status": 400,
                                            "error": "RequestTimeout", "bytes": 0,
                                            "duration_s": self._policy.header_timeout_s,
                                            "request_id": request_id})
@@ -462,7 +482,7 @@ class _Listener:
         except OSError:
             pass
         conn.close()
-        self._policy.access_log.write({"remote": address, "method": "-", "status": 503, "error": "SlowDown",
+        self._policy.log({"remote": address, "method": "-", "status": 503, "error": "SlowDown",
                                        "bytes": 0, "duration_s": 0.0, "request_id": request_id})
         self._policy.warn.warn("S3 connection from %s refused: it holds %d connections already",
                                address, self._policy.limits.open_count(address))

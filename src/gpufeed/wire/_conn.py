@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
+from .._metrics import NodeMetrics
 from ..config import WireLimits
 from ..errors import (
     AccessDenied,
@@ -36,8 +37,9 @@ from ..errors import (
 )
 from . import protocol as p
 from ._auth import Authenticator, Principal
-from ._frames import FrameIO, RecvTimeout
+from ._frames import RecvTimeout
 from ._lending import Lending
+from ._metered import MeteredReplies
 from ._regions import peer_process
 
 __all__ = ["Connection", "Handler", "StreamHandler", "EndConnection"]
@@ -73,7 +75,7 @@ Handler = Callable[["Connection", int, Any], None]
 StreamHandler = Callable[["Connection", int, p.Put, int], None]
 
 
-class Connection(FrameIO):
+class Connection(MeteredReplies):
     """One client connection (TCP or Unix), served by its own reader thread.
 
     Args:
@@ -93,13 +95,14 @@ class Connection(FrameIO):
         server_nonce: the connection's fresh random nonce (HELLO replies carry it).
         principal: who the connection authenticated as (``None`` before AUTH).
         source_ip: the client's address (TCP), ``None`` on the Unix socket.
+        metrics: where each request is counted (:class:`MeteredReplies`); ``None`` counts nothing.
     """
 
     def __init__(self, sock: socket.socket, transport: str, *, handlers: Mapping[int, Handler],
                  put_stream: StreamHandler, pool: Executor, lending: Lending,
                  on_close: Callable[["Connection"], None], limits: WireLimits | None = None,
                  peer: tuple[int, int | None] | None = None,
-                 authenticator: Authenticator) -> None:
+                 authenticator: Authenticator, metrics: NodeMetrics | None = None) -> None:
         self.limits = limits = limits or WireLimits()
         self._auth = authenticator
         self.server_nonce = secrets.token_bytes(p.NONCE_BYTES)
@@ -112,6 +115,7 @@ class Connection(FrameIO):
                 pass
         waits = [t for t in (limits.header_timeout_s, limits.idle_timeout_s) if t > 0]
         super().__init__(sock, transport, min(waits) if waits else 0.0, limits.header_timeout_s)
+        self.metrics = metrics
         self._handlers = handlers
         self._put_stream = put_stream
         self._pool = pool
@@ -238,6 +242,7 @@ class Connection(FrameIO):
             self.close_fds_in()
             raise ProtocolError("file descriptors are accepted only with REGISTER")
         req = p.decode(tp, meta)
+        self.request_begun(op, rid)
         if op == p.Op.PUT and req.region == -1:
             self._put_stream(self, rid, req, payload_len)
             return

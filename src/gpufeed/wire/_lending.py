@@ -461,6 +461,21 @@ class Lending:
             total += sum(r.size for _c, r in self._parked)
         return total
 
+    def usage(self) -> dict[str, int]:
+        """Shared memory now, for metrics: ``clients`` (connections attached),
+        ``regions_lent`` and ``lent_bytes`` (server regions lent and not yet back
+        in the pool: mapped, parked or waiting for their process), and
+        ``mapped_bytes`` (everything mapped for clients: lent regions, client
+        memfds counted once, reservations, parked and waiting regions)."""
+        with self._busy_lock:
+            lent = [r.owned for c in self._clients for r in _regions_of(c) if r.owned is not None]
+            lent += [r for _f, _c, rs in self._waiting for r in rs]
+            lent += [r for _c, r in self._parked]
+            _, mapped = self._usage_locked(-1)  # -1: no client's own share
+            clients = len(self._clients)
+        return {"clients": clients, "regions_lent": len(lent), "lent_bytes": sum(r.size for r in lent),
+                "mapped_bytes": mapped}
+
     # --- reuse (see _regions.py for the rules) -------------------------------------
     def _flush_parked(self) -> None:
         """Zero and pool parked regions whose client process has nothing running on

@@ -30,6 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .._metrics import NodeMetrics
 from .._version import __version__
 from ..config import NodeConfig
 from ..engine import Engine, KeyRing
@@ -58,11 +59,13 @@ class WireServer:
         config: uses ``host``, ``port`` (0 = free port, negative disables TCP),
             ``resolved_socket_path`` (``None`` disables shm), ``io_threads``,
             ``region_pool_bytes``, ``send_timeout_s`` and the limits in ``wire``.
+        metrics: where every connection counts its requests; ``None`` counts nothing.
     """
 
-    def __init__(self, engine: Engine, config: NodeConfig) -> None:
+    def __init__(self, engine: Engine, config: NodeConfig, metrics: NodeMetrics | None = None) -> None:
         self.engine = engine
         self.config = config
+        self.metrics = metrics
         self.pool = ThreadPoolExecutor(max(2, config.io_threads), thread_name_prefix="gpufeed-io")
         self.reader = SplitReader(max(2, os.cpu_count() or 2))
         self._stopping = threading.Event()
@@ -77,6 +80,7 @@ class WireServer:
         self._per_client: dict[tuple, int] = {}  # client key -> open connections
         self._lock = threading.Lock()
         self._refused = 0  # connections refused since the last warning
+        self._refused_total = 0  # connections refused since start
         self._refusal_logged = 0.0
         self.socket_path: str | None = None
 
@@ -158,7 +162,8 @@ class WireServer:
                 conn = Connection(sock, transport, handlers=self.ops.handlers,
                                   put_stream=self.ops.put_stream, pool=self.pool,
                                   lending=self.lending, on_close=self._forget,
-                                  limits=self.config.wire, peer=peer, authenticator=self.auth)
+                                  limits=self.config.wire, peer=peer, authenticator=self.auth,
+                                  metrics=self.metrics)
             except BaseException:
                 self._release(key)
                 sock.close()
@@ -191,6 +196,7 @@ class WireServer:
         now = time.monotonic()
         with self._lock:
             self._refused += 1
+            self._refused_total += 1
             if now - self._refusal_logged < REFUSAL_LOG_INTERVAL_S:
                 return
             refused, self._refused, self._refusal_logged = self._refused, 0, now
@@ -215,6 +221,19 @@ class WireServer:
         """Open fast-path connections: ``{"total": n, "clients": distinct clients}``."""
         with self._lock:
             return {"total": len(self._conns), "clients": len(self._per_client)}
+
+    def stats(self) -> dict[str, int]:
+        """What the fast path holds now, for metrics: open connections per transport
+        (``tcp``, ``shm``), refused connections since start (``refused``), and
+        the shared memory of :meth:`Lending.usage` and of its region pool
+        (``pool_*``: :meth:`RegionPool.stats`)."""
+        with self._lock:
+            keys = list(self._conns.values())
+        out = {"tcp": sum(k[0] == "tcp" for k in keys), "shm": sum(k[0] == "shm" for k in keys),
+               "refused": self._refused_total}
+        out.update(self.lending.usage())
+        out.update({f"pool_{k}": v for k, v in self.lending.pool.stats().items()})
+        return out
 
     def stop(self) -> None:
         """Stop accepting, close every connection, release files. Idempotent."""

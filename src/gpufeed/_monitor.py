@@ -1,0 +1,144 @@
+"""The node's metrics port: ``GET /metrics`` (Prometheus text format) and
+``GET /health`` (JSON), and the scrape-time metric families.
+
+A listener of its own (``NodeConfig.metrics_port``, bound to ``NodeConfig.host``)
+served on the S3 front's event loop. Unauthenticated, because Prometheus and
+health probes do not sign requests; it serves no object data. What it does
+reveal: request counts, latencies and error codes, and, unless
+``NodeConfig.metrics_tenant_labels`` is off, tenant names with their bucket and
+object counts and bytes stored. Keep it on a loopback or management address
+(``--host``) where that matters.
+
+Scrape-time families (read when scraped, never updated on the hot path):
+
+=============================================== ======== =============================================
+name                                             labels   meaning
+=============================================== ======== =============================================
+``gpufeed_connections_open``                     front    open connections (``s3``, ``tcp``, ``shm``)
+``gpufeed_wire_refused_connections``             -        fast-path connections refused at a cap
+``gpufeed_shm_clients``                          -        fast-path connections attached to lending
+``gpufeed_shm_regions_lent``                     -        server regions lent and not back in the pool
+``gpufeed_shm_lent_bytes``                       -        their bytes
+``gpufeed_shm_mapped_bytes``                     -        all client shared memory the node maps
+``gpufeed_shm_pool_bytes`` / ``_pool_regions``   -        zeroed regions kept for reuse
+``gpufeed_shm_pool_hits`` / ``_pool_misses``     -        lends served from the pool / fresh
+``gpufeed_tenants``                              -        tenants
+``gpufeed_buckets`` / ``_objects`` / ``_stored_bytes``  -  totals over every tenant
+``gpufeed_tenant_buckets`` / ``_objects`` / ``_bytes``  tenant  per tenant (unless tenant labels are off)
+``gpufeed_start_time_seconds``                   -        Unix time the node started
+``gpufeed_build_info``                           version  always 1
+=============================================== ======== =============================================
+
+Usage figures come from ``Engine.tenant_stats`` for each of
+``Engine.list_tenants()``, computed at most once per :data:`USAGE_CACHE_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client.core import Metric
+
+from ._metrics import CONTENT_TYPE, CachedSource, NodeMetrics, gauge
+from ._version import __version__
+from .s3._health import health_report, health_response
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .wire.server import WireServer
+
+__all__ = ["start_monitor", "add_node_sources", "USAGE_CACHE_S"]
+
+#: Seconds a pass over the tenants' usage is reused by later scrapes.
+USAGE_CACHE_S = 5.0
+
+
+def _usage_families(engine: Engine, tenant_labels: bool) -> list[Metric]:
+    """One pass over every tenant's usage."""
+    stats = [engine.tenant_stats(t.name) for t in engine.list_tenants()]
+    out: list[Metric] = [gauge("gpufeed_tenants", "Tenants.", len(stats))]
+    for field, name in (("buckets", "buckets"), ("objects", "objects"), ("bytes", "stored_bytes")):
+        out.append(gauge(f"gpufeed_{name}", f"Current {field} over every tenant.",
+                         sum(s[field] for s in stats)))
+        if tenant_labels:
+            out.append(gauge(f"gpufeed_tenant_{field}", f"Current {field} of each tenant.", labels=("tenant",),
+                             samples=[((s["name"],), s[field]) for s in stats]))
+    return out
+
+
+def _wire_families(wire: WireServer) -> list[Metric]:
+    s = wire.stats()
+    return [
+        gauge("gpufeed_wire_refused_connections", "Fast-path connections refused at a cap since start.",
+              s["refused"]),
+        gauge("gpufeed_shm_clients", "Fast-path connections attached to memory lending.", s["clients"]),
+        gauge("gpufeed_shm_regions_lent", "Server shared-memory regions lent, not back in the pool.",
+              s["regions_lent"]),
+        gauge("gpufeed_shm_lent_bytes", "Bytes of those regions.", s["lent_bytes"]),
+        gauge("gpufeed_shm_mapped_bytes", "Client shared memory the node maps, bytes.", s["mapped_bytes"]),
+        gauge("gpufeed_shm_pool_bytes", "Zeroed regions kept for reuse, bytes.", s["pool_bytes"]),
+        gauge("gpufeed_shm_pool_regions", "Zeroed regions kept for reuse.", s["pool_regions"]),
+        gauge("gpufeed_shm_pool_hits", "Region lends served from the pool since start.", s["pool_hits"]),
+        gauge("gpufeed_shm_pool_misses", "Region lends that needed a fresh region since start.",
+              s["pool_misses"]),
+    ]
+
+
+def add_node_sources(metrics: NodeMetrics, engine: Engine, wire: WireServer | None) -> CachedSource:
+    """Register the scrape-time families of a node (see the module docstring).
+
+    Returns:
+        The cached usage source (its ``passes`` counts passes over the tenants).
+    """
+    usage = CachedSource(lambda: _usage_families(engine, metrics.tenant_labels), USAGE_CACHE_S)
+    metrics.add_source(usage)
+    metrics.add_source(lambda: [
+        gauge("gpufeed_start_time_seconds", "Unix time the node started.", metrics.started_s),
+        gauge("gpufeed_build_info", "The node's version.", labels=("version",), samples=[((__version__,), 1)]),
+    ])
+    if wire is not None:
+        metrics.count_connections("tcp", lambda: wire.stats()["tcp"])
+        metrics.count_connections("shm", lambda: wire.stats()["shm"])
+        metrics.add_source(lambda: _wire_families(wire))
+    return usage
+
+
+def _monitor_app(metrics: NodeMetrics, engine: Engine) -> web.Application:
+    loop_pool = None  # the loop's default executor: scrapes are rare and short
+
+    async def get_metrics(request: web.Request) -> web.Response:
+        body = await asyncio.get_running_loop().run_in_executor(loop_pool, metrics.render)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def get_health(request: web.Request) -> web.Response:
+        status, body = await asyncio.get_running_loop().run_in_executor(
+            loop_pool, health_report, engine, metrics.started_s)
+        return health_response(request.method, status, body)
+
+    app = web.Application()
+    app.router.add_get("/metrics", get_metrics)
+    app.router.add_get("/health", get_health)
+    return app
+
+
+async def start_monitor(metrics: NodeMetrics, engine: Engine, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``/metrics`` and ``/health`` on ``host:port`` (0 picks a free port).
+
+    Returns:
+        ``(runner, port)``: ``await runner.cleanup()`` stops it.
+
+    Raises:
+        OSError: the port is taken.
+    """
+    runner = web.AppRunner(_monitor_app(metrics, engine), access_log=None, handle_signals=False,
+                           shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, runner.addresses[0][1]
