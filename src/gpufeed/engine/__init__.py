@@ -1,5 +1,6 @@
 """The storage node with no network: catalog, blobs, buckets, objects, multipart, lifecycle."""
 
+from ._directories import check_directory_bucket_name, check_directory_listing, is_directory_name
 from ._openfiles import ObjectHandle
 from ._sqlite import SqliteCatalog
 from .catalog import Catalog, CatalogReader, CatalogWriter
@@ -26,4 +27,7 @@ __all__ = [
     "CatalogReader",
     "CatalogWriter",
     "SqliteCatalog",
+    "is_directory_name",
+    "check_directory_bucket_name",
+    "check_directory_listing",
 ]

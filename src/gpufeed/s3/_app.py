@@ -32,6 +32,7 @@ from . import (
     _bucketconfig,
     _buckets,
     _cors,
+    _express,
     _lifecycle,
     _listing,
     _lock,
@@ -96,6 +97,7 @@ HANDLERS: HandlerTable = {
     **_lock.HANDLERS,
     **_tagging.HANDLERS,
     **_versions.HANDLERS,
+    **_express.HANDLERS,
 }
 
 
@@ -207,6 +209,7 @@ class S3Front(Services):
             if target.path.startswith(ADMIN_PREFIX):
                 return await handle_admin(self, request, target, auth)
             endpoint = route(target)
+            _express.check_request(self, target, request.headers, auth, endpoint)  # session token, directory rules
             self._authorize(auth, endpoint)
             check_request_headers(request.headers)
             handler = HANDLERS[type(endpoint)]

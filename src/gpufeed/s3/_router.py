@@ -45,7 +45,8 @@ __all__ = [
     "GetObjectAcl", "PutObjectAcl", "GetObjectAttributes", "PutObjectRetention", "GetObjectRetention",
     "PutObjectLegalHold", "GetObjectLegalHold", "PutObjectTagging", "GetObjectTagging", "DeleteObjectTagging",
     "PutObject", "CopyObject", "DeleteObject", "CreateMultipartUpload", "UploadPart", "UploadPartCopy",
-    "CompleteMultipartUpload", "AbortMultipartUpload", "ListParts", "PutBucketVersioning", "ListObjectVersions"
+    "CompleteMultipartUpload", "AbortMultipartUpload", "ListParts", "PutBucketVersioning", "ListObjectVersions",
+    "CreateSession",
 ]
 
 #: Bucket configurations with Get and Delete (:class:`GetBucketConfiguration`,
@@ -69,7 +70,7 @@ UNSUPPORTED_OBJECT = frozenset({
 
 #: Every bucket sub-resource the router knows (a request naming two is refused).
 _SUB_RESOURCES = UNSUPPORTED_BUCKET | BUCKET_CONFIGURATIONS | {
-    "lifecycle", "acl", "location", "versioning", "versions", "uploads", "delete", "object-lock"}
+    "lifecycle", "acl", "location", "versioning", "versions", "uploads", "delete", "object-lock", "session"}
 
 _PART_NUMBER_RANGE = "Part number must be an integer between 1 and 10000, inclusive"
 
@@ -366,6 +367,11 @@ class ListObjects(BucketEndpoint):
 
 
 @dataclass(frozen=True, slots=True)
+class CreateSession(BucketEndpoint):
+    """``GET /bucket?session``: CreateSession (temporary credentials for a directory bucket)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ListMultipartUploads(BucketEndpoint):
     """``GET /bucket?uploads``: ListMultipartUploads."""
 
@@ -621,6 +627,8 @@ def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
             return GetBucketAcl(bucket)
         if "uploads" in q:
             return ListMultipartUploads(bucket)
+        if "session" in q:
+            return CreateSession(bucket)
         return ListObjects(bucket, v2=q.get("list-type") == "2")
     if method == "HEAD":
         return HeadBucket(bucket)
