@@ -147,7 +147,7 @@ def test_create_session_answer(s3c, dbucket):
     creds = s3c.create_session(Bucket=dbucket)["Credentials"]
     assert creds["AccessKeyId"].startswith("GFXS") and creds["SecretAccessKey"] and creds["SessionToken"]
     import datetime
-    left = (creds["Expiration"] - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    left = (creds["Expiration"] - datetime.datetime.now(datetime.UTC)).total_seconds()
     assert 280 < left <= 301
 
 
