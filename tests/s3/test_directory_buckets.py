@@ -340,3 +340,16 @@ def test_boto3_addressing_style_config_is_accepted(s3_node, dbucket):
     c = s3_node.client(s3={"addressing_style": "path"})
     assert c.get_object(Bucket=dbucket, Key="z/5")["Body"].read() == b"z/5"
     c.close()
+
+
+def test_stock_boto3_multipart_upload(s3_node, dbucket):
+    import io
+
+    from boto3.s3.transfer import TransferConfig
+    c = s3_node.client()
+    data = bytes(range(256)) * (24 * 1024)  # 6 MiB: two parts of 5 MiB and 1 MiB
+    c.upload_fileobj(io.BytesIO(data), dbucket, "mp/big",
+                     Config=TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20))
+    assert c.get_object(Bucket=dbucket, Key="mp/big")["Body"].read() == data
+    c.delete_object(Bucket=dbucket, Key="mp/big")
+    c.close()
