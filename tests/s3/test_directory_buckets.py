@@ -353,3 +353,14 @@ def test_stock_boto3_multipart_upload(s3_node, dbucket):
     assert c.get_object(Bucket=dbucket, Key="mp/big")["Body"].read() == data
     c.delete_object(Bucket=dbucket, Key="mp/big")
     c.close()
+
+
+def test_stock_boto3_presigned_get(s3_node, dbucket):
+    """botocore presigns a directory bucket GET with a session (``X-Amz-S3session-Token`` in the query)."""
+    import urllib.request
+    c = s3_node.client()
+    url = c.generate_presigned_url("get_object", Params={"Bucket": dbucket, "Key": "top.txt"}, ExpiresIn=60)
+    c.close()
+    assert "X-Amz-S3session-Token=" in url
+    with urllib.request.urlopen(url, timeout=30) as r:
+        assert r.read() == b"top.txt"
