@@ -14,11 +14,31 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from .errors import GpufeedError, error_from_code
 
 __all__ = ["Admin", "RemoteAdmin", "LocalAdmin"]
+
+
+def _answer_error(status: int, raw: bytes, url: str) -> GpufeedError:
+    """The typed error of a refused admin call: the admin API's JSON, an S3
+    error document (the signature was refused before the admin API), or else
+    what answered (not a gpufeed node)."""
+    try:
+        doc = json.loads(raw)
+        return error_from_code(doc.get("error", ""), doc.get("message", ""))
+    except (ValueError, AttributeError):
+        pass
+    try:
+        root = ET.fromstring(raw)
+        code, message = root.findtext("Code"), root.findtext("Message")
+        if code:
+            return error_from_code(code, message or code)
+    except ET.ParseError:
+        pass
+    return GpufeedError(f"{url} answered HTTP {status} without a gpufeed error: is it a gpufeed node's S3 endpoint?")
 
 
 class Admin:
@@ -104,14 +124,11 @@ class RemoteAdmin(Admin):
             with urllib.request.urlopen(prepared, timeout=self._timeout_s) as resp:
                 return json.loads(resp.read() or b"{}")
         except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            try:
-                doc = json.loads(raw)
-            except ValueError:
-                raise GpufeedError(f"the node answered {exc.code}: {raw[:200]!r}") from exc
-            raise error_from_code(doc.get("error", ""), doc.get("message", "")) from exc
+            raise _answer_error(exc.code, exc.read(), self._url) from exc
         except urllib.error.URLError as exc:
             raise OSError(f"cannot reach the node's admin API at {self._url}: {exc.reason}") from exc
+        except TimeoutError as exc:
+            raise OSError(f"the node's admin API at {self._url} did not answer in {self._timeout_s:g} s") from exc
 
     def tenant_create(self, name: str) -> dict:
         return self._call("POST", "tenants", {"name": name})
@@ -152,11 +169,15 @@ class LocalAdmin(Admin):
 
     Raises:
         DataFolderInUse: a node is running on it (use :class:`RemoteAdmin`).
+        FileNotFoundError: ``data_dir`` is not a node's data folder (a typo
+            never makes a new, empty one).
     """
 
     def __init__(self, data_dir: str | Path, master_key: bytes | None = None) -> None:
         from .engine import Engine
 
+        if not (Path(data_dir) / "catalog.sqlite3").is_file():
+            raise FileNotFoundError(f"no gpufeed data folder at {data_dir} (it has no catalog.sqlite3)")
         self._engine = Engine(data_dir, master_key=master_key)
 
     def tenant_create(self, name: str) -> dict:

@@ -58,6 +58,7 @@ Tree::
     │   │   └── InvalidPartNumber  (416: GET/HEAD of a part the object does not have)
     │   ├── InvalidPartOrder
     │   ├── MalformedXML
+    │   ├── MalformedPolicy       (a bucket policy refused, with AWS's reason)
     │   ├── IncompleteBody
     │   ├── InvalidDigest
     │   ├── XAmzContentSHA256Mismatch
@@ -138,6 +139,7 @@ __all__ = [
     "InvalidPartNumber",
     "InvalidPartOrder",
     "MalformedXML",
+    "MalformedPolicy",
     "IncompleteBody",
     "InvalidDigest",
     "XAmzContentSHA256Mismatch",
@@ -405,6 +407,13 @@ class InvalidPartOrder(InvalidRequestError):
 
 class MalformedXML(InvalidRequestError):
     code, status = "MalformedXML", 400
+
+
+class MalformedPolicy(InvalidRequestError):
+    """A PutBucketPolicy document refused; the message is AWS's reason
+    ("Policy has invalid resource", "Invalid principal in policy", ...)."""
+
+    code, status = "MalformedPolicy", 400
 
 
 class IncompleteBody(InvalidRequestError):

@@ -211,3 +211,35 @@ def test_start_after_equal_to_common_prefix_skips_it(engine):
     assert [o.key for o in r.objects] == ["b0", "d"] and r.common_prefixes == ["b/", "c/"]
     after = engine.list_objects(B, start_after="b/").objects
     assert [o.key for o in after] == ["b/1", "b/2", "b/c/3", "b0", "c/1", "d"]
+
+
+# -- ETag policy -----------------------------------------------------------------------
+
+def test_etag_policy_of_a_bucket(tmp_path):
+    """md5: S3's hex MD5; fast: x + XXH3-128 whatever the front asks; none: n + the
+    version's blob id (no hashing), unique per version; Content-MD5 is checked in all."""
+    import hashlib
+
+    import xxhash
+
+    from gpufeed.errors import BadDigest, InvalidArgument
+
+    with Engine(tmp_path / "d", fsync=False) as e:
+        for policy in ("md5", "fast", "none"):
+            e.create_bucket(f"etag-{policy}", etag_policy=policy)
+        data = b"some bytes" * 1000
+        assert e.put_object("etag-md5", "k", data).etag == hashlib.md5(data).hexdigest()
+        assert e.put_object("etag-md5", "f", data, etag="xxh3").etag == "x" + xxhash.xxh3_128_hexdigest(data)
+        assert e.put_object("etag-fast", "k", data).etag == "x" + xxhash.xxh3_128_hexdigest(data)
+        first = e.put_object("etag-none", "k", data)
+        second = e.put_object("etag-none", "k", data)
+        assert first.etag == "n" + first.blob_id and second.etag == "n" + second.blob_id != first.etag
+        assert e.head_object("etag-none", "k").etag == second.etag
+        good = base64.b64encode(hashlib.md5(data).digest()).decode()
+        e.put_object("etag-none", "checked", data, content_md5=good)
+        with pytest.raises(BadDigest):
+            e.put_object("etag-none", "bad", data, content_md5=base64.b64encode(b"0" * 16).decode())
+        assert [b["etag_policy"] for b in map(e.bucket_stats, ("etag-md5", "etag-fast", "etag-none"))] == \
+            ["md5", "fast", "none"]
+        with pytest.raises(InvalidArgument):
+            e.create_bucket("etag-bad", etag_policy="sha1")

@@ -146,7 +146,7 @@ def test_standard_bucket_never_evicts(eng):
     assert len(_keys(eng, "plain")) == 50
     assert eng.bucket_stats("plain") == {"kind": "standard", "capacity_bytes": 0, "ttl_s": 0.0,
                                          "bytes": 50 * KB, "objects": 50, "evictions": 0,
-                                         "expirations": 0}
+                                         "expirations": 0, "etag_policy": "md5"}
     assert _keys(eng, "kvb") == ["k48", "k49"]
 
 

@@ -53,8 +53,15 @@ def test_secrets_are_sealed_under_the_master_key(tmp_path):
     with Engine(tmp_path / "d", fsync=False) as e:
         assert e.lookup_access_key(info.access_key) == ("t1", secret)  # the file key is read back
     with Engine(tmp_path / "d", fsync=False, master_key=os.urandom(32)) as e:
-        with pytest.raises(InternalError, match="master key"):
-            e.lookup_access_key(info.access_key)
+        assert e.lookup_access_key(info.access_key) is None  # refused (and logged), never a 500
+        with pytest.raises(InternalError, match="does not open the access keys already stored"):
+            e.create_access_key("t1")  # a key sealed under the wrong master key could never work
+    (tmp_path / "d" / "master.key").unlink()
+    with Engine(tmp_path / "d", fsync=False) as e:
+        assert e.lookup_access_key(info.access_key) is None
+        with pytest.raises(InternalError, match="master.key is missing"):
+            e.create_access_key("t1")
+    assert not (tmp_path / "d" / "master.key").exists()  # never replaced by a key that opens nothing
 
 
 def test_master_key_from_the_environment(tmp_path, monkeypatch):

@@ -516,7 +516,7 @@ def test_other_requests_naming_features_not_built_are_501(s3c, bkt):
     assert [e["Code"] for e in res["Errors"]] == ["InvalidArgument"]
     assert s3c.get_object(Bucket=bkt, Key="v")["Body"].read() == b"v"  # nothing was deleted
     with pytest.raises(ClientError) as ei:
-        s3c.put_bucket_policy(Bucket=bkt, Policy="{}")
+        s3c.put_bucket_logging(Bucket=bkt, BucketLoggingStatus={})
     assert _err(ei.value) == (501, "NotImplemented")
 
 

@@ -364,3 +364,40 @@ def test_stock_boto3_presigned_get(s3_node, dbucket):
     assert "X-Amz-S3session-Token=" in url
     with urllib.request.urlopen(url, timeout=30) as r:
         assert r.read() == b"top.txt"
+
+
+def test_cross_tenant_session_follows_the_bucket_policy_of_its_key(s3_node):
+    """A session acts as the key that made it: a bucket policy naming that key (not
+    the session's id) lets its session requests through, and only those actions."""
+    import json
+    eng = s3_node.engine
+    keys = {}
+    for who in ("owner", "guest"):
+        tenant = f"{who}{uuid.uuid4().hex[:6]}"
+        eng.create_tenant(tenant)
+        info, secret = eng.create_access_key(tenant)
+        keys[who] = (info.access_key, secret)
+
+    def client(who, **cfg):
+        ak, sk = keys[who]
+        return boto3.client("s3", endpoint_url=s3_node.s3_url, aws_access_key_id=ak, aws_secret_access_key=sk,
+                            region_name="us-east-1", config=Config(**cfg) if cfg else None)
+
+    owner, guest = client("owner", **NO_SESSION), client("guest")
+    name = _name()
+    owner.create_bucket(Bucket=name, CreateBucketConfiguration=_config())
+    owner.put_object(Bucket=name, Key="pub/a", Body=b"shared")
+    with pytest.raises(ClientError) as exc:
+        guest.get_object(Bucket=name, Key="pub/a")  # CreateSession itself is refused
+    assert _code(exc) == "AccessDenied"
+    arn = f"arn:aws:s3:::{name}"
+    owner.put_bucket_policy(Bucket=name, Policy=json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"AWS": keys["guest"][0]}, "Action": ["s3:ListBucket", "s3:GetObject"],
+         "Resource": [arn, f"{arn}/*"]}]}))
+    guest2 = client("guest")
+    assert guest2.get_object(Bucket=name, Key="pub/a")["Body"].read() == b"shared"
+    with pytest.raises(ClientError) as exc:
+        guest2.put_object(Bucket=name, Key="pub/b", Body=b"x")
+    assert _code(exc) == "AccessDenied"
+    for c in (owner, guest, guest2):
+        c.close()

@@ -199,6 +199,9 @@ def test_cli_on_a_stopped_node_and_a_node_that_is_down(tmp_path):
         assert [b["Name"] for b in c.list_buckets()["Buckets"]] == ["erin-bucket"]
     finally:
         node.stop()
+    typo = subprocess.run([sys.executable, "-m", "gpufeed", "admin", "--data-dir", str(tmp_path / "typo"),
+                           "tenant", "create", "zed"], capture_output=True, text=True)
+    assert typo.returncode == 1 and "no gpufeed data folder" in typo.stderr and not (tmp_path / "typo").exists()
     down = subprocess.run([sys.executable, "-m", "gpufeed", "admin", "--url", node.s3_url, "tenant", "list"],
                           capture_output=True, text=True)
     assert down.returncode == 1 and "cannot reach the node" in down.stderr and "Traceback" not in down.stderr
@@ -226,3 +229,4 @@ def test_quotas_through_the_admin_api_and_s3(tnode, admin):
     c.delete_object(Bucket="quota-bucket", Key="a")
     c.put_object(Bucket="quota-bucket", Key="b", Body=b"x" * 600)
     assert admin.quota_get("bucket", "quota-bucket")["stored_bytes"] == 600
+

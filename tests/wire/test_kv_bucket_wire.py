@@ -43,7 +43,7 @@ def test_kv_bucket_evicts_lru_and_never_refuses(client):
         client.head(b, "k1")
     stats = client.bucket_stats(b)
     assert stats == {"kind": "kv", "capacity_bytes": 8 * KB, "ttl_s": 0.0, "bytes": 8 * KB,
-                     "objects": 8, "evictions": 32, "expirations": 0}
+                     "objects": 8, "evictions": 32, "expirations": 0, "etag_policy": "md5"}
     with pytest.raises(EntityTooLarge):
         client.put(b, "huge", bytes(8 * KB + 1))
     assert client.bucket_stats(b)["objects"] == 8  # the refused put dropped nothing
@@ -55,7 +55,7 @@ def test_standard_bucket_stats_and_bad_policies(client):
     client.put(b, "x", bytes(3 * KB))
     assert client.bucket_stats(b) == {"kind": "standard", "capacity_bytes": 0, "ttl_s": 0.0,
                                       "bytes": 3 * KB, "objects": 1, "evictions": 0,
-                                      "expirations": 0}
+                                      "expirations": 0, "etag_policy": "md5"}
     with pytest.raises(InvalidArgument):
         client.create_bucket(_name(), kind="kv")  # needs a capacity or a TTL
     with pytest.raises(InvalidArgument):

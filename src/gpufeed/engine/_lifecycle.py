@@ -54,7 +54,7 @@ from ._versions import check_unlocked, delete_version
 from .catalog import Catalog, CatalogWriter, require_bucket
 from .types import BucketInfo, LifecycleResult, LifecycleRule, ObjectInfo, UploadInfo
 
-__all__ = ["Lifecycle", "check_rules", "due_time", "MAX_RULES", "MAX_NEWER_NONCURRENT", "DAY_S"]
+__all__ = ["Lifecycle", "LifecycleCalls", "check_rules", "due_time", "MAX_RULES", "MAX_NEWER_NONCURRENT", "DAY_S"]
 
 #: Most rules one bucket's configuration holds (S3's limit).
 MAX_RULES = 1000
@@ -390,3 +390,61 @@ def _prune_key(w: CatalogWriter, b: BucketInfo, key: str, rule: LifecycleRule, n
             or (rule.expiration_days is not None and due_time(m.last_modified, rule.expiration_days) <= now)):
         delete_version(w, b, key, m.version_id, False, now)
         tally.delete_markers_removed += 1
+
+
+class LifecycleCalls:
+    """The lifecycle part of :class:`~gpufeed.engine.Engine`'s API, mixed into it."""
+
+    _lifecycle: Lifecycle
+
+    def put_bucket_lifecycle(self, bucket: str, rules: list[LifecycleRule]) -> None:
+        """Make ``rules`` the bucket's lifecycle configuration, replacing any.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+            InvalidArgument, InvalidRequestError: rules S3 would refuse
+                (see :func:`gpufeed.engine._lifecycle.check_rules`).
+
+        Source: https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutBucketLifecycleConfiguration.html
+        """
+        self._lifecycle.put(bucket, rules)
+
+    def get_bucket_lifecycle(self, bucket: str) -> list[LifecycleRule]:
+        """The bucket's lifecycle rules, in the order they were set.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+            NoSuchLifecycleConfiguration: it has none.
+        """
+        return self._lifecycle.get(bucket)
+
+    def delete_bucket_lifecycle(self, bucket: str) -> None:
+        """Remove the bucket's lifecycle configuration (having none is fine).
+
+        Raises:
+            NoSuchBucket: it does not exist.
+        """
+        self._lifecycle.delete(bucket)
+
+    def apply_lifecycle(self, now: float | None = None, *, idle_upload_s: float = 0.0) -> LifecycleResult:
+        """Apply every bucket's enabled lifecycle rules once, as of ``now``.
+
+        Expired current objects are deleted, or in a versioned bucket get a
+        delete marker (only the version that expired; a key overwritten
+        meanwhile stays), due noncurrent versions not under object lock and
+        lone delete markers are removed, due multipart uploads aborted (see
+        :mod:`gpufeed.engine._lifecycle`); then,
+        with ``idle_upload_s > 0``, every upload with no activity (start or part
+        upload) for that many seconds is aborted, whatever the rules say.
+
+        Args:
+            now: Unix s the rules are applied at; ``None`` for the clock.
+            idle_upload_s: seconds after which an untouched upload is aborted; 0 never.
+
+        Returns:
+            What was removed.
+
+        Raises:
+            InternalError: the catalog failed, or the engine is closed.
+        """
+        return self._lifecycle.apply(now, idle_upload_s)

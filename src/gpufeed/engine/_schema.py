@@ -188,6 +188,7 @@ _ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("buckets", "lock_days", "INTEGER NOT NULL DEFAULT 0"),
     ("buckets", "lock_years", "INTEGER NOT NULL DEFAULT 0"),
     ("buckets", "owner", "TEXT NOT NULL DEFAULT ''"),         # tenant name; '' = the default tenant
+    ("buckets", "etag_policy", "TEXT NOT NULL DEFAULT 'md5'"),  # 'md5' | 'fast' | 'none'
     ("uploads", "tags", "TEXT NOT NULL DEFAULT ''"),          # of the object the upload completes into
     ("uploads", "lock", "TEXT NOT NULL DEFAULT ''"),          # JSON [mode, until, legal_hold], '' for none
 )

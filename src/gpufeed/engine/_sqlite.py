@@ -49,7 +49,7 @@ _BUSY_TIMEOUT_S = 30.0
 
 
 _BUCKET_COLS = ("SELECT name, created, kind, capacity_bytes, ttl_s, versioning, object_lock, lock_mode,"
-                " lock_days, lock_years, owner FROM buckets")
+                " lock_days, lock_years, owner, etag_policy FROM buckets")
 #: The columns of a version after its key, in :meth:`_Reads._object_info` order.
 _VERSION_COLS = ("size, etag, last_modified, content_type, metadata, checksums, blob_id, headers,"
                  " version_id, seq, lock_mode, lock_until, legal_hold, tags")
@@ -92,8 +92,8 @@ def _no_path(blob_id: str) -> str:
 
 
 def _bucket(row) -> BucketInfo:
-    name, created, kind, cap, ttl, versioning, lock, mode, days, years, owner = row
-    return BucketInfo(name, created, kind, cap, ttl, versioning, bool(lock), mode, days, years, owner)
+    name, created, kind, cap, ttl, versioning, lock, mode, days, years, owner, etag_policy = row
+    return BucketInfo(name, created, kind, cap, ttl, versioning, bool(lock), mode, days, years, owner, etag_policy)
 
 
 def _lock_dumps(r: Retention) -> str:
@@ -342,9 +342,9 @@ class _Writer(_View, CatalogWriter):
     def insert_bucket(self, info: BucketInfo) -> None:
         self._c.execute(
             "INSERT INTO buckets (name, created, kind, capacity_bytes, ttl_s, versioning, object_lock, lock_mode,"
-            " lock_days, lock_years, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " lock_days, lock_years, owner, etag_policy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (info.name, info.created, info.kind, info.capacity_bytes, info.ttl_s, info.versioning,
-             int(info.object_lock), info.lock_mode, info.lock_days, info.lock_years, info.owner))
+             int(info.object_lock), info.lock_mode, info.lock_days, info.lock_years, info.owner, info.etag_policy))
 
     def insert_tenant(self, info: TenantInfo) -> None:
         self._c.execute("INSERT INTO tenants (name, created) VALUES (?, ?)", (info.name, info.created))

@@ -23,11 +23,13 @@ server needs the secret); NIST SP 800-38D (GCM).
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import re
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag as _BadSeal
@@ -38,24 +40,31 @@ from ..errors import (
     InternalError,
     InvalidArgument,
     InvalidTenantName,
+    MalformedPolicy,
     NoSuchAccessKey,
     NoSuchTenant,
     QuotaExceeded,
     TenantAlreadyExists,
     TenantNotEmpty,
 )
+from ._policy import OWNER_ONLY_ACTIONS, Policy, PolicyRequest, evaluate, parse_policy
 from ._private import FILE_MODE
 from .catalog import Catalog, CatalogReader, require_bucket
 from .types import DEFAULT_TENANT, AccessKeyInfo, BucketInfo, TenantInfo
 
-__all__ = ["TenantAdmin", "MasterKey", "check_tenant_name", "owner_of", "check_quota", "QUOTA_SCOPES"]
+__all__ = ["TenantAdmin", "MasterKey", "check_tenant_name", "owner_of", "check_quota", "QUOTA_SCOPES",
+           "POLICY_CONFIG"]
 
 #: What a quota can bound: a tenant (all its buckets together) or one bucket.
 QUOTA_SCOPES = ("tenant", "bucket")
 
+log = logging.getLogger(__name__)
+
 _TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
 _MASTER_BYTES = 32
+#: The bucket configuration document that holds a bucket's policy.
+POLICY_CONFIG = "policy"
 
 
 def check_tenant_name(name: str) -> None:
@@ -98,18 +107,31 @@ class MasterKey:
         data_dir: the data folder; ``master.key`` there is read, or made
             (``0600``, 32 random bytes) when ``key`` is ``None`` and it is missing.
         key: 32 bytes given by the node's settings, used instead of the file.
+        has_sealed: whether secrets are stored already; then a missing file is
+            an error, never replaced by a new key that could not open them.
 
     Raises:
-        InternalError: ``key`` is not 32 bytes, or the file is not.
+        InternalError: ``key`` is not 32 bytes, or the file is not; the file is
+            missing while secrets are stored (at first use).
     """
 
-    def __init__(self, data_dir: Path, key: bytes | None = None) -> None:
+    def __init__(self, data_dir: Path, key: bytes | None = None,
+                 has_sealed: Callable[[], bool] = lambda: False) -> None:
         self._path = data_dir / "master.key"
         self._given = key
+        self._has_sealed = has_sealed
         if key is not None and len(key) != _MASTER_BYTES:
             raise InternalError(f"the master key must be {_MASTER_BYTES} bytes, not {len(key)}")
         self._aead: AESGCM | None = AESGCM(key) if key is not None else None
         self._lock = threading.Lock()
+
+    def load(self) -> None:
+        """Read (or make) the key now rather than at first use.
+
+        Raises:
+            InternalError: as the class does.
+        """
+        self._cipher()
 
     def _cipher(self) -> AESGCM:
         if self._aead is not None:
@@ -123,6 +145,9 @@ class MasterKey:
         try:
             key = self._path.read_bytes()
         except FileNotFoundError:
+            if self._has_sealed():
+                raise InternalError(f"{self._path} is missing but access keys are stored: give the master key "
+                                    "they were sealed with (GPUFEED_MASTER_KEY)") from None
             key = secrets.token_bytes(_MASTER_BYTES)
             fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
             try:
@@ -292,6 +317,7 @@ class TenantAdmin:
         Raises:
             NoSuchTenant: no such tenant.
         """
+        self._check_master_key()
         access_key = "GF" + "".join(secrets.choice(_KEY_ALPHABET) for _ in range(18))
         secret = secrets.token_urlsafe(30)
         info = AccessKeyInfo(access_key, tenant, time.time())
@@ -302,6 +328,23 @@ class TenantAdmin:
             w.insert_access_key(info, sealed)
             w.on_commit(self._forget_keys)
         return info, secret
+
+    def _check_master_key(self) -> None:
+        """Refuse to seal a new secret under a master key that does not open the stored ones.
+
+        Raises:
+            InternalError: it does not (the node was given another master key).
+        """
+        self._master.load()  # a missing master.key says so itself
+        for info in self._cat.access_keys():
+            row = self._cat.access_key(info.access_key)
+            if row is not None:
+                try:
+                    self._master.open(info.access_key, row[1])
+                except InternalError as exc:
+                    raise InternalError("this master key does not open the access keys already stored; use the "
+                                        "node's (GPUFEED_MASTER_KEY, or its data folder's master.key)") from exc
+            return
 
     def list_access_keys(self, tenant: str | None = None) -> list[AccessKeyInfo]:
         """The keys of ``tenant`` (every tenant's when ``None``), revoked ones included.
@@ -330,8 +373,8 @@ class TenantAdmin:
         Answers from memory after the first lookup of a key; creating or
         revoking a key, or deleting a tenant, empties that memory.
 
-        Raises:
-            InternalError: the stored secret does not open with the master key.
+        A key whose stored secret does not open with the node's master key (the
+        node was started with another one) is treated as unknown, and logged.
         """
         cache = self._key_cache
         if access_key in cache:
@@ -340,7 +383,10 @@ class TenantAdmin:
         row = self._cat.access_key(access_key)
         found = None
         if row is not None and not row[0].revoked:
-            found = (row[0].tenant, self._master.open(access_key, row[1]))
+            try:
+                found = (row[0].tenant, self._master.open(access_key, row[1]))
+            except InternalError as exc:
+                log.warning("access key %s refused: %s", access_key, exc.message)
         with self._key_cache_lock:
             if gen == self._key_gen:
                 if len(cache) > 10_000:
@@ -372,17 +418,115 @@ class TenantAdmin:
         return owner
 
     def _forget_owner(self, name: str) -> None:
-        """Drop a bucket's remembered owner (run at the commit that makes or deletes it)."""
+        """Drop a bucket's remembered owner and policy (run at the commit that makes or deletes it)."""
         with self._key_cache_lock:
             self._owner_gen += 1
             self._owners.pop(name, None)
+        self._forget_policy(name)
+
+    # bucket policies ----------------------------------------------------------------
+    def _policy_memo(self) -> _PolicyMemo:
+        # made on first use, so the engine's constructor needs no line for it
+        memo = self.__dict__.get("_policy_memo_")
+        if memo is None:
+            memo = self.__dict__.setdefault("_policy_memo_", _PolicyMemo())
+        return memo
+
+    def _forget_policy(self, bucket: str) -> None:
+        self._policy_memo().forget(bucket)
+
+    def _principal(self, name: str) -> str | None:
+        """A policy's AWS principal -> ``tenant:<name>`` / ``key:<id>``, or ``None``
+        when no such tenant or valid catalog key exists (the node's configured
+        key is named through its tenant, ``default``)."""
+        if name == DEFAULT_TENANT or (_TENANT_NAME.fullmatch(name) and self._cat.tenant(name) is not None):
+            return f"tenant:{name}"
+        row = self._cat.access_key(name)
+        return f"key:{name}" if row is not None and not row[0].revoked else None
+
+    def _stored_principal(self, name: str) -> str:
+        """A principal of a stored policy: it was checked when set and may have
+        gone since (it then matches nobody), so it is never refused here."""
+        found = self._principal(name)
+        if found is None:
+            found = f"tenant:{name}" if _TENANT_NAME.fullmatch(name) else f"key:{name}"
+        return found
+
+    def bucket_policy(self, bucket: str) -> Policy | None:
+        """The bucket's parsed policy, or ``None`` (answered from memory after
+        the first lookup; setting or deleting the policy, or the bucket, forgets it).
+
+        Raises:
+            NoSuchBucket: it does not exist.
+        """
+        memo = self._policy_memo()
+        found, policy = memo.get(bucket)
+        if found:
+            return policy
+        gen = memo.gen
+        text = self.get_bucket_policy(bucket)
+        policy = None
+        if text is not None:
+            try:
+                policy = parse_policy(text, bucket, self._stored_principal)
+            except MalformedPolicy:  # not set through put_bucket_policy: it grants nothing
+                policy = None
+        memo.put(bucket, policy, gen)
+        return policy
+
+    def put_bucket_policy(self, bucket: str, text: str) -> None:
+        """Check a policy document and store it as the bucket's policy, whole.
+
+        Args:
+            bucket: the bucket.
+            text: the JSON document (see :mod:`gpufeed.engine._policy` for the language kept).
+
+        Raises:
+            NoSuchBucket: it does not exist.
+            MalformedPolicy: the document is refused, with AWS's reason; nothing changes.
+        """
+        require_bucket(self._cat, bucket)
+        parse_policy(text, bucket, self._principal)
+        with self._cat.write() as w:
+            require_bucket(w, bucket)
+            w.set_bucket_config(bucket, POLICY_CONFIG, text)
+            w.on_commit(lambda: self._forget_policy(bucket))
+
+    def get_bucket_policy(self, bucket: str) -> str | None:
+        """The bucket's policy document as stored, or ``None``.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+        """
+        with self._cat.snapshot() as c:
+            require_bucket(c, bucket)
+            return c.bucket_config(bucket, POLICY_CONFIG)
+
+    def delete_bucket_policy(self, bucket: str) -> bool:
+        """Remove the bucket's policy.
+
+        Returns:
+            Whether it had one.
+
+        Raises:
+            NoSuchBucket: it does not exist.
+        """
+        with self._cat.write() as w:
+            require_bucket(w, bucket)
+            w.on_commit(lambda: self._forget_policy(bucket))
+            return w.delete_bucket_config(bucket, POLICY_CONFIG)
 
     def authorize(self, tenant: str | None, action: str, bucket: str, key: str | None = None, *,
-                  access_key: str | None = None, source_ip: str | None = None) -> None:
+                  access_key: str | None = None, source_ip: str | None = None,
+                  prefix: str | None = None) -> None:
         """Decide whether a request may act on a bucket; both fronts ask this.
 
-        The bucket's owner may do anything to it; nobody else may (anonymous
-        callers, ``tenant`` ``None``, included).
+        An explicit ``Deny`` of the bucket's policy wins, even against the
+        owner; otherwise the owner may do anything to its bucket, and anyone
+        else (another tenant, an anonymous caller) what an ``Allow`` statement
+        grants (:func:`gpufeed.engine._policy.evaluate`). Getting, setting and
+        deleting the policy itself are the owner's alone, and no policy takes
+        them from the owner (as S3 keeps them for the account's root user).
 
         Args:
             tenant: the requester's tenant, ``None`` when anonymous.
@@ -390,12 +534,51 @@ class TenantAdmin:
                 ``"s3:ListBucket"``, ...).
             bucket, key: the resource (``key`` ``None`` for the bucket itself).
             access_key: the key the request was signed with.
-            source_ip: the client's address.
+            source_ip: the client's address (``aws:SourceIp``).
+            prefix: the ``prefix`` of a listing, ``""`` when it has none
+                (``s3:prefix``); ``None`` for other actions.
 
         Raises:
             NoSuchBucket: the bucket does not exist.
             AccessDenied: the request is not allowed (the message names nothing).
+
+        Source: "Policy evaluation logic", IAM User Guide; "Bucket policy
+        examples", Amazon S3 User Guide.
         """
-        if self.bucket_owner(bucket) != tenant:
+        is_owner = self.bucket_owner(bucket) == tenant
+        if action in OWNER_ONLY_ACTIONS:
+            if not is_owner:
+                raise AccessDenied("Access Denied")
+            return
+        policy = self.bucket_policy(bucket)
+        request = PolicyRequest(tenant, access_key, action, bucket, key, source_ip, prefix)
+        if not evaluate(policy, request, is_owner=is_owner):
             raise AccessDenied("Access Denied")
 
+
+class _PolicyMemo:
+    """Parsed policies by bucket, with a generation so a lookup racing a change never keeps the old one."""
+
+    def __init__(self) -> None:
+        self._policies: dict[str, Policy | None] = {}
+        self._lock = threading.Lock()
+        self.gen = 0
+
+    def get(self, bucket: str) -> tuple[bool, Policy | None]:
+        """``(True, policy or None)`` when remembered, else ``(False, None)``."""
+        try:
+            return True, self._policies[bucket]
+        except KeyError:
+            return False, None
+
+    def put(self, bucket: str, policy: Policy | None, gen: int) -> None:
+        with self._lock:
+            if gen == self.gen:
+                if len(self._policies) > 100_000:
+                    self._policies.clear()
+                self._policies[bucket] = policy
+
+    def forget(self, bucket: str) -> None:
+        with self._lock:
+            self.gen += 1
+            self._policies.pop(bucket, None)

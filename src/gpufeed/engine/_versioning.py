@@ -29,7 +29,7 @@ from ._kvpolicy import KVBucketPolicy
 from ._names import MAX_KEY_BYTES
 from ._versions import check_retention, check_tags, check_version_id, delete_version, list_versions
 from .catalog import Catalog, CatalogReader, require_bucket
-from .types import LOCK_MODES, BucketInfo, DeleteResult, ObjectInfo, VersionListResult
+from .types import LOCK_MODES, BucketInfo, DeleteConditions, DeleteResult, ObjectInfo, VersionListResult
 
 __all__ = ["VersionedObjects"]
 
@@ -53,7 +53,7 @@ def _missing(c: CatalogReader, b: BucketInfo, key: str) -> NoSuchKey:
         if newest and newest[0].delete_marker and newest[0].is_latest:
             return NoSuchKey("The specified key does not exist.", bucket=b.name, key=key,
                              delete_marker=True, version_id=newest[0].version_id)
-    return NoSuchKey(f"{b.name}/{key} does not exist", bucket=b.name, key=key)
+    return NoSuchKey("The specified key does not exist.", bucket=b.name, key=key)
 
 
 class VersionedObjects:
@@ -94,7 +94,7 @@ class VersionedObjects:
         if info is not None:
             if self._kv.on_read(info):
                 return info
-            raise NoSuchKey(f"{bucket}/{key} does not exist (expired)", bucket=bucket, key=key)
+            raise NoSuchKey("The specified key does not exist.", bucket=bucket, key=key, expired=True)
         with self._cat.snapshot() as c:
             raise _missing(c, require_bucket(c, bucket), key)
 
@@ -111,12 +111,12 @@ class VersionedObjects:
                                    bucket=bucket, key=key, delete_marker=True, version_id=version_id,
                                    last_modified=info.last_modified)
         if info.is_latest and not self._kv.on_read(info):
-            raise NoSuchKey(f"{bucket}/{key} does not exist (expired)", bucket=bucket, key=key)
+            raise NoSuchKey("The specified key does not exist.", bucket=bucket, key=key, expired=True)
         return info
 
     # deletes -------------------------------------------------------------------
     def delete_object(self, bucket: str, key: str, version_id: str | None = None, *,
-                      bypass_governance: bool = False) -> DeleteResult:
+                      bypass_governance: bool = False, conditions: DeleteConditions | None = None) -> DeleteResult:
         """Delete as S3 DeleteObject does; a missing key or version is not an error.
 
         Without ``version_id``: in a never-versioned bucket the object goes; with
@@ -128,6 +128,10 @@ class VersionedObjects:
         Args:
             bypass_governance: remove a version under GOVERNANCE retention
                 (S3 ``x-amz-bypass-governance-retention``).
+            conditions: delete only if the version targeted (the current one,
+                or ``version_id``) has this ETag / size / last-modified time;
+                checked in the delete's own transaction. A missing key with
+                conditions changes nothing (S3 answers 204).
 
         Returns:
             The :class:`DeleteResult` (version removed or delete marker made).
@@ -138,12 +142,13 @@ class VersionedObjects:
                 answering 204 for a key that cannot exist).
             InvalidArgument: not a ``str``, not valid UTF-8, or a malformed version id.
             AccessDenied: the version is under retention or legal hold.
+            PreconditionFailed: ``conditions`` do not hold.
         """
         _check_key_arg(key)
         now = time.time()
         with self._cat.write() as w:
             b = require_bucket(w, bucket)
-            result, freed = delete_version(w, b, key, version_id, bypass_governance, now)
+            result, freed = delete_version(w, b, key, version_id, bypass_governance, now, conditions)
             if freed and w.object(bucket, key) is None:
                 self._kv.on_delete(w, bucket, key)
         self._files.remove_blobs(freed)

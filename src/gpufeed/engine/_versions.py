@@ -38,11 +38,11 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, closing
 
-from ..errors import AccessDenied, InvalidArgument, InvalidRequestError, InvalidTag
+from ..errors import AccessDenied, InvalidArgument, InvalidRequestError, InvalidTag, PreconditionFailed
 from ._blobs import new_id
 from ._names import check_text, successor
 from .catalog import CatalogReader, CatalogWriter
-from .types import LOCK_MODES, BucketInfo, DeleteResult, ObjectInfo, Retention, VersionListResult
+from .types import LOCK_MODES, BucketInfo, DeleteConditions, DeleteResult, ObjectInfo, Retention, VersionListResult
 
 __all__ = [
     "check_version_id", "check_tags", "check_unlocked", "place_version", "delete_version", "lock_of_new",
@@ -219,8 +219,28 @@ def _promote(w: CatalogWriter, bucket: str, key: str) -> None:
         w.put_object(dataclasses.replace(n, is_latest=True))
 
 
+def _check_conditions(w: CatalogWriter, b: BucketInfo, key: str, version_id: str | None,
+                      conditions: DeleteConditions) -> bool:
+    """Whether the version a conditional delete targets exists (nothing is done
+    when it does not, as S3 answers 204 then).
+
+    Raises:
+        PreconditionFailed: it exists and differs from a condition.
+    """
+    v = w.object(b.name, key) if version_id is None else w.version(b.name, key, version_id)
+    if v is None or v.delete_marker:
+        return False
+    c = conditions
+    if (c.etag is not None and c.etag not in ("*", v.etag)) or (c.size is not None and c.size != v.size) or \
+            (c.last_modified is not None and int(c.last_modified) != int(v.last_modified)):
+        raise PreconditionFailed("At least one of the pre-conditions you specified did not hold",
+                                 condition="If-Match")
+    return True
+
+
 def delete_version(w: CatalogWriter, b: BucketInfo, key: str, version_id: str | None,
-                   bypass_governance: bool, now: float) -> tuple[DeleteResult, list[str]]:
+                   bypass_governance: bool, now: float,
+                   conditions: DeleteConditions | None = None) -> tuple[DeleteResult, list[str]]:
     """S3 DeleteObject inside a write transaction (see the module docstring).
 
     Returns:
@@ -229,8 +249,14 @@ def delete_version(w: CatalogWriter, b: BucketInfo, key: str, version_id: str | 
     Raises:
         InvalidArgument: a malformed ``version_id``.
         AccessDenied: the version is protected by object lock.
+        PreconditionFailed: ``conditions`` do not hold for the version targeted
+            (a missing version with conditions: nothing is done).
     """
     freed: list[str] = []
+    if version_id is not None:
+        check_version_id(version_id)
+    if conditions is not None and not _check_conditions(w, b, key, version_id, conditions):
+        return DeleteResult(version_id, False), freed
     if version_id is None:
         old = w.object(b.name, key)
         if b.versioning == "":
@@ -244,7 +270,6 @@ def delete_version(w: CatalogWriter, b: BucketInfo, key: str, version_id: str | 
         w.insert_noncurrent(ObjectInfo(b.name, key, 0, "", now, "", version_id=vid, seq=seq,
                                        delete_marker=True, is_latest=True))
         return DeleteResult(vid, True), freed
-    check_version_id(version_id)
     v = w.version(b.name, key, version_id)
     if v is None:
         return DeleteResult(version_id, False), freed

@@ -92,7 +92,7 @@ class WritePath:
             self._pool.shutdown(wait=True)
 
     def publish_object(
-        self, bucket: str, key: str, tmp: str, size: int, etag: str, *,
+        self, bucket: str, key: str, tmp: str, size: int, etag: str | None, *,
         content_type: str | None, metadata: dict[str, str] | None, checksums: dict[str, str] | None,
         headers: dict[str, str] | None = None, if_match: str | None = None,
         if_none_match: str | None = None, extra: Callable[[CatalogWriter, ObjectInfo], None] | None = None,
@@ -131,6 +131,7 @@ class WritePath:
         tags = check_tags(tags) if tags else {}
         blob_id = new_id()
         path = self.files.publish_blob(tmp, blob_id)
+        etag = etag if etag is not None else "n" + blob_id  # a bucket with ETag policy "none"
         info = ObjectInfo(bucket, key, size, etag, time.time(), content_type or _DEFAULT_TYPE,
                           dict(metadata or {}), dict(checksums or {}), blob_id, path, dict(headers or {}),
                           tags=tags)
@@ -164,7 +165,7 @@ def check_preconditions(bucket: str, key: str, current: str | None,
     """
     if if_match is not None:
         if current is None:
-            raise NoSuchKey(f"{bucket}/{key} does not exist", bucket=bucket, key=key)
+            raise NoSuchKey("The specified key does not exist.", bucket=bucket, key=key)
         if if_match != "*" and if_match != current:
             raise PreconditionFailed("At least one of the pre-conditions you specified did not hold",
                                      condition="If-Match")

@@ -74,7 +74,7 @@ from ..errors import (
 from ._blobs import BlobFiles
 from ._directories import check_name_for_kind
 from ._kvpolicy import KVBucketPolicy, check_policy
-from ._lifecycle import Lifecycle
+from ._lifecycle import Lifecycle, LifecycleCalls
 from ._listing import read_page, start_position
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_key, check_text
@@ -87,9 +87,8 @@ from ._writes import PendingWrite, WritePath, check_hash_kind, feed
 from .catalog import Catalog, require_bucket
 from .types import (
     DEFAULT_TENANT,
+    ETAG_POLICIES,
     BucketInfo,
-    LifecycleResult,
-    LifecycleRule,
     ListResult,
     ObjectInfo,
     PartInfo,
@@ -100,7 +99,7 @@ from .types import (
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
 
-class Engine(VersionedObjects, TenantAdmin, ObjectReads):
+class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads):
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
@@ -146,7 +145,7 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
             os.close(self._lock_fd)
             raise
         self._closed = False
-        self._master = MasterKey(self.data_dir, master_key)
+        self._master = MasterKey(self.data_dir, master_key, has_sealed=lambda: bool(self._cat.access_keys()))
         self._key_cache: dict[str, tuple[str, str] | None] = {}
         self._key_cache_lock = threading.Lock()
         self._key_gen = 0
@@ -188,7 +187,8 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
 
     # buckets -----------------------------------------------------------
     def create_bucket(self, name: str, *, kind: str = "standard", capacity_bytes: int = 0,
-                      ttl_s: float = 0.0, object_lock: bool = False, owner: str = DEFAULT_TENANT) -> BucketInfo:
+                      ttl_s: float = 0.0, object_lock: bool = False, owner: str = DEFAULT_TENANT,
+                      etag_policy: str = "md5") -> BucketInfo:
         """Create a bucket.
 
         A ``"kv"`` bucket is a cache: a put never fails for lack of room.
@@ -213,6 +213,8 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
             object_lock: make the bucket with object lock (WORM; its versioning
                 is ``"Enabled"`` for good); standard buckets only.
             owner: the tenant that owns it.
+            etag_policy: how writes are hashed, fixed at creation
+                (:attr:`BucketInfo.etag_policy`: ``"md5"``, ``"fast"``, ``"none"``).
 
         Returns:
             The new bucket.
@@ -229,10 +231,12 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         capacity_bytes, ttl_s = check_policy(kind, capacity_bytes, ttl_s)
         if object_lock and kind != "standard":
             raise InvalidArgument("only standard buckets can have object lock")
+        if etag_policy not in ETAG_POLICIES:
+            raise InvalidArgument(f"etag policy must be one of {ETAG_POLICIES}, not {etag_policy!r}")
         check_tenant_name(owner)
         info = BucketInfo(name, time.time(), kind, capacity_bytes, ttl_s,
                           versioning="Enabled" if object_lock else "", object_lock=bool(object_lock),
-                          owner="" if owner == DEFAULT_TENANT else owner)
+                          owner="" if owner == DEFAULT_TENANT else owner, etag_policy=etag_policy)
         with self._cat.write() as w:
             if owner != DEFAULT_TENANT and w.tenant(owner) is None:
                 raise NoSuchTenant(f"tenant {owner!r} does not exist")
@@ -274,8 +278,8 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         """Counters of a bucket (first dropping expired objects of a kv bucket).
 
         Returns:
-            ``{"kind", "capacity_bytes", "ttl_s", "bytes", "objects", "evictions",
-            "expirations"}``: ``bytes``/``objects`` are the live object data;
+            ``{"kind", "capacity_bytes", "ttl_s", "etag_policy", "bytes", "objects",
+            "evictions", "expirations"}``: ``bytes``/``objects`` are the live object data;
             ``evictions``/``expirations`` count objects dropped for room / by TTL
             since this engine started (always 0 for standard buckets).
 
@@ -283,7 +287,8 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
             NoSuchBucket: it does not exist.
         """
         info = self.head_bucket(name)
-        out = {"kind": info.kind, "capacity_bytes": info.capacity_bytes, "ttl_s": info.ttl_s}
+        out = {"kind": info.kind, "capacity_bytes": info.capacity_bytes, "ttl_s": info.ttl_s,
+               "etag_policy": info.etag_policy}
         if info.kind != "kv":
             size, count = self._cat.bucket_usage(name)
             return out | {"bytes": size, "objects": count, "evictions": 0, "expirations": 0}
@@ -328,7 +333,9 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
             bucket: bucket name.
             key: object key.
             etag: ``"md5"`` (S3 compatible, ~0.6 GB/s of CPU) or ``"xxh3"``
-                (fast path; ETag ``x<hex xxh3-128>``, tens of GB/s).
+                (fast path; ETag ``x<hex xxh3-128>``, tens of GB/s). The
+                bucket's ETag policy overrides it: ``"fast"`` hashes with
+                xxh3, ``"none"`` not at all (ETag ``n<blob id>``).
 
         Returns:
             A :class:`PendingWrite`; nothing is visible until its ``commit()``.
@@ -340,12 +347,13 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         """
         check_key(key)
         check_hash_kind(etag)
-        require_bucket(self._cat, bucket)
+        policy = require_bucket(self._cat, bucket).etag_policy
+        kind: str | None = etag if policy == "md5" else "xxh3" if policy == "fast" else None
 
         def finish(pw, tmp, etag_value, md5_digest, **kw):
             return self._writes.publish_object(bucket, key, tmp, pw.size, etag_value, **kw)
 
-        return self._writes.begin(etag, finish)
+        return self._writes.begin(kind, finish)
 
     def put_object(
         self,
@@ -404,6 +412,8 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         src_version_id: str | None = None,
         tags: dict[str, str] | None = None,
         retention: Retention | None = None,
+        if_match: str | None = None,
+        if_none_match: str | None = None,
     ) -> ObjectInfo:
         """Copy (kernel-side ``copy_file_range`` into a new blob).
 
@@ -412,7 +422,8 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
         (``REPLACE``). The ETag and checksums are the source's. Copying a key
         onto itself with new metadata works. ``src_version_id`` copies that
         version of the source; ``tags`` ``None`` keeps the source's tags;
-        ``retention`` as for :meth:`PendingWrite.commit`.
+        ``retention``, ``if_match`` and ``if_none_match`` (on the destination)
+        as for :meth:`PendingWrite.commit`.
 
         Raises:
             NoSuchBucket, NoSuchKey, NoSuchVersion: missing source or
@@ -435,6 +446,7 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
                 dst_bucket, dst_key, tmp, pw.size, src.etag,
                 content_type=ct, metadata=md, checksums=src.checksums, headers=hd,
                 tags=src.tags if tags is None else tags, retention=retention,
+                if_match=if_match, if_none_match=if_none_match,
             )
 
         try:
@@ -636,56 +648,3 @@ class Engine(VersionedObjects, TenantAdmin, ObjectReads):
             NoSuchBucket: the bucket does not exist.
         """
         return self._multipart.list_uploads(bucket, prefix)
-
-    # lifecycle (see ._lifecycle) ------------------------------------------------
-    def put_bucket_lifecycle(self, bucket: str, rules: list[LifecycleRule]) -> None:
-        """Make ``rules`` the bucket's lifecycle configuration, replacing any.
-
-        Raises:
-            NoSuchBucket: it does not exist.
-            InvalidArgument, InvalidRequestError: rules S3 would refuse
-                (see :func:`gpufeed.engine._lifecycle.check_rules`).
-
-        Source: https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutBucketLifecycleConfiguration.html
-        """
-        self._lifecycle.put(bucket, rules)
-
-    def get_bucket_lifecycle(self, bucket: str) -> list[LifecycleRule]:
-        """The bucket's lifecycle rules, in the order they were set.
-
-        Raises:
-            NoSuchBucket: it does not exist.
-            NoSuchLifecycleConfiguration: it has none.
-        """
-        return self._lifecycle.get(bucket)
-
-    def delete_bucket_lifecycle(self, bucket: str) -> None:
-        """Remove the bucket's lifecycle configuration (having none is fine).
-
-        Raises:
-            NoSuchBucket: it does not exist.
-        """
-        self._lifecycle.delete(bucket)
-
-    def apply_lifecycle(self, now: float | None = None, *, idle_upload_s: float = 0.0) -> LifecycleResult:
-        """Apply every bucket's enabled lifecycle rules once, as of ``now``.
-
-        Expired current objects are deleted, or in a versioned bucket get a
-        delete marker (only the version that expired; a key overwritten
-        meanwhile stays), due noncurrent versions not under object lock and
-        lone delete markers are removed, due multipart uploads aborted (see
-        :mod:`gpufeed.engine._lifecycle`); then,
-        with ``idle_upload_s > 0``, every upload with no activity (start or part
-        upload) for that many seconds is aborted, whatever the rules say.
-
-        Args:
-            now: Unix s the rules are applied at; ``None`` for the clock.
-            idle_upload_s: seconds after which an untouched upload is aborted; 0 never.
-
-        Returns:
-            What was removed.
-
-        Raises:
-            InternalError: the catalog failed, or the engine is closed.
-        """
-        return self._lifecycle.apply(now, idle_upload_s)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "BucketInfo", "ObjectInfo", "ListResult", "UploadInfo", "PartInfo", "LifecycleRule", "LifecycleResult",
     "DeleteResult", "VersionListResult", "Retention", "VERSIONING_STATES", "LOCK_MODES", "TenantInfo",
-    "AccessKeyInfo", "DEFAULT_TENANT",
+    "AccessKeyInfo", "DEFAULT_TENANT", "ETAG_POLICIES", "DeleteConditions",
 ]
 
 #: The tenant that owns buckets made without one, and the node's configured key.
@@ -16,6 +16,8 @@ DEFAULT_TENANT = "default"
 #: Bucket versioning states: ``""`` (never enabled: every object is version
 #: ``null`` and a put replaces it), ``"Enabled"``, ``"Suspended"``.
 VERSIONING_STATES = ("", "Enabled", "Suspended")
+#: ETag policies of a bucket (see :attr:`BucketInfo.etag_policy`).
+ETAG_POLICIES = ("md5", "fast", "none")
 #: Object lock retention modes (S3 ``ObjectLockRetentionMode``).
 LOCK_MODES = ("GOVERNANCE", "COMPLIANCE")
 
@@ -40,6 +42,10 @@ class BucketInfo:
         lock_days, lock_years: default retention period; one of them is
             non-zero when ``lock_mode`` is set.
         owner: the tenant owning the bucket (:data:`DEFAULT_TENANT` for ``""``).
+        etag_policy: how object writes are hashed (one of :data:`ETAG_POLICIES`):
+            ``"md5"`` (S3's ETag: hex MD5 of a single-part object), ``"fast"``
+            (``x<hex xxh3-128>``, tens of GB/s), ``"none"`` (no hashing of the
+            data; the ETag is ``n<version's blob id>``, unique per version).
     """
 
     name: str
@@ -53,6 +59,7 @@ class BucketInfo:
     lock_days: int = 0
     lock_years: int = 0
     owner: str = ""
+    etag_policy: str = "md5"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +129,23 @@ class Retention:
     mode: str = ""
     until: float = 0.0
     legal_hold: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteConditions:
+    """Conditions of a delete (S3 DeleteObject ``If-Match``,
+    ``x-amz-if-match-last-modified-time``, ``x-amz-if-match-size``): the version
+    the delete targets must have all that are given.
+
+    Attributes:
+        etag: its ETag (no quotes), or ``"*"`` for any.
+        last_modified: its last-modified time, Unix s (compared to the second, as HTTP dates are).
+        size: its size in bytes.
+    """
+
+    etag: str | None = None
+    last_modified: float | None = None
+    size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from ..errors import AccessDenied, GpufeedError, MalformedXML, MethodNotAllowed,
 from ._auth import AuthResult
 from ._context import Services
 from ._router import Target
+from ._server import ERROR_CODE
 
 __all__ = ["ADMIN_PREFIX", "handle_admin"]
 
@@ -46,12 +47,14 @@ def _json(body: object, status: int = 200) -> web.Response:
 
 
 async def handle_admin(s: Services, request: web.BaseRequest, target: Target, auth: AuthResult) -> web.Response:
-    """Answer one admin request (see the module docstring); never raises a :class:`GpufeedError`."""
+    """Answer one admin request (see the module docstring); never raises a
+    :class:`GpufeedError` (a refusal's code is recorded for the access log)."""
     try:
         if auth.access_key != s.config.access_key:
             raise AccessDenied("the admin API needs the node's admin key")
         return await _dispatch(s, request, target)
     except GpufeedError as exc:
+        request[ERROR_CODE] = exc.code
         return _json({"error": exc.code, "message": exc.message}, exc.status)
 
 

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from ..config import NodeConfig
 from ..engine import Engine
-from ..errors import GpufeedError, InternalError, NotModified, SignatureDoesNotMatch
+from ..errors import AccessDenied, GpufeedError, InternalError, NotModified, SignatureDoesNotMatch
 from . import (
     _acl,
     _attributes,
@@ -38,6 +38,7 @@ from . import (
     _lock,
     _multipart,
     _objects,
+    _policy,
     _post,
     _tagging,
     _versions,
@@ -62,7 +63,7 @@ from ._server import (
     error_response,
     new_request_id,
 )
-from ._tenancy import CURRENT_TENANT, check_owner
+from ._tenancy import BUCKET_OWNER, CURRENT_TENANT
 from ._xml import http_date
 
 __all__ = ["S3Front", "make_app", "start_s3", "error_response", "HANDLERS"]
@@ -97,6 +98,7 @@ HANDLERS: HandlerTable = {
     **_lock.HANDLERS,
     **_tagging.HANDLERS,
     **_versions.HANDLERS,
+    **_policy.HANDLERS,
     **_express.HANDLERS,
 }
 
@@ -145,6 +147,7 @@ class S3Front(Services):
                 headers=request.headers,
                 credentials=self.credentials,
                 virtual_bucket=target.virtual_bucket,
+                allow_anonymous=True,
             )
         except GpufeedError:
             raise
@@ -154,23 +157,33 @@ class S3Front(Services):
                 "The request signature we calculated does not match the signature you provided. "
                 "Check your key and signing method.") from exc
 
-    def _authorize(self, auth: AuthResult, endpoint: Endpoint) -> None:
-        """Set the request's tenant and refuse a bucket (or copy source) it does not own.
+    def _authorize(self, request: web.BaseRequest, auth: AuthResult, endpoint: Endpoint) -> None:
+        """Set the request's tenant and ask the engine whether it may take its
+        action on its bucket or object (and a copy's read of its source):
+        :func:`._policy.authorize_request`.
 
-        A form POST is authenticated later, by its policy's signature
-        (:mod:`._post` checks the owner then).
+        An anonymous request (no signature) goes on as no tenant to a bucket
+        or object, where only a bucket policy can let it through; listing the
+        buckets or creating one needs a signature. A form POST that carries no
+        signature of its own is authenticated later, by its policy's signature
+        (:mod:`._post` asks then).
 
         Raises:
             NoSuchBucket: the bucket does not exist.
-            AccessDenied: another tenant owns it.
+            AccessDenied: the request is not allowed.
         """
         tenant = self.credentials.tenant_of(auth.access_key) if auth.access_key else None
         CURRENT_TENANT.set(tenant)
-        if isinstance(endpoint, BucketEndpoint) and not isinstance(endpoint, (CreateBucket, PostObject)):
-            check_owner(self.engine, endpoint.bucket, tenant)
-            source = getattr(endpoint, "source_bucket", None)
-            if source is not None:
-                check_owner(self.engine, source, tenant)
+        BUCKET_OWNER.set(None)
+        deferred = isinstance(endpoint, PostObject) and not auth.access_key  # signed in its form
+        if not isinstance(endpoint, BucketEndpoint) or isinstance(endpoint, CreateBucket) or deferred:
+            if auth.anonymous:
+                raise AccessDenied("Anonymous access is not allowed")
+            return
+        _policy.authorize_request(self.engine, endpoint, self._target(request).query, tenant,
+                                  access_key=self.credentials.principal_key(auth.access_key) or None,
+                                  source_ip=request.remote)
+        BUCKET_OWNER.set(self.engine.bucket_owner(endpoint.bucket))
 
     async def expect(self, request: web.BaseRequest) -> web.StreamResponse | None:
         """aiohttp expect handler: answer ``Expect: 100-continue`` only once the
@@ -206,11 +219,13 @@ class S3Front(Services):
             await self._find_cors(request, target)
             auth = request.get(AUTH) or self._verify(request, target)
             request[AUTH] = auth
+            if auth.anonymous and target.path.startswith(ADMIN_PREFIX):
+                raise AccessDenied("Anonymous access is not allowed")
             if target.path.startswith(ADMIN_PREFIX):
                 return await handle_admin(self, request, target, auth)
-            endpoint = route(target)
+            endpoint = _route(target, auth)
             _express.check_request(self, target, request.headers, auth, endpoint)  # session token, directory rules
-            self._authorize(auth, endpoint)
+            self._authorize(request, auth, endpoint)
             check_request_headers(request.headers)
             handler = HANDLERS[type(endpoint)]
             return await handler(self, S3Request(request, target, auth), endpoint)
@@ -233,6 +248,17 @@ class S3Front(Services):
             return error_response(request.method,
                                   InternalError("We encountered an internal error. Please try again."),
                                   target.path, request_id)
+
+
+def _route(target: Target, auth: AuthResult) -> Endpoint:
+    """:func:`route`, but an anonymous request learns nothing from it: whatever
+    it cannot be routed to is 403 AccessDenied."""
+    try:
+        return route(target)
+    except GpufeedError:
+        if auth.anonymous:
+            raise AccessDenied("Access Denied") from None
+        raise
 
 
 def _started(request: web.BaseRequest) -> None:

@@ -78,6 +78,8 @@ class AuthResult:
             the signed policy in the form, ``gpufeed.s3._post``) or a CORS
             preflight (``OPTIONS``, answered from the bucket's CORS rules alone,
             ``gpufeed.s3._cors``); nothing else is proved.
+        anonymous: the request carries no signature at all; it goes on as no
+            tenant and reaches only what a bucket policy grants everyone.
     """
 
     access_key: str
@@ -87,6 +89,7 @@ class AuthResult:
     scope: str
     signing_key: bytes
     deferred: bool = False
+    anonymous: bool = False
 
 
 class _ClientSigned(SigV4Auth):
@@ -390,6 +393,21 @@ def _unverified() -> AuthResult:
                       scope="", signing_key=b"", deferred=True)
 
 
+def _no_signature(form_post: bool, allow_anonymous: bool) -> AuthResult:
+    """A request with no signature: a form POST is ``deferred``; any other is
+    ``anonymous`` (no tenant, no key) when allowed.
+
+    Raises:
+        AccessDenied: it is not allowed.
+    """
+    if form_post:
+        return _unverified()
+    if not allow_anonymous:
+        raise AccessDenied("Anonymous access is not allowed")
+    return AuthResult(access_key="", payload_hash="UNSIGNED-PAYLOAD", signature="", timestamp="",
+                      scope="", signing_key=b"", anonymous=True)
+
+
 def verify_request(
     *,
     method: str,
@@ -399,6 +417,7 @@ def verify_request(
     credentials: SecretLookup,
     now_s: float | None = None,
     virtual_bucket: str | None = None,
+    allow_anonymous: bool = False,
 ) -> AuthResult:
     """Check a request's SigV4 signature (header or presigned query).
 
@@ -411,6 +430,7 @@ def verify_request(
         now_s: current Unix time, seconds (for tests).
         virtual_bucket: the bucket named by the Host header (signature version 2
             signs ``/bucket/key`` even for virtual-hosted requests).
+        allow_anonymous: let a request with no signature at all through ``anonymous``.
 
     Returns:
         An :class:`AuthResult`. Let through ``deferred``: a browser-form POST to a bucket (its handler
@@ -418,7 +438,7 @@ def verify_request(
     preflight, unsigned as browsers send it (routed only to the preflight).
 
     Raises:
-        AccessDenied: no signature at all (anonymous request).
+        AccessDenied: no signature at all (anonymous request) and not ``allow_anonymous``.
         InvalidAccessKeyId: unknown access key.
         SignatureDoesNotMatch: the signature differs from the one computed.
         RequestExpired: presigned URL past ``X-Amz-Date + X-Amz-Expires``.
@@ -432,21 +452,15 @@ def verify_request(
     query = dict(pairs)
     auth = headers.get("Authorization")
     presigned = "X-Amz-Signature" in query or "X-Amz-Algorithm" in query
-
     if (auth is not None and auth.startswith("AWS ")) or (
         auth is None and "AWSAccessKeyId" in query and "Signature" in query
     ):
         return _verify_v2(method=method, raw_path=raw_path, raw_query=raw_query, query=query,
                           headers=headers, credentials=credentials, now_s=now_s,
                           virtual_bucket=virtual_bucket)
-    if auth is not None:
-        claim = _header_claim(auth, headers)
-    elif presigned:
-        claim = _query_claim(query)
-    elif _is_form_post(method, raw_path, raw_query, headers, virtual_bucket):
-        return _unverified()
-    else:
-        raise AccessDenied("Anonymous access is not allowed")
+    if auth is None and not presigned:
+        return _no_signature(_is_form_post(method, raw_path, raw_query, headers, virtual_bucket), allow_anonymous)
+    claim = _header_claim(auth, headers) if auth is not None else _query_claim(query)
 
     parts = claim.credential.split("/")
     if len(parts) != 5 or parts[4] != "aws4_request":

@@ -1,8 +1,9 @@
 """Bucket configurations: Get and Delete of policy, CORS, encryption, website,
 replication and tagging; PutBucketTagging.
 
-gpufeed stores two of them, whole, through the engine's bucket configuration
-documents: CORS (set by ``_cors``) and the bucket's tag set (set here). Get
+gpufeed stores three of them, whole, through the engine's bucket configuration
+documents: CORS (set by ``_cors``), the bucket's policy (``_policy``, which
+answers its Get and Delete too) and the bucket's tag set (set here). Get
 answers the stored document, or S3's own "no such configuration" 404 when none
 is set (always, for the configurations gpufeed does not hold), so clients that
 probe for them go on; Delete succeeds whether one was set or not. Setting the
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from ..errors import BadRequest, InvalidTag, MalformedXML, NoSuchConfiguration
-from . import _cors
+from . import _cors, _policy
 from ._context import HandlerTable, S3Request, Services
 from ._headers import require_integrity_header
 from ._router import DeleteBucketConfiguration, GetBucketConfiguration, PutBucketTagging
@@ -142,13 +143,15 @@ _RENDER: dict[str, Callable[[str], ET.Element]] = {
 
 
 async def get_bucket_configuration(s: Services, req: S3Request, ep: GetBucketConfiguration) -> web.Response:
-    """GetBucketCors, GetBucketTagging: the stored document; GetBucketPolicy
-    (Encryption, Website, Replication) and the others when none is set: 404.
+    """GetBucketCors, GetBucketTagging, GetBucketPolicy: the stored document;
+    GetBucketEncryption (Website, Replication) and the others when none is set: 404.
 
     Raises:
         NoSuchBucket: the bucket does not exist.
         NoSuchConfiguration: none is set, with S3's code for that configuration.
     """
+    if ep.config == "policy":
+        return await _policy.get_bucket_policy(s, req, ep)
     document = await s.call(s.engine.get_bucket_config, ep.bucket, ep.config)
     render = _RENDER.get(ep.config)
     if document is None or render is None:
@@ -164,6 +167,8 @@ async def delete_bucket_configuration(s: Services, req: S3Request, ep: DeleteBuc
     Raises:
         NoSuchBucket: the bucket does not exist.
     """
+    if ep.config == "policy":
+        return await _policy.delete_bucket_policy(s, req, ep)
     await s.call(s.engine.delete_bucket_config, ep.bucket, ep.config)
     return web.Response(status=204)
 

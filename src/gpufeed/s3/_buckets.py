@@ -129,7 +129,8 @@ async def create_bucket(s: Services, req: S3Request, ep: CreateBucket) -> web.Re
     """CreateBucket (``x-amz-bucket-object-lock-enabled: true``: with object
     lock, and so versioning, for good), with the gpufeed extension headers
     ``x-gpufeed-bucket-kind: kv`` (+ ``x-gpufeed-capacity-bytes``,
-    ``x-gpufeed-ttl-s``) that make an evicting KV-cache bucket.
+    ``x-gpufeed-ttl-s``) that make an evicting KV-cache bucket, and
+    ``x-gpufeed-etag-policy: md5|fast|none`` (how the bucket's writes are hashed).
 
     Creating a bucket the caller already owns answers 200 in us-east-1 (S3's
     legacy behaviour there) and 409 BucketAlreadyOwnedByYou in any other region.
@@ -162,6 +163,7 @@ async def create_bucket(s: Services, req: S3Request, ep: CreateBucket) -> web.Re
             "kind": h.get("x-gpufeed-bucket-kind", "standard"),
             "capacity_bytes": int(h.get("x-gpufeed-capacity-bytes", "0")),
             "ttl_s": float(h.get("x-gpufeed-ttl-s", "0")),
+            "etag_policy": h.get("x-gpufeed-etag-policy", "md5").strip().lower(),
         }
     except ValueError as exc:
         raise InvalidArgument(f"bad x-gpufeed bucket policy header: {exc}") from exc

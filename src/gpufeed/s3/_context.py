@@ -32,7 +32,7 @@ from ._body import RequestBody, stream_body
 from ._headers import content_md5
 from ._router import Endpoint, Target
 from ._sessions import SessionKeyRing
-from ._tenancy import CURRENT_TENANT, KeyRing, owner_identity
+from ._tenancy import KeyRing, answer_owner, owner_identity
 from ._xml import element, sub, to_bytes
 
 __all__ = ["Services", "S3Request", "Handler", "HandlerTable", "MAX_XML"]
@@ -106,13 +106,14 @@ class Services:
 
     @property
     def owner_id(self) -> str:
-        """The canonical user ID of the requester's tenant (the owner of what it reaches)."""
-        return owner_identity(self.config, CURRENT_TENANT.get())[0]
+        """The canonical user ID of the owner of what the request reaches (its bucket's owner)."""
+        return owner_identity(self.config, answer_owner())[0]
 
     def owner(self, parent, tag: str = "Owner") -> None:
-        """Append the requester's tenant (``ID`` and ``DisplayName``) as ``tag``:
-        a tenant reaches only its own buckets, so it owns what is listed."""
-        owner_id, name = owner_identity(self.config, CURRENT_TENANT.get())
+        """Append the owner (``ID`` and ``DisplayName``) as ``tag``: the bucket's
+        owner (objects written through a bucket policy belong to the bucket),
+        or the requester's tenant where no bucket is named."""
+        owner_id, name = owner_identity(self.config, answer_owner())
         owner = sub(parent, tag)
         sub(owner, "ID", owner_id)
         sub(owner, "DisplayName", name)
@@ -126,7 +127,7 @@ class Services:
         grantee = sub(grant, "Grantee")
         grantee.set("xmlns:xsi", "http://www.w3.org/2001/XMLSchema-instance")
         grantee.set("xsi:type", "CanonicalUser")
-        owner_id, name = owner_identity(self.config, CURRENT_TENANT.get())
+        owner_id, name = owner_identity(self.config, answer_owner())
         sub(grantee, "ID", owner_id)
         sub(grantee, "DisplayName", name)
         sub(grant, "Permission", "FULL_CONTROL")

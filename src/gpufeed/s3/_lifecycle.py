@@ -39,16 +39,16 @@ __all__ = ["HANDLERS", "parse_lifecycle", "render_lifecycle"]
 _MALFORMED = "The XML you provided was not well-formed or did not validate against our published schema"
 _RULE_PARTS = frozenset({"ID", "Filter", "Prefix", "Status", "Expiration", "NoncurrentVersionExpiration",
                          "AbortIncompleteMultipartUpload"})
-#: Rule elements S3 has and gpufeed does not build, with what they would need.
+#: Rule elements S3 has and gpufeed does not build, with what is not built.
 _NOT_BUILT = {
     "Transition": "storage classes",
     "Transitions": "storage classes",
     "NoncurrentVersionTransition": "storage classes",
     "NoncurrentVersionTransitions": "storage classes",
-    "Tag": "object tagging",
-    "And": "object tagging and size filters",
-    "ObjectSizeGreaterThan": "object size filters",
-    "ObjectSizeLessThan": "object size filters",
+    "Tag": "rule filters on object tags",
+    "And": "rule filters combining tags and sizes",
+    "ObjectSizeGreaterThan": "rule filters on object size",
+    "ObjectSizeLessThan": "rule filters on object size",
 }
 
 
@@ -64,7 +64,7 @@ def _children(el: ET.Element, allowed: frozenset[str], where: str) -> dict[str, 
         name = local(c.tag)
         if name in _NOT_BUILT and name not in allowed:
             raise NotImplementedByGpufeed(
-                f"lifecycle {name} is not implemented (it needs {_NOT_BUILT[name]}); remove it from the rule")
+                f"lifecycle {name} is not implemented ({_NOT_BUILT[name]} are not built); remove it from the rule")
         if name not in allowed or name in out:
             raise _malformed(f"unexpected <{name}> in <{where}>")
         out[name] = c

@@ -9,12 +9,14 @@ Source: Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API
 
 from __future__ import annotations
 
+import datetime as dt
+
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict
 
 from ..engine import MAX_KEY_BYTES
-from ..engine.types import DeleteResult
+from ..engine.types import DeleteConditions, DeleteResult
 from ..errors import (
     GpufeedError,
     InvalidArgument,
@@ -39,6 +41,7 @@ from ._headers import (
     serialize_head,
     stored_content_type,
     stored_headers,
+    strip_etag,
     user_metadata,
     write_conditions,
 )
@@ -53,6 +56,7 @@ from ._router import (
     PutObject,
 )
 from ._tagging import copy_tags, tag_count_headers, tagging_header
+from ._tenancy import CURRENT_TENANT
 from ._versions import (
     copy_source_headers,
     delete_headers,
@@ -60,7 +64,7 @@ from ._versions import (
     version_arg,
     write_headers,
 )
-from ._xml import child_text, element, iso8601, local, parse_xml, sub
+from ._xml import child_text, element, iso8601, local, parse_http_date, parse_xml, sub
 
 __all__ = ["HANDLERS"]
 
@@ -271,7 +275,7 @@ async def copy_object(s: Services, req: S3Request, ep: CopyObject) -> web.Respon
         stored = stored_headers(h)
     info = await s.call(s.engine.copy_object, ep.source_bucket, ep.source_key, ep.bucket, ep.key,
                         metadata=metadata, content_type=content_type, headers=stored, tags=tags,
-                        retention=retention, src_version_id=ep.source_version_id)
+                        retention=retention, src_version_id=ep.source_version_id, **write_conditions(h))
     root = element("CopyObjectResult")
     sub(root, "LastModified", iso8601(info.last_modified))
     sub(root, "ETag", quote_etag(info.etag))
@@ -281,21 +285,55 @@ async def copy_object(s: Services, req: S3Request, ep: CopyObject) -> web.Respon
 
 # -- deletes -----------------------------------------------------------------------
 
+def _delete_conditions(etag: str | None, last_modified: str | None, size: str | None,
+                       *, iso: bool) -> DeleteConditions | None:
+    """The conditions of a delete (``None`` when none is given).
+
+    Raises:
+        InvalidArgument: a size that is not a non-negative integer, or a time that does not parse.
+    """
+    if etag is None and last_modified is None and size is None:
+        return None
+    when = None
+    if last_modified is not None:
+        try:
+            when = dt.datetime.fromisoformat(last_modified.strip().replace("Z", "+00:00")).timestamp() if iso \
+                else parse_http_date(last_modified)
+        except ValueError:
+            when = None
+        if when is None:
+            raise InvalidArgument("Invalid date given for the last-modified-time condition",
+                                  argument_name="x-amz-if-match-last-modified-time", argument_value=last_modified)
+    n = None
+    if size is not None:
+        if not size.strip().isdigit():
+            raise InvalidArgument("Invalid value for the size condition", argument_name="x-amz-if-match-size",
+                                  argument_value=size)
+        n = int(size)
+    return DeleteConditions(None if etag is None else "*" if etag.strip() == "*" else strip_etag(etag), when, n)
+
+
 async def delete_object(s: Services, req: S3Request, ep: DeleteObject) -> web.Response:
     """DeleteObject: 204 whether or not the key (or version) existed; in a
     versioned bucket, with the version removed or the delete marker made; a
-    version under GOVERNANCE retention goes with ``x-amz-bypass-governance-retention: true``."""
+    version under GOVERNANCE retention goes with ``x-amz-bypass-governance-retention: true``.
+    ``If-Match``, ``x-amz-if-match-last-modified-time`` and ``x-amz-if-match-size``
+    make it conditional (412 PreconditionFailed when one does not hold)."""
+    h = req.headers
+    conditions = _delete_conditions(h.get("If-Match"), h.get("x-amz-if-match-last-modified-time"),
+                                    h.get("x-amz-if-match-size"), iso=False)
     result = await s.call(s.engine.delete_object, ep.bucket, ep.key, version_arg(req.query),
-                          bypass_governance=bypass_governance(req.headers))
+                          bypass_governance=bypass_governance(h), conditions=conditions)
     return web.Response(status=204, headers=delete_headers(result))
 
 
-def _delete_keys(data: bytes) -> tuple[list[tuple[str, str | None]], bool]:
-    """A Delete document -> ([(key, version id or None)], quiet).
+def _delete_keys(data: bytes) -> tuple[list[tuple[str, str | None, DeleteConditions | None]], bool]:
+    """A Delete document -> ([(key, version id or None, conditions)], quiet).
 
     Raises:
         MalformedXML: not a Delete document, an Object without a Key, or not
             1 to 1000 objects.
+        InvalidArgument: an object's ``Size`` or ``LastModifiedTime`` that does not parse.
     """
     doc = parse_xml(data)
     if local(doc.tag) != "Delete":
@@ -307,7 +345,9 @@ def _delete_keys(data: bytes) -> tuple[list[tuple[str, str | None]], bool]:
             key = child_text(el, "Key")
             if key is None:
                 raise MalformedXML("an Object without a Key")
-            keys.append((key, child_text(el, "VersionId")))
+            keys.append((key, child_text(el, "VersionId"),
+                         _delete_conditions(child_text(el, "ETag"), child_text(el, "LastModifiedTime"),
+                                            child_text(el, "Size"), iso=True)))
     if not keys or len(keys) > _MAX_DELETE_KEYS:
         raise MalformedXML("Delete must name between 1 and 1000 objects")
     return keys, quiet
@@ -327,20 +367,25 @@ def _deleted(root, key: str, version: str | None, result: DeleteResult) -> None:
 
 async def delete_objects(s: Services, req: S3Request, ep: DeleteObjects) -> web.Response:
     """DeleteObjects: delete up to 1000 keys or versions; each failure is
-    reported in the result document, not as the request's status."""
+    reported in the result document, not as the request's status (a key the
+    bucket policy does not let the requester delete is such an AccessDenied)."""
     keys, quiet = _delete_keys(await s.read_xml(req))
     bypass = bypass_governance(req.headers)
     await s.call(s.engine.head_bucket, ep.bucket)
+    tenant, access_key, source_ip = CURRENT_TENANT.get(), req.auth.access_key or None, req.http.remote
 
     def run() -> list[tuple[str, str | None, DeleteResult | GpufeedError]]:
         out: list[tuple[str, str | None, DeleteResult | GpufeedError]] = []
-        for key, version in keys:
+        for key, version, conditions in keys:
             try:
                 if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
                     raise KeyTooLong("Your key is too long")
                 if version == "":
                     raise InvalidArgument("Version id cannot be the empty string")
-                out.append((key, version, s.engine.delete_object(ep.bucket, key, version, bypass_governance=bypass)))
+                s.engine.authorize(tenant, "s3:DeleteObject" if version is None else "s3:DeleteObjectVersion",
+                                   ep.bucket, key, access_key=access_key, source_ip=source_ip)
+                out.append((key, version, s.engine.delete_object(ep.bucket, key, version, bypass_governance=bypass,
+                                                                 conditions=conditions)))
             except GpufeedError as exc:
                 out.append((key, version, exc))
         return out

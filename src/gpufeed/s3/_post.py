@@ -49,9 +49,10 @@ from ._context import HandlerTable, S3Request, Services
 from ._features import check_write_headers
 from ._headers import quote_etag, stored_content_type, stored_headers, user_metadata
 from ._lock import write_retention
+from ._policy import may_reach
 from ._router import PostObject
 from ._tagging import parse_tag_set
-from ._tenancy import CURRENT_TENANT, check_owner
+from ._tenancy import CURRENT_TENANT
 from ._versions import write_headers
 from ._xml import element, sub
 
@@ -253,7 +254,8 @@ async def post_object(s: Services, req: S3Request, ep: PostObject) -> web.Stream
         raise MalformedPOSTRequest("Bucket POST must be of the enclosure-type multipart/form-data")
     fields, file = await _read_fields(await req.http.multipart())
     _check_signature(s, fields)
-    check_owner(s.engine, ep.bucket, CURRENT_TENANT.get())
+    if not may_reach(s.engine, ep.bucket, CURRENT_TENANT.get()):
+        raise AccessDenied("Access Denied")
     policy = _decode_policy(fields["policy"])
     if "key" not in fields:
         raise MalformedPOSTRequest("Bucket POST must contain a field named 'key'.")
@@ -264,6 +266,8 @@ async def post_object(s: Services, req: S3Request, ep: PostObject) -> web.Stream
     tags = parse_tag_set(fields["tagging"].encode()) if "tagging" in fields else None
     retention = write_retention(headers)
     key = fields["key"].replace("${filename}", file.filename or "")
+    s.engine.authorize(CURRENT_TENANT.get(), "s3:PutObject", ep.bucket, key,
+                       access_key=fields["x-amz-credential"].split("/")[0], source_ip=req.http.remote)
     info = await _store(s, ep, key, file, headers, fields, policy, tags, retention)
     etag = quote_etag(info.etag)
     common = {"ETag": etag} | write_headers(info)

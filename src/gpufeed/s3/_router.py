@@ -36,17 +36,16 @@ from ..errors import InvalidArgument, MethodNotAllowed, NotImplementedByGpufeed
 
 __all__ = [
     "Target", "parse_target", "bucket_from_host", "route", "UNSUPPORTED_BUCKET", "UNSUPPORTED_OBJECT", "Endpoint",
-    "BucketEndpoint", "ObjectEndpoint", "ListBuckets", "HeadBucket", "CreateBucket", "DeleteBucket",
+    "BucketEndpoint", "ObjectEndpoint", "ListBuckets", "HeadBucket", "CreateBucket", "DeleteBucket", "CreateSession",
     "GetBucketLocation", "GetBucketVersioning", "GetBucketAcl", "GetBucketLifecycleConfiguration",
     "PutBucketLifecycleConfiguration", "DeleteBucketLifecycle", "PutBucketAcl", "GetBucketConfiguration",
-    "DeleteBucketConfiguration", "PutBucketCors", "PutBucketTagging", "CorsPreflight",
+    "DeleteBucketConfiguration", "PutBucketCors", "PutBucketTagging", "PutBucketPolicy", "CorsPreflight",
     "PutObjectLockConfiguration", "GetObjectLockConfiguration", "BUCKET_CONFIGURATIONS", "STORED_CONFIGURATIONS",
     "ListObjects", "ListMultipartUploads", "DeleteObjects", "PostObject", "GetObject", "HeadObject",
     "GetObjectAcl", "PutObjectAcl", "GetObjectAttributes", "PutObjectRetention", "GetObjectRetention",
     "PutObjectLegalHold", "GetObjectLegalHold", "PutObjectTagging", "GetObjectTagging", "DeleteObjectTagging",
     "PutObject", "CopyObject", "DeleteObject", "CreateMultipartUpload", "UploadPart", "UploadPartCopy",
     "CompleteMultipartUpload", "AbortMultipartUpload", "ListParts", "PutBucketVersioning", "ListObjectVersions",
-    "CreateSession",
 ]
 
 #: Bucket configurations with Get and Delete (:class:`GetBucketConfiguration`,
@@ -54,11 +53,12 @@ __all__ = [
 #: "no such configuration" 404, Delete succeeds whether one was set or not.
 BUCKET_CONFIGURATIONS = frozenset({"policy", "cors", "encryption", "website", "replication", "tagging"})
 #: The configurations gpufeed stores (set with :class:`PutBucketCors`,
-#: :class:`PutBucketTagging`); setting any other is in :data:`UNSUPPORTED_BUCKET`.
-STORED_CONFIGURATIONS = frozenset({"cors", "tagging"})
+#: :class:`PutBucketTagging`, :class:`PutBucketPolicy`); setting any other is in
+#: :data:`UNSUPPORTED_BUCKET`.
+STORED_CONFIGURATIONS = frozenset({"cors", "tagging", "policy"})
 #: Bucket sub-resources S3 has and gpufeed does not implement (answered 501).
 UNSUPPORTED_BUCKET = frozenset({
-    "policy", "website", "logging", "notification", "replication",
+    "website", "logging", "notification", "replication",
     "encryption", "requestPayment", "accelerate",
     "analytics", "inventory", "metrics", "ownershipControls", "publicAccessBlock",
     "intelligent-tiering", "policyStatus",
@@ -329,7 +329,13 @@ class PutBucketTagging(BucketEndpoint):
     """``PUT /bucket?tagging``: PutBucketTagging."""
 
 
-_PUT_CONFIGURATION: dict[str, type[BucketEndpoint]] = {"cors": PutBucketCors, "tagging": PutBucketTagging}
+@dataclass(frozen=True, slots=True)
+class PutBucketPolicy(BucketEndpoint):
+    """``PUT /bucket?policy``: PutBucketPolicy."""
+
+
+_PUT_CONFIGURATION: dict[str, type[BucketEndpoint]] = {
+    "cors": PutBucketCors, "tagging": PutBucketTagging, "policy": PutBucketPolicy}
 
 
 @dataclass(frozen=True, slots=True)
@@ -627,9 +633,7 @@ def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
             return GetBucketAcl(bucket)
         if "uploads" in q:
             return ListMultipartUploads(bucket)
-        if "session" in q:
-            return CreateSession(bucket)
-        return ListObjects(bucket, v2=q.get("list-type") == "2")
+        return CreateSession(bucket) if "session" in q else ListObjects(bucket, v2=q.get("list-type") == "2")
     if method == "HEAD":
         return HeadBucket(bucket)
     if method == "PUT":

@@ -111,6 +111,11 @@ class SessionKeyRing:
         found = self.session(access_key)
         return self.keys.tenant_of(found.parent_key if found is not None else access_key)
 
+    def principal_key(self, access_key: str) -> str:
+        """The key a request acts as in bucket policies: a session's parent key, else ``access_key``."""
+        found = self.session(access_key)
+        return found.parent_key if found is not None else access_key
+
     def create(self, parent_key: str, bucket: str, *, read_only: bool = False) -> Session:
         """New credentials acting for ``parent_key`` on ``bucket``.
 

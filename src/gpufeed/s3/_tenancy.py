@@ -1,16 +1,17 @@
 """Who is asking: access keys to secrets and tenants, and the rule that a
-tenant reaches only its own buckets.
+tenant reaches only its own buckets unless their policies say otherwise.
 
 The node's configured key acts for :data:`~gpufeed.engine.types.DEFAULT_TENANT`;
 every other key is looked up in the engine (:meth:`gpufeed.engine.Engine.lookup_access_key`,
 answered from memory after the first use). A request on a bucket of another
 tenant is refused with ``AccessDenied`` and a message that names nothing, as
-S3 answers a bucket of another account; a bucket that does not exist stays
-``NoSuchBucket``.
+S3 answers a bucket of another account, unless that bucket's policy grants it
+(:mod:`._policy`); a bucket that does not exist stays ``NoSuchBucket``.
 
-The tenant of the request being handled is in :data:`CURRENT_TENANT` (a
-context variable set per request), so answers that name an owner name the
-requester's tenant.
+The tenant of the request being handled is in :data:`CURRENT_TENANT` and the
+owner of the bucket it acts on in :data:`BUCKET_OWNER` (context variables set
+per request), so answers that name an owner name the bucket's owner, or the
+requester's tenant where no bucket is named (ListBuckets).
 
 Source: "Bucket ownership" and "Access denied (403 Forbidden) errors",
 Amazon S3 User Guide, https://docs.aws.amazon.com/AmazonS3/latest/userguide/
@@ -25,10 +26,13 @@ from ..config import NodeConfig
 from ..engine import Engine
 from ..engine.types import DEFAULT_TENANT
 
-__all__ = ["KeyRing", "CURRENT_TENANT", "check_owner", "owner_identity"]
+__all__ = ["KeyRing", "CURRENT_TENANT", "BUCKET_OWNER", "check_owner", "owner_identity", "answer_owner"]
 
 #: The tenant of the request being handled (``None`` before authentication).
 CURRENT_TENANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpufeed_tenant", default=None)
+#: The tenant owning the bucket the request acts on (``None`` when it names no
+#: bucket): the owner S3 answers name, also to a tenant a bucket policy lets in.
+BUCKET_OWNER: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpufeed_bucket_owner", default=None)
 
 
 class KeyRing:
@@ -59,15 +63,27 @@ class KeyRing:
         return found[0] if found is not None else None
 
 
-def check_owner(engine: Engine, bucket: str, tenant: str | None) -> None:
+def check_owner(engine: Engine, bucket: str, tenant: str | None, action: str = "s3:*",
+                key: str | None = None) -> None:
     """Refuse a request of ``tenant`` on a bucket it may not reach
-    (:meth:`gpufeed.engine.Engine.authorize`).
+    (:meth:`gpufeed.engine.Engine.authorize`, by owner and bucket policy).
+
+    Args:
+        engine: the node's engine.
+        bucket, key: the resource (``key`` ``None`` for the bucket itself).
+        tenant: the requester's tenant, ``None`` when anonymous.
+        action: the S3 action asked (``"s3:PutObject"``).
 
     Raises:
         NoSuchBucket: the bucket does not exist.
-        AccessDenied: another tenant owns it (or the request has no tenant).
+        AccessDenied: the request is not allowed.
     """
-    engine.authorize(tenant, "s3:*", bucket)
+    engine.authorize(tenant, action, bucket, key)
+
+
+def answer_owner() -> str | None:
+    """The tenant an answer names as owner: the bucket's, else the requester's."""
+    return BUCKET_OWNER.get() or CURRENT_TENANT.get()
 
 
 def owner_identity(config: NodeConfig, tenant: str | None) -> tuple[str, str]:

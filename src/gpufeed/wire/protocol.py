@@ -298,6 +298,7 @@ class BucketStats(msgspec.Struct, array_like=True, frozen=True):
     objects: int
     evictions: int
     expirations: int
+    etag_policy: str = "md5"
 
 
 class ErrorReply(msgspec.Struct, array_like=True, frozen=True):
