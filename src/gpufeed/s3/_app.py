@@ -224,8 +224,9 @@ class S3Front(Services):
             if target.path.startswith(ADMIN_PREFIX):
                 return await handle_admin(self, request, target, auth)
             endpoint = _route(target, auth)
-            _express.check_request(self, target, request.headers, auth, endpoint)  # session token, directory rules
+            _express.check_session(self, target, request.headers, auth, endpoint)
             self._authorize(request, auth, endpoint)
+            _express.check_directory(target, request.headers, endpoint)
             check_request_headers(request.headers)
             handler = HANDLERS[type(endpoint)]
             return await handler(self, S3Request(request, target, auth), endpoint)

@@ -15,7 +15,7 @@
   (or ``X-Amz-S3session-Token`` in a presigned query). Sessions live in the
   node's memory (:class:`SessionKeyRing`): a restart ends them, and a session
   dies with the key that made it (revoked keys are checked on every request).
-- **Refusals** (:func:`check_request`): on a directory bucket, ListObjects
+- **Refusals** (:func:`check_directory`, once a request is authorized): on a directory bucket, ListObjects
   (v1), versioning, object lock, tagging, ACLs, CORS, the bucket location
   and browser-form POST are answered ``501 NotImplemented``; ListObjectsV2
   takes only ``/`` as delimiter and, with it, prefixes ending in ``/``
@@ -82,8 +82,8 @@ from ._sessions import SESSION_TOKEN_HEADER, SessionKeyRing
 from ._tenancy import CURRENT_TENANT
 from ._xml import child_text, element, iso8601, local, sub
 
-__all__ = ["SESSION_TOKEN_QUERY", "check_request", "create_directory_bucket", "is_directory_configuration",
-           "HANDLERS"]
+__all__ = ["SESSION_TOKEN_QUERY", "check_session", "check_directory", "create_directory_bucket",
+           "is_directory_configuration", "HANDLERS"]
 
 #: The same in a presigned URL's query.
 SESSION_TOKEN_QUERY = "X-Amz-S3session-Token"
@@ -104,15 +104,12 @@ _REFUSED_HEADERS = ("x-amz-tagging", "x-amz-object-lock-mode", "x-amz-object-loc
                     "x-amz-object-lock-legal-hold")
 
 
-def check_request(s: Services, target: Target, headers, auth: AuthResult, endpoint: Endpoint) -> None:
-    """The S3 Express checks of one authenticated, routed request: its session
-    token (if any) and the rules of directory buckets (told apart by name: no
-    general purpose bucket may end in ``--x-s3``).
+def check_session(s: Services, target: Target, headers, auth: AuthResult, endpoint: Endpoint) -> None:
+    """The session token of one authenticated, routed request (before it is
+    authorized: a request signed with a session acts as the session's key).
 
     Raises:
         InvalidToken, ExpiredToken, AccessDenied: see :meth:`SessionKeyRing.check`.
-        NotImplementedByGpufeed: an operation or header directory buckets lack.
-        InvalidArgument: a ListObjectsV2 delimiter or prefix they refuse.
     """
     token = headers.get(SESSION_TOKEN_HEADER)
     if token is None:
@@ -122,6 +119,17 @@ def check_request(s: Services, target: Target, headers, auth: AuthResult, endpoi
         ring.check(auth, token, endpoint)
     elif token is not None:
         raise InvalidToken("The provided token is malformed or otherwise invalid.")
+
+
+def check_directory(target: Target, headers, endpoint: Endpoint) -> None:
+    """The rules of directory buckets for one authorized request (a directory
+    bucket is told apart by its name: no general purpose bucket may end in ``--x-s3``).
+
+    Raises:
+        NotImplementedByGpufeed: an operation or header directory buckets lack,
+            or CreateSession on a general purpose bucket.
+        InvalidArgument: a ListObjectsV2 delimiter or prefix they refuse.
+    """
     if not isinstance(endpoint, BucketEndpoint) or not is_directory_name(endpoint.bucket):
         if isinstance(endpoint, CreateSession):
             raise NotImplementedByGpufeed("CreateSession is only supported by directory buckets.")
