@@ -1,7 +1,7 @@
 """The ``gpufeed`` command line: parse, call the library, print.
 
 Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``checkpoint ls|scrub``, ``bench io``,
-``bench kv``, ``bench checkpoint``, ``bench model``, ``bench gpu``, ``demo``.
+``bench kv``, ``bench list``, ``bench checkpoint``, ``bench model``, ``bench gpu``, ``demo``.
 """
 
 from __future__ import annotations
@@ -266,6 +266,20 @@ def bench_io(size, cold, json_path, paths, repeat, data_dir) -> None:
 
     run_io_bench(size=size, cold=cold, json_path=json_path, paths=paths.split(","),
                  repeat=repeat, data_dir=data_dir)
+
+
+@bench.command("list")
+@click.option("--dirs", type=int, default=1000, help="Directories in the big buckets.")
+@click.option("--per-dir", type=int, default=1000, help="Objects per directory (the listed page).")
+@click.option("--repeat", type=int, default=20, help="Timed listings per row (the median is kept).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Engine data folder (default: a temp dir).")
+def bench_list(dirs, per_dir, repeat, json_path, data_dir) -> None:
+    """ListObjectsV2 of one directory: a directory bucket of dirs x per-dir objects vs one of per-dir."""
+    from .bench.list import run_list_bench
+
+    run_list_bench(dirs=dirs, per_dir=per_dir, repeat=repeat, json_path=json_path, data_dir=data_dir)
 
 
 @bench.command("kv")

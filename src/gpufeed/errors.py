@@ -27,6 +27,8 @@ Tree::
     │   ├── SignatureDoesNotMatch
     │   ├── RequestExpired
     │   ├── RequestTimeTooSkewed
+    │   ├── ExpiredToken         (400: a session token past its expiration)
+    │   ├── InvalidToken         (400: a session token we did not issue, or not the key's)
     │   └── CORSForbidden        (403 AccessForbidden: a CORS preflight refused)
     ├── ConflictError
     │   ├── BucketAlreadyOwnedByYou
@@ -148,6 +150,8 @@ __all__ = [
     "BadRequest",
     "MaxMessageLengthExceeded",
     "RequestTimeTooSkewed",
+    "ExpiredToken",
+    "InvalidToken",
     "RequestTimeout",
     "SlowDown",
     "NotModified",
@@ -468,6 +472,18 @@ class RequestTimeTooSkewed(AccessError):
     """The signed ``X-Amz-Date`` is more than 15 minutes from the server's clock."""
 
     code, status = "RequestTimeTooSkewed", 403
+
+
+class ExpiredToken(AccessError):
+    """A session token (``x-amz-s3session-token``) past its expiration."""
+
+    code, status = "ExpiredToken", 400
+
+
+class InvalidToken(AccessError):
+    """A session token that is malformed, not ours, or not the signing key's."""
+
+    code, status = "InvalidToken", 400
 
 
 class RequestTimeout(InvalidRequestError):

@@ -52,6 +52,7 @@ REQUESTS: dict[str, tuple[str, str | None, str, dict, bytes]] = {
     "PutBucketAcl": ("PUT", None, "acl", _ACL, b""),
     "ListObjects": ("GET", None, "list-type=2", {}, b""),
     "ListObjectVersions": ("GET", None, "versions", {}, b""),
+    "CreateSession": ("GET", None, "session", {}, b""),
     "ListMultipartUploads": ("GET", None, "uploads", {}, b""),
     "DeleteObjects": ("POST", None, "delete", _MD5, b"<Delete><Object><Key>plan.txt</Key></Object></Delete>"),
     "PostObject": ("POST", None, "", {"Content-Type": "multipart/form-data; boundary=x"},

@@ -1,5 +1,6 @@
 """The storage node with no network: catalog, blobs, buckets, objects, multipart, lifecycle."""
 
+from ._directories import check_directory_bucket_name, check_directory_listing, is_directory_name
 from ._keyring import KeyRing
 from ._openfiles import ObjectHandle
 from ._sqlite import SqliteCatalog
@@ -28,4 +29,7 @@ __all__ = [
     "CatalogWriter",
     "SqliteCatalog",
     "KeyRing",
+    "is_directory_name",
+    "check_directory_bucket_name",
+    "check_directory_listing",
 ]

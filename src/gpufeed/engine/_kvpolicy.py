@@ -37,8 +37,9 @@ from .types import BucketInfo, ObjectInfo
 
 __all__ = ["KVBucketPolicy", "check_policy", "KINDS"]
 
-#: Bucket kinds: standard buckets never lose an object; kv buckets are caches.
-KINDS = ("standard", "kv")
+#: Bucket kinds: standard buckets never lose an object; kv buckets are caches;
+#: directory buckets are standard buckets with S3 Express rules (:mod:`._directories`).
+KINDS = ("standard", "kv", "directory")
 _FLUSH_TOUCHED = 4096  # a kv bucket's unflushed read times are written to the catalog past this many
 
 
@@ -50,7 +51,7 @@ def check_policy(kind: str, capacity_bytes, ttl_s) -> tuple[int, float]:
 
     Raises:
         InvalidArgument: an unknown kind, non-numeric or negative limits, a kv
-            bucket with neither limit, or a standard bucket with one.
+            bucket with neither limit, or a standard or directory bucket with one.
     """
     if kind not in KINDS:
         raise InvalidArgument(f"bucket kind must be one of {KINDS}, not {kind!r}")
@@ -66,8 +67,8 @@ def check_policy(kind: str, capacity_bytes, ttl_s) -> tuple[int, float]:
         raise InvalidArgument("capacity_bytes and ttl_s must be >= 0")
     if kind == "kv" and not (capacity_bytes or ttl_s):
         raise InvalidArgument("a kv bucket needs capacity_bytes > 0 or ttl_s > 0")
-    if kind == "standard" and (capacity_bytes or ttl_s):
-        raise InvalidArgument("standard buckets are never evicted; capacity_bytes and ttl_s need kind='kv'")
+    if kind != "kv" and (capacity_bytes or ttl_s):
+        raise InvalidArgument(f"{kind} buckets are never evicted; capacity_bytes and ttl_s need kind='kv'")
     return capacity_bytes, float(ttl_s)
 
 

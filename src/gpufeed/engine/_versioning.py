@@ -160,7 +160,8 @@ class VersionedObjects:
 
         Raises:
             NoSuchBucket: it does not exist.
-            InvalidArgument: another state, or a kv bucket (a cache keeps one version).
+            InvalidArgument: another state, a kv bucket (a cache keeps one version) or
+                a directory bucket (S3 Express One Zone has no versioning).
             InvalidBucketState: suspending a bucket with object lock.
 
         Source: https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutBucketVersioning.html
@@ -169,8 +170,8 @@ class VersionedObjects:
             raise InvalidArgument(f"versioning state must be Enabled or Suspended, not {state!r}")
         with self._cat.write() as w:
             b = require_bucket(w, bucket)
-            if b.kind == "kv":
-                raise InvalidArgument(f"bucket {bucket!r} is a kv bucket, which keeps one version per key")
+            if b.kind in ("kv", "directory"):
+                raise InvalidArgument(f"bucket {bucket!r} is a {b.kind} bucket, which keeps one version per key")
             if b.object_lock and state != "Enabled":
                 raise InvalidBucketState("An Object Lock configuration is present on this bucket, so the "
                                          "versioning state cannot be changed.", bucket=bucket)

@@ -72,11 +72,12 @@ from ..errors import (
     NoSuchTenant,
 )
 from ._blobs import BlobFiles
+from ._directories import check_name_for_kind
 from ._kvpolicy import KVBucketPolicy, check_policy
 from ._lifecycle import Lifecycle, LifecycleCalls
 from ._listing import read_page, start_position
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
-from ._names import MAX_KEY_BYTES, check_bucket_name, check_key, check_text
+from ._names import MAX_KEY_BYTES, check_key, check_text
 from ._private import FILE_MODE, check_private, make_private_dirs
 from ._reads import ObjectReads
 from ._sqlite import SqliteCatalog
@@ -203,8 +204,10 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads):
         :meth:`set_bucket_policy` for the limits.
 
         Args:
-            name: bucket name (S3 general-purpose naming rules).
-            kind: ``"standard"`` or ``"kv"``.
+            name: bucket name (S3 general-purpose naming rules; directory
+                bucket naming rules for kind ``"directory"``).
+            kind: ``"standard"``, ``"kv"`` or ``"directory"`` (S3 Express rules
+                on the S3 front, see :mod:`._directories`).
             capacity_bytes: kv: the most bytes of object data kept; 0 = unlimited.
             ttl_s: kv: seconds an object lives after its last write; 0 = forever.
             object_lock: make the bucket with object lock (WORM; its versioning
@@ -224,7 +227,7 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads):
             InvalidArgument: an unknown kind, negative limits, a kv bucket with
                 neither limit or with object lock, or a standard bucket with a limit.
         """
-        check_bucket_name(name)
+        check_name_for_kind(name, kind)
         capacity_bytes, ttl_s = check_policy(kind, capacity_bytes, ttl_s)
         if object_lock and kind != "standard":
             raise InvalidArgument("only standard buckets can have object lock")

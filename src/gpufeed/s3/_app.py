@@ -34,6 +34,7 @@ from . import (
     _bucketconfig,
     _buckets,
     _cors,
+    _express,
     _lifecycle,
     _listing,
     _lock,
@@ -102,6 +103,7 @@ HANDLERS: HandlerTable = {
     **_tagging.HANDLERS,
     **_versions.HANDLERS,
     **_policy.HANDLERS,
+    **_express.HANDLERS,
 }
 
 
@@ -201,7 +203,8 @@ class S3Front(Services):
                 raise AccessDenied("Anonymous access is not allowed")
             return
         _policy.authorize_request(self.engine, endpoint, self._target(request).query, tenant,
-                                  access_key=auth.access_key or None, source_ip=request.remote)
+                                  access_key=self.credentials.principal_key(auth.access_key) or None,
+                                  source_ip=request.remote)
         BUCKET_OWNER.set(self.engine.bucket_owner(endpoint.bucket))
 
     async def expect(self, request: web.BaseRequest) -> web.StreamResponse | None:
@@ -247,7 +250,9 @@ class S3Front(Services):
                 return await handle_admin(self, request, target, auth)
             endpoint = _route(target, auth)
             request[OP] = type(endpoint).__name__
+            _express.check_session(self, target, request.headers, auth, endpoint)
             self._authorize(request, auth, endpoint)
+            _express.check_directory(target, request.headers, endpoint)
             check_request_headers(request.headers)
             handler = HANDLERS[type(endpoint)]
             return await handler(self, S3Request(request, target, auth), endpoint)

@@ -20,6 +20,7 @@ from ..errors import (
     MalformedXML,
 )
 from ._context import HandlerTable, S3Request, Services
+from ._express import create_directory_bucket, is_directory_configuration
 from ._features import check_create_bucket_headers
 from ._router import (
     CreateBucket,
@@ -150,6 +151,8 @@ async def create_bucket(s: Services, req: S3Request, ep: CreateBucket) -> web.Re
     constraint = ""
     if data.strip():
         doc = parse_xml(data)
+        if is_directory_configuration(doc):  # S3 Express One Zone (see ._express)
+            return await create_directory_bucket(s, req, ep, doc, object_lock=object_lock)
         if local(doc.tag) != "CreateBucketConfiguration":
             raise MalformedXML("expected CreateBucketConfiguration")
         constraint = (child_text(doc, "LocationConstraint") or "").strip()

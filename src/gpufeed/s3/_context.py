@@ -31,6 +31,7 @@ from ._auth import AuthResult
 from ._body import RequestBody, stream_body
 from ._headers import content_md5
 from ._router import Endpoint, Target
+from ._sessions import SessionKeyRing
 from ._tenancy import answer_owner, owner_identity
 from ._xml import element, sub, to_bytes
 
@@ -76,7 +77,7 @@ class Services:
     def __init__(self, engine: Engine, config: NodeConfig) -> None:
         self.engine = engine
         self.config = config
-        self.credentials = KeyRing(config.access_key, config.secret_key, engine)
+        self.credentials = SessionKeyRing(KeyRing(config.access_key, config.secret_key, engine))  # + sessions
         self.executor = ThreadPoolExecutor(
             max_workers=max(4, config.io_threads), thread_name_prefix="gpufeed-s3"
         )

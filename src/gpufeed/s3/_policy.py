@@ -27,6 +27,7 @@ from ._router import (
     CompleteMultipartUpload,
     CopyObject,
     CreateMultipartUpload,
+    CreateSession,
     DeleteBucket,
     DeleteBucketConfiguration,
     DeleteBucketLifecycle,
@@ -95,6 +96,8 @@ ACTIONS: dict[type[Endpoint], str] = {
     DeleteObject: "s3:DeleteObject", CreateMultipartUpload: "s3:PutObject", UploadPart: "s3:PutObject",
     UploadPartCopy: "s3:PutObject", CompleteMultipartUpload: "s3:PutObject",
     AbortMultipartUpload: "s3:AbortMultipartUpload", ListParts: "s3:ListMultipartUploadParts",
+    # a session grants nothing by itself: each request signed with it is authorized as the key that made it
+    CreateSession: "s3:ListBucket",
 }
 #: An action -> its form when the request names a version (``?versionId=``).
 _VERSION_ACTIONS = {

@@ -36,7 +36,7 @@ from ..errors import InvalidArgument, MethodNotAllowed, NotImplementedByGpufeed
 
 __all__ = [
     "Target", "parse_target", "bucket_from_host", "route", "UNSUPPORTED_BUCKET", "UNSUPPORTED_OBJECT", "Endpoint",
-    "BucketEndpoint", "ObjectEndpoint", "ListBuckets", "HeadBucket", "CreateBucket", "DeleteBucket",
+    "BucketEndpoint", "ObjectEndpoint", "ListBuckets", "HeadBucket", "CreateBucket", "DeleteBucket", "CreateSession",
     "GetBucketLocation", "GetBucketVersioning", "GetBucketAcl", "GetBucketLifecycleConfiguration",
     "PutBucketLifecycleConfiguration", "DeleteBucketLifecycle", "PutBucketAcl", "GetBucketConfiguration",
     "DeleteBucketConfiguration", "PutBucketCors", "PutBucketTagging", "PutBucketPolicy", "CorsPreflight",
@@ -45,7 +45,7 @@ __all__ = [
     "GetObjectAcl", "PutObjectAcl", "GetObjectAttributes", "PutObjectRetention", "GetObjectRetention",
     "PutObjectLegalHold", "GetObjectLegalHold", "PutObjectTagging", "GetObjectTagging", "DeleteObjectTagging",
     "PutObject", "CopyObject", "DeleteObject", "CreateMultipartUpload", "UploadPart", "UploadPartCopy",
-    "CompleteMultipartUpload", "AbortMultipartUpload", "ListParts", "PutBucketVersioning", "ListObjectVersions"
+    "CompleteMultipartUpload", "AbortMultipartUpload", "ListParts", "PutBucketVersioning", "ListObjectVersions",
 ]
 
 #: Bucket configurations with Get and Delete (:class:`GetBucketConfiguration`,
@@ -70,7 +70,7 @@ UNSUPPORTED_OBJECT = frozenset({
 
 #: Every bucket sub-resource the router knows (a request naming two is refused).
 _SUB_RESOURCES = UNSUPPORTED_BUCKET | BUCKET_CONFIGURATIONS | {
-    "lifecycle", "acl", "location", "versioning", "versions", "uploads", "delete", "object-lock"}
+    "lifecycle", "acl", "location", "versioning", "versions", "uploads", "delete", "object-lock", "session"}
 
 _PART_NUMBER_RANGE = "Part number must be an integer between 1 and 10000, inclusive"
 
@@ -373,6 +373,11 @@ class ListObjects(BucketEndpoint):
 
 
 @dataclass(frozen=True, slots=True)
+class CreateSession(BucketEndpoint):
+    """``GET /bucket?session``: CreateSession (temporary credentials for a directory bucket)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ListMultipartUploads(BucketEndpoint):
     """``GET /bucket?uploads``: ListMultipartUploads."""
 
@@ -628,7 +633,7 @@ def _route_bucket(method: str, q: dict[str, str], bucket: str) -> Endpoint:
             return GetBucketAcl(bucket)
         if "uploads" in q:
             return ListMultipartUploads(bucket)
-        return ListObjects(bucket, v2=q.get("list-type") == "2")
+        return CreateSession(bucket) if "session" in q else ListObjects(bucket, v2=q.get("list-type") == "2")
     if method == "HEAD":
         return HeadBucket(bucket)
     if method == "PUT":
