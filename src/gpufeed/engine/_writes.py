@@ -33,7 +33,7 @@ from ..errors import (
     NoSuchKey,
     PreconditionFailed,
 )
-from ._blobs import BlobFiles, copy_range, new_id, remove_quietly, start_writeback, write_all, write_all_v
+from ._blobs import BlobFiles, copy_range, new_id, remove_quietly, start_writeback, write_all_v
 from ._kvpolicy import KVBucketPolicy
 from ._names import check_str_map
 from ._tenants import check_quota
@@ -271,9 +271,10 @@ class PendingWrite:
     def write(self, data) -> int:
         """Append a buffer (bytes, bytearray, memoryview, mmap slice, numpy array).
 
-        Written with ``os.pwrite`` at offset :attr:`size`, looping over short
-        writes. For MD5 ETags and buffers of 1 MiB or more, hashing runs on a
-        helper thread while the data is written (both release the GIL).
+        Written at offset :attr:`size`, looping over short writes (as
+        :meth:`write_many` of one buffer). For MD5 ETags and buffers of 1 MiB
+        or more, hashing runs on a helper thread while the data is written
+        (both release the GIL).
 
         Args:
             data: any C-contiguous buffer.
@@ -285,33 +286,7 @@ class PendingWrite:
             InvalidArgument: the write was already committed or aborted.
             InternalError: the file system failed (disk full, I/O error).
         """
-        self._check_open()
-        mv = as_bytes_view(data)
-        n = mv.nbytes
-        if n == 0:
-            return 0
-        h = self._hasher
-        try:
-            if h is not None and self._hashed != self.size:
-                self._catch_up()
-            if h is not None and n >= _OVERLAP_BYTES and self._hash_kind == "md5":
-                fut = self._wp.hash_pool().submit(h.update, mv)
-                try:
-                    write_all(self._fd, mv, self.size)
-                finally:
-                    fut.result()
-            else:
-                if h is not None:
-                    h.update(mv)
-                write_all(self._fd, mv, self.size)
-        except OSError as exc:
-            self.abort()
-            raise InternalError(f"writing {self._tmp} failed: {exc}") from exc
-        self.size += n
-        if h is not None:
-            self._hashed += n
-        self._start_writeback()
-        return n
+        return self.write_many((data,))
 
     def write_many(self, buffers) -> int:
         """Append several buffers in one ``os.pwritev``, as if written one after another.
