@@ -114,12 +114,14 @@ SCOPE_ARGUMENT = click.argument("scope", type=click.Choice(["tenant", "bucket"])
 @quota.command("set")
 @SCOPE_ARGUMENT
 @click.argument("name")
-@click.option("--bytes", "max_bytes", type=SizeType(), default=0, help="Most bytes (e.g. 10GiB); 0 = no limit.")
-@click.option("--objects", "max_objects", type=int, default=0, help="Most object versions; 0 = no limit.")
+@click.option("--bytes", "max_bytes", type=SizeType(), default=None,
+              help="Most bytes (e.g. 10GiB); 0 = no limit; left out: unchanged.")
+@click.option("--objects", "max_objects", type=int, default=None,
+              help="Most object versions; 0 = no limit; left out: unchanged.")
 @JSON_OPTION
 @click.pass_context
 def quota_set(ctx, scope, name, max_bytes, max_objects, as_json) -> None:
-    """Set the quota of tenant or bucket NAME (both limits 0 removes it)."""
+    """Set the quota of tenant or bucket NAME (a limit left out stays as it is; both 0 removes it)."""
     _run(ctx, lambda a: a.quota_set(scope, name, max_bytes, max_objects), as_json,
          lambda r: f"{r['scope']} {r['name']}: {_quota_line(r)}")
 

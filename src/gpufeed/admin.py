@@ -79,8 +79,9 @@ class Admin:
         """Revoke a key: ``{}``."""
         raise NotImplementedError
 
-    def quota_set(self, scope: str, name: str, max_bytes: int = 0, max_objects: int = 0) -> dict:
-        """Set a ``"tenant"`` or ``"bucket"`` quota (0 = no limit); answers as :meth:`quota_get`."""
+    def quota_set(self, scope: str, name: str, max_bytes: int | None = None, max_objects: int | None = None) -> dict:
+        """Set a ``"tenant"`` or ``"bucket"`` quota (0 = no limit, ``None`` keeps
+        that limit); answers as :meth:`quota_get`."""
         raise NotImplementedError
 
     def quota_get(self, scope: str, name: str) -> dict:
@@ -156,9 +157,10 @@ class RemoteAdmin(Admin):
     def key_revoke(self, access_key: str) -> dict:
         return self._call("DELETE", f"keys/{urllib.parse.quote(access_key, safe='')}")
 
-    def quota_set(self, scope: str, name: str, max_bytes: int = 0, max_objects: int = 0) -> dict:
+    def quota_set(self, scope: str, name: str, max_bytes: int | None = None, max_objects: int | None = None) -> dict:
+        body = {k: v for k, v in (("bytes", max_bytes), ("objects", max_objects)) if v is not None}
         return self._call("PUT", f"quotas/{urllib.parse.quote(scope, safe='')}/{urllib.parse.quote(name, safe='')}",
-                          {"bytes": max_bytes, "objects": max_objects})
+                          body)
 
     def quota_get(self, scope: str, name: str) -> dict:
         return self._call("GET", f"quotas/{urllib.parse.quote(scope, safe='')}/{urllib.parse.quote(name, safe='')}")
@@ -212,7 +214,7 @@ class LocalAdmin(Admin):
         self._engine.revoke_access_key(access_key)
         return {}
 
-    def quota_set(self, scope: str, name: str, max_bytes: int = 0, max_objects: int = 0) -> dict:
+    def quota_set(self, scope: str, name: str, max_bytes: int | None = None, max_objects: int | None = None) -> dict:
         self._engine.set_quota(scope, name, max_bytes, max_objects)
         return self._engine.quota(scope, name)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._metrics import NodeMetrics
-from .config import NodeConfig
+from .config import DEFAULT_SECRET_KEY, NodeConfig
 from .engine import Engine
 from .engine._private import make_private_dirs
 
@@ -231,7 +231,8 @@ class Node:
             access_key=cfg.access_key,
             secret_key=cfg.secret_key,
             data_dir=str(data_dir),
-            warnings=tuple(engine.permission_warnings),
+            warnings=tuple(engine.permission_warnings) + tuple(
+                engine.key_warnings(default_admin_secret=cfg.secret_key == DEFAULT_SECRET_KEY)),
             metrics=f"http://{cfg.host}:{result['metrics_port']}/metrics" if self._monitor else None,
         )
         return self.endpoints

@@ -160,10 +160,14 @@ def test_tenant_quota_spans_its_buckets(eng):
     with pytest.raises(QuotaExceeded):
         eng.put_object("team-b", "y", b"12345")
     up = eng.create_multipart_upload("team-b", "mp")
-    part = eng.upload_part("team-b", "mp", up.upload_id, 1, b"1234")
+    with pytest.raises(QuotaExceeded):  # a part counts as held from its upload on
+        eng.upload_part("team-b", "mp", up.upload_id, 1, b"1234")
+    part = eng.upload_part("team-b", "mp", up.upload_id, 1, b"123")
     with pytest.raises(QuotaExceeded):
-        eng.complete_multipart_upload("team-b", "mp", up.upload_id, [(1, part.etag)])
-    assert eng.list_objects("team-b").objects == []
+        eng.put_object("team-b", "y", b"1")  # 5 held + 3 pending
+    eng.complete_multipart_upload("team-b", "mp", up.upload_id, [(1, part.etag)])
+    assert [o.key for o in eng.list_objects("team-b").objects] == ["mp"]
+    eng.delete_object("team-b", "mp")
     eng.put_object("team-b", "y", b"123")
     stats = eng.tenant_stats("team")
     assert (stats["stored_bytes"], stats["quota_bytes"]) == (8, 8)
@@ -185,7 +189,7 @@ def test_quota_below_usage_and_bad_quotas_are_refused(eng):
         eng.set_quota("tenant", "ghost", max_bytes=1)
     assert eng.quota("bucket", "full")["quota_bytes"] == 0
     eng.set_quota("bucket", "full", max_bytes=100)
-    eng.set_quota("bucket", "full")  # 0, 0: no limit again
+    eng.set_quota("bucket", "full", max_bytes=0, max_objects=0)  # no limit again
     eng.put_object("full", "b", b"x" * 1000)
 
 
@@ -213,3 +217,44 @@ PRAGMA user_version=3;
         assert c.usage("old") == (7, 2)
     finally:
         c.close()
+
+
+def test_parts_of_uploads_in_progress_count_against_quotas(eng):
+    """Parts never completed cannot pass a quota: UploadPart is refused once held plus pending bytes would."""
+    eng.create_bucket("parts-capped")
+    eng.set_quota("bucket", "parts-capped", max_bytes=10)
+    up = eng.create_multipart_upload("parts-capped", "k")
+    eng.upload_part("parts-capped", "k", up.upload_id, 1, b"x" * 6)
+    other = eng.create_multipart_upload("parts-capped", "j")
+    with pytest.raises(QuotaExceeded):
+        eng.upload_part("parts-capped", "j", other.upload_id, 1, b"x" * 6)
+    assert eng.list_parts("parts-capped", "j", other.upload_id) == []
+    eng.abort_multipart_upload("parts-capped", "k", up.upload_id)
+    eng.upload_part("parts-capped", "j", other.upload_id, 1, b"x" * 6)
+
+
+def test_a_quota_limit_left_out_is_kept(eng):
+    eng.create_bucket("kept")
+    eng.set_quota("bucket", "kept", max_bytes=1000, max_objects=100)
+    eng.set_quota("bucket", "kept", max_bytes=5000)
+    got = eng.quota("bucket", "kept")
+    assert (got["quota_bytes"], got["quota_objects"]) == (5000, 100)
+    eng.set_quota("bucket", "kept", max_objects=0)
+    assert eng.quota("bucket", "kept")["quota_objects"] == 0
+
+
+def test_a_tenant_named_in_a_policy_cannot_be_deleted(eng):
+    """Deleting a tenant a bucket policy grants to is refused, so a new tenant of
+    the same name can never inherit the grant."""
+    import json
+
+    eng.create_tenant("owner")
+    eng.create_tenant("carol")
+    eng.create_bucket("owned", owner="owner")
+    policy = {"Statement": [{"Effect": "Allow", "Principal": {"AWS": "carol"}, "Action": "s3:GetObject",
+                             "Resource": "arn:aws:s3:::owned/*"}]}
+    eng.put_bucket_policy("owned", json.dumps(policy))
+    with pytest.raises(TenantNotEmpty, match="named in the bucket policy"):
+        eng.delete_tenant("carol")
+    eng.delete_bucket_policy("owned")
+    eng.delete_tenant("carol")

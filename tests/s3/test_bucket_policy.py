@@ -311,3 +311,24 @@ def test_every_bucket_endpoint_names_its_action():
         for ep in (_router.GetBucketConfiguration("b", config), _router.DeleteBucketConfiguration("b", config)):
             assert _policy.request_action(ep, {}) in KNOWN
     assert _policy.request_action(_router.GetObject("b", "k"), {"versionId": "v"}) == "s3:GetObjectVersion"
+
+
+def test_deny_of_get_object_covers_get_object_attributes(tenants, share):
+    """GetObjectAttributes also asks s3:GetObject, so a Deny of reads hides sizes and ETags too.
+    Source: "GetObjectAttributes" (permissions), Amazon S3 API Reference."""
+    owner, _, _, _ = tenants
+    owner.put_bucket_policy(Bucket=share, Policy=_policy(
+        {"Effect": "Deny", "Principal": "*", "Action": "s3:GetObject", "Resource": f"{ARN}{share}/priv/*"}))
+    try:
+        with pytest.raises(ClientError) as exc:
+            owner.get_object_attributes(Bucket=share, Key="priv/secret.txt", ObjectAttributes=["ETag", "ObjectSize"])
+        assert _code(exc) == (403, "AccessDenied")
+    finally:
+        owner.delete_bucket_policy(Bucket=share)
+
+
+def test_deeply_nested_policy_is_malformed_not_a_500(tenants, share):
+    owner, _, _, _ = tenants
+    with pytest.raises(ClientError) as exc:
+        owner.put_bucket_policy(Bucket=share, Policy='{"Statement":' + "[" * 5000 + "]" * 5000 + "}")
+    assert _code(exc) == (400, "MalformedPolicy")

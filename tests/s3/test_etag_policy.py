@@ -30,3 +30,27 @@ def test_etag_policy_through_s3(s3):
     with pytest.raises(ClientError) as exc:
         s3.put_object(Bucket="no-hash", Key="bad", Body=data, ContentMD5=base64.b64encode(b"0" * 16).decode())
     assert exc.value.response["Error"]["Code"] == "BadDigest"
+
+
+def test_a_copy_takes_the_destination_policy(s3):
+    """Copying from a none bucket into an md5 bucket answers the MD5 of the bytes; two
+    copies inside a none bucket get ETags of their own."""
+    def make(name, policy):
+        def header(request, **_):
+            request.headers["x-gpufeed-etag-policy"] = policy
+        s3.meta.events.register("before-sign.s3.CreateBucket", header)
+        try:
+            s3.create_bucket(Bucket=name)
+        finally:
+            s3.meta.events.unregister("before-sign.s3.CreateBucket", header)
+
+    make("copy-src-none", "none")
+    make("copy-dst-md5", "md5")
+    data = b"copied bytes" * 1000
+    s3.put_object(Bucket="copy-src-none", Key="k", Body=data)
+    src = {"Bucket": "copy-src-none", "Key": "k"}
+    got = s3.copy_object(Bucket="copy-dst-md5", Key="c", CopySource=src)["CopyObjectResult"]["ETag"]
+    assert got.strip('"') == hashlib.md5(data).hexdigest()
+    a = s3.copy_object(Bucket="copy-src-none", Key="a", CopySource=src)["CopyObjectResult"]["ETag"]
+    b = s3.copy_object(Bucket="copy-src-none", Key="b", CopySource=src)["CopyObjectResult"]["ETag"]
+    assert a != b and a.strip('"').startswith("n")

@@ -230,3 +230,28 @@ def test_quotas_through_the_admin_api_and_s3(tnode, admin):
     c.put_object(Bucket="quota-bucket", Key="b", Body=b"x" * 600)
     assert admin.quota_get("bucket", "quota-bucket")["stored_bytes"] == 600
 
+
+
+def test_startup_warns_of_a_wrong_master_key_and_a_public_admin_secret(tmp_path):
+    """The startup line's warnings say when stored keys will not open, and when
+    tenants exist under the built-in admin secret."""
+    import base64
+    import os
+
+    node = start_node(tmp_path / "d")
+    try:
+        RemoteAdmin(node.s3_url, node.access_key, node.secret_key).tenant_create("warned")
+        RemoteAdmin(node.s3_url, node.access_key, node.secret_key).key_create("warned")
+    finally:
+        node.stop()
+    node = start_node(tmp_path / "d")
+    try:
+        assert any("built-in secret" in w for w in node.warnings)
+    finally:
+        node.stop()
+    wrong = base64.b64encode(os.urandom(32)).decode()
+    node = start_node(tmp_path / "d", env={"GPUFEED_MASTER_KEY": wrong})
+    try:
+        assert any("does not open the access keys" in w for w in node.warnings)
+    finally:
+        node.stop()

@@ -31,6 +31,7 @@ from ..errors import (
 )
 from ._blobs import BlobFiles, new_id, remove_quietly
 from ._names import check_key, check_str_map, check_text
+from ._tenants import check_quota
 from ._versions import check_tags, lock_of_new
 from ._writes import PendingWrite, WritePath
 from .catalog import Catalog, CatalogReader, CatalogWriter, CompletedUpload, PartRecord, require_bucket
@@ -193,6 +194,7 @@ class Multipart:
                 get_upload(w, bucket, key, upload_id)
                 old = w.part_file(upload_id, part_number)
                 w.put_part(upload_id, PartRecord(info, file))
+                check_quota(w, require_bucket(w, bucket))
         except BaseException:
             remove_quietly(path)
             raise

@@ -200,11 +200,11 @@ def parse_policy(text: str, bucket: str, principal: Callable[[str], str | None])
         raise MalformedPolicy("Policies must be valid JSON and the first byte must be '{'")
     try:
         doc = json.loads(text)
-    except ValueError as exc:
+        compact = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested past Python's limit
         raise MalformedPolicy("This policy contains invalid Json") from exc
     if not isinstance(doc, dict):
         raise MalformedPolicy("This policy contains invalid Json")
-    compact = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
     if len(compact) > MAX_POLICY_BYTES:
         raise MalformedPolicy("Policy exceeds the maximum allowed document size.")
     unknown = doc.keys() - {"Version", "Id", "Statement"}

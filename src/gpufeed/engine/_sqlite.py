@@ -271,6 +271,17 @@ class _Reads(CatalogReader):
         rows = self._conn().execute("SELECT bytes, objects FROM usage WHERE bucket=?", (bucket,)).fetchall()
         return (rows[0][0], rows[0][1]) if rows else (0, 0)
 
+    def parts_usage(self, bucket: str) -> int:
+        return self._conn().execute(
+            "SELECT COALESCE(SUM(p.size), 0) FROM parts AS p JOIN uploads AS u ON u.upload_id = p.upload_id"
+            " WHERE u.bucket=?", (bucket,)).fetchone()[0]
+
+    def tenant_parts_usage(self, tenant: str) -> int:
+        owner = "" if tenant == DEFAULT_TENANT else tenant
+        return self._conn().execute(
+            "SELECT COALESCE(SUM(p.size), 0) FROM parts AS p JOIN uploads AS u ON u.upload_id = p.upload_id"
+            " JOIN buckets AS b ON b.name = u.bucket WHERE b.owner=?", (owner,)).fetchone()[0]
+
     def tenant_usage(self, tenant: str) -> tuple[int, int]:
         owner = "" if tenant == DEFAULT_TENANT else tenant
         return self._conn().execute(

@@ -86,15 +86,19 @@ def owner_of(owner: str) -> str:
 def check_quota(r: CatalogReader, b: BucketInfo) -> None:
     """Refuse the write just made in bucket ``b`` (inside its transaction, so
     raising rolls it back) when it took the bucket or its owner past a quota.
+    The parts of multipart uploads in progress count as held bytes, so parts
+    never completed cannot pass a quota either.
 
     Raises:
         QuotaExceeded: a quota's bytes or object versions are exceeded.
     """
-    for scope, name, used in (("bucket", b.name, r.usage), ("tenant", owner_of(b.owner), r.tenant_usage)):
+    for scope, name, used, pending in (("bucket", b.name, r.usage, r.parts_usage),
+                                       ("tenant", owner_of(b.owner), r.tenant_usage, r.tenant_parts_usage)):
         max_bytes, max_objects = r.quota(scope, name)
         if not (max_bytes or max_objects):
             continue
         held_bytes, held_objects = used(name)
+        held_bytes += pending(name)
         if (max_bytes and held_bytes > max_bytes) or (max_objects and held_objects > max_objects):
             raise QuotaExceeded(f"the {scope}'s quota ({max_bytes or 'any'} bytes, {max_objects or 'any'} "
                                 "object versions) would be exceeded")
@@ -233,10 +237,11 @@ class TenantAdmin:
                 "objects": sum(u[1] for u in usage), "stored_bytes": stored_bytes,
                 "stored_versions": stored_versions, "quota_bytes": quota_bytes, "quota_objects": quota_objects}
 
-    def set_quota(self, scope: str, name: str, max_bytes: int = 0, max_objects: int = 0) -> None:
+    def set_quota(self, scope: str, name: str, max_bytes: int | None = None, max_objects: int | None = None) -> None:
         """Bound what a tenant (all its buckets) or one bucket holds: bytes and
-        object versions, current or not (delete markers not counted); 0 = no
-        limit. Enforced on every write that adds a version (put, copy,
+        object versions, current or not (delete markers not counted), and the
+        parts of uploads in progress (bytes); 0 = no limit, ``None`` keeps the
+        current limit. Enforced on every write that adds a version (put, copy,
         multipart completion, fast-path put), which is refused whole with
         ``QuotaExceeded``; deletes are always allowed.
 
@@ -248,9 +253,12 @@ class TenantAdmin:
         if scope not in QUOTA_SCOPES:
             raise InvalidArgument(f"quota scope must be one of {QUOTA_SCOPES}, not {scope!r}")
         for n in (max_bytes, max_objects):
-            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
                 raise InvalidArgument(f"a quota is an integer >= 0, not {n!r}")
         with self._cat.write() as w:
+            old_bytes, old_objects = w.quota(scope, name)
+            max_bytes = old_bytes if max_bytes is None else max_bytes
+            max_objects = old_objects if max_objects is None else max_objects
             if scope == "tenant":
                 if name != DEFAULT_TENANT and w.tenant(name) is None:
                     raise NoSuchTenant(f"tenant {name!r} does not exist")
@@ -294,7 +302,7 @@ class TenantAdmin:
         Raises:
             NoSuchTenant: no such tenant.
             InvalidTenantName: the default tenant, which cannot be removed.
-            TenantNotEmpty: it owns buckets.
+            TenantNotEmpty: it owns buckets, or a bucket policy names it.
         """
         if name == DEFAULT_TENANT:
             raise InvalidTenantName("the default tenant cannot be deleted")
@@ -304,6 +312,11 @@ class TenantAdmin:
             owned = [b.name for b in w.buckets() if b.owner == name]
             if owned:
                 raise TenantNotEmpty(f"tenant {name!r} owns {len(owned)} bucket(s)")
+            named_in = self._policies_naming(w, f"tenant:{name}")
+            if named_in:
+                raise TenantNotEmpty(f"tenant {name!r} is named in the bucket policy of {named_in[0]!r}"
+                                     f"{' and others' if len(named_in) > 1 else ''}: remove it there first (a "
+                                     "new tenant of the same name would inherit the grant)")
             w.delete_tenant(name)
             w.on_commit(self._forget_keys)
 
@@ -328,6 +341,20 @@ class TenantAdmin:
             w.insert_access_key(info, sealed)
             w.on_commit(self._forget_keys)
         return info, secret
+
+    def key_warnings(self, *, default_admin_secret: bool) -> list[str]:
+        """What an operator should hear at start: stored key secrets that do not
+        open with the master key in use, and tenants on a node whose admin key
+        still has the built-in, public secret."""
+        out = []
+        try:
+            self._check_master_key()
+        except InternalError as exc:
+            out.append(f"{exc.message}: every tenant key will be refused")
+        if default_admin_secret and self._cat.tenants():
+            out.append("tenants exist but the admin key has the built-in secret: anyone who can reach the S3 port "
+                       "can administer them; set GPUFEED_SECRET_KEY (or --secret-key)")
+        return out
 
     def _check_master_key(self) -> None:
         """Refuse to seal a new secret under a master key that does not open the stored ones.
@@ -443,6 +470,21 @@ class TenantAdmin:
             return f"tenant:{name}"
         row = self._cat.access_key(name)
         return f"key:{name}" if row is not None and not row[0].revoked else None
+
+    def _policies_naming(self, r: CatalogReader, principal: str) -> list[str]:
+        """The buckets whose policy names ``principal`` (``tenant:<name>``)."""
+        out = []
+        for b in r.buckets():
+            text = r.bucket_config(b.name, POLICY_CONFIG)
+            if text is None:
+                continue
+            try:
+                policy = parse_policy(text, b.name, self._stored_principal)
+            except MalformedPolicy:
+                continue
+            if any(principal in st.principals for st in policy.statements):
+                out.append(b.name)
+        return out
 
     def _stored_principal(self, name: str) -> str:
         """A principal of a stored policy: it was checked when set and may have

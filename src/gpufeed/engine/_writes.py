@@ -17,6 +17,7 @@ import base64
 import binascii
 import hashlib
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +42,8 @@ from ._versions import check_tags, place_version
 from .catalog import Catalog, CatalogWriter, require_bucket
 from .types import ObjectInfo, Retention
 
-__all__ = ["PendingWrite", "WritePath", "feed", "as_bytes_view", "check_hash_kind", "check_preconditions"]
+__all__ = ["PendingWrite", "WritePath", "feed", "as_bytes_view", "check_hash_kind", "check_preconditions",
+           "etag_kind"]
 
 _CHUNK_BYTES = 8 << 20  # 8 MiB: read size for file-object puts and hash catch-up
 _OVERLAP_BYTES = 1 << 20  # 1 MiB: from here, MD5 runs on a helper thread while the data is written
@@ -156,6 +158,15 @@ class WritePath:
             raise
         self.files.remove_blobs(freed + evicted)
         return info
+
+
+_MD5_ETAG = re.compile(r"[0-9a-f]{32}(-[0-9]+)?")
+
+
+def etag_kind(etag: str) -> str:
+    """The ETag policy an ETag was made under: ``"md5"`` (hex MD5, or S3's
+    multipart ``<hex>-N``), ``"fast"`` (``x<hex xxh3-128>``) or ``"none"``."""
+    return "md5" if _MD5_ETAG.fullmatch(etag) else "fast" if etag.startswith("x") else "none"
 
 
 def check_preconditions(bucket: str, key: str, current: str | None,

@@ -225,6 +225,14 @@ class CatalogReader(ABC):
         or not (delete markers not counted), kept exact by every write."""
 
     @abstractmethod
+    def parts_usage(self, bucket: str) -> int:
+        """Bytes of the parts of the bucket's multipart uploads in progress."""
+
+    @abstractmethod
+    def tenant_parts_usage(self, tenant: str) -> int:
+        """:meth:`parts_usage` summed over the buckets ``tenant`` owns."""
+
+    @abstractmethod
     def tenant_usage(self, tenant: str) -> tuple[int, int]:
         """:meth:`usage` summed over the buckets ``tenant`` owns."""
 

@@ -83,7 +83,7 @@ from ._reads import ObjectReads
 from ._sqlite import SqliteCatalog
 from ._tenants import MasterKey, TenantAdmin, check_tenant_name, owner_of
 from ._versioning import VersionedObjects
-from ._writes import PendingWrite, WritePath, check_hash_kind, feed
+from ._writes import PendingWrite, WritePath, check_hash_kind, etag_kind, feed
 from .catalog import Catalog, require_bucket
 from .types import (
     DEFAULT_TENANT,
@@ -419,7 +419,9 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads):
 
         ``metadata``/``content_type``/``headers`` all None keeps the source's
         (S3 ``x-amz-metadata-directive: COPY``); giving any replaces all three
-        (``REPLACE``). The ETag and checksums are the source's. Copying a key
+        (``REPLACE``). The checksums are the source's; the ETag is too when it
+        is of the kind the destination's ETag policy makes (else it is computed
+        from the copied bytes, or ``n<blob id>`` under ``none``). Copying a key
         onto itself with new metadata works. ``src_version_id`` copies that
         version of the source; ``tags`` ``None`` keeps the source's tags;
         ``retention``, ``if_match`` and ``if_none_match`` (on the destination)
@@ -433,24 +435,28 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads):
             InvalidTag, InvalidRequestError, AccessDenied: as for :meth:`PendingWrite.commit`.
         """
         check_key(dst_key)
-        require_bucket(self._cat, dst_bucket)
+        policy = require_bucket(self._cat, dst_bucket).etag_policy
         src, sfd = self.open_object(src_bucket, src_key, src_version_id)
+        # The destination's ETag policy decides: a source ETag of the same kind
+        # is kept (same bytes), another kind is computed from the copied bytes.
+        keep = src.etag if etag_kind(src.etag) == policy != "none" else None
+        kind = None if keep is not None or policy == "none" else "md5" if policy == "md5" else "xxh3"
         ct: str | None
         if metadata is None and content_type is None and headers is None:
             md, ct, hd = src.metadata, src.content_type, src.headers
         else:
             md, ct, hd = metadata or {}, content_type, headers or {}
 
-        def finish(pw, tmp, _etag, _md5, **_kw):
+        def finish(pw, tmp, computed, _md5, **_kw):
             return self._writes.publish_object(
-                dst_bucket, dst_key, tmp, pw.size, src.etag,
+                dst_bucket, dst_key, tmp, pw.size, keep if keep is not None else computed,
                 content_type=ct, metadata=md, checksums=src.checksums, headers=hd,
                 tags=src.tags if tags is None else tags, retention=retention,
                 if_match=if_match, if_none_match=if_none_match,
             )
 
         try:
-            pw = self._writes.begin(None, finish)
+            pw = self._writes.begin(kind, finish)
             with pw:
                 pw.write_from_fd(sfd, 0, src.size)
                 if pw.size != src.size:

@@ -17,7 +17,7 @@ GET    ``keys`` (``?tenant=NAME``)              ``{"keys": [{"access_key", "tena
 DELETE ``keys/ACCESS_KEY``                      ``{}``
 GET    ``quotas/SCOPE/NAME`` (``tenant|bucket``)  ``{"scope", "name", "quota_bytes", "quota_objects",
                                                 "stored_bytes", "stored_versions"}``
-PUT    ``quotas/SCOPE/NAME`` ``{"bytes", "objects"}`` the same, after the change
+PUT    ``quotas/SCOPE/NAME`` ``{"bytes", "objects"}`` the same, after the change (a limit left out is kept)
 GET    ``buckets/NAME/stats``                   :func:`bucket_report`
 ====== ======================================== =====================================
 
@@ -123,7 +123,7 @@ async def _dispatch(s: Services, request: web.BaseRequest, target: Target) -> we
             return _json(await s.call(e.quota, scope, name))
         case ["quotas", scope, name] if method == "PUT":
             body = await _body(request)
-            await s.call(e.set_quota, scope, name, body.get("bytes", 0), body.get("objects", 0))
+            await s.call(e.set_quota, scope, name, body.get("bytes"), body.get("objects"))
             return _json(await s.call(e.quota, scope, name))
         case ["buckets", name, "stats"] if method == "GET":
             return _json(await s.call(bucket_report, e, name))

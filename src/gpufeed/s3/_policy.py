@@ -213,10 +213,10 @@ HANDLERS: HandlerTable = {
 def authorize_request(engine: Engine, endpoint: BucketEndpoint, query: dict[str, str], tenant: str | None, *,
                       access_key: str | None, source_ip: str | None) -> None:
     """Ask the engine whether a request on a bucket may go on: its action on its
-    bucket or object (with ``s3:prefix`` for listings), and a copy's
-    ``s3:GetObject`` on its source. DeleteObjects and a form POST are asked key
-    by key by their handlers; here they only need the bucket's owner or a
-    bucket policy.
+    bucket or object (with ``s3:prefix`` for listings), a copy's
+    ``s3:GetObject`` on its source, and GetObjectAttributes' ``s3:GetObject``
+    too. DeleteObjects and a form POST are asked key by key by their
+    handlers; here they only need the bucket's owner or a bucket policy.
 
     Raises:
         NoSuchBucket: a bucket named does not exist.
@@ -233,3 +233,6 @@ def authorize_request(engine: Engine, endpoint: BucketEndpoint, query: dict[str,
     if isinstance(endpoint, (CopyObject, UploadPartCopy)):
         engine.authorize(tenant, source_action(endpoint.source_version_id), endpoint.source_bucket,
                          endpoint.source_key, access_key=access_key, source_ip=source_ip)
+    if isinstance(endpoint, GetObjectAttributes):  # S3 asks for the object read as well
+        engine.authorize(tenant, source_action(query.get("versionId")), endpoint.bucket, key,
+                         access_key=access_key, source_ip=source_ip)

@@ -37,6 +37,7 @@ class NodeProcess:
         data_dir: the node's data folder.
         proc: the ``subprocess.Popen``.
         log_path: file receiving the node's stderr.
+        warnings: the ``"warnings"`` of its start-up line.
     """
 
     s3_url: str
@@ -47,6 +48,7 @@ class NodeProcess:
     data_dir: Path
     proc: subprocess.Popen
     log_path: Path
+    warnings: tuple[str, ...] = ()
 
     @property
     def pid(self) -> int:
@@ -164,7 +166,7 @@ def start_node(data_dir: str | Path, *, extra_args: list[str] | None = None,
         access_key=info["access_key"],
         # null when the secret was given (not printed): then it is the one passed in
         secret_key=info["secret_key"] or _given_secret(extra_args or [], {**os.environ, **(env or {})}),
-        data_dir=data_dir, proc=proc, log_path=log_path,
+        data_dir=data_dir, proc=proc, log_path=log_path, warnings=tuple(info.get("warnings", ())),
     )
 
 
