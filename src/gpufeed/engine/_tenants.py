@@ -191,7 +191,7 @@ class TenantAdmin:
     _key_gen: int  # bumped whenever keys change, so a lookup racing a change never caches the old answer
     _owners: dict[str, str]  # bucket -> tenant, see bucket_owner
     _owner_gen: int  # bumped when a bucket is made or deleted, as _key_gen for keys
-
+    get_bucket_config: Callable[[str, str], str | None]  # from VersionedObjects
 
     def create_tenant(self, name: str) -> TenantInfo:
         """Make a tenant (it owns nothing and has no key yet).
@@ -540,9 +540,7 @@ class TenantAdmin:
         Raises:
             NoSuchBucket: it does not exist.
         """
-        with self._cat.snapshot() as c:
-            require_bucket(c, bucket)
-            return c.bucket_config(bucket, POLICY_CONFIG)
+        return self.get_bucket_config(bucket, POLICY_CONFIG)
 
     def delete_bucket_policy(self, bucket: str) -> bool:
         """Remove the bucket's policy.

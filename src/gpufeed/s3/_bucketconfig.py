@@ -184,7 +184,6 @@ async def put_bucket_tagging(s: Services, req: S3Request, ep: PutBucketTagging) 
         NoSuchBucket: no such bucket (checked first; nothing changes on any error).
     """
     require_integrity_header(req.headers)
-    await s.call(s.engine.head_bucket, ep.bucket)
     tags = parse_tagging(await s.read_xml(req))
     if tags:
         await s.call(s.engine.put_bucket_config, ep.bucket, "tagging", json.dumps(tags))

@@ -372,7 +372,6 @@ async def put_cors(s: Services, req: S3Request, ep: PutBucketCors) -> web.Respon
         NoSuchBucket: no such bucket (checked first; nothing changes on any error).
     """
     require_integrity_header(req.headers)
-    await s.call(s.engine.head_bucket, ep.bucket)
     rules = parse_cors(await s.read_xml(req))
     await s.call(s.engine.put_bucket_config, ep.bucket, CONFIG, rules_to_json(rules))
     return web.Response(status=200)

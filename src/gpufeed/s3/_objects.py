@@ -371,7 +371,6 @@ async def delete_objects(s: Services, req: S3Request, ep: DeleteObjects) -> web.
     bucket policy does not let the requester delete is such an AccessDenied)."""
     keys, quiet = _delete_keys(await s.read_xml(req))
     bypass = bypass_governance(req.headers)
-    await s.call(s.engine.head_bucket, ep.bucket)
     tenant, access_key, source_ip = CURRENT_TENANT.get(), req.auth.access_key or None, req.http.remote
 
     def run() -> list[tuple[str, str | None, DeleteResult | GpufeedError]]:

@@ -24,34 +24,15 @@ import contextvars
 import hashlib
 
 from ..config import NodeConfig
-from ..engine import Engine
 from ..engine.types import DEFAULT_TENANT
 
-__all__ = ["CURRENT_TENANT", "BUCKET_OWNER", "check_owner", "owner_identity", "answer_owner"]
+__all__ = ["CURRENT_TENANT", "BUCKET_OWNER", "owner_identity", "answer_owner"]
 
 #: The tenant of the request being handled (``None`` before authentication).
 CURRENT_TENANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpufeed_tenant", default=None)
 #: The tenant owning the bucket the request acts on (``None`` when it names no
 #: bucket): the owner S3 answers name, also to a tenant a bucket policy lets in.
 BUCKET_OWNER: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpufeed_bucket_owner", default=None)
-
-
-def check_owner(engine: Engine, bucket: str, tenant: str | None, action: str = "s3:*",
-                key: str | None = None) -> None:
-    """Refuse a request of ``tenant`` on a bucket it may not reach
-    (:meth:`gpufeed.engine.Engine.authorize`, by owner and bucket policy).
-
-    Args:
-        engine: the node's engine.
-        bucket, key: the resource (``key`` ``None`` for the bucket itself).
-        tenant: the requester's tenant, ``None`` when anonymous.
-        action: the S3 action asked (``"s3:PutObject"``).
-
-    Raises:
-        NoSuchBucket: the bucket does not exist.
-        AccessDenied: the request is not allowed.
-    """
-    engine.authorize(tenant, action, bucket, key)
 
 
 def answer_owner() -> str | None:
