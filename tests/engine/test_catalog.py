@@ -73,7 +73,7 @@ def test_version_1_catalog_is_migrated(tmp_path):
     finally:
         c.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     db.close()
 
 

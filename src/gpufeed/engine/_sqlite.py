@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from ..errors import InternalError, InvalidArgument
 from ._private import create_private_file
 from ._schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, add_columns
+from ._sqlitechunks import ChunkReads, ChunkWrites
 from .catalog import Catalog, CatalogReader, CatalogWriter, CompletedUpload, LiveFiles, ObjectUse, PartRecord
 from .types import (
     DEFAULT_TENANT,
@@ -119,7 +120,7 @@ def _version_values(info: ObjectInfo) -> tuple:
             info.lock_mode, info.lock_until, int(info.legal_hold), _dumps(info.tags))
 
 
-class _Reads(CatalogReader):
+class _Reads(ChunkReads, CatalogReader):
     """The read operations as SQL over :meth:`_conn` (one connection or this thread's)."""
 
     _blob_path: Callable[[str], str]
@@ -340,7 +341,7 @@ class _View(_Reads):
         return self._c
 
 
-class _Writer(_View, CatalogWriter):
+class _Writer(ChunkWrites, _View, CatalogWriter):
     """The open write transaction of a :class:`SqliteCatalog`."""
 
     def __init__(self, conn: sqlite3.Connection, blob_path: Callable[[str], str], hooks: list) -> None:
