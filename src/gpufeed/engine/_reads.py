@@ -113,6 +113,37 @@ class ObjectReads:
                 return h.info, os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
             return h.info, os.dup(h.fd)
 
+    def open_mappable(self, bucket: str, key: str, version_id: str | None = None) -> ObjectHandle:
+        """Open a version for a zero-copy map: check all of its data first, then
+        hand out its data files (see :meth:`ObjectHandle.file_extents`).
+
+        What a map cannot check: the mapping shows the page cache, so a page
+        the kernel drops and reads back later from a disk that changed
+        meanwhile is not checked again (reads through :meth:`ObjectHandle.read_into`
+        always are).
+
+        Returns:
+            An open :class:`ObjectHandle` (the caller closes it once the
+            descriptors are sent or mapped).
+
+        Raises:
+            NoSuchBucket, NoSuchKey, NoSuchVersion, MethodNotAllowed: as :meth:`open_version`.
+            DamagedObject: the data failed its check.
+            InvalidRequestError: the data is compressed or cut in chunks whose
+                sizes are not page multiples (content-defined): read it instead.
+        """
+        h = self.open_version(bucket, key, version_id)
+        try:
+            if not h.manifest.mappable:
+                raise InvalidRequestError(f"{bucket}/{key} is stored compressed or in content-defined chunks "
+                                          "and cannot be mapped; read it instead")
+            if h.verify and h.manifest.chunks:
+                check_all(h)
+            return h
+        except BaseException:
+            h.close()
+            raise
+
     def get_object(self, bucket: str, key: str, byte_range: ByteRequest | None = None,
                    version_id: str | None = None) -> bytes:
         """Read an object (or a range) into memory, checked. Large reads should
