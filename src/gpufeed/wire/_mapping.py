@@ -50,7 +50,7 @@ def plan_extents(extents: Sequence[tuple[int, int, int]], size: int
     for fd, offset, length in extents:
         if length == 0:
             continue
-        if merged and merged[-1][1] % page:
+        if merged and merged[-1][2] % page:
             raise InternalError(f"an extent of {merged[-1][2]} bytes ends mid-page "
                                 f"before the object's last one")
         if offset < 0 or length < 0 or offset % page:

@@ -47,8 +47,8 @@ __all__ = [
     "Get", "GetV", "Put", "Delete", "DeleteResult", "FIRST_FORM_FIELDS", "error_from_reply",
     "List", "BucketReq", "Empty", "ObjectMeta", "GetReply", "GetVReply", "ListReply",
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
-    "close_fds", "ListEntry", "MapReply", "MapExtentsReply", "FDS_PER_MESSAGE", "decode", "Auth", "AuthReply", "auth_key", "auth_proof",
-    "AUTH_LABEL", "NONCE_BYTES",
+    "close_fds", "ListEntry", "MapReply", "decode", "Auth", "AuthReply", "auth_key", "auth_proof",
+    "AUTH_LABEL", "NONCE_BYTES", "MapExtentsReply", "FDS_PER_MESSAGE",
 ]
 
 MAGIC = b"GF"
