@@ -15,7 +15,7 @@ import pytest
 from gpufeed._memory import map_extents
 from gpufeed.client import Client
 from gpufeed.client._conn import Connection
-from gpufeed.errors import InternalError, NoSuchKey, NotImplementedByGpufeed
+from gpufeed.errors import InternalError, NoSuchKey, NotImplementedByGpufeed, ProtocolError
 from gpufeed.wire import protocol as p
 from gpufeed.wire._frames import FrameIO
 from gpufeed.wire._mapping import plan_extents, send_map
@@ -234,3 +234,24 @@ def test_map_object_leaves_no_descriptor_and_unmaps_with_its_view(node):
         with open("/proc/self/maps") as f:
             spans = [tuple(int(x, 16) for x in line.split()[0].split("-")) for line in f]
         assert not any(lo <= address < hi for lo, hi in spans)
+
+
+@pytest.mark.parametrize("files, sent, payload_len", [(2, 1, 0), (1, 0, 0), (1, 1, 1)])
+def test_a_reply_whose_descriptors_do_not_match_fails_the_connection(pair, tmp_path, files, sent,
+                                                                     payload_len):
+    server, client = pair
+    fds, _want = _page_files(tmp_path, 1, 10)
+    try:
+        fut = client.request(p.Op.MAP_EXTENTS, p.Head(BUCKET, "k"))
+        hdr = server.recv_header()
+        assert hdr is not None
+        _op, meta_len, rid, _plen = p.unpack_header(hdr)
+        server.recv_meta(meta_len)
+        meta = p.encode(p.MapExtentsReply(10, "e", files, [(0, 0, 10)]))
+        frame = p.pack_header(p.Op.MAP_EXTENTS | p.REPLY, len(meta), rid, payload_len) + meta
+        server._send_with_fds(frame + b"\0" * payload_len, fds[:sent])
+        with pytest.raises(ProtocolError):
+            fut.result(timeout=20)
+        assert client.closed
+    finally:
+        p.close_fds(fds)
