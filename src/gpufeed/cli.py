@@ -323,6 +323,21 @@ def bench_crash(cycles, writers, keys, seed, json_path, data_dir) -> None:
         raise SystemExit(1)
 
 
+@bench.command("data")
+@click.option("--size", type=SizeType(), default="1GiB",
+              help="Object and model size (compression rows: 256 MiB at most).")
+@click.option("--versions", type=int, default=10, help="Checkpoint versions written into the dedup bucket.")
+@click.option("--repeat", type=int, default=3, help="Timed repetitions per row (the best is kept).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for the node's data (default: a temp dir).")
+def bench_data(size, versions, repeat, json_path, data_dir) -> None:
+    """Checked vs unchecked reads, compression (tokens, bf16) and dedup of checkpoint versions, via a node."""
+    from .bench.data import run_data_bench
+
+    run_data_bench(size=size, versions=versions, repeat=repeat, json_path=json_path, data_dir=data_dir)
+
+
 @bench.command("kv")
 @click.option("--tokens", type=int, default=8192, help="Prompt length.")
 @click.option("--cached", type=int, default=None, help="Tokens cached first (default: tokens - 256, whole chunks).")
