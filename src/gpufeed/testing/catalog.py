@@ -41,6 +41,7 @@ from ..engine.types import (
     UploadInfo,
 )
 from ..errors import InternalError, InvalidArgument
+from .catalog_chunks import ChunkCatalogTests
 
 __all__ = ["CatalogTests", "BYTE_ORDER_KEYS"]
 
@@ -100,7 +101,7 @@ def _keys(reader: CatalogReader, bucket: str, start: str = "", *, inclusive: boo
         return [o.key for o in rows]
 
 
-class CatalogTests:
+class CatalogTests(ChunkCatalogTests):
     """Behavioural tests for a :class:`~gpufeed.engine.catalog.Catalog`.
 
     Subclasses provide a ``catalog`` fixture: a fresh, empty, open catalog made
