@@ -338,3 +338,17 @@ def test_block_sums_computed_while_writing_match_the_file(tmp_path):
             pw.wrote(3)  # bytes the summer never saw: the store reads the file back
             pw.commit()
         assert pw.block_sums is None and e.get_object("bkt", "k2") == b"abcdef"
+
+
+def test_start_up_reports_missing_data_files(tmp_path):
+    with Engine(tmp_path, fsync=False) as e:
+        e.create_bucket("bkt")
+        info = e.put_object("bkt", "k", _random(100_000))
+        e.put_object("bkt", "fine", b"ok")
+    os.unlink(info.path)
+    with Engine(tmp_path, fsync=False) as e:
+        assert e.recovered["missing_files"] == 1
+        assert [d["objects"] for d in e.damaged_chunks()] == [[["bkt", "k", "null"]]]
+        with pytest.raises(DamagedObject):
+            e.get_object("bkt", "k")
+        assert e.get_object("bkt", "fine") == b"ok"

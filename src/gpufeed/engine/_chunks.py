@@ -466,6 +466,21 @@ class ChunkStore:
             self.damaged.discard(chunk_id)
 
     # recovery -------------------------------------------------------------------
+    def mark_missing(self, files: set[str]) -> int:
+        """Mark the chunks of data files that are not on disk damaged (start-up
+        finds them) and log them. Returns how many files were missing."""
+        if not files:
+            return 0
+        when = time.time()
+        with self._cat.write() as w:
+            for f in sorted(files):
+                for cid in w.file_chunks(f):
+                    w.mark_damaged(cid, "data file is missing", when)
+                    self.damaged.add(cid)
+        log.error("%d data files named by the catalog are missing (%s); their chunks are marked damaged, "
+                  "see gpufeed admin damaged", len(files), ", ".join(sorted(files)[:5]))
+        return len(files)
+
     def recover(self) -> dict[str, int]:
         """On start: give data written one file per version a manifest (summing
         its file), free manifests no version names, then delete data files no

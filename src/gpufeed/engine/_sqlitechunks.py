@@ -64,6 +64,10 @@ class ChunkReads:
     def data_files(self) -> set[str]:
         return {r[0] for r in self._conn().execute("SELECT DISTINCT file FROM chunks")}
 
+    def file_chunks(self, file: str) -> list[str]:
+        return [r[0] for r in self._conn().execute("SELECT chunk_id FROM chunks WHERE file=? ORDER BY chunk_id",
+                                                   (file,))]
+
     def chunk_totals(self) -> tuple[int, int, int]:
         n, stored, size = self._conn().execute(
             "SELECT COUNT(*), COALESCE(SUM(stored), 0), COALESCE(SUM(size), 0) FROM chunks").fetchone()

@@ -146,12 +146,15 @@ class WritePath:
         for d in (metadata, checksums, headers):
             check_str_map(d)
         tags = check_tags(tags) if tags else {}
-        b0 = self._cat.bucket(bucket)
-        if b0 is None:
-            remove_quietly(tmp)
-            raise NoSuchBucket(f"bucket {bucket!r} does not exist", bucket=bucket)
-        staged = self._chunks.stage(tmp, size, self._chunks.policy(bucket), b0.owner or DEFAULT_TENANT,
-                                    sums=block_sums)
+        policy = self._chunks.policy(bucket)
+        domain = DEFAULT_TENANT
+        if policy.dedup:  # the tenant's dedup domain
+            b0 = self._cat.bucket(bucket)
+            if b0 is None:
+                remove_quietly(tmp)
+                raise NoSuchBucket(f"bucket {bucket!r} does not exist", bucket=bucket)
+            domain = b0.owner or DEFAULT_TENANT
+        staged = self._chunks.stage(tmp, size, policy, domain, sums=block_sums)
         blob_id = staged.blob_id
         etag = etag if etag is not None else "n" + blob_id  # a bucket with ETag policy "none"
         info = ObjectInfo(bucket, key, size, etag, time.time(), content_type or _DEFAULT_TYPE,

@@ -296,6 +296,10 @@ class CatalogReader(ABC):
         """Ids of every data file a chunk lives in."""
 
     @abstractmethod
+    def file_chunks(self, file: str) -> list[str]:
+        """Ids of the chunks that live in data file ``file``."""
+
+    @abstractmethod
     def chunk_totals(self) -> tuple[int, int, int]:
         """``(chunks, stored bytes, data bytes)`` over every chunk."""
 

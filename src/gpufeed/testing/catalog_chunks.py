@@ -32,6 +32,7 @@ class ChunkCatalogTests:
         assert catalog.manifest("nope") is None
         assert catalog.chunk_totals() == (2, 100, 100)
         assert catalog.data_files() == {"f1"}
+        assert catalog.file_chunks("f1") == ["ca", "cb"] and catalog.file_chunks("f2") == []
         assert [c.chunk_id for c in catalog.scan_chunks("", 10)] == ["ca", "cb"]
         assert [c.chunk_id for c in catalog.scan_chunks("ca", 10)] == ["cb"]
 
