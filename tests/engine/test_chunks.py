@@ -352,3 +352,16 @@ def test_start_up_reports_missing_data_files(tmp_path):
         with pytest.raises(DamagedObject):
             e.get_object("bkt", "k")
         assert e.get_object("bkt", "fine") == b"ok"
+
+
+def test_a_growing_write_past_capacity_stops_early(tmp_path):
+    with Engine(tmp_path, fsync=False, capacity_bytes=4 << 20) as e:
+        e.create_bucket("bkt")
+        piece = _random(1 << 20)
+        with pytest.raises(StorageFull):
+            with e.begin_put("bkt", "big") as pw:
+                for _ in range(200):  # refused at the first capacity check, long before 200 MiB
+                    pw.write(piece)
+        assert pw.size <= 64 << 20
+        assert os.listdir(tmp_path / "tmp") == []
+        e.put_object("bkt", "small", piece)  # room is still there for what fits

@@ -367,9 +367,11 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
             NoSuchBucket: the bucket does not exist.
             KeyTooLong: key over 1,024 UTF-8 bytes.
             InvalidArgument: empty or non-UTF-8 key, unknown ``etag`` kind.
+            StorageFull: the data folder is at its capacity.
         """
         check_key(key)
         check_hash_kind(etag)
+        self._chunks.check_room(0)  # full already: refuse before any data arrives
         policy = require_bucket(self._cat, bucket).etag_policy
         kind: str | None = etag if policy == "md5" else "xxh3" if policy == "fast" else None
 
