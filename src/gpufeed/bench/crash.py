@@ -43,14 +43,14 @@ from ..errors import GpufeedError, NoSuchKey
 from ..testing.node import start_node
 from .io import machine_info
 
-__all__ = ["run_crash"]
+__all__ = ["run_crash", "object_value"]
 
 BUCKETS: dict[str, dict] = {"crash-raw": {}, "crash-zstd": {"compression": "zstd", "chunk_bytes": 256 << 10},
            "crash-dedup": {"dedup": True, "chunk_bytes": 256 << 10}}
 _BASE = np.random.default_rng(99).integers(0, 256, 2 << 20, dtype=np.uint8).tobytes()
 
 
-def value(bucket: str, version: int) -> bytes:
+def object_value(bucket: str, version: int) -> bytes:
     """The bytes written as ``version`` of a key: dedup values share most of
     their chunks; zstd ones compress; raw ones are random."""
     rng = np.random.default_rng(version)
@@ -91,7 +91,7 @@ def _writer(url: str, creds: dict, ledger: _Ledger, stop: threading.Event, seed:
                 ledger.pending[name] = {version}
             try:
                 if version:
-                    c.put(bucket, name[1], value(bucket, version))
+                    c.put(bucket, name[1], object_value(bucket, version))
                 else:
                     c.delete(bucket, name[1])
             except (GpufeedError, OSError):
@@ -191,7 +191,7 @@ def _check(node, creds: dict, ledger: _Ledger, res: dict, problems: list[str]) -
                 got = bytes(c.get(*name))
             except NoSuchKey:
                 got = None
-            match = [v for v in allowed if (got is None and v == 0) or (v and got == value(name[0], v))]
+            match = [v for v in allowed if (got is None and v == 0) or (v and got == object_value(name[0], v))]
             res["checked_keys"] += 1
             if not match:
                 if got is None:
