@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["SCHEMA_VERSION", "SCHEMA", "MIGRATIONS", "add_columns"]
+__all__ = ["SCHEMA_VERSION", "SCHEMA", "MIGRATIONS", "DERIVED_TABLES", "add_columns"]
 
 #: Bumped when the schema changes; stored in ``PRAGMA user_version``. A catalog
 #: of an older version is brought up to this one on open (:data:`MIGRATIONS`);
@@ -258,3 +258,16 @@ def add_columns(w: sqlite3.Connection) -> None:
         if column not in have[table]:
             w.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
             have[table].add(column)
+
+
+#: Tables whose rows triggers derive from other tables' rows. A salvage
+#: (``gpufeed catalog recover``) does not copy them from a damaged catalog; it
+#: runs this SQL after copying the rest, so they agree with the rows saved.
+DERIVED_TABLES: dict[str, str] = {
+    "usage": """
+DELETE FROM usage;
+INSERT INTO usage (bucket, bytes, objects)
+    SELECT bucket, SUM(size), COUNT(*) FROM (SELECT bucket, size FROM objects
+        UNION ALL SELECT bucket, size FROM versions WHERE delete_marker = 0) GROUP BY bucket;
+""",
+}
