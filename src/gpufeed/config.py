@@ -255,7 +255,7 @@ class NodeConfig:
             ``GPUFEED_METRICS_TENANT_LABELS`` (``0``/``1``).
         catalog_check: the catalog's integrity check at start: ``"quick"``
             (``PRAGMA quick_check``: every page of every table and index is well
-            formed; about 0.4 s per million objects with the file cached, 2.4 s
+            formed; about 0.5 s per million objects with the file cached, 2 s
             cold), ``"full"`` (``PRAGMA integrity_check``: also indexes against
             their tables) or ``"off"`` (header and schema version only). A damaged
             catalog stops the start with a message naming ``gpufeed catalog recover``.

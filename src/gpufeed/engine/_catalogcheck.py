@@ -15,9 +15,9 @@ What it checks, in order, each step only when the one before passed:
 5. a catalog of the current schema version has every table and index a fresh
    one has (a damaged schema page can drop them silently).
 
-Level ``"off"`` runs steps 1, 2 and 5 only. Cost, measured on a catalog of
-1,000,000 objects (257 MB, see ``docs/catalog.md``): ``quick_check`` 0.43 s with
-the file in the page cache, 2.4 s from a cold cache.
+Level ``"off"`` runs steps 1, 2 and 5 only. Cost on a catalog of 1,000,000
+objects (257 MB; ``scripts/catalog_check_cost.py``, ``docs/catalog.md``):
+``quick_check`` 0.5 s with the file in the page cache, 2 s from a cold cache.
 
 The check only reads: it opens the file read-only (``mode=ro``), so SQLite
 neither writes nor checkpoints it, even when it finds damage.
@@ -168,11 +168,11 @@ def check_catalog(path: str, level: str = "quick") -> CatalogCheck:
 
 def recover_hint(data_dir: str) -> str:
     """The sentence that tells an operator how to recover the catalog of ``data_dir``."""
-    return (f"Stop any node on it, then run `gpufeed catalog recover --data-dir {data_dir}`: it keeps the "
-            f"damaged file aside (renamed, never deleted), rebuilds the catalog from every row it can read, "
-            f"moves data files no recovered row refers to into {os.path.join(data_dir, 'lost+found')} and "
-            f"reports what it saved and what was lost; `gpufeed catalog check --data-dir {data_dir}` lists "
-            f"the problems.")
+    return (f"To recover, with no node running on the folder, run `gpufeed catalog recover --data-dir {data_dir}`: "
+            f"it keeps the damaged file beside the new one (renamed with the time, never deleted), rebuilds the "
+            f"catalog from every row it can still read, moves data files no saved row names into "
+            f"{os.path.join(data_dir, 'lost+found')} and reports what it saved and what was lost "
+            f"(`gpufeed catalog check --data-dir {data_dir}` lists the problems).")
 
 
 def require_healthy(path: str, level: str = "quick") -> CatalogCheck:
