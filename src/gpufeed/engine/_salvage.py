@@ -9,9 +9,10 @@ by name):
    only the copy. A copy whose 100-byte header is overwritten gets a rebuilt
    header (page size found by trial), so the pages behind it stay readable.
 2. Each table is read in primary-key order until the first unreadable page,
-   then in reverse order up to the same place; a table with a secondary index
-   is then read key by key through that index, which reaches rows between
-   damaged pages and counts the rows the table held (so the loss is known).
+   then in reverse order up to the same place. Rows between damaged pages are
+   then reached key by key through a secondary index of the table (which also
+   counts the rows the table held, so the loss is known), or, for a table with
+   none, by reading both ways from keys halfway between the rows already saved.
    Rows go into a fresh catalog made with the current schema.
    :data:`~._schema.DERIVED_TABLES` are rebuilt from the saved rows instead;
    buckets that saved rows name but whose own row was lost are recreated with
@@ -25,6 +26,7 @@ by name):
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import fcntl
 import os
@@ -55,6 +57,8 @@ CATALOG_NAME = "catalog.sqlite3"
 _DATA_FOLDERS = ("blobs", "uploads")
 #: Rows one statement of a scan reads.
 _BATCH_ROWS = 1024
+#: Most reads from keys between damaged pages, per table without a secondary index.
+_PROBES = 256
 _PAGE_SIZES = (4096, 1024, 2048, 8192, 16384, 32768, 65536, 512)
 
 
@@ -185,39 +189,70 @@ class _TableCopy:
         except sqlite3.IntegrityError as exc:  # a garbled row that decoded: refuse it
             self.errors.append(f"row refused: {exc}")
 
-    def _rows_after(self, last: tuple | None, descending: bool, limit: int) -> list:
-        """Up to ``limit`` rows past key ``last`` in key order (reverse order when ``descending``)."""
+    def _rows_from(self, start: tuple | None, inclusive: bool, descending: bool, limit: int) -> list:
+        """Up to ``limit`` rows from key ``start`` on, in key order (reverse order when ``descending``)."""
         cols = ", ".join(f'"{c}"' for c in self.pk)
         order = ", ".join(f'"{c}"{" DESC" if descending else ""}' for c in self.pk)
-        where = "" if last is None else f" WHERE ({cols}) {'<' if descending else '>'} ({', '.join('?' * len(last))})"
-        return self.src.execute(f"{self.select}{where} ORDER BY {order} LIMIT {limit}", last or ()).fetchall()
+        where = ""
+        if start is not None:
+            op = ("<" if descending else ">") + ("=" if inclusive else "")
+            where = f" WHERE ({cols}) {op} ({', '.join('?' * len(start))})"
+        return self.src.execute(f"{self.select}{where} ORDER BY {order} LIMIT {limit}", start or ()).fetchall()
 
-    def scan(self, descending: bool) -> bool:
-        """Copy rows in key order until the first unreadable one (in reverse order:
-        until a row already copied). Returns whether the scan reached its end.
+    def scan(self, descending: bool, start: tuple | None = None, bound: tuple | None = None,
+             inclusive: bool = True) -> tuple[bool, tuple | None]:
+        """Copy rows in key order from ``start`` (``None``: the first key) until
+        the first unreadable one, a row at or past ``bound``, or (in reverse
+        order without a bound) a row already copied.
 
         Rows are read in batches; after a batch that fails, one row at a time (a
         statement reads a step ahead of the row it returns, so only ``LIMIT 1``
-        returns the last row before a damaged page)."""
+        returns the last row before a damaged page).
+
+        Returns:
+            ``(reached_the_end_or_bound, last key copied or None)``.
+        """
         last: tuple | None = None
         limit = _BATCH_ROWS
         while True:
             try:
-                rows = self._rows_after(last, descending, limit)
+                rows = self._rows_from(last or start, inclusive and last is None, descending, limit)
             except sqlite3.DatabaseError as exc:
                 if limit == 1:
                     self.errors.append(str(exc))
-                    return False
+                    return False, last
                 limit = 1
                 continue
             if not rows:
-                return True
+                return True, last
             for row in rows:
                 key = tuple(row[i] for i in self.key_at)
-                if descending and self._have(key):
-                    return True
+                if bound is not None and (_order(key) <= _order(bound) if descending
+                                          else _order(key) >= _order(bound)):
+                    return True, last
+                if bound is None and descending and self._have(key):
+                    return True, last
                 self._put(row)
                 last = key
+
+    def probe(self, lo: tuple, hi: tuple) -> None:
+        """Look for readable rows between keys ``lo`` and ``hi`` (both copied), which
+        lie between damaged pages: read both ways from a key halfway between them,
+        and keep halving the stretches still unread (at most :data:`_PROBES` reads)."""
+        gaps = collections.deque([(lo, hi)])
+        probes = 0
+        while gaps and probes < _PROBES:
+            lo, hi = gaps.popleft()
+            mid = _midpoint(lo, hi)
+            if mid is None:
+                continue
+            probes += 1
+            up_ok, up = self.scan(False, start=mid, bound=hi)
+            down_ok, down = self.scan(True, start=mid, bound=lo, inclusive=False)
+            if not down_ok:
+                gaps.append((lo, down or mid))
+            if not up_ok:
+                gaps.append((up or mid, hi))
 
     def by_index(self) -> int | None:
         """Copy, key by key through the first readable secondary index, the rows
@@ -257,6 +292,55 @@ class _TableCopy:
         return row if row is not None and tuple(row[i] for i in self.key_at) == tuple(key) else None
 
 
+def _order(key: tuple) -> tuple:
+    """A key as SQLite orders it: NULL, then numbers, then text (by code point,
+    which is UTF-8 byte order), then blobs."""
+    return tuple((0, 0) if v is None else (1, v) if isinstance(v, (int, float))
+                 else (2, v) if isinstance(v, str) else (3, bytes(v)) for v in key)
+
+
+def _mid_text(a: str, b: str) -> str | None:
+    """A string between ``a`` and ``b`` (code points as digits of one number, averaged)."""
+    n, base = max(len(a), len(b)) + 1, 0x110001
+    def value(s: str) -> int:
+        v = 0
+        for i in range(n):
+            v = v * base + (ord(s[i]) + 1 if i < len(s) else 0)
+        return v
+    m = (value(a) + value(b)) // 2
+    digits = []
+    for _ in range(n):
+        m, d = divmod(m, base)
+        digits.append(d)
+    chars = []
+    for d in reversed(digits):
+        if d == 0:
+            break
+        chars.append(chr(0xE000 if 0xD800 <= d - 1 <= 0xDFFF else d - 1))
+    text = "".join(chars)
+    return text if a < text < b else None
+
+
+def _midpoint(lo: tuple, hi: tuple) -> tuple | None:
+    """A key strictly between keys ``lo`` and ``hi`` (the columns after the first
+    that differs are the least value, -inf), or ``None`` when none is found."""
+    i = next((j for j, (x, y) in enumerate(zip(lo, hi)) if x != y), None)
+    if i is None:
+        return None
+    a, b = lo[i], hi[i]
+    m: object = None
+    if isinstance(a, str) and isinstance(b, str):
+        m = _mid_text(a, b)
+    elif isinstance(a, int) and isinstance(b, int):
+        m = (a + b) // 2
+    elif isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        m = (a + b) / 2
+    if m is None:
+        return None
+    key = (*lo[:i], m, *([float("-inf")] * (len(lo) - i - 1)))
+    return key if _order(lo) < _order(key) < _order(hi) else None
+
+
 def _salvage_table(src: sqlite3.Connection, dst: sqlite3.Connection, table: str) -> TableSalvage:
     try:
         copy = _TableCopy(src, dst, table)
@@ -264,11 +348,13 @@ def _salvage_table(src: sqlite3.Connection, dst: sqlite3.Connection, table: str)
         return TableSalvage(table, 0, None, True, (str(exc),))
     if not copy.cols or copy.cols == ["rowid"]:  # the damaged catalog predates this table
         return TableSalvage(table, 0, None, False)
-    whole = copy.scan(descending=False)
+    whole, lo = copy.scan(descending=False)
     known = None
     if not whole:
-        copy.scan(descending=True)
+        _, hi = copy.scan(descending=True)
         known = copy.by_index()
+        if known is None and lo is not None and hi is not None:
+            copy.probe(lo, hi)
     damaged = not whole or bool(copy.errors)
     return TableSalvage(table, copy.rows, known, damaged, tuple(copy.errors[:5]))
 
