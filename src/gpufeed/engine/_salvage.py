@@ -420,17 +420,31 @@ def _salvage(source: str, dest: str) -> tuple[bool, str | None, list[TableSalvag
 
 
 def _keep_damaged(path: str, stamp: str) -> list[str]:
-    """Give the damaged catalog files a name of their own (hard links, then the
-    WAL and shared-memory files leave the catalog's name). Returns the new names."""
+    """Give the damaged catalog and its WAL a name of their own (hard links; then
+    the WAL leaves the catalog's name, and the ``-shm`` index, which SQLite
+    rebuilds from the WAL, goes). Returns the new names."""
     kept = []
-    for suffix in ("", "-wal", "-shm"):
+    for suffix in ("", "-wal"):
         if os.path.exists(path + suffix):
             new = f"{path}.damaged-{stamp}{suffix}"
             os.link(path + suffix, new)
             kept.append(new)
             if suffix:
                 os.unlink(path + suffix)
+    if os.path.exists(path + "-shm"):
+        os.unlink(path + "-shm")
     return kept
+
+
+def _stamp(root: Path) -> str:
+    """The UTC time that names this recovery's kept files and lost+found folder,
+    made unique among earlier recoveries of the folder."""
+    stamp = base = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    n = 1
+    while (root / f"{CATALOG_NAME}.damaged-{stamp}").exists() or (root / "lost+found" / stamp).exists():
+        n += 1
+        stamp = f"{base}-{n}"
+    return stamp
 
 
 def _lock(data_dir: Path) -> int:
@@ -497,7 +511,7 @@ def recover_catalog(data_dir: str | Path, *, force: bool = False) -> CatalogReco
                                 f"gpufeed's {SCHEMA_VERSION}; recover it with that gpufeed")
         if before.ok and not force:
             return CatalogRecovery(str(root), before, recovered=False)
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        stamp = _stamp(root)
         work = str(root / "tmp" / f"salvage-{stamp}")
         new = f"{path}.recovering"
         for suffix in ("", "-wal", "-shm"):
