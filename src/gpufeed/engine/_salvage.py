@@ -261,7 +261,8 @@ class _TableCopy:
         indexes = [r[1] for r in self.src.execute(f'PRAGMA index_list("{self.table}")') if r[3] == "c"]
         for index in indexes:
             try:
-                keys = self.src.execute(f'SELECT {key_cols} FROM "{self.table}" INDEXED BY "{index}"').fetchall()
+                quoted = index.replace('"', '""')  # a name read from the damaged file: quoted as SQL says
+                keys = self.src.execute(f'SELECT {key_cols} FROM "{self.table}" INDEXED BY "{quoted}"').fetchall()
             except sqlite3.DatabaseError as exc:
                 self.errors.append(f"index {index}: {exc}")
                 continue
