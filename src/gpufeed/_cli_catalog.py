@@ -69,11 +69,12 @@ def _show_recovery(r) -> str:
     if r.buckets_recreated:
         lines.append(f"buckets recreated with default settings (owner: the default tenant): "
                      f"{', '.join(r.buckets_recreated)}")
+    lines += [f"{what}: {n}" for what, n in r.fixes.items()]
     moved = ", ".join(f"{n} {k}" for k, n in r.moved.items() if n)
     lines.append(f"data files no saved row names: {moved or 'none'}"
                  + (f", moved to {r.lost_found} (kept, not deleted)" if r.lost_found else ""))
     if r.missing_files:
-        lines.append(f"object versions whose data file is missing: {r.missing_files}")
+        lines.append(f"data files the saved rows name that are missing: {r.missing_files}")
     ok = r.after is not None and r.after.ok
     lines.append("the new catalog passes the full check; the node can start" if ok
                  else f"the new catalog FAILS its check: {r.after.problems if r.after else '?'}")

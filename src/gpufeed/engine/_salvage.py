@@ -46,7 +46,7 @@ from ._catalogcheck import (
     require_catalog_beside_data,
 )
 from ._private import FILE_MODE, make_private_dirs
-from ._schema import DERIVED_TABLES, SCHEMA_VERSION
+from ._schema import AFTER_SALVAGE, DERIVED_TABLES, SCHEMA_VERSION
 from ._sqlite import SqliteCatalog
 
 __all__ = ["TableSalvage", "CatalogRecovery", "recover_catalog", "check_data_dir", "CATALOG_NAME"]
@@ -100,9 +100,11 @@ class CatalogRecovery:
         schema_error: why the damaged catalog's table list could not be read (then nothing was saved).
         tables: per-table results.
         buckets_recreated: buckets recreated with default settings for saved rows.
+        fixes: rows dropped or corrected so the chunk store agrees with the
+            versions saved (:data:`~._schema.AFTER_SALVAGE`; only those that changed rows).
         lost_found: where unreferenced data files were moved, or ``None``.
         moved: counts of what was moved there: ``{"blobs": n, "uploads": n, "parts": n}``.
-        missing_files: saved object versions whose data file does not exist.
+        missing_files: data files the saved rows name that do not exist.
         after: the full integrity check of the new catalog.
     """
 
@@ -114,6 +116,7 @@ class CatalogRecovery:
     schema_error: str | None = None
     tables: tuple[TableSalvage, ...] = ()
     buckets_recreated: tuple[str, ...] = ()
+    fixes: dict[str, int] = dataclasses.field(default_factory=dict)
     lost_found: str | None = None
     moved: dict[str, int] = dataclasses.field(default_factory=dict)
     missing_files: int = 0
@@ -383,11 +386,12 @@ def _copy_source(path: str, work: str) -> str:
     return src
 
 
-def _salvage(source: str, dest: str) -> tuple[bool, str | None, list[TableSalvage], list[str]]:
+def _salvage(source: str, dest: str) -> tuple[bool, str | None, list[TableSalvage], list[str], dict[str, int]]:
     """Copy what ``source`` holds into the fresh catalog ``dest``.
 
     Returns:
-        ``(header_rebuilt, schema_error, tables, buckets_recreated)``.
+        ``(header_rebuilt, schema_error, tables, buckets_recreated, fixes)``;
+        ``fixes``: rows each :data:`~._schema.AFTER_SALVAGE` statement changed.
     """
     SqliteCatalog(dest, fsync=True, check="off").close()
     dst = sqlite3.connect(dest, isolation_level=None)
@@ -413,11 +417,14 @@ def _salvage(source: str, dest: str) -> tuple[bool, str | None, list[TableSalvag
         recreated = _recreate_buckets(dst, tables)
         dst.execute("COMMIT")
         dst.executescript("BEGIN; " + " ".join(DERIVED_TABLES.values()) + " COMMIT;")
+        dst.execute("BEGIN IMMEDIATE")
+        fixes = {what: dst.execute(sql).rowcount for what, sql in AFTER_SALVAGE}
+        dst.execute("COMMIT")
         src.close()
     finally:
         dst.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         dst.close()
-    return rebuilt, schema_error, results, recreated
+    return rebuilt, schema_error, results, recreated, fixes
 
 
 def _keep_damaged(path: str, stamp: str) -> list[str]:
@@ -519,7 +526,7 @@ def recover_catalog(data_dir: str | Path, *, force: bool = False) -> CatalogReco
             if os.path.exists(new + suffix):
                 os.unlink(new + suffix)  # left by a recovery that was interrupted
         try:
-            rebuilt, schema_error, tables, recreated = _salvage(_copy_source(path, work), new)
+            rebuilt, schema_error, tables, recreated, fixes = _salvage(_copy_source(path, work), new)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         kept = _keep_damaged(path, stamp)
@@ -527,18 +534,22 @@ def recover_catalog(data_dir: str | Path, *, force: bool = False) -> CatalogReco
         fsync_dir(str(root))
         after_cat = SqliteCatalog(path, fsync=True, check="full")
         try:
-            live = after_cat.live_files()
+            parts = after_cat.live_files().parts
+            # Data files of saved chunks, and the one-file data of versions the next
+            # start gives a manifest (ChunkStore.recover adopts them).
+            named = after_cat.data_files() | {b for b, _ in after_cat.unmanifested_blobs()}
         finally:
             after_cat.close()
         lost_found = str(root / "lost+found" / stamp)
         files = BlobFiles(root, fsync=True)
-        moved = files.sweep(live.blobs, live.parts, lost_found=lost_found)
+        moved = files.sweep(named, parts, lost_found=lost_found)
         moved.pop("tmp", None)
         if any(moved.values()):
             os.sync()  # the moves are renames: make them durable before the next start's sweep
-        missing = sum(1 for b in live.blobs if not os.path.exists(files.blob_path(b)))
+        missing = sum(1 for f in named if not os.path.exists(files.blob_path(f)))
         return CatalogRecovery(
             str(root), before, True, tuple(kept), rebuilt, schema_error, tuple(tables), tuple(recreated),
-            lost_found if any(moved.values()) else None, moved, missing, check_catalog(path, "full"))
+            {k: n for k, n in fixes.items() if n}, lost_found if any(moved.values()) else None, moved, missing,
+            check_catalog(path, "full"))
     finally:
         os.close(fd)
