@@ -3,8 +3,8 @@ catalog of many objects (default 1,000,000).
 
     PYTHONPATH=src python scripts/catalog_check_cost.py [--objects N] [--dir DIR] [--json PATH]
 
-Builds a data folder whose catalog holds N objects in one bucket (rows as the
-engine writes them, no data files), then measures: the engine's open with each
+Builds a data folder whose catalog holds N raw 1 MiB objects in one bucket (rows
+as the engine writes them: object, manifest, chunk; no data files), then measures: the engine's open with each
 check level (warm page cache), ``check_catalog`` at each level with the file
 dropped from the page cache and warm, and ``recover_catalog`` after a page of
 garbage is written into the middle of the objects table. Prints one JSON object.
@@ -25,6 +25,8 @@ from gpufeed.engine._sqlite import SqliteCatalog
 
 
 def build(data_dir: str, objects: int) -> str:
+    """A catalog of ``objects`` raw 1 MiB objects as the engine stores them: an
+    object row, its manifest, and one chunk in a data file named after the blob."""
     os.makedirs(data_dir, mode=0o700, exist_ok=True)
     path = os.path.join(data_dir, "catalog.sqlite3")
     SqliteCatalog(path, fsync=False).close()
@@ -33,13 +35,19 @@ def build(data_dir: str, objects: int) -> str:
     w.execute("PRAGMA recursive_triggers=ON")
     w.execute("INSERT INTO buckets (name, created) VALUES ('bench', 0)")
     w.execute("BEGIN")
-    now = time.time()
-    w.executemany(
-        "INSERT INTO objects (bucket, key, size, etag, last_modified, content_type, metadata, checksums,"
-        " blob_id, version_id) VALUES ('bench', ?, 1048576, ?, ?, 'application/octet-stream', '',"
-        " '{\"crc32\":\"AAAAAA==\"}', ?, ?)",
-        ((f"datasets/train/shard-{i // 1000:05d}/sample-{i:08d}.tar", os.urandom(16).hex(), now,
-          os.urandom(16).hex(), os.urandom(16).hex()) for i in range(objects)))
+    now, size = time.time(), 1 << 20
+    for i in range(objects):
+        blob = os.urandom(16).hex()
+        w.execute("INSERT INTO objects (bucket, key, size, etag, last_modified, content_type, metadata,"
+                  " checksums, blob_id, version_id) VALUES ('bench', ?, ?, ?, ?, 'application/octet-stream',"
+                  " '', '{\"crc32\":\"AAAAAA==\"}', ?, 'null')",
+                  (f"datasets/train/shard-{i // 1000:05d}/sample-{i:08d}.tar", size, os.urandom(16).hex(), now,
+                   blob))
+        w.execute("INSERT INTO manifests (blob_id, size, chunks) VALUES (?, ?, 1)", (blob, size))
+        w.execute("INSERT INTO manifest_chunks (blob_id, seq, chunk_id) VALUES (?, 0, ?)", (blob, blob))
+        w.execute("INSERT INTO chunks (chunk_id, file, file_offset, stored, size, codec, digest, sums, domain,"
+                  " refs) VALUES (?, ?, 0, ?, ?, '', ?, ?, NULL, 1)",
+                  (blob, blob, size, size, os.urandom(16), os.urandom(8 * (size >> 16))))
     w.execute("COMMIT")
     w.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     w.close()

@@ -255,8 +255,8 @@ class NodeConfig:
             ``GPUFEED_METRICS_TENANT_LABELS`` (``0``/``1``).
         catalog_check: the catalog's integrity check at start: ``"quick"``
             (``PRAGMA quick_check``: every page of every table and index is well
-            formed; about 0.5 s per million objects with the file cached, 2 s
-            cold), ``"full"`` (``PRAGMA integrity_check``: also indexes against
+            formed; about 4 s per million objects with the file cached, 11 s
+            cold, on a loaded 2-core VM), ``"full"`` (``PRAGMA integrity_check``: also indexes against
             their tables) or ``"off"`` (header and schema version only). A damaged
             catalog stops the start with a message naming ``gpufeed catalog recover``.
             Env ``GPUFEED_CATALOG_CHECK``.

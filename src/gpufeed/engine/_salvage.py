@@ -17,11 +17,14 @@ by name):
    :data:`~._schema.DERIVED_TABLES` are rebuilt from the saved rows instead;
    buckets that saved rows name but whose own row was lost are recreated with
    default settings, owned by the default tenant.
+   Then :data:`~._schema.AFTER_SALVAGE` makes the chunk store agree with the
+   versions saved (no manifest is kept with chunks missing).
 3. The damaged files are kept as ``catalog.sqlite3.damaged-<UTC time>``
    (never deleted), and the new catalog takes the catalog's name.
-4. Data files no saved row names are moved to ``lost+found/<UTC time>/``
-   (``blobs/<blob_id>``, ``uploads/<upload_id>/...``), never deleted, so the
-   start-up sweep finds nothing to remove.
+4. Data files no saved chunk names (nor a version the next start gives a
+   one-file manifest) are moved to ``lost+found/<UTC time>/`` (``blobs/<file>``,
+   ``uploads/<upload_id>/...``), never deleted, so the start-up sweep finds
+   nothing to remove.
 """
 
 from __future__ import annotations
