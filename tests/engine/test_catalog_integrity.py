@@ -321,6 +321,11 @@ def test_usage_is_rebuilt_from_the_saved_rows(data):
     rows = dict(db.execute("SELECT bucket, objects FROM usage").fetchall())
     db.close()
     assert rows[PLAIN] == N_PLAIN and rows[VERSIONED] == 2 * N_VERSIONED
+    db = sqlite3.connect(catalog(data))
+    stored = db.execute("SELECT bucket, stored, chunks FROM chunk_usage ORDER BY bucket").fetchall()
+    want = db.execute("SELECT bucket, SUM(stored), COUNT(*) FROM chunks GROUP BY bucket ORDER BY bucket").fetchall()
+    db.close()
+    assert stored == want and dict((b, n) for b, _, n in stored)[PLAIN] == N_PLAIN
 
 
 def test_recover_refuses_a_folder_in_use_and_a_newer_catalog(data):

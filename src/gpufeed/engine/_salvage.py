@@ -540,7 +540,7 @@ def recover_catalog(data_dir: str | Path, *, force: bool = False) -> CatalogReco
             parts = after_cat.live_files().parts
             # Data files of saved chunks, and the one-file data of versions the next
             # start gives a manifest (ChunkStore.recover adopts them).
-            named = after_cat.data_files() | {b for b, _ in after_cat.unmanifested_blobs()}
+            named = after_cat.data_files() | {row[0] for row in after_cat.unmanifested_blobs()}
         finally:
             after_cat.close()
         lost_found = str(root / "lost+found" / stamp)

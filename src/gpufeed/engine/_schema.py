@@ -270,6 +270,10 @@ INSERT INTO usage (bucket, bytes, objects)
     SELECT bucket, SUM(size), COUNT(*) FROM (SELECT bucket, size FROM objects
         UNION ALL SELECT bucket, size FROM versions WHERE delete_marker = 0) GROUP BY bucket;
 """,
+    "chunk_usage": """
+DELETE FROM chunk_usage;
+INSERT INTO chunk_usage (bucket, stored, chunks) SELECT bucket, SUM(stored), COUNT(*) FROM chunks GROUP BY bucket;
+""",
 }
 
 #: Statements a salvage runs after the rows are copied and :data:`DERIVED_TABLES`
