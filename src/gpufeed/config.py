@@ -256,9 +256,10 @@ class NodeConfig:
         catalog_check: the catalog's integrity check at start: ``"quick"``
             (``PRAGMA quick_check``: every page of every table and index is well
             formed; about 4 s per million objects with the file cached, 11 s
-            cold, on a loaded 2-core VM), ``"full"`` (``PRAGMA integrity_check``: also indexes against
-            their tables) or ``"off"`` (header and schema version only). A damaged
-            catalog stops the start with a message naming ``gpufeed catalog recover``.
+            cold, on a loaded 2-core VM), ``"full"`` (``PRAGMA integrity_check``:
+            also every index against its table) or ``"off"`` (header and schema
+            version only). A damaged catalog stops the start with a message
+            naming ``gpufeed catalog recover`` (docs/catalog.md).
             Env ``GPUFEED_CATALOG_CHECK``.
     """
 
