@@ -1,6 +1,7 @@
 """The ``gpufeed`` command line: parse, call the library, print.
 
-Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``checkpoint ls|scrub``, ``bench io``,
+Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``checkpoint ls|scrub``,
+``catalog check|recover``, ``admin ...``, ``bench io``,
 ``bench kv``, ``bench list``, ``bench checkpoint``, ``bench model``, ``bench gpu``, ``demo``.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import click
 
 from ._cli_admin import admin, scrub
+from ._cli_catalog import catalog
 from ._cli_types import SizeType
 from ._version import __version__
 
@@ -46,6 +48,7 @@ def main() -> None:
 
 main.add_command(admin)
 main.add_command(scrub)
+main.add_command(catalog)
 
 
 @main.command()
@@ -78,8 +81,11 @@ main.add_command(scrub)
               help="Seconds between background scrubs (default 7 days; 0 = off; env GPUFEED_SCRUB_INTERVAL_S).")
 @click.option("--scrub-rate", type=SizeType(), default=None,
               help="Most bytes a background scrub reads per second (default 100MiB; env GPUFEED_SCRUB_RATE).")
+@click.option("--catalog-check", type=click.Choice(["quick", "full", "off"]), default=None,
+              help="Integrity check of the catalog at start (default quick; env GPUFEED_CATALOG_CHECK).")
 def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no_fsync,
-          region_pool, log_level, access_log, metrics_port, capacity, scrub_interval, scrub_rate) -> None:
+          region_pool, log_level, access_log, metrics_port, capacity, scrub_interval, scrub_rate,
+          catalog_check) -> None:
     """Run a storage node: S3 endpoint plus the fast data path.
 
     Prints the endpoints as one JSON line on stdout, then serves until
@@ -98,6 +104,7 @@ def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no
         access_key=access_key, secret_key=secret_key, fsync=False if no_fsync else None,
         region_pool_bytes=region_pool, access_log=access_log, metrics_port=metrics_port,
         capacity_bytes=capacity, scrub_interval_s=scrub_interval, scrub_rate_bytes=scrub_rate,
+        catalog_check=catalog_check,
     )
     node = Node(cfg)
     endpoints = node.start()

@@ -82,7 +82,9 @@ Tree::
     ├── TransportError (ConnectionError)  (fast path: connection lost / refused)
     ├── StorageFull            (507: the data folder reached its capacity)
     └── InternalError
-        └── DamagedObject      (500: stored data failed its check on read)
+        ├── DamagedObject      (500: stored data failed its check on read)
+        ├── CatalogDamaged     (the catalog fails its integrity check; not an S3 answer)
+        └── CatalogTooNew      (the catalog was written by a newer gpufeed)
 
 Source for codes and statuses: "Error responses", Amazon S3 API Reference,
 https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html
@@ -163,6 +165,8 @@ __all__ = [
     "InternalError",
     "DamagedObject",
     "StorageFull",
+    "CatalogDamaged",
+    "CatalogTooNew",
     "FormatError",
     "S3_ERRORS",
     "error_from_code",
@@ -551,6 +555,22 @@ class StorageFull(GpufeedError):
     is full): the write was refused and nothing of it was kept; reads still work.
     Status 507 (HTTP Insufficient Storage); not an S3 code."""
     code, status = "StorageFull", 507
+
+
+class CatalogDamaged(InternalError):
+    """The catalog file fails its integrity check (not a database, truncated,
+    damaged pages, tables missing) or is missing while data files exist. The
+    file is left as it was; the message names the problems and the command
+    that recovers it (``gpufeed catalog recover``)."""
+
+    code, status = "CatalogDamaged", 500
+
+
+class CatalogTooNew(InternalError):
+    """The catalog's schema version is newer than this gpufeed's: a newer
+    gpufeed wrote it, and this one refuses to open what it cannot read."""
+
+    code, status = "CatalogTooNew", 500
 
 
 def _all_subclasses(cls: type[GpufeedError]) -> list[type[GpufeedError]]:

@@ -164,6 +164,7 @@ class Node:
         Raises:
             OSError: a port or socket path is taken (the message names which).
             DataFolderInUse: another node has the data folder open.
+            CatalogDamaged: the catalog fails its check at start (nothing was changed).
         """
         cfg = self.config
         data_dir = Path(cfg.data_dir).resolve()
@@ -186,7 +187,7 @@ class Node:
         if sock and Path(sock).resolve().parent.is_relative_to(data_dir):
             make_private_dirs(Path(sock).resolve().parent)  # the socket's folder is private too
         self.engine = engine = Engine(cfg.data_dir, fsync=cfg.fsync, master_key=cfg.master_key,
-                                      capacity_bytes=cfg.capacity_bytes)
+                                      capacity_bytes=cfg.capacity_bytes, catalog_check=cfg.catalog_check)
         if cfg.scrub_interval_s > 0:
             engine.scrubber.schedule(cfg.scrub_interval_s, cfg.scrub_rate_bytes)
         self._wire = wire = WireServer(engine, cfg, self.metrics)

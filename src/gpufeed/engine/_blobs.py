@@ -269,16 +269,22 @@ class BlobFiles:
         shutil.rmtree(self.upload_dir(upload_id), ignore_errors=True)
 
     # recovery -----------------------------------------------------------
-    def sweep(self, live_blobs: set[str], live_parts: dict[str, set[str]]) -> dict[str, int]:
+    def sweep(self, live_blobs: set[str], live_parts: dict[str, set[str]], *,
+              lost_found: str | None = None) -> dict[str, int]:
         """Delete every file the catalog does not reference (run on start only).
 
         Args:
             live_blobs: blob ids referenced by an object row.
             live_parts: upload id -> part file names referenced by part rows,
                 for every upload in the catalog.
+            lost_found: when given, unreferenced blobs, upload folders and part
+                files are moved under this folder (``blobs/<blob_id>``,
+                ``uploads/<upload_id>/...``) instead of deleted (a recovered
+                catalog may have lost the rows that named them); ``tmp/`` is
+                emptied either way.
 
         Returns:
-            Counts of what was removed: ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
+            Counts of what was removed (or moved): ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
         """
         removed = {"tmp": 0, "blobs": 0, "uploads": 0, "parts": 0}
         with os.scandir(self.tmp) as it:
@@ -293,13 +299,15 @@ class BlobFiles:
                 with os.scandir(d2) as it:
                     for e in it:
                         if e.name not in live_blobs:
-                            remove_quietly(e.path)
+                            _discard(e.path, lost_found, "blobs", e.name)
                             removed["blobs"] += 1
         with os.scandir(self.uploads) as it:
             for e in it:
                 parts = live_parts.get(e.name)
                 if parts is None or not e.is_dir(follow_symlinks=False):
-                    if e.is_dir(follow_symlinks=False):
+                    if lost_found is not None:
+                        _discard(e.path, lost_found, "uploads", e.name)
+                    elif e.is_dir(follow_symlinks=False):
                         shutil.rmtree(e.path, ignore_errors=True)
                     else:
                         remove_quietly(e.path)
@@ -308,12 +316,22 @@ class BlobFiles:
                 with os.scandir(e.path) as pit:
                     for p in pit:
                         if p.name not in parts:
-                            remove_quietly(p.path)
+                            _discard(p.path, lost_found, f"uploads/{e.name}", p.name)
                             removed["parts"] += 1
         if self.fsync and any(removed.values()):
             for d in (self.tmp, self.uploads):
                 fsync_dir(d)
         return removed
+
+
+def _discard(path: str, lost_found: str | None, folder: str, name: str) -> None:
+    """Unlink ``path``, or move it to ``lost_found/folder/name`` when ``lost_found`` is given."""
+    if lost_found is None:
+        remove_quietly(path)
+        return
+    dest = os.path.join(lost_found, folder)
+    make_private_dirs(dest)
+    os.rename(path, os.path.join(dest, name))
 
 
 def _subdirs(path: str) -> list[str]:

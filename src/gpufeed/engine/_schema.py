@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["SCHEMA_VERSION", "SCHEMA", "MIGRATIONS", "add_columns"]
+__all__ = ["SCHEMA_VERSION", "SCHEMA", "MIGRATIONS", "DERIVED_TABLES", "AFTER_SALVAGE", "add_columns"]
 
 #: Bumped when the schema changes; stored in ``PRAGMA user_version``. A catalog
 #: of an older version is brought up to this one on open (:data:`MIGRATIONS`);
@@ -258,3 +258,45 @@ def add_columns(w: sqlite3.Connection) -> None:
         if column not in have[table]:
             w.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
             have[table].add(column)
+
+
+#: Tables whose rows triggers derive from other tables' rows. A salvage
+#: (``gpufeed catalog recover``) does not copy them from a damaged catalog; it
+#: runs this SQL after copying the rest, so they agree with the rows saved.
+DERIVED_TABLES: dict[str, str] = {
+    "usage": """
+DELETE FROM usage;
+INSERT INTO usage (bucket, bytes, objects)
+    SELECT bucket, SUM(size), COUNT(*) FROM (SELECT bucket, size FROM objects
+        UNION ALL SELECT bucket, size FROM versions WHERE delete_marker = 0) GROUP BY bucket;
+""",
+    "chunk_usage": """
+DELETE FROM chunk_usage;
+INSERT INTO chunk_usage (bucket, stored, chunks) SELECT bucket, SUM(stored), COUNT(*) FROM chunks GROUP BY bucket;
+""",
+}
+
+#: Statements a salvage runs after the rows are copied and :data:`DERIVED_TABLES`
+#: rebuilt, so the chunk store's rows agree with the versions saved:
+#: ``(what the statement drops or fixes, SQL)``; the report counts each. A
+#: manifest whose chunk list was not saved whole is dropped (never served with
+#: chunks missing): the next start gives its version the one-file manifest of
+#: :meth:`~._chunks.ChunkStore.recover` (right for raw data stored whole; any
+#: other version reads as damaged). Data files no saved chunk names are moved
+#: to ``lost+found/`` by the salvage, never deleted.
+AFTER_SALVAGE: tuple[tuple[str, str], ...] = (
+    ("manifests no saved version names",
+     "DELETE FROM manifests WHERE blob_id NOT IN (SELECT blob_id FROM objects)"
+     " AND blob_id NOT IN (SELECT blob_id FROM versions)"),
+    ("manifests whose chunk list was not saved whole",
+     "DELETE FROM manifests WHERE (chunks, size) IS NOT (SELECT COUNT(*), COALESCE(SUM(c.size), 0)"
+     " FROM manifest_chunks AS m JOIN chunks AS c ON c.chunk_id = m.chunk_id WHERE m.blob_id = manifests.blob_id)"),
+    ("chunk list rows of a manifest dropped or lost",
+     "DELETE FROM manifest_chunks WHERE blob_id NOT IN (SELECT blob_id FROM manifests)"),
+    ("chunk reference counts corrected",
+     "UPDATE chunks SET refs = (SELECT COUNT(*) FROM manifest_chunks AS m WHERE m.chunk_id = chunks.chunk_id)"
+     " WHERE refs != (SELECT COUNT(*) FROM manifest_chunks AS m WHERE m.chunk_id = chunks.chunk_id)"),
+    ("chunks no saved manifest uses", "DELETE FROM chunks WHERE refs = 0"),
+    ("damage marks of chunks dropped",
+     "DELETE FROM damaged_chunks WHERE chunk_id NOT IN (SELECT chunk_id FROM chunks)"),
+)

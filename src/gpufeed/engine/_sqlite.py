@@ -27,6 +27,7 @@ from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 
 from ..errors import InternalError, InvalidArgument
+from ._catalogcheck import require_healthy
 from ._private import create_private_file
 from ._schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, add_columns
 from ._sqlitechunks import ChunkReads, ChunkWrites
@@ -512,12 +513,17 @@ class SqliteCatalog(_Reads, Catalog):
             ``NORMAL`` otherwise (durable at checkpoints; still atomic).
         blob_path: maps a blob id to its data file (fills :attr:`ObjectInfo.path`);
             by default paths are ``""``.
+        check: the integrity check run before anything else touches the file:
+            ``"quick"``, ``"full"`` or ``"off"`` (:mod:`._catalogcheck`).
 
     Raises:
+        CatalogDamaged: the check found damage; the file is left unchanged.
+        CatalogTooNew: a newer gpufeed wrote the catalog.
         InternalError: the file is not a gpufeed catalog or cannot be opened.
     """
 
-    def __init__(self, path: str, *, fsync: bool, blob_path: Callable[[str], str] = _no_path) -> None:
+    def __init__(self, path: str, *, fsync: bool, blob_path: Callable[[str], str] = _no_path,
+                 check: str = "quick") -> None:
         self._blob_path = blob_path
         self._path = path
         self._closed = False
@@ -527,6 +533,7 @@ class SqliteCatalog(_Reads, Catalog):
         self._readers: dict[int, tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = {}
         try:
             if path != ":memory:" and not path.startswith("file:"):
+                require_healthy(path, check)
                 # SQLite makes the database 0644 and its -wal/-shm files with the
                 # database's mode: creating it 0600 first keeps all three private.
                 create_private_file(path)

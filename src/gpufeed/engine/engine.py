@@ -72,6 +72,7 @@ from ..errors import (
     NoSuchTenant,
 )
 from ._blobs import BlobFiles
+from ._catalogcheck import require_catalog_beside_data
 from ._chunks import ChunkStore
 from ._dataservices import DataServices
 from ._directories import check_name_for_kind
@@ -117,11 +118,17 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         capacity_bytes: most bytes of object data the folder may hold on disk
             (after compression and dedup); 0: no limit but the disk's. Writes
             past it raise StorageFull; reads go on.
+        catalog_check: the catalog's integrity check on open: ``"quick"``,
+            ``"full"`` or ``"off"`` (:mod:`._catalogcheck`).
 
     Raises:
         DataFolderInUse: ``data_dir`` is in use by another open Engine (an
             exclusive ``flock`` on ``data_dir/lock``, which holds the pid of
             its process; the message names it).
+        CatalogDamaged: the catalog fails its check, or is missing while data
+            files exist; nothing in ``data_dir`` was changed (the message names
+            ``gpufeed catalog recover``).
+        CatalogTooNew: a newer gpufeed wrote the catalog.
         InternalError: the catalog cannot be opened.
 
     All methods raise the typed errors of :mod:`gpufeed.errors`. Usable as a
@@ -129,7 +136,7 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
     """
 
     def __init__(self, data_dir: str | Path, *, fsync: bool = True, master_key: bytes | None = None,
-                 capacity_bytes: int = 0) -> None:
+                 capacity_bytes: int = 0, catalog_check: str = "quick") -> None:
         self.data_dir = Path(data_dir).resolve()
         make_private_dirs(self.data_dir)
         self._lock_fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
@@ -145,9 +152,11 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
         try:
             self._files = BlobFiles(self.data_dir, fsync=fsync)
+            catalog = str(self.data_dir / "catalog.sqlite3")
+            require_catalog_beside_data(catalog, (self._files.blobs, self._files.uploads))
             # Every metadata operation below goes through the Catalog interface.
-            self._cat: Catalog = SqliteCatalog(str(self.data_dir / "catalog.sqlite3"), fsync=fsync,
-                                               blob_path=self._files.blob_path)
+            self._cat: Catalog = SqliteCatalog(catalog, fsync=fsync, blob_path=self._files.blob_path,
+                                               check=catalog_check)
         except BaseException:
             os.close(self._lock_fd)
             raise
