@@ -259,6 +259,7 @@ def run_codecs(size_bytes: int = 256 << 20, *, chunk: int = 4 << 20,
     for setting in codecs:
         parse_compression(setting)
     console = console or Console()
+    load_avg = os.getloadavg()[0]  # other work on the machine skews every row alike: recorded
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="gpufeed-bench-codecs-") as tmp:
         for data in _DATASETS:
@@ -280,7 +281,8 @@ def run_codecs(size_bytes: int = 256 << 20, *, chunk: int = 4 << 20,
         "command": f"gpufeed bench codecs --size {size_bytes} --chunk {chunk} --codecs {','.join(codecs)} "
                    f"--repeat {repeat} --json PATH",
         "machine": machine_info(),
-        "params": {"size_bytes": size_bytes, "chunk": chunk, "codecs": list(codecs), "repeat": repeat},
+        "params": {"size_bytes": size_bytes, "chunk": chunk, "codecs": list(codecs), "repeat": repeat,
+                   "load_avg_1m_at_start": round(load_avg, 2)},
         "baseline": baseline,
         "results": results,
         "digests": digests,
