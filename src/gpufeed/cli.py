@@ -286,7 +286,7 @@ def bench_list(dirs, per_dir, repeat, json_path, data_dir) -> None:
 @click.option("--size", type=SizeType(), default="256MiB", help="Bytes per data set (e.g. 64MiB, 256MiB).")
 @click.option("--chunk", type=SizeType(), default="4MiB", help="Chunk size.")
 @click.option("--codecs", default="lz4,zstd:1,zstd:3,zstd:9", help="Comma-separated compression settings.")
-@click.option("--repeat", type=int, default=2, help="Passes per measurement (the fastest is kept).")
+@click.option("--repeat", type=int, default=3, help="Passes per measurement (the fastest per chunk is kept).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
 def bench_codecs(size, chunk, codecs, repeat, json_path) -> None:
     """Chunk compression ratio and GB/s, skip cost, digests and CDC cuts on text tokens and bf16 weights."""
