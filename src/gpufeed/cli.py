@@ -1,8 +1,9 @@
 """The ``gpufeed`` command line: parse, call the library, print.
 
 Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``checkpoint ls|scrub``,
-``catalog check|recover``, ``admin ...``, ``bench io``,
-``bench kv``, ``bench list``, ``bench checkpoint``, ``bench model``, ``bench gpu``, ``demo``.
+``catalog check|recover``, ``admin ...``, ``scrub``, ``bench io``, ``bench kv``, ``bench list``,
+``bench codecs``, ``bench data``, ``bench integrity``, ``bench crash``, ``bench checkpoint``,
+``bench model``, ``bench gpu``, ``demo``.
 """
 
 from __future__ import annotations
@@ -343,6 +344,19 @@ def bench_data(size, versions, repeat, json_path, data_dir) -> None:
     from .bench.data import run_data_bench
 
     run_data_bench(size=size, versions=versions, repeat=repeat, json_path=json_path, data_dir=data_dir)
+
+
+@bench.command("codecs")
+@click.option("--size", type=SizeType(), default="256MiB", help="Bytes per data set (e.g. 64MiB, 256MiB).")
+@click.option("--chunk", type=SizeType(), default="4MiB", help="Chunk size.")
+@click.option("--codecs", default="lz4,zstd:1,zstd:3,zstd:9", help="Comma-separated compression settings.")
+@click.option("--repeat", type=int, default=3, help="Passes per measurement (the fastest per chunk is kept).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+def bench_codecs(size, chunk, codecs, repeat, json_path) -> None:
+    """Chunk compression ratio and GB/s, skip cost, digests and CDC cuts on text tokens and bf16 weights."""
+    from .bench.codecs import run_codecs
+
+    run_codecs(size, chunk=chunk, codecs=codecs.split(","), repeat=repeat, json_path=json_path)
 
 
 @bench.command("kv")

@@ -79,6 +79,8 @@ Tree::
     ├── FormatError (ValueError)  stored bytes not in their format: KV chunk /
     │                             plugin object headers (ChunkFormatError,
     │                             ObjectFormatError, beside their code)
+    ├── ChunkCorrupt (500)  a stored chunk that does not decode to its size or
+    │                       match its digest (names bucket, key, chunk when known)
     ├── TransportError (ConnectionError)  (fast path: connection lost / refused)
     ├── StorageFull            (507: the data folder reached its capacity)
     └── InternalError
@@ -168,6 +170,7 @@ __all__ = [
     "CatalogDamaged",
     "CatalogTooNew",
     "FormatError",
+    "ChunkCorrupt",
     "S3_ERRORS",
     "error_from_code",
 ]
@@ -525,6 +528,48 @@ class FormatError(GpufeedError, ValueError):
     header); the KV readers treat such an object as a cache miss."""
 
     code, status = "InvalidObjectFormat", 500
+
+
+class ChunkCorrupt(GpufeedError):
+    """A stored chunk is damaged: its compressed stream does not decode, decodes
+    to the wrong length, or its bytes do not match their digest or block sums.
+
+    Never returned as data. The codec layer raises it without context; the
+    engine names the object with :meth:`attach` before it reaches a front.
+
+    Attributes:
+        bucket: the bucket of the object being read, or ``None``.
+        key: the object key, or ``None``.
+        chunk: the chunk's id (digest hex or index), or ``None``.
+    """
+
+    code, status = "ChunkCorrupt", 500
+
+    def __init__(self, message: str = "", *, bucket: str | None = None, key: str | None = None,
+                 chunk: str | None = None, **details: object) -> None:
+        super().__init__(message, **details)
+        self.bucket, self.key, self.chunk = bucket, key, chunk
+        self._reason = self.message
+        self._describe()
+
+    def attach(self, *, bucket: str | None = None, key: str | None = None,
+               chunk: str | None = None) -> ChunkCorrupt:
+        """Name the damaged object and chunk (fields left ``None`` keep their value).
+
+        Returns:
+            ``self``, so ``raise err.attach(bucket=b, key=k) from None`` reads in one line.
+        """
+        self.bucket = bucket if bucket is not None else self.bucket
+        self.key = key if key is not None else self.key
+        self.chunk = chunk if chunk is not None else self.chunk
+        self._describe()
+        return self
+
+    def _describe(self) -> None:
+        where = ", ".join(f"{name} {value!r}" for name, value in
+                          (("bucket", self.bucket), ("key", self.key), ("chunk", self.chunk)) if value is not None)
+        self.message = f"{self._reason} ({where})" if where else self._reason
+        self.args = (self.message,)
 
 
 class TransportError(GpufeedError, ConnectionError):

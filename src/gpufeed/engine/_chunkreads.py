@@ -198,6 +198,7 @@ def _read_compressed(step: ReadStep) -> None:
             decompress_chunk(stored, c.codec, c.size, step.dest)
         else:
             data = decompress_chunk(stored, c.codec, c.size)
+            assert data is not None  # without ``out`` the bytes are returned
             step.dest[:] = memoryview(data)[step.rel:step.rel + n]
     except Exception as exc:  # noqa: BLE001 - any failure of the codec is damage
         raise ChunkDamage(c, f"{c.codec} data does not decompress: {exc}") from exc

@@ -91,13 +91,12 @@ def check_chunk(store: ChunkStore, c: ChunkRecord) -> str | None:
             if bad >= 0:
                 return f"block {bad} does not match its sum"
             pos += n
+        data: object = buf
         if c.codec:
             try:
                 data = decompress_chunk(buf, c.codec, c.size)
             except Exception as exc:  # noqa: BLE001 - any codec failure is damage
                 return f"{c.codec} data does not decompress: {exc}"
-        else:
-            data = buf
         if c.domain is not None and chunk_digest(data, "blake3" if len(c.digest) == 32 else "xxh3") != c.digest:
             return "data does not match its digest"
         return None
