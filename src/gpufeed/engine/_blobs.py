@@ -19,7 +19,7 @@ from ._openfiles import OpenFiles
 from ._private import DIR_MODE, FILE_MODE, make_private_dirs
 
 __all__ = [
-    "BlobFiles", "new_id", "remove_quietly", "fsync_dir", "copy_range", "write_all", "write_all_v",
+    "BlobFiles", "new_id", "remove_quietly", "fsync_dir", "copy_range", "pread_full", "write_all", "write_all_v",
     "start_writeback",
 ]
 
@@ -93,6 +93,21 @@ def copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, length: int
             n = write_all(dst_fd, memoryview(chunk), dst_off + done)
         done += n
     return done
+
+
+def pread_full(fd: int, mv: memoryview, offset: int) -> int:
+    """``os.preadv`` into all of ``mv`` from ``offset``, looping over short reads.
+
+    Returns:
+        Bytes read: ``len(mv)``, fewer only when the file ended first.
+    """
+    total, n = 0, len(mv)
+    while total < n:
+        got = os.preadv(fd, [mv[total:]], offset + total)
+        if got == 0:
+            break
+        total += got
+    return total
 
 
 def write_all(fd: int, mv: memoryview, offset: int) -> int:

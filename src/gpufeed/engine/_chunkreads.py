@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import xxhash
 
+from ._blobs import pread_full
 from ._codecs import decompress_chunk
 from .types import ChunkRecord
 
@@ -141,16 +142,6 @@ class ReadStep:
     verify: bool
 
 
-def _pread_full(fd: int, mv: memoryview, offset: int) -> int:
-    total, n = 0, len(mv)
-    while total < n:
-        got = os.preadv(fd, [mv[total:]], offset + total)
-        if got == 0:
-            break
-        total += got
-    return total
-
-
 _scratch = threading.local()
 
 
@@ -176,7 +167,7 @@ def run_step(step: ReadStep) -> int:
     if c.codec:
         _read_compressed(step)
     elif not step.verify:
-        if _pread_full(step.fd, step.dest, c.file_offset + step.rel) < len(step.dest):
+        if pread_full(step.fd, step.dest, c.file_offset + step.rel) < len(step.dest):
             raise ChunkDamage(c, "data file is shorter than the chunk")
     else:
         _read_raw_checked(step)
@@ -186,7 +177,7 @@ def run_step(step: ReadStep) -> int:
 def _read_compressed(step: ReadStep) -> None:
     c = step.chunk
     stored = memoryview(bytearray(c.stored))
-    if _pread_full(step.fd, stored, c.file_offset) < c.stored:
+    if pread_full(step.fd, stored, c.file_offset) < c.stored:
         raise ChunkDamage(c, "data file is shorter than the chunk")
     if step.verify:
         bad = check_stored(stored, step.sums, 0)
@@ -236,7 +227,7 @@ def _read_raw_checked(step: ReadStep) -> None:
     while start < whole_end:
         stop = min(whole_end, start + _CHECK_STEP)
         view = dest[start - rel:stop - rel]
-        if _pread_full(step.fd, view, c.file_offset + start) < len(view):
+        if pread_full(step.fd, view, c.file_offset + start) < len(view):
             raise ChunkDamage(c, "data file is shorter than the chunk")
         bad = check_stored(view, step.sums, start // SUM_BLOCK)
         if bad >= 0:
@@ -253,7 +244,7 @@ def _check_partial(step: ReadStep, b: int, blk_start: int, lo: int, hi: int, blk
     c, base = step.chunk, step.chunk.file_offset
     view = step.dest[lo - step.rel:hi - step.rel]
     pre = _scratch_buf(blk_end - blk_start)
-    if _pread_full(step.fd, pre, base + blk_start) < len(pre):
+    if pread_full(step.fd, pre, base + blk_start) < len(pre):
         raise ChunkDamage(c, "data file is shorter than the chunk")
     if b >= len(step.sums) or xxhash.xxh3_64_intdigest(pre) != step.sums[b]:
         raise ChunkDamage(c, f"block {b} does not match its sum")

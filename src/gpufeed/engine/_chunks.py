@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 import xxhash
 
 from ..errors import InternalError, InvalidArgument, StorageFull
-from ._blobs import BlobFiles, new_id, remove_quietly, write_all
+from ._blobs import BlobFiles, new_id, pread_full, remove_quietly, write_all
 from ._chunkreads import SUM_BLOCK, Manifest, ManifestCache
 from ._codecs import block_sums, cdc_cuts, chunk_digest, compress_chunk
 from .catalog import Catalog, CatalogWriter
@@ -267,7 +267,7 @@ class ChunkStore:
             while pos < st.size:
                 n = min(p.chunk_bytes, st.size - pos)
                 view = buf[:n]
-                if _pread_all(src, view, pos) < n:
+                if pread_full(src, view, pos) < n:
                     raise InternalError("temp file is shorter than the bytes written")
                 packed = compress_chunk(view, p.compression, p.level)
                 stored = memoryview(packed) if packed is not None else view
@@ -393,7 +393,7 @@ class ChunkStore:
         fd = os.open(st.tmp, os.O_RDONLY | os.O_CLOEXEC)
         try:
             view = memoryview(bytearray(n))
-            _pread_all(fd, view, off)
+            pread_full(fd, view, off)
         finally:
             os.close(fd)
         return self._write_chunk(st, view, chunk_digest(view, st.policy.digest))
@@ -534,16 +534,6 @@ class ChunkStore:
         return {"adopted": adopted, "missing": missing}
 
 
-def _pread_all(fd: int, mv: memoryview, offset: int) -> int:
-    total, n = 0, len(mv)
-    while total < n:
-        got = os.preadv(fd, [mv[total:]], offset + total)
-        if got == 0:
-            break
-        total += got
-    return total
-
-
 def _file_sums(fd: int, offset: int, size: int) -> bytes:
     """Block sums of ``size`` bytes of ``fd`` from ``offset`` (read in 8 MiB steps)."""
     buf = memoryview(bytearray(min(size, _READ_BYTES) or 1))
@@ -551,7 +541,7 @@ def _file_sums(fd: int, offset: int, size: int) -> bytes:
     pos = 0
     while pos < size:
         n = min(len(buf), size - pos)
-        got = _pread_all(fd, buf[:n], offset + pos)
+        got = pread_full(fd, buf[:n], offset + pos)
         out.append(block_sums(buf[:got], SUM_BLOCK))
         if got < n:
             break
