@@ -6,8 +6,8 @@ baseline in the same run.
   off), taking turns, best of ``repeat``; target: checked ≥ 0.8 × unchecked.
 * **compression**: three kinds of data written through shm into buckets with
   compression off, lz4 and zstd: a tokenized text corpus (uint16 token ids
-  of the words of the ``.py`` files shipped with Python), bf16 weights drawn
-  from N(0, 0.02), and uniformly random bf16 bits. Per row: stored/logical
+  of the ``.py`` files shipped with Python, :func:`gpufeed.bench.codecs.token_corpus`),
+  bf16 weights drawn from N(0, 0.02), and uniformly random bf16 bits. Per row: stored/logical
   ratio, put and read GB/s. Target: data that does not shrink (random bits)
   is written at ≥ 0.95 × the speed of compression off (the skip is cheap).
 * **dedup**: ``versions`` checkpoints of a model of ``size`` bytes
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -41,39 +40,12 @@ from rich.table import Table
 from ..admin import RemoteAdmin
 from ..client import Client
 from ..testing.node import start_node
+from .codecs import bf16_weights, token_corpus
 from .io import machine_info
 
-__all__ = ["run_data_bench", "token_corpus"]
+__all__ = ["run_data_bench"]
 
 GB = 1e9
-
-
-def token_corpus(nbytes: int) -> np.ndarray:
-    """uint16 token ids of the words of the standard library's ``.py`` files
-    (a vocabulary of the first 65,535 distinct words; others map to 65535),
-    up to ``nbytes`` bytes (repeated when the library is smaller)."""
-    words: dict[bytes, int] = {}
-    ids: list[np.ndarray] = []
-    got = 0
-    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
-        try:
-            text = path.read_bytes()
-        except OSError:
-            continue
-        toks = [words.setdefault(w, min(len(words), 65535)) for w in text.split()]
-        ids.append(np.asarray(toks, dtype=np.uint16))
-        got += 2 * len(toks)
-        if got >= nbytes:
-            break
-    arr = np.concatenate(ids)
-    return np.resize(arr, nbytes // 2)
-
-
-def _bf16(n: int, kind: str, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if kind == "uniform":
-        return rng.integers(0, 1 << 16, n // 2, dtype=np.uint16)
-    return (rng.normal(0, 0.02, n // 2).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
 def _timed(fn) -> float:
@@ -133,8 +105,8 @@ def _verify_rows(c: Client, admin: RemoteAdmin, size: int, repeat: int, console:
 
 
 def _compression_rows(c: Client, admin: RemoteAdmin, size: int, repeat: int, console: Console) -> list[dict]:
-    data = {"tokens": token_corpus(size), "bf16_normal": _bf16(size, "normal"),
-            "bf16_uniform": _bf16(size, "uniform")}
+    data = {"tokens": token_corpus(size), "bf16_normal": bf16_weights(size, "normal"),
+            "bf16_uniform": bf16_weights(size, "random")}
     rows = []
     for codec in ("off", "lz4", "zstd"):
         b = f"data-{codec}"
@@ -169,13 +141,13 @@ def _dedup_row(c: Client, admin: RemoteAdmin, size: int, versions: int, console:
     n_tensors = 100
     per = size // n_tensors // 2
     rng = np.random.default_rng(5)
-    tensors = {f"layer.{i:03d}.weight": _bf16(2 * per, "normal", seed=i) for i in range(n_tensors)}
+    tensors = {f"layer.{i:03d}.weight": bf16_weights(2 * per, "normal", seed=i) for i in range(n_tensors)}
     put_s = 0.0
     one = changed = 0
     for v in range(versions):
         if v:
             for i in rng.choice(n_tensors, n_tensors // 10, replace=False):
-                tensors[f"layer.{i:03d}.weight"] = _bf16(2 * per, "normal", seed=1000 * v + int(i))
+                tensors[f"layer.{i:03d}.weight"] = bf16_weights(2 * per, "normal", seed=1000 * v + int(i))
                 changed += tensors[f"layer.{i:03d}.weight"].nbytes
         blob = save(tensors)
         one = len(blob)
