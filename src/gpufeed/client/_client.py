@@ -352,9 +352,11 @@ class Client:
         space is freed when the last mapping goes. The pages stay page cache:
         under memory pressure the kernel may drop clean ones and read them back
         from disk on the next touch (a copy from :meth:`get_into` into
-        :meth:`alloc` memory never goes back to disk). Objects are not
-        verified against their checksums on this path (reads of page-cached
-        bytes, like ``get_into``).
+        :meth:`alloc` memory never goes back to disk). The node checks every
+        byte against its stored block sums before it sends the files; a page
+        the kernel drops and reads back later is not checked again
+        (:meth:`get_into` always checks). Objects stored compressed or in
+        content-defined chunks cannot be mapped (``InvalidRequest``: read them).
 
         Args:
             bucket, key: the object.
@@ -376,6 +378,9 @@ class Client:
                 space or ``vm.max_map_count``).
             NoSuchBucket, NoSuchKey: nothing there.
             NoSuchVersion, MethodNotAllowed: as for :meth:`head`.
+            DamagedObject: the stored data failed its check.
+            InvalidRequestError: the object is stored compressed or in
+                content-defined chunks.
             InternalError: the data file is shorter than the object.
             TransportError: the node went away.
         """
