@@ -430,6 +430,7 @@ class Client:
 
         Raises:
             NoSuchBucket, NoSuchKey, InvalidRange.
+            DamagedObject: the stored data failed its check (no bytes are returned).
             NoSuchVersion, MethodNotAllowed, InvalidArgument,
                 NotImplementedByGpufeed: a version id, as for :meth:`head`.
         """
@@ -461,6 +462,8 @@ class Client:
 
         Raises:
             NoSuchBucket, NoSuchKey, InvalidRange (offset past the end), TransportError.
+            DamagedObject: the stored data failed its check; ``buffer`` may hold
+                unchecked bytes and must not be used.
             NoSuchVersion, MethodNotAllowed, InvalidArgument,
                 NotImplementedByGpufeed: a version id, as for :meth:`head`.
         """
