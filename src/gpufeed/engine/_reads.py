@@ -30,12 +30,28 @@ class ObjectReads:
 
     _files: BlobFiles
     if TYPE_CHECKING:
-        def head_object(self, bucket: str, key: str, version_id: str | None = None) -> ObjectInfo:
+        def head_object(self, bucket: str, key: str, version_id: str | None = None, *,
+                        snapshot: str | None = None) -> ObjectInfo:
             """Engine's catalog lookup (:class:`~gpufeed.engine._versioning.VersionedObjects`)."""
 
-    def open_version(self, bucket: str, key: str, version_id: str | None = None) -> ObjectHandle:
+    def open_info(self, info: ObjectInfo) -> ObjectHandle:
+        """Take a shared, cached descriptor of the data of version ``info`` (the
+        one place a looked-up version becomes readable data).
+
+        Returns:
+            An :class:`ObjectHandle` the caller MUST close.
+
+        Raises:
+            FileNotFoundError: its data is gone (the version was replaced and freed).
+        """
+        files = self._files.open_files
+        return ObjectHandle(info, files.acquire(info.blob_id, info.path), files)
+
+    def open_version(self, bucket: str, key: str, version_id: str | None = None, *,
+                     snapshot: str | None = None) -> ObjectHandle:
         """Look up the current version of an object (or the version
-        ``version_id``, see :meth:`head_object`) and take a shared, cached
+        ``version_id``, or the one snapshot ``snapshot`` recorded, see
+        :meth:`head_object`) and take a shared, cached
         descriptor of its data file (one catalog lookup; the open is skipped when
         another reader has the version open). A version replaced between the
         lookup and the open is looked up again.
@@ -51,11 +67,10 @@ class ObjectReads:
                 :meth:`head_object` refuses.
             InternalError: the key was replaced on every one of many attempts.
         """
-        files = self._files.open_files
         for _ in range(_READ_RETRIES):
-            info = self.head_object(bucket, key, version_id)
+            info = self.head_object(bucket, key, version_id, snapshot=snapshot)
             try:
-                return ObjectHandle(info, files.acquire(info.blob_id, info.path), files)
+                return self.open_info(info)
             except FileNotFoundError:
                 continue  # replaced between lookup and open: look it up again
         raise InternalError(f"{bucket}/{key} kept changing while being opened")
@@ -64,9 +79,11 @@ class ObjectReads:
         """Data-file descriptors the engine holds open now (cached or in use)."""
         return self._files.open_files.open_count()
 
-    def open_object(self, bucket: str, key: str, version_id: str | None = None) -> tuple[ObjectInfo, int]:
+    def open_object(self, bucket: str, key: str, version_id: str | None = None, *,
+                    snapshot: str | None = None) -> tuple[ObjectInfo, int]:
         """Look up the current version of an object (or the version
-        ``version_id``) and open its immutable data file.
+        ``version_id``, or the one snapshot ``snapshot`` recorded) and open its
+        immutable data file.
 
         A version replaced between the lookup and the open is looked up again, so
         a reader racing overwriters gets the old or the new version, never a
@@ -83,7 +100,7 @@ class ObjectReads:
             InternalError: the key was replaced on every one of many attempts.
         """
         for _ in range(_READ_RETRIES):
-            info = self.head_object(bucket, key, version_id)
+            info = self.head_object(bucket, key, version_id, snapshot=snapshot)
             try:
                 return info, os.open(info.path, _OPEN_READ)
             except FileNotFoundError:
@@ -91,13 +108,14 @@ class ObjectReads:
         raise InternalError(f"{bucket}/{key} kept changing while being opened")
 
     def get_object(self, bucket: str, key: str, byte_range: ByteRequest | None = None,
-                   version_id: str | None = None) -> bytes:
+                   version_id: str | None = None, *, snapshot: str | None = None) -> bytes:
         """Read an object (or a range) into memory. Large reads should use
         ``open(info.path)`` / :meth:`read_into` instead.
 
         Args:
             byte_range: ``None`` for all of it, else a :mod:`gpufeed.store` byte request.
             version_id: a version, or ``None`` for the current one.
+            snapshot: read the version snapshot ``snapshot`` recorded.
 
         Returns:
             The bytes.
@@ -106,7 +124,7 @@ class ObjectReads:
             NoSuchBucket, NoSuchKey: missing bucket or key.
             InvalidRange: the range is unsatisfiable (see :func:`gpufeed.store.resolve_range`).
         """
-        info, fd = self.open_object(bucket, key, version_id)
+        info, fd = self.open_object(bucket, key, version_id, snapshot=snapshot)
         try:
             start, length = resolve_range(byte_range, info.size)
             data = os.pread(fd, length, start)

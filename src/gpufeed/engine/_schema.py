@@ -14,7 +14,7 @@ __all__ = ["SCHEMA_VERSION", "SCHEMA", "MIGRATIONS", "add_columns"]
 #: Bumped when the schema changes; stored in ``PRAGMA user_version``. A catalog
 #: of an older version is brought up to this one on open (:data:`MIGRATIONS`);
 #: a newer one is refused, so an older gpufeed never ignores what it cannot read.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (
@@ -155,6 +155,46 @@ INSERT OR REPLACE INTO usage (bucket, bytes, objects)
         UNION ALL SELECT bucket, size FROM versions WHERE delete_marker = 0) GROUP BY bucket;
 """
 
+# Version 5: bucket snapshots. A snapshot's entries copy the version columns of
+# the bucket's current objects at one instant (one INSERT ... SELECT); several
+# rows (current objects, noncurrent versions, snapshot entries) may name one
+# blob, so each table has an index by blob_id for the "is it still referenced"
+# test of every free path (engine/_release.py).
+_SNAPSHOTS = """
+CREATE TABLE IF NOT EXISTS snapshots (
+    bucket  TEXT NOT NULL,
+    name    TEXT NOT NULL,
+    created REAL NOT NULL,
+    kind    TEXT NOT NULL,      -- 'manual' | 'hourly' | 'daily'
+    objects INTEGER NOT NULL,
+    bytes   INTEGER NOT NULL,   -- summed sizes of its entries
+    PRIMARY KEY (bucket, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS snapshot_objects (
+    bucket        TEXT NOT NULL,
+    snapshot      TEXT NOT NULL,
+    key           TEXT NOT NULL,
+    size          INTEGER NOT NULL,
+    etag          TEXT NOT NULL,
+    last_modified REAL NOT NULL,
+    content_type  TEXT NOT NULL,
+    metadata      TEXT NOT NULL,
+    checksums     TEXT NOT NULL,
+    blob_id       TEXT NOT NULL,
+    headers       TEXT NOT NULL,
+    version_id    TEXT NOT NULL,
+    seq           INTEGER NOT NULL,
+    lock_mode     TEXT NOT NULL,
+    lock_until    REAL NOT NULL,
+    legal_hold    INTEGER NOT NULL,
+    tags          TEXT NOT NULL,
+    PRIMARY KEY (bucket, snapshot, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS snapshot_objects_by_blob ON snapshot_objects (blob_id);
+CREATE INDEX IF NOT EXISTS objects_by_blob ON objects (blob_id);
+CREATE INDEX IF NOT EXISTS versions_by_blob ON versions (blob_id);
+"""
+
 #: ``version -> SQL`` that takes a catalog of that version to the next one. A
 #: fresh catalog (version 0) gets :data:`SCHEMA` and then every step. Each step
 #: is idempotent (``IF NOT EXISTS``). Append a step when bumping SCHEMA_VERSION.
@@ -162,6 +202,7 @@ MIGRATIONS: dict[int, str] = {
     1: _LIFECYCLE_TABLE,
     2: _COMPLETED_UPLOADS_TABLE,
     3: _VERSION_4,
+    4: _SNAPSHOTS,
 }
 
 #: Columns added after the first release: ``(table, column, declaration)``. Each

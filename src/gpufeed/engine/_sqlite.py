@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from ..errors import InternalError, InvalidArgument
 from ._private import create_private_file
 from ._schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, add_columns
+from ._sqlite_snapshots import SnapshotReads, SnapshotWrites
 from .catalog import Catalog, CatalogReader, CatalogWriter, CompletedUpload, LiveFiles, ObjectUse, PartRecord
 from .types import (
     DEFAULT_TENANT,
@@ -119,7 +120,7 @@ def _version_values(info: ObjectInfo) -> tuple:
             info.lock_mode, info.lock_until, int(info.legal_hold), _dumps(info.tags))
 
 
-class _Reads(CatalogReader):
+class _Reads(SnapshotReads, CatalogReader):
     """The read operations as SQL over :meth:`_conn` (one connection or this thread's)."""
 
     _blob_path: Callable[[str], str]
@@ -222,6 +223,7 @@ class _Reads(CatalogReader):
         c = self._conn()
         blobs = {r[0] for r in c.execute("SELECT blob_id FROM objects")}
         blobs.update(r[0] for r in c.execute("SELECT blob_id FROM versions WHERE delete_marker=0"))
+        blobs.update(r[0] for r in c.execute("SELECT DISTINCT blob_id FROM snapshot_objects"))
         parts: dict[str, set[str]] = {r[0]: set() for r in c.execute("SELECT upload_id FROM uploads")}
         for upload_id, file in c.execute("SELECT upload_id, file FROM parts"):
             parts.setdefault(upload_id, set()).add(file)
@@ -340,7 +342,7 @@ class _View(_Reads):
         return self._c
 
 
-class _Writer(_View, CatalogWriter):
+class _Writer(SnapshotWrites, _View, CatalogWriter):
     """The open write transaction of a :class:`SqliteCatalog`."""
 
     def __init__(self, conn: sqlite3.Connection, blob_path: Callable[[str], str], hooks: list) -> None:

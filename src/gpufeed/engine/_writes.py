@@ -37,6 +37,7 @@ from ..errors import (
 from ._blobs import BlobFiles, copy_range, new_id, remove_quietly, start_writeback, write_all_v
 from ._kvpolicy import KVBucketPolicy
 from ._names import check_str_map
+from ._release import releasable
 from ._tenants import check_quota
 from ._versions import check_tags, place_version
 from .catalog import Catalog, CatalogWriter, require_bucket
@@ -153,10 +154,11 @@ class WritePath:
                 info, freed = place_version(w, b, info, old, retention)
                 w.put_object(info)
                 check_quota(w, b)
+                freed = releasable(w, freed + evicted)
         except BaseException:
             remove_quietly(path)
             raise
-        self.files.remove_blobs(freed + evicted)
+        self.files.remove_blobs(freed)
         return info
 
 

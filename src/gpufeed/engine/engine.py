@@ -80,6 +80,8 @@ from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_key, check_text
 from ._private import FILE_MODE, check_private, make_private_dirs
 from ._reads import ObjectReads
+from ._snapshot_schedule import ScheduledSnapshots
+from ._snapshots import SnapshotCalls
 from ._sqlite import SqliteCatalog
 from ._tenants import MasterKey, TenantAdmin, check_tenant_name, owner_of
 from ._versioning import VersionedObjects
@@ -99,7 +101,7 @@ from .types import (
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
 
-class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads):
+class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads, SnapshotCalls, ScheduledSnapshots):
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
@@ -300,10 +302,11 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads):
         Raises:
             NoSuchBucket: it does not exist.
             BucketNotEmpty: it holds objects, versions (delete markers
-                included) or open multipart uploads.
+                included), open multipart uploads or snapshots.
         """
         with self._cat.write() as w:
             require_bucket(w, name)
+            self._check_no_snapshots(w, name)
             if w.bucket_has_objects(name):
                 raise BucketNotEmpty(f"bucket {name!r} holds objects", bucket=name)
             if w.bucket_has_uploads(name):
@@ -474,6 +477,7 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads):
         start_after: str = "",
         continuation_token: str | None = None,
         max_keys: int = 1000,
+        snapshot: str | None = None,
     ) -> ListResult:
         """List keys in UTF-8 byte order (S3 ListObjectsV2 semantics).
 
@@ -495,6 +499,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads):
                 precedence over ``start_after``.
             max_keys: page size, 0..1000 (larger values are clipped to 1000; 0
                 returns an empty, non-truncated page).
+            snapshot: list the keys snapshot ``snapshot`` recorded instead
+                (NoSuchSnapshot when it has none of that name).
 
         Returns:
             One :class:`ListResult` page.
@@ -514,6 +520,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads):
             raise InvalidArgument(f"max_keys must be an int >= 0, not {max_keys!r}")
         max_keys = min(max_keys, 1000)
         pos = start_position(prefix, delimiter, start_after, continuation_token)
+        if snapshot is not None:
+            return self._list_snapshot(bucket, snapshot, pos, prefix=prefix, delimiter=delimiter, max_keys=max_keys)
         hidden_before = self._kv.hidden_before(bucket, time.time())
         with self._cat.snapshot() as c:
             require_bucket(c, bucket)
