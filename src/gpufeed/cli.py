@@ -1,6 +1,7 @@
 """The ``gpufeed`` command line: parse, call the library, print.
 
-Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``checkpoint ls|scrub``, ``bench io``,
+Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``admin ...``,
+``snapshot create|list|delete|restore|diff|schedule``, ``checkpoint ls|scrub``, ``bench io``,
 ``bench kv``, ``bench list``, ``bench checkpoint``, ``bench model``, ``bench gpu``, ``demo``.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import click
 
 from ._cli_admin import admin
+from ._cli_snapshot import snapshot
 from ._cli_types import SizeType
 from ._version import __version__
 
@@ -45,6 +47,7 @@ def main() -> None:
 
 
 main.add_command(admin)
+main.add_command(snapshot)
 
 
 @main.command()

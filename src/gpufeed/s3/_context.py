@@ -178,9 +178,9 @@ class Services:
         ``(info, file)``."""
         return await self.call(self.open_dup, bucket, key, version_id)
 
-    def open_dup(self, bucket: str, key: str, version_id: str | None = None):
+    def open_dup(self, bucket: str, key: str, version_id: str | None = None, snapshot: str | None = None):
         """:meth:`open_object`, blocking (for code already on the worker pool)."""
-        with self.engine.open_version(bucket, key, version_id) as h:
+        with self.engine.open_version(bucket, key, version_id, snapshot=snapshot) as h:
             return h.info, os.fdopen(os.dup(h.fd), "rb")
 
     # upload bodies ---------------------------------------------------------------
