@@ -88,8 +88,8 @@ class Ops:
     # --- session and memory --------------------------------------------------------
     def hello(self, conn: Connection, rid: int, req: p.Hello) -> None:
         """Name the server, its protocol version, transport and optional features."""
-        features = ["alloc_region", "auth", "map", "versions"] if conn.transport == "shm" \
-            else ["auth", "versions"]
+        features = ["alloc_region", "auth", "map", "versions", "snapshots"] if conn.transport == "shm" \
+            else ["auth", "versions", "snapshots"]
         conn.reply(p.Op.HELLO, rid, p.HelloReply(self.server_name, p.VERSION, conn.transport,
                                                  features, conn.server_nonce))
 
@@ -140,9 +140,11 @@ class Ops:
 
     # --- objects -------------------------------------------------------------------
     def head(self, conn: Connection, rid: int, req: p.Head) -> None:
-        """An object version's metadata (the current one unless the request names one)."""
+        """An object version's metadata (the current one unless the request names
+        a version or a snapshot)."""
         self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
-        conn.reply(p.Op.HEAD, rid, _meta(self.engine.head_object(req.bucket, req.key, req.version_id)))
+        conn.reply(p.Op.HEAD, rid, _meta(self.engine.head_object(req.bucket, req.key, req.version_id,
+                                                                 snapshot=req.snapshot)))
 
     def map(self, conn: Connection, rid: int, req: p.Head) -> None:
         """Send the version's data file (the current one unless the request names
@@ -153,7 +155,7 @@ class Ops:
         if conn.transport != "shm":
             raise InvalidArgument("MAP needs the shm transport (a descriptor cannot cross TCP)")
         self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
-        info, fd = self.engine.open_object(req.bucket, req.key, req.version_id)
+        info, fd = self.engine.open_object(req.bucket, req.key, req.version_id, snapshot=req.snapshot)
         try:
             conn.reply_with_fd(p.Op.MAP, rid, p.MapReply(info.size, info.etag), fd)
         finally:
@@ -163,7 +165,7 @@ class Ops:
         """One range of an object version: sent by ``sendfile`` (TCP) or read into a
         region (shm)."""
         self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
-        h = self.engine.open_version(req.bucket, req.key, req.version_id)
+        h = self.engine.open_version(req.bucket, req.key, req.version_id, snapshot=req.snapshot)
         info, f = h.info, h
         try:
             start, n = _extent(req, info.size)
@@ -204,11 +206,11 @@ class Ops:
         """Open item ``i`` of a GETV (once per object version in the batch) and plan
         its read: a TCP extent, or region read tasks (an item that asks for digests
         is cut into whole pieces of about :data:`DIGEST_TASK_BYTES`)."""
-        name = (item.bucket, item.key, item.version_id)
+        name = (item.bucket, item.key, item.version_id, item.snapshot)
         f = batch.opened.get(name)
         if f is None:  # authorized and acquired once for the whole batch
             self.allow(conn, READ if item.version_id is None else READ_VERSION, item.bucket, item.key)
-            f = batch.opened[name] = self.engine.open_version(*name)
+            f = batch.opened[name] = self.engine.open_version(*name[:3], snapshot=item.snapshot)
         info = f.info
         start, n = _extent(item, info.size)
         if item.region == -1:
@@ -303,7 +305,7 @@ class Ops:
         self.allow(conn, LIST, req.bucket, prefix=req.prefix)
         res = self.engine.list_objects(
             req.bucket, prefix=req.prefix, delimiter=req.delimiter, start_after=req.start_after,
-            continuation_token=req.token, max_keys=req.max_keys)
+            continuation_token=req.token, max_keys=req.max_keys, snapshot=req.snapshot)
         entries = [p.ListEntry(o.key, o.size, o.etag, o.last_modified) for o in res.objects]
         conn.reply(p.Op.LIST, rid, p.ListReply(entries, list(res.common_prefixes),
                                                 res.is_truncated, res.next_token))
@@ -357,8 +359,8 @@ class _Batch:
         self.extents: list[tuple[int, int, int]] = []
         self.tasks: list[ReadTask] = []
         self.views: list[memoryview] = []
-        #: (bucket, key, version_id) -> what the batch opened (each released once at the end)
-        self.opened: dict[tuple[str, str, str | None], ObjectHandle] = {}
+        #: (bucket, key, version_id, snapshot) -> what the batch opened (each released once at the end)
+        self.opened: dict[tuple[str, str, str | None, str | None], ObjectHandle] = {}
 
     def release_views(self) -> None:
         """Release every region view (a released region must not stay exported)."""
