@@ -71,12 +71,12 @@ def restore_snapshot(w: CatalogWriter, b: BucketInfo, snap: SnapshotInfo, prefix
         plan = list(merge_keys(old, cur))
     puts = [(e, c) for _, e, c in plan if e is not None and (c is None or c.blob_id != e.blob_id)]
     deletes = [c for _, e, c in plan if e is None and c is not None]
-    for c in [c for _, c in puts if c is not None] + deletes:
+    for v in [c for _, c in puts if c is not None] + deletes:
         try:
-            check_unlocked(c, now, False)
+            check_unlocked(v, now, False)
         except AccessDenied:
-            raise AccessDenied(f"restore of snapshot {snap.name!r} refused: the current version of {c.key!r} "
-                               "is protected by object lock; nothing was changed", bucket=b.name, key=c.key) from None
+            raise AccessDenied(f"restore of snapshot {snap.name!r} refused: the current version of {v.key!r} "
+                               "is protected by object lock; nothing was changed", bucket=b.name, key=v.key) from None
     before = w.usage(b.name)
     freed: list[str] = []
     for e, c in puts:
@@ -85,8 +85,8 @@ def restore_snapshot(w: CatalogWriter, b: BucketInfo, snap: SnapshotInfo, prefix
         info, gone = place_version(w, b, info, c, None)
         w.put_object(info)
         freed += gone
-    for c in deletes:
-        freed += delete_version(w, b, c.key, None, False, now)[1]
+    for v in deletes:
+        freed += delete_version(w, b, v.key, None, False, now)[1]
     after = w.usage(b.name)
     if after[0] > before[0] or after[1] > before[1]:
         check_quota(w, b)

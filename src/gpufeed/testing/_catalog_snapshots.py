@@ -15,7 +15,7 @@ from contextlib import closing
 import pytest
 
 from ..engine.catalog import Catalog
-from ..engine.types import ObjectInfo, SnapshotInfo
+from ..engine.types import BucketInfo, ObjectInfo, SnapshotInfo
 
 __all__ = ["SnapshotCatalogTests"]
 
@@ -61,7 +61,7 @@ class SnapshotCatalogTests:
 
     def test_snapshot_of_another_bucket_and_empty_bucket(self, catalog: Catalog, bucket: str) -> None:
         with catalog.write() as w:
-            w.insert_bucket(dataclasses.replace(catalog.bucket(bucket), name="other"))  # type: ignore[arg-type]
+            w.insert_bucket(BucketInfo("other", 2.0))
             w.put_object(_o("other", "k", "b"))
             empty = w.insert_snapshot(SnapshotInfo(bucket, "s", 1.0, "hourly"))
         assert empty == SnapshotInfo(bucket, "s", 1.0, "hourly", 0, 0)
