@@ -20,12 +20,14 @@ are reported in :attr:`Engine.permission_warnings`).
 Write protocol (atomic, durable): data goes to a file in ``tmp/``, is fsynced,
 renamed into ``blobs/``, the directory is fsynced, then the catalog row is
 committed (``synchronous=FULL``). Only the commit makes an object visible. On
-start, ``tmp/`` is emptied and blob files that no catalog row references are
-deleted, so a crash at any point leaves no visible partial object and no
-leaked file. Object keys never become file names, so no key can escape
-the data folder. The old blob of an overwritten or deleted object is unlinked
-after the commit (a crash in between leaves it unreferenced, so the next start
-deletes it). Multipart part files follow the same protocol under ``uploads/``.
+start, ``tmp/`` is emptied and blob files that no catalog row references
+(object versions and snapshot entries alike) are deleted, so a crash at any
+point leaves no visible partial object and no leaked file. Object keys never
+become file names, so no key can escape the data folder. The old blob of an
+overwritten or deleted object is unlinked after the commit when no other row
+(a snapshot entry, a restored version) still names it (:mod:`._release`; a
+crash in between leaves it unreferenced, so the next start deletes it).
+Multipart part files follow the same protocol under ``uploads/``.
 
 Why our own engine rather than a library: this is the product core. The fast
 path needs what generic object stores hide: one immutable file per version
@@ -48,6 +50,8 @@ the fronts call, which delegates to:
   into :class:`Engine`.
 - :mod:`._multipart`: uploads, parts and their completion.
 - :mod:`._lifecycle`: bucket lifecycle rules and the pass that applies them.
+- :mod:`._snapshots` (with :mod:`._restore`, :mod:`._snapshot_schedule`):
+  bucket snapshots; :mod:`._release`: the test every path that frees data asks.
 - :mod:`._listing`: paging through keys.
 - :mod:`._names`: S3 naming rules, key-space arithmetic.
 """
