@@ -1,5 +1,6 @@
-"""``gpufeed admin``: tenants, access keys and bucket stats, on a running node (its admin API
-on the S3 port, signed with the admin key) or on a stopped node's data folder."""
+"""``gpufeed admin``: tenants, access keys, bucket stats and data services, and ``gpufeed
+scrub``, on a running node (its admin API on the S3 port, signed with the admin key) or on a
+stopped node's data folder."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import click
 from ._cli_types import SizeType
 from .admin import Admin, LocalAdmin, RemoteAdmin
 
-__all__ = ["admin"]
+__all__ = ["admin", "scrub"]
 
 
 def _when(t: float) -> str:
@@ -28,7 +29,12 @@ def _when(t: float) -> str:
 @click.option("--secret-key", default=None, help="The node's admin secret (env GPUFEED_SECRET_KEY).")
 @click.pass_context
 def admin(ctx, url, data_dir, access_key, secret_key) -> None:
-    """Manage tenants and their access keys; inspect buckets."""
+    """Manage tenants and their access keys; inspect buckets and their data services."""
+    ctx.obj = _opener(url, data_dir, access_key, secret_key)
+
+
+def _opener(url, data_dir, access_key, secret_key):
+    """A function that opens the Admin the options name (local data folder or remote node)."""
     from .config import DEFAULT_ACCESS_KEY, DEFAULT_SECRET_KEY, NodeConfig
 
     def open_admin() -> Admin:
@@ -38,7 +44,7 @@ def admin(ctx, url, data_dir, access_key, secret_key) -> None:
                            access_key or os.environ.get("GPUFEED_ACCESS_KEY") or DEFAULT_ACCESS_KEY,
                            secret_key or os.environ.get("GPUFEED_SECRET_KEY") or DEFAULT_SECRET_KEY)
 
-    ctx.obj = open_admin
+    return open_admin
 
 
 def _run(ctx, call, as_json: bool, show) -> None:
@@ -195,6 +201,12 @@ def _show_bucket(r: dict) -> str:
     ]
     if r["kind"] == "kv":
         lines.append(f"evictions   {r['evictions']}, expirations {r['expirations']}")
+    d = r.get("data")
+    if d:
+        lines.append(f"data        {d['stored_bytes']} bytes stored for {d['logical_bytes']} "
+                     f"(ratio {d['ratio']}), {d['chunks']} chunks; compression {d['compression']}, "
+                     f"dedup {'on' if d['dedup'] else 'off'}, {d['chunking']} chunks of {d['chunk_bytes']} bytes, "
+                     f"reads {'checked' if d['verify'] else 'NOT checked'}")
     return "\n".join(lines)
 
 
@@ -205,3 +217,99 @@ def _show_bucket(r: dict) -> str:
 def bucket_stats(ctx, name, as_json) -> None:
     """Objects, bytes, owner, versioning and object lock of bucket NAME."""
     _run(ctx, lambda a: a.bucket_stats(name), as_json, _show_bucket)
+
+
+def _show_policy(r: dict) -> str:
+    comp = r["compression"] + (f":{r['level']}" if r["compression"] == "zstd" else "")
+    return (f"compression {comp}\ndedup       {'on' if r['dedup'] else 'off'} (digest {r['digest']})\n"
+            f"chunks      {r['chunking']}, {r['chunk_bytes']} bytes\n"
+            f"verify      {'every read' if r['verify'] else 'off (raw speed, reads not checked)'}")
+
+
+@bucket.command("data")
+@click.argument("name")
+@click.option("--compression", default=None, help="off, lz4, zstd or zstd:LEVEL (1-19), per chunk.")
+@click.option("--dedup/--no-dedup", default=None, help="Store identical chunks once (per tenant).")
+@click.option("--chunking", type=click.Choice(["fixed", "cdc"]), default=None,
+              help="Fixed-size or content-defined (FastCDC) chunks.")
+@click.option("--chunk-size", type=SizeType(), default=None, help="Chunk size (cdc: average), e.g. 4MiB.")
+@click.option("--digest", type=click.Choice(["blake3", "xxh3"]), default=None, help="Digest dedup finds chunks by.")
+@click.option("--verify/--no-verify", default=None, help="Check every read against the stored sums.")
+@JSON_OPTION
+@click.pass_context
+def bucket_data(ctx, name, compression, dedup, chunking, chunk_size, digest, verify, as_json) -> None:
+    """Show or set how bucket NAME stores data written from now on."""
+    changes: dict = {k: v for k, v in (("dedup", dedup), ("chunking", chunking), ("chunk_bytes", chunk_size),
+                                       ("digest", digest), ("verify", verify)) if v is not None}
+    if compression is not None:
+        codec, _, level = compression.partition(":")
+        changes["compression"] = codec
+        if level:
+            if not level.isdigit():
+                raise click.BadParameter("zstd level must be a number", param_hint="--compression")
+            changes["level"] = int(level)
+    _run(ctx, lambda a: a.bucket_data(name, **changes), as_json, _show_policy)
+
+
+@admin.command("data")
+@JSON_OPTION
+@click.pass_context
+def node_data(ctx, as_json) -> None:
+    """The node's stored data: chunks, bytes on disk, capacity, damaged chunks."""
+    def show(r: dict) -> str:
+        cap = f"{r['capacity_bytes']} bytes" if r["capacity_bytes"] else "no limit"
+        return (f"chunks          {r['chunks']}\nstored bytes    {r['stored_bytes']} (data {r['data_bytes']})\n"
+                f"capacity        {cap}\ndamaged chunks  {r['damaged_chunks']} "
+                f"(failed reads since start: {r['damaged_reads']})")
+    _run(ctx, lambda a: a.node_data(), as_json, show)
+
+
+@admin.command("damaged")
+@JSON_OPTION
+@click.pass_context
+def damaged(ctx, as_json) -> None:
+    """Chunks marked damaged (by a read or a scrub) and the objects that use them."""
+    def show(r: dict) -> str:
+        if not r["chunks"]:
+            return "no damaged chunks"
+        return "\n".join(f"{c['chunk']}  {c['reason']}  ({_when(c['found'])}) used by "
+                         + (", ".join("/".join(o[:2]) + (f"?versionId={o[2]}" if o[2] != "null" else "")
+                                      for o in c["objects"]) or "nothing") for c in r["chunks"])
+    _run(ctx, lambda a: a.damaged(), as_json, show)
+
+
+@click.command()
+@click.option("--endpoint", "url", default=None,
+              help="S3 endpoint of a running node (env GPUFEED_S3_URL; default http://127.0.0.1:9000).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Scrub a stopped node's data folder instead of a running node.")
+@click.option("--access-key", default=None, help="The node's admin key id (env GPUFEED_ACCESS_KEY).")
+@click.option("--secret-key", default=None, help="The node's admin secret (env GPUFEED_SECRET_KEY).")
+@click.option("--rate", type=SizeType(), default="0", help="Most bytes read per second (0: no limit).")
+@click.option("--no-wait", is_flag=True, help="Start the scrub on the node and return at once.")
+@JSON_OPTION
+def scrub(url, data_dir, access_key, secret_key, rate, no_wait, as_json) -> None:
+    """Read and check every stored chunk; report damaged, missing and orphaned ones.
+
+    Damaged chunks are marked (reads of them fail with DamagedObject) until a
+    later scrub finds them good again. Exits 1 when damage was found.
+    """
+    a = _opener(url, data_dir, access_key, secret_key)()
+    try:
+        status = a.scrub(rate, wait=not no_wait)
+    finally:
+        a.close()
+    if as_json:
+        click.echo(json.dumps(status))
+    elif status["running"]:
+        click.echo(f"scrub running: {status['chunks']} chunks, {status['bytes']} bytes checked so far")
+    else:
+        rep = status["last"] or {}
+        click.echo(f"scrub: {rep.get('chunks', 0)} chunks, {rep.get('bytes', 0)} bytes checked in "
+                   f"{rep.get('seconds', 0)} s; {len(rep.get('damaged', []))} damaged, "
+                   f"{len(rep.get('cleared', []))} cleared, {len(rep.get('orphan_files', []))} orphaned files")
+        for d in rep.get("damaged", []):
+            users = ", ".join("/".join(o[:2]) for o in d["objects"]) or "no object"
+            click.echo(f"  damaged {d['chunk']}: {d['reason']} (used by {users})")
+    if not status["running"] and (status["last"] or {}).get("damaged"):
+        raise SystemExit(1)

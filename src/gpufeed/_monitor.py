@@ -25,6 +25,11 @@ name                                             labels   meaning
 ``gpufeed_tenants``                              -        tenants
 ``gpufeed_buckets`` / ``_objects`` / ``_stored_bytes``  -  totals over every tenant
 ``gpufeed_tenant_buckets`` / ``_objects`` / ``_bytes``  tenant  per tenant (unless tenant labels are off)
+``gpufeed_data_chunks`` / ``_stored_bytes`` / ``_logical_bytes`` / ``_capacity_bytes``  -  the data folder
+``gpufeed_damaged_chunks``                       -        chunks marked damaged (by a read or a scrub)
+``gpufeed_damaged_reads``                        -        reads refused since start: data failed its check
+``gpufeed_scrub_last_finished_seconds``          -        when the last complete scrub ended (0: never)
+``gpufeed_scrub_last_damaged_chunks``            -        damaged chunks it found
 ``gpufeed_start_time_seconds``                   -        Unix time the node started
 ``gpufeed_build_info``                           version  always 1
 =============================================== ======== =============================================
@@ -68,6 +73,27 @@ def _usage_families(engine: Engine, tenant_labels: bool) -> list[Metric]:
     return out
 
 
+def _data_families(engine: Engine) -> list[Metric]:
+    """The data folder: chunks, bytes on disk and capacity, damage found, the last scrub."""
+    d = engine.node_data_stats()
+    last = engine.scrubber.status()["last"] or {}
+    return [
+        gauge("gpufeed_data_chunks", "Chunks stored.", d["chunks"]),
+        gauge("gpufeed_data_stored_bytes", "Bytes of data files on disk (after compression and dedup).",
+              d["stored_bytes"]),
+        gauge("gpufeed_data_logical_bytes", "Bytes the stored chunks hold before compression.", d["data_bytes"]),
+        gauge("gpufeed_data_capacity_bytes", "Configured capacity of the data folder (0: no limit).",
+              d["capacity_bytes"]),
+        gauge("gpufeed_damaged_chunks", "Chunks marked damaged (by a read or a scrub).", d["damaged_chunks"]),
+        gauge("gpufeed_damaged_reads", "Reads refused since start because stored data failed its check.",
+              d["damaged_reads"]),
+        gauge("gpufeed_scrub_last_finished_seconds", "Unix time the last complete scrub ended (0: never).",
+              last.get("finished", 0.0)),
+        gauge("gpufeed_scrub_last_damaged_chunks", "Damaged chunks the last complete scrub found.",
+              len(last.get("damaged", []))),
+    ]
+
+
 def _wire_families(wire: WireServer) -> list[Metric]:
     s = wire.stats()
     return [
@@ -98,6 +124,8 @@ def add_node_sources(metrics: NodeMetrics, engine: Engine, wire: WireServer | No
         gauge("gpufeed_start_time_seconds", "Unix time the node started.", metrics.started_s),
         gauge("gpufeed_build_info", "The node's version.", labels=("version",), samples=[((__version__,), 1)]),
     ])
+    data = CachedSource(lambda: _data_families(engine), USAGE_CACHE_S)
+    metrics.add_source(data)
     if wire is not None:
         metrics.count_connections("tcp", lambda: wire.stats()["tcp"])
         metrics.count_connections("shm", lambda: wire.stats()["shm"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -91,6 +92,28 @@ class Admin:
     def bucket_stats(self, bucket: str) -> dict:
         """A bucket's counters, owner, versioning and object lock
         (:func:`gpufeed.s3._admin.bucket_report`); NoSuchBucket when absent."""
+        raise NotImplementedError
+
+    def bucket_data(self, bucket: str, **changes) -> dict:
+        """A bucket's data policy (:class:`~gpufeed.engine.DataPolicy` fields),
+        after applying ``changes`` (field values) when given; NoSuchBucket when
+        absent, InvalidArgument for a bad field."""
+        raise NotImplementedError
+
+    def node_data(self) -> dict:
+        """:meth:`gpufeed.engine.Engine.node_data_stats`: chunks, stored and data
+        bytes, capacity, damaged chunks and failed reads."""
+        raise NotImplementedError
+
+    def damaged(self) -> dict:
+        """``{"chunks": [{"chunk", "reason", "found", "objects"}, ...]}``: chunks marked damaged."""
+        raise NotImplementedError
+
+    def scrub(self, rate_bytes_s: float = 0, *, wait: bool = True, poll_s: float = 0.5) -> dict:
+        """Check every stored chunk (see :mod:`gpufeed.engine._scrub`); with
+        ``wait``, until it ends. Returns the scrub status ``{"running",
+        "chunks", "bytes", "started", "last"}`` (``last``: the last complete
+        report: ``damaged``, ``cleared``, ``orphan_files``, ...)."""
         raise NotImplementedError
 
     # snapshots (gpufeed.s3._admin_snapshots; the engine's snapshot calls) ------------
@@ -194,6 +217,23 @@ class RemoteAdmin(Admin):
     def bucket_stats(self, bucket: str) -> dict:
         return self._call("GET", f"buckets/{urllib.parse.quote(bucket, safe='')}/stats")
 
+    def bucket_data(self, bucket: str, **changes) -> dict:
+        path = f"buckets/{urllib.parse.quote(bucket, safe='')}/data"
+        return self._call("PUT", path, changes) if changes else self._call("GET", path)
+
+    def node_data(self) -> dict:
+        return self._call("GET", "data")
+
+    def damaged(self) -> dict:
+        return self._call("GET", "damaged")
+
+    def scrub(self, rate_bytes_s: float = 0, *, wait: bool = True, poll_s: float = 0.5) -> dict:
+        status = self._call("POST", "scrub", {"rate": rate_bytes_s})
+        while wait and status["running"]:
+            time.sleep(poll_s)
+            status = self._call("GET", "scrub")
+        return status
+
     def _snap(self, bucket: str, name: str | None = None) -> str:
         path = f"buckets/{urllib.parse.quote(bucket, safe='')}/snapshots"
         return path if name is None else f"{path}/{urllib.parse.quote(name, safe='')}"
@@ -279,6 +319,23 @@ class LocalAdmin(Admin):
         from .s3._admin import bucket_report
 
         return bucket_report(self._engine, bucket)
+
+    def bucket_data(self, bucket: str, **changes) -> dict:
+        if changes:
+            return dataclasses.asdict(self._engine.set_bucket_data(bucket, **changes))
+        return dataclasses.asdict(self._engine.bucket_data(bucket))
+
+    def node_data(self) -> dict:
+        return self._engine.node_data_stats()
+
+    def damaged(self) -> dict:
+        return {"chunks": self._engine.damaged_chunks()}
+
+    def scrub(self, rate_bytes_s: float = 0, *, wait: bool = True, poll_s: float = 0.5) -> dict:
+        runner = self._engine.scrubber
+        runner.start(rate_bytes_s)
+        runner.wait()
+        return runner.status()
 
     def snapshot_create(self, bucket: str, name: str) -> dict:
         return dataclasses.asdict(self._engine.create_snapshot(bucket, name))

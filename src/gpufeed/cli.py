@@ -1,6 +1,6 @@
 """The ``gpufeed`` command line: parse, call the library, print.
 
-Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``admin ...``,
+Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``admin ...``, ``scrub``,
 ``snapshot create|list|delete|restore|diff|schedule``, ``checkpoint ls|scrub``, ``bench io``,
 ``bench kv``, ``bench list``, ``bench checkpoint``, ``bench model``, ``bench gpu``, ``demo``.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from ._cli_admin import admin
+from ._cli_admin import admin, scrub
 from ._cli_snapshot import snapshot
 from ._cli_types import SizeType
 from ._version import __version__
@@ -47,6 +47,7 @@ def main() -> None:
 
 
 main.add_command(admin)
+main.add_command(scrub)
 main.add_command(snapshot)
 
 
@@ -73,8 +74,15 @@ main.add_command(snapshot)
 @click.option("--metrics-port", type=int, default=None,
               help="Serve GET /metrics (Prometheus) and GET /health on this port of --host, "
                    "unauthenticated (0 = free port; default off; env GPUFEED_METRICS_PORT).")
+@click.option("--capacity", type=SizeType(), default=None,
+              help="Most bytes of data the folder may hold on disk; writes past it get 507 StorageFull "
+                   "(default no limit; env GPUFEED_CAPACITY).")
+@click.option("--scrub-interval", type=float, default=None,
+              help="Seconds between background scrubs (default 7 days; 0 = off; env GPUFEED_SCRUB_INTERVAL_S).")
+@click.option("--scrub-rate", type=SizeType(), default=None,
+              help="Most bytes a background scrub reads per second (default 100MiB; env GPUFEED_SCRUB_RATE).")
 def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no_fsync,
-          region_pool, log_level, access_log, metrics_port) -> None:
+          region_pool, log_level, access_log, metrics_port, capacity, scrub_interval, scrub_rate) -> None:
     """Run a storage node: S3 endpoint plus the fast data path.
 
     Prints the endpoints as one JSON line on stdout, then serves until
@@ -92,6 +100,7 @@ def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no
         data_dir=data_dir, host=host, s3_port=s3_port, port=port, socket_path=socket_path,
         access_key=access_key, secret_key=secret_key, fsync=False if no_fsync else None,
         region_pool_bytes=region_pool, access_log=access_log, metrics_port=metrics_port,
+        capacity_bytes=capacity, scrub_interval_s=scrub_interval, scrub_rate_bytes=scrub_rate,
     )
     node = Node(cfg)
     endpoints = node.start()
@@ -283,6 +292,21 @@ def bench_list(dirs, per_dir, repeat, json_path, data_dir) -> None:
     from .bench.list import run_list_bench
 
     run_list_bench(dirs=dirs, per_dir=per_dir, repeat=repeat, json_path=json_path, data_dir=data_dir)
+
+
+@bench.command("integrity")
+@click.option("--objects", type=int, default=1000, help="Objects written, then three quarters harmed.")
+@click.option("--seed", type=int, default=0, help="Seed of sizes and harms.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for the node's data (default: a temp dir).")
+def bench_integrity(objects, seed, json_path, data_dir) -> None:
+    """Damage stored data under a running node; read it back through S3, tcp, shm and map; scrub."""
+    from .bench.integrity import run_integrity
+
+    out = run_integrity(objects=objects, seed=seed, json_path=json_path, data_dir=data_dir)
+    if not all(t["met"] for t in out["targets"]):
+        raise SystemExit(1)
 
 
 @bench.command("kv")

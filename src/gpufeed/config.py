@@ -237,6 +237,16 @@ class NodeConfig:
             bind ``host`` to a loopback or management address where that matters.
             The S3 port answers ``GET /_gpufeed/health`` unauthenticated either way.
             Env ``GPUFEED_METRICS_PORT``.
+        capacity_bytes: most bytes of object data the data folder may hold on disk
+            (after compression and dedup); writes past it are refused with
+            ``StorageFull`` (507) and nothing of them is kept, reads go on; 0: no
+            limit but the disk's (a full disk is refused the same way). Env
+            ``GPUFEED_CAPACITY`` (bytes or a size like ``500GiB``).
+        scrub_interval_s: seconds between background scrubs (each reads and checks
+            every stored chunk, see ``gpufeed scrub``), counted from the last
+            complete one; 0 turns them off. Env ``GPUFEED_SCRUB_INTERVAL_S``.
+        scrub_rate_bytes: most bytes a background scrub reads per second (0: no
+            limit). Env ``GPUFEED_SCRUB_RATE`` (bytes or a size like ``100MiB``).
         metrics_tenant_labels: export per-tenant usage gauges with a ``tenant``
             label (tenant names); off, only node totals. Env
             ``GPUFEED_METRICS_TENANT_LABELS`` (``0``/``1``).
@@ -267,6 +277,9 @@ class NodeConfig:
     master_key: bytes | None = field(default=None, repr=False)
     metrics_port: int = -1
     metrics_tenant_labels: bool = True
+    capacity_bytes: int = 0
+    scrub_interval_s: float = 7 * 86400.0  # 7 days
+    scrub_rate_bytes: int = 100 << 20  # 100 MiB/s
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -300,6 +313,9 @@ class NodeConfig:
             metrics_port=_env("GPUFEED_METRICS_PORT", int, cls.metrics_port),
             metrics_tenant_labels=_env("GPUFEED_METRICS_TENANT_LABELS", lambda s: s not in ("0", "false", "no"),
                                        cls.metrics_tenant_labels),
+            capacity_bytes=_env("GPUFEED_CAPACITY", _size, cls.capacity_bytes),
+            scrub_interval_s=_env("GPUFEED_SCRUB_INTERVAL_S", _seconds, cls.scrub_interval_s),
+            scrub_rate_bytes=_env("GPUFEED_SCRUB_RATE", _size, cls.scrub_rate_bytes),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

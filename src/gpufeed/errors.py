@@ -82,7 +82,9 @@ Tree::
     │                             plugin object headers (ChunkFormatError,
     │                             ObjectFormatError, beside their code)
     ├── TransportError (ConnectionError)  (fast path: connection lost / refused)
+    ├── StorageFull            (507: the data folder reached its capacity)
     └── InternalError
+        └── DamagedObject      (500: stored data failed its check on read)
 
 Source for codes and statuses: "Error responses", Amazon S3 API Reference,
 https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html
@@ -163,6 +165,8 @@ __all__ = [
     "ProtocolError",
     "TransportError",
     "InternalError",
+    "DamagedObject",
+    "StorageFull",
     "FormatError",
     "S3_ERRORS",
     "error_from_code",
@@ -541,6 +545,26 @@ class TransportError(GpufeedError, ConnectionError):
 
 class InternalError(GpufeedError):
     code, status = "InternalError", 500
+
+
+class DamagedObject(InternalError):
+    """Stored data failed its check on read (a chunk whose bytes do not match
+    their sums, a short or missing data file, a compressed chunk that does not
+    decompress): nothing of it was returned as good data. The message names
+    the bucket, key and chunk; the chunk is marked damaged and ``gpufeed scrub``
+    reports it. Not an S3 code (S3 has none for this); status 500."""
+    code, status = "DamagedObject", 500
+
+    def __init__(self, message: str = "", *, chunk: str = "", **details: object) -> None:
+        super().__init__(message, chunk=chunk, **details)
+        self.chunk = chunk
+
+
+class StorageFull(GpufeedError):
+    """The node's data folder has reached its configured capacity (or the disk
+    is full): the write was refused and nothing of it was kept; reads still work.
+    Status 507 (HTTP Insufficient Storage); not an S3 code."""
+    code, status = "StorageFull", 507
 
 
 def _all_subclasses(cls: type[GpufeedError]) -> list[type[GpufeedError]]:

@@ -228,7 +228,10 @@ class Node:
         sock = cfg.resolved_socket_path
         if sock and Path(sock).resolve().parent.is_relative_to(data_dir):
             make_private_dirs(Path(sock).resolve().parent)  # the socket's folder is private too
-        self.engine = engine = Engine(cfg.data_dir, fsync=cfg.fsync, master_key=cfg.master_key)
+        self.engine = engine = Engine(cfg.data_dir, fsync=cfg.fsync, master_key=cfg.master_key,
+                                      capacity_bytes=cfg.capacity_bytes)
+        if cfg.scrub_interval_s > 0:
+            engine.scrubber.schedule(cfg.scrub_interval_s, cfg.scrub_rate_bytes)
         self._wire = wire = WireServer(engine, cfg, self.metrics)
         add_node_sources(self.metrics, engine, wire)
         try:

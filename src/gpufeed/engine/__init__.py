@@ -1,18 +1,34 @@
-"""The storage node with no network: catalog, blobs, buckets, objects, multipart, lifecycle."""
+"""The storage node with no network: catalog, chunk store, buckets, objects, multipart, lifecycle."""
 
+from ._chunkreads import ChunkDamage, ReadStep, run_step
 from ._directories import check_directory_bucket_name, check_directory_listing, is_directory_name
+from ._handles import ObjectHandle
 from ._keyring import KeyRing
-from ._openfiles import ObjectHandle
 from ._sqlite import SqliteCatalog
 from .catalog import Catalog, CatalogReader, CatalogWriter
 from .engine import MAX_KEY_BYTES, MAX_PARTS, MIN_PART_BYTES, Engine, PendingWrite
 from .store import EngineStore
-from .types import BucketInfo, LifecycleResult, LifecycleRule, ListResult, ObjectInfo, PartInfo, UploadInfo
+from .types import (
+    BucketInfo,
+    ChunkRecord,
+    DataPolicy,
+    LifecycleResult,
+    LifecycleRule,
+    ListResult,
+    ObjectInfo,
+    PartInfo,
+    UploadInfo,
+)
 
 __all__ = [
     "Engine",
     "PendingWrite",
     "ObjectHandle",
+    "ReadStep",
+    "run_step",
+    "ChunkDamage",
+    "ChunkRecord",
+    "DataPolicy",
     "EngineStore",
     "BucketInfo",
     "ObjectInfo",

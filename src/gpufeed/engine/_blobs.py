@@ -12,6 +12,7 @@ import ctypes
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from ._openfiles import OpenFiles
@@ -181,6 +182,9 @@ class BlobFiles:
         if fsync:
             fsync_dir(str(root))
         self._known_dirs: set[str] = set()
+        #: Frees the data of versions whose rows are gone (set by the engine to
+        #: :meth:`~gpufeed.engine._chunks.ChunkStore.release`).
+        self.release: Callable[[list[str]], None] = lambda ids: None
 
     # names --------------------------------------------------------------
     def blob_path(self, blob_id: str) -> str:
@@ -196,12 +200,11 @@ class BlobFiles:
         return f"{self.uploads}/{upload_id}/{file}"
 
     def remove_blobs(self, blob_ids: list[str]) -> None:
-        """Unlink the files of blobs whose catalog rows are gone (missing files are
-        fine), then close their cached descriptors (now, or when their last reader
-        lets go): the space comes back once no reader holds the file."""
-        for b in blob_ids:
-            remove_quietly(self.blob_path(b))
-        self.open_files.forget(blob_ids)
+        """Free the data of object versions whose catalog rows are gone: hands
+        them to :attr:`release` (the engine's chunk store, which drops their
+        manifests and unlinks data files no chunk uses any more)."""
+        if blob_ids:
+            self.release(list(blob_ids))
 
     # writing ------------------------------------------------------------
     def new_temp(self) -> tuple[int, str]:
@@ -233,6 +236,15 @@ class BlobFiles:
         if self.fsync:
             fsync_dir(d)
         return path
+
+    def list_data_files(self) -> list[str]:
+        """Ids of every data file under ``blobs/``."""
+        out: list[str] = []
+        for d1 in _subdirs(self.blobs):
+            for d2 in _subdirs(d1):
+                with os.scandir(d2) as it:
+                    out += [e.name for e in it if e.is_file(follow_symlinks=False)]
+        return out
 
     def new_upload_dir(self, upload_id: str) -> None:
         """Create (durably) the folder of a new multipart upload."""

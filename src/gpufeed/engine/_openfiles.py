@@ -22,7 +22,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
-__all__ = ["OpenFile", "OpenFiles", "ObjectHandle"]
+__all__ = ["OpenFile", "OpenFiles"]
 
 _OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
 
@@ -32,43 +32,20 @@ class OpenFile:
 
     Attributes:
         fd: the descriptor; valid until the holder calls :meth:`OpenFiles.release`.
+        size: the file's length when it was opened, bytes.
     """
 
-    __slots__ = ("fd", "refs", "evicted")
+    __slots__ = ("fd", "size", "refs", "evicted")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        try:
+            self.size = os.fstat(fd).st_size
+        except OSError:
+            os.close(fd)
+            raise
         self.refs = 1
         self.evicted = False
-
-
-class ObjectHandle:
-    """An object version and its open data file, shared with every other reader of
-    that version: read with ``os.pread(handle.fd, ...)`` / ``sendfile``, never close
-    the descriptor yourself; :meth:`close` (or the ``with`` block) lets go of it.
-
-    Attributes:
-        info: the version's metadata (:class:`~gpufeed.engine.ObjectInfo`).
-        fd: a read-only descriptor of its data file; valid until :meth:`close`.
-    """
-
-    __slots__ = ("info", "fd", "_file", "_files")
-
-    def __init__(self, info, file: OpenFile, files: "OpenFiles") -> None:
-        self.info, self.fd, self._files = info, file.fd, files
-        self._file: OpenFile | None = file
-
-    def close(self) -> None:
-        """Let go of the file (idempotent)."""
-        f, self._file = self._file, None
-        if f is not None:
-            self._files.release(f)
-
-    def __enter__(self) -> "ObjectHandle":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class OpenFiles:

@@ -1,10 +1,11 @@
-"""The read side of :class:`~gpufeed.engine.Engine`: open a version's data file
-(shared, cached descriptors), read whole objects and ranges into memory or into
-a caller's buffer.
+"""The read side of :class:`~gpufeed.engine.Engine`: open a version (its
+manifest and shared, cached data-file descriptors) and read whole objects and
+ranges into memory or into a caller's buffer, every byte checked against its
+stored block sums (see :mod:`._chunkreads`).
 
 A mixin so that ``Engine`` keeps one public API while its module stays one
 concern: everything here needs only ``head_object`` (the catalog lookup) and
-the data folder.
+the chunk store.
 """
 
 from __future__ import annotations
@@ -12,16 +13,17 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ..errors import InternalError, InvalidArgument, NoSuchKey
+from ..errors import InternalError, InvalidArgument, InvalidRequestError, NoSuchKey
 from ..store import ByteRequest, resolve_range
 from ._blobs import BlobFiles
-from ._openfiles import ObjectHandle
+from ._chunkreads import ChunkDamage, Manifest
+from ._chunks import ChunkStore
+from ._handles import ObjectHandle
 from ._writes import as_bytes_view
-from .types import ObjectInfo
+from .types import ChunkRecord, ObjectInfo
 
 __all__ = ["ObjectReads"]
 
-_OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
 _READ_RETRIES = 64  # a version replaced between lookup and open is looked up again this often
 
 
@@ -29,51 +31,62 @@ class ObjectReads:
     """Reads of object versions, mixed into :class:`~gpufeed.engine.Engine`."""
 
     _files: BlobFiles
+    _chunks: ChunkStore
     if TYPE_CHECKING:
         def head_object(self, bucket: str, key: str, version_id: str | None = None, *,
                         snapshot: str | None = None) -> ObjectInfo:
             """Engine's catalog lookup (:class:`~gpufeed.engine._versioning.VersionedObjects`)."""
 
-    def open_info(self, info: ObjectInfo) -> ObjectHandle:
-        """Take a shared, cached descriptor of the data of version ``info`` (the
-        one place a looked-up version becomes readable data).
-
-        Returns:
-            An :class:`ObjectHandle` the caller MUST close.
-
-        Raises:
-            FileNotFoundError: its data is gone (the version was replaced and freed).
-        """
-        files = self._files.open_files
-        return ObjectHandle(info, files.acquire(info.blob_id, info.path), files)
-
     def open_version(self, bucket: str, key: str, version_id: str | None = None, *,
                      snapshot: str | None = None) -> ObjectHandle:
         """Look up the current version of an object (or the version
         ``version_id``, or the one snapshot ``snapshot`` recorded, see
-        :meth:`head_object`) and take a shared, cached
-        descriptor of its data file (one catalog lookup; the open is skipped when
-        another reader has the version open). A version replaced between the
-        lookup and the open is looked up again.
+        :meth:`head_object`) and open it for reading: its
+        manifest (cached) and a shared, cached descriptor of its data file(s).
+        A version replaced between the lookup and the open is looked up again.
 
         Returns:
-            An :class:`ObjectHandle` the caller MUST close (``with`` works). The
-            descriptor stays valid until then, across overwrites and deletes;
-            the old version's space returns when its last handle is closed.
+            An :class:`ObjectHandle` the caller MUST close (``with`` works); its
+            reads are checked (:meth:`ObjectHandle.read_into`,
+            :meth:`ObjectHandle.extents`). It stays readable across overwrites
+            and deletes; the old version's space returns when its last handle closes.
 
         Raises:
             NoSuchBucket, NoSuchKey: the bucket or key does not exist.
             NoSuchVersion, MethodNotAllowed, InvalidArgument: a version id as
                 :meth:`head_object` refuses.
+            DamagedObject: the version's data is missing or short.
             InternalError: the key was replaced on every one of many attempts.
         """
         for _ in range(_READ_RETRIES):
             info = self.head_object(bucket, key, version_id, snapshot=snapshot)
-            try:
-                return self.open_info(info)
-            except FileNotFoundError:
-                continue  # replaced between lookup and open: look it up again
+            h = self.open_info(info)
+            if h is not None:
+                return h
         raise InternalError(f"{bucket}/{key} kept changing while being opened")
+
+    def open_info(self, info: ObjectInfo) -> ObjectHandle | None:
+        """Open the version ``info`` names (from :meth:`head_object` or a
+        listing) for reading; ``None`` when its data was freed meanwhile (the
+        version was replaced or deleted: look it up again).
+
+        Raises:
+            DamagedObject: the data is missing or short.
+        """
+        store = self._chunks
+        m = store.manifest(info.blob_id) if info.blob_id else Manifest.of("", 0, [])
+        if m is None:
+            return None
+        verify = store.policy(info.bucket).verify
+        if m.size != info.size:
+            bad = ObjectHandle(info, Manifest.of(m.blob_id, 0, []), verify, self._files.open_files, store)
+            raise bad.damaged(ChunkDamage(m.chunks[0] if m.chunks else ChunkRecord(m.blob_id, "", 0, 0, 0, "", b"",
+                                                                                  b""),
+                                          f"the data holds {m.size} bytes, the version {info.size}"))
+        try:
+            return ObjectHandle(info, m, verify, self._files.open_files, store)
+        except FileNotFoundError:  # NoSuchKey: freed between the lookup and the open
+            return None
 
     def open_files(self) -> int:
         """Data-file descriptors the engine holds open now (cached or in use)."""
@@ -81,36 +94,66 @@ class ObjectReads:
 
     def open_object(self, bucket: str, key: str, version_id: str | None = None, *,
                     snapshot: str | None = None) -> tuple[ObjectInfo, int]:
-        """Look up the current version of an object (or the version
-        ``version_id``, or the one snapshot ``snapshot`` recorded) and open its
-        immutable data file.
-
-        A version replaced between the lookup and the open is looked up again, so
-        a reader racing overwriters gets the old or the new version, never a
-        spurious NoSuchKey. The file stays readable after later overwrites or
-        deletes (POSIX keeps an open file's data).
+        """Look up the current version of an object (or ``version_id``, or
+        ``snapshot``'s, as for :meth:`open_version`), check
+        all of its data, and open its one data file (for a zero-copy map).
 
         Returns:
-            ``(info, fd)``: the version's metadata and a read-only descriptor the
-            caller must ``os.close``.
+            ``(info, fd)``: the version's metadata and a read-only descriptor
+            (the caller must ``os.close`` it) whose bytes are the object's.
 
         Raises:
             NoSuchBucket, NoSuchKey: the bucket or key does not exist.
-            NoSuchVersion, MethodNotAllowed, InvalidArgument: as for :meth:`open_version`.
-            InternalError: the key was replaced on every one of many attempts.
+            DamagedObject: the data failed its check.
+            InvalidRequestError: the object is not stored as one raw file
+                (compressed or deduplicated): read it instead.
         """
-        for _ in range(_READ_RETRIES):
-            info = self.head_object(bucket, key, version_id, snapshot=snapshot)
-            try:
-                return info, os.open(info.path, _OPEN_READ)
-            except FileNotFoundError:
-                continue  # replaced between lookup and open: look it up again
-        raise InternalError(f"{bucket}/{key} kept changing while being opened")
+        with self.open_version(bucket, key, version_id, snapshot=snapshot) as h:
+            if not h.manifest.single_file:
+                raise InvalidRequestError(f"{bucket}/{key} is stored in chunks (compressed or deduplicated) "
+                                          "and cannot be mapped as one file; read it instead")
+            if h.verify and h.manifest.chunks:
+                check_all(h)
+            if h.fd < 0:
+                return h.info, os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            return h.info, os.dup(h.fd)
+
+    def open_mappable(self, bucket: str, key: str, version_id: str | None = None, *,
+                      snapshot: str | None = None) -> ObjectHandle:
+        """Open a version for a zero-copy map: check all of its data first, then
+        hand out its data files (see :meth:`ObjectHandle.file_extents`).
+
+        What a map cannot check: the mapping shows the page cache, so a page
+        the kernel drops and reads back later from a disk that changed
+        meanwhile is not checked again (reads through :meth:`ObjectHandle.read_into`
+        always are).
+
+        Returns:
+            An open :class:`ObjectHandle` (the caller closes it once the
+            descriptors are sent or mapped).
+
+        Raises:
+            NoSuchBucket, NoSuchKey, NoSuchVersion, MethodNotAllowed: as :meth:`open_version`.
+            DamagedObject: the data failed its check.
+            InvalidRequestError: the data is compressed or cut in chunks whose
+                sizes are not page multiples (content-defined): read it instead.
+        """
+        h = self.open_version(bucket, key, version_id, snapshot=snapshot)
+        try:
+            if not h.manifest.mappable:
+                raise InvalidRequestError(f"{bucket}/{key} is stored compressed or in content-defined chunks "
+                                          "and cannot be mapped; read it instead")
+            if h.verify and h.manifest.chunks:
+                check_all(h)
+            return h
+        except BaseException:
+            h.close()
+            raise
 
     def get_object(self, bucket: str, key: str, byte_range: ByteRequest | None = None,
                    version_id: str | None = None, *, snapshot: str | None = None) -> bytes:
-        """Read an object (or a range) into memory. Large reads should use
-        ``open(info.path)`` / :meth:`read_into` instead.
+        """Read an object (or a range) into memory, checked. Large reads should
+        use :meth:`open_version` and read into a buffer instead.
 
         Args:
             byte_range: ``None`` for all of it, else a :mod:`gpufeed.store` byte request.
@@ -123,31 +166,20 @@ class ObjectReads:
         Raises:
             NoSuchBucket, NoSuchKey: missing bucket or key.
             InvalidRange: the range is unsatisfiable (see :func:`gpufeed.store.resolve_range`).
+            DamagedObject: the data failed its check.
         """
-        info, fd = self.open_object(bucket, key, version_id, snapshot=snapshot)
-        try:
-            start, length = resolve_range(byte_range, info.size)
-            data = os.pread(fd, length, start)
-            if len(data) < length:  # only on reads over ~2 GiB
-                parts = [data]
-                got = len(data)
-                while got < length:
-                    more = os.pread(fd, length - got, start + got)
-                    if not more:
-                        raise InternalError(f"blob of {bucket}/{key} is shorter than its catalog size")
-                    parts.append(more)
-                    got += len(more)
-                data = b"".join(parts)
-            return data
-        finally:
-            os.close(fd)
+        with self.open_version(bucket, key, version_id, snapshot=snapshot) as h:
+            start, length = resolve_range(byte_range, h.info.size)
+            buf = bytearray(length)
+            h.read_into(buf, start)
+            return bytes(buf)
 
     def read_into(self, info: ObjectInfo, buffer, offset: int = 0) -> int:
-        """Read object version ``info`` from ``offset`` straight into ``buffer``.
+        """Read object version ``info`` from ``offset`` straight into ``buffer``, checked.
 
         Args:
             info: from :meth:`head_object` (identifies one immutable version).
-            buffer: writable buffer; up to ``len(buffer)`` bytes are read (``os.preadv``).
+            buffer: writable buffer; up to ``len(buffer)`` bytes are read.
             offset: byte offset in the object.
 
         Returns:
@@ -156,23 +188,22 @@ class ObjectReads:
         Raises:
             NoSuchKey: that version was overwritten or deleted meanwhile.
             InvalidArgument: negative offset.
+            DamagedObject: the data failed its check.
         """
         if offset < 0:
             raise InvalidArgument("offset must be >= 0")
-        mv = as_bytes_view(buffer)
-        want = min(mv.nbytes, max(0, info.size - offset))
-        try:
-            fd = os.open(info.path, _OPEN_READ)
-        except FileNotFoundError as exc:
+        h = self.open_info(info)
+        if h is None:
             raise NoSuchKey(f"{info.bucket}/{info.key} (version {info.blob_id}) is gone",
-                            bucket=info.bucket, key=info.key) from exc
-        try:
-            done = 0
-            while done < want:
-                n = os.preadv(fd, [mv[done:want]], offset + done)
-                if n == 0:
-                    break
-                done += n
-            return done
-        finally:
-            os.close(fd)
+                            bucket=info.bucket, key=info.key)
+        with h:
+            return h.read_into(as_bytes_view(buffer), offset)
+
+
+def check_all(h: ObjectHandle) -> None:
+    """Check every byte of an open version (in 8 MiB pieces through scratch).
+
+    Raises:
+        DamagedObject: a chunk failed its check.
+    """
+    h.extents(0, h.info.size)

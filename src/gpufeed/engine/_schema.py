@@ -14,7 +14,7 @@ __all__ = ["SCHEMA_VERSION", "SCHEMA", "MIGRATIONS", "add_columns"]
 #: Bumped when the schema changes; stored in ``PRAGMA user_version``. A catalog
 #: of an older version is brought up to this one on open (:data:`MIGRATIONS`);
 #: a newer one is refused, so an older gpufeed never ignores what it cannot read.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (
@@ -155,11 +155,53 @@ INSERT OR REPLACE INTO usage (bucket, bytes, objects)
         UNION ALL SELECT bucket, size FROM versions WHERE delete_marker = 0) GROUP BY bucket;
 """
 
-# Version 5: bucket snapshots. A snapshot's entries copy the version columns of
+# Version 5: the chunk store. An object version's ``blob_id`` names a manifest
+# (its chunks in order); a chunk is a run of data stored raw or compressed in a
+# data file, checked on every read against its per-64 KiB-block sums, shared
+# by every manifest that holds the same bytes in a deduplicating bucket
+# (``domain`` set, found by ``digest``), freed when its references reach 0.
+_VERSION_5 = """
+CREATE TABLE IF NOT EXISTS chunks (
+    chunk_id    TEXT PRIMARY KEY,
+    file        TEXT NOT NULL,      -- data file id: blobs/ab/cd/<file>
+    file_offset INTEGER NOT NULL,   -- bytes into the file
+    stored      INTEGER NOT NULL,   -- bytes in the file (compressed length)
+    size        INTEGER NOT NULL,   -- bytes of data
+    codec       TEXT NOT NULL,      -- '' | 'lz4' | 'zstd'
+    digest      BLOB NOT NULL,      -- BLAKE3 or xxh3-128 of the data
+    sums        BLOB NOT NULL,      -- xxh3-64 of each 64 KiB block of the stored bytes
+    domain      TEXT,               -- dedup domain of a shared chunk, NULL otherwise
+    refs        INTEGER NOT NULL    -- appearances in manifests
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS chunks_by_digest ON chunks (domain, digest) WHERE domain IS NOT NULL;
+CREATE INDEX IF NOT EXISTS chunks_by_file ON chunks (file);
+CREATE TABLE IF NOT EXISTS manifests (
+    blob_id TEXT PRIMARY KEY,
+    size    INTEGER NOT NULL,
+    chunks  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS manifest_chunks (
+    blob_id  TEXT NOT NULL,
+    seq      INTEGER NOT NULL,
+    chunk_id TEXT NOT NULL,
+    PRIMARY KEY (blob_id, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS manifest_chunks_by_chunk ON manifest_chunks (chunk_id);
+CREATE TABLE IF NOT EXISTS damaged_chunks (
+    chunk_id TEXT PRIMARY KEY,
+    reason   TEXT NOT NULL,
+    found    REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS objects_by_blob ON objects (blob_id);
+CREATE INDEX IF NOT EXISTS versions_by_blob ON versions (blob_id);
+"""
+
+# Version 6: bucket snapshots. A snapshot's entries copy the version columns of
 # the bucket's current objects at one instant (one INSERT ... SELECT); several
 # rows (current objects, noncurrent versions, snapshot entries) may name one
-# blob, so each table has an index by blob_id for the "is it still referenced"
-# test of every free path (engine/_release.py).
+# blob, so snapshot entries have an index by blob_id, as objects and versions
+# have since version 5, for the "is it still named" test of every path that
+# frees data (engine/_release.py).
 _SNAPSHOTS = """
 CREATE TABLE IF NOT EXISTS snapshots (
     bucket  TEXT NOT NULL,
@@ -191,8 +233,6 @@ CREATE TABLE IF NOT EXISTS snapshot_objects (
     PRIMARY KEY (bucket, snapshot, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS snapshot_objects_by_blob ON snapshot_objects (blob_id);
-CREATE INDEX IF NOT EXISTS objects_by_blob ON objects (blob_id);
-CREATE INDEX IF NOT EXISTS versions_by_blob ON versions (blob_id);
 """
 
 #: ``version -> SQL`` that takes a catalog of that version to the next one. A
@@ -202,7 +242,8 @@ MIGRATIONS: dict[int, str] = {
     1: _LIFECYCLE_TABLE,
     2: _COMPLETED_UPLOADS_TABLE,
     3: _VERSION_4,
-    4: _SNAPSHOTS,
+    4: _VERSION_5,
+    5: _SNAPSHOTS,
 }
 
 #: Columns added after the first release: ``(table, column, declaration)``. Each

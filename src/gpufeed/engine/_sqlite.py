@@ -30,6 +30,7 @@ from ..errors import InternalError, InvalidArgument
 from ._private import create_private_file
 from ._schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, add_columns
 from ._sqlite_snapshots import SnapshotReads, SnapshotWrites
+from ._sqlitechunks import ChunkReads, ChunkWrites
 from .catalog import Catalog, CatalogReader, CatalogWriter, CompletedUpload, LiveFiles, ObjectUse, PartRecord
 from .types import (
     DEFAULT_TENANT,
@@ -124,7 +125,7 @@ def _version_values(info: ObjectInfo) -> tuple:
             info.lock_mode, info.lock_until, int(info.legal_hold), _dumps(info.tags))
 
 
-class _Reads(SnapshotReads, CatalogReader):
+class _Reads(ChunkReads, SnapshotReads, CatalogReader):
     """The read operations as SQL over :meth:`_conn` (one connection or this thread's)."""
 
     _blob_path: Callable[[str], str]
@@ -346,7 +347,7 @@ class _View(_Reads):
         return self._c
 
 
-class _Writer(SnapshotWrites, _View, CatalogWriter):
+class _Writer(ChunkWrites, SnapshotWrites, _View, CatalogWriter):
     """The open write transaction of a :class:`SqliteCatalog`."""
 
     def __init__(self, conn: sqlite3.Connection, blob_path: Callable[[str], str], hooks: list) -> None:

@@ -31,17 +31,19 @@ from ..errors import (
     IncompleteBody,
     InternalError,
     InvalidArgument,
+    NoSuchBucket,
     NoSuchKey,
     PreconditionFailed,
 )
-from ._blobs import BlobFiles, copy_range, new_id, remove_quietly, start_writeback, write_all_v
+from ._blobs import BlobFiles, copy_range, remove_quietly, start_writeback, write_all_v
+from ._chunks import ChunkStore
 from ._kvpolicy import KVBucketPolicy
 from ._names import check_str_map
 from ._release import releasable
 from ._tenants import check_quota
 from ._versions import check_tags, place_version
 from .catalog import Catalog, CatalogWriter, require_bucket
-from .types import ObjectInfo, Retention
+from .types import DEFAULT_TENANT, ObjectInfo, Retention
 
 __all__ = ["PendingWrite", "WritePath", "feed", "as_bytes_view", "check_hash_kind", "check_preconditions",
            "etag_kind"]
@@ -66,12 +68,15 @@ class WritePath:
         files: the engine's data folder (its ``fsync`` setting applies to temp files too).
         catalog: the engine's catalog.
         kv: the engine's kv bucket policy, asked on every object commit.
+        chunks: the engine's chunk store, which turns a finished temp file into
+            the version's chunks (see :mod:`._chunks`).
     """
 
-    def __init__(self, files: BlobFiles, catalog: Catalog, kv: KVBucketPolicy) -> None:
+    def __init__(self, files: BlobFiles, catalog: Catalog, kv: KVBucketPolicy, chunks: ChunkStore) -> None:
         self.files = files
         self._cat = catalog
         self._kv = kv
+        self._chunks = chunks
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
@@ -104,7 +109,9 @@ class WritePath:
         if_none_match: str | None = None, extra: Callable[[CatalogWriter, ObjectInfo], None] | None = None,
         tags: dict[str, str] | None = None, retention: Retention | None = None,
     ) -> ObjectInfo:
-        """Rename a finished temp file into ``blobs/`` and commit its catalog row.
+        """Store a finished temp file as the new version's chunks (by the bucket's
+        data policy, see :meth:`ChunkStore.stage`) and commit its catalog row and
+        manifest in one transaction.
 
         ``extra(w, info)``, when given, runs inside the same transaction first with
         the new version's record (multipart completion uses it to check and drop
@@ -131,18 +138,24 @@ class WritePath:
             InvalidRequestError: lock settings in a bucket without object lock.
             AccessDenied: the version it would replace is protected by object lock.
             QuotaExceeded: the bucket or its tenant would go past its quota.
+            StorageFull: the data folder is at its capacity (or the disk is full).
         """
         for d in (metadata, checksums, headers):
             check_str_map(d)
         tags = check_tags(tags) if tags else {}
-        blob_id = new_id()
-        path = self.files.publish_blob(tmp, blob_id)
+        b0 = self._cat.bucket(bucket)
+        if b0 is None:
+            remove_quietly(tmp)
+            raise NoSuchBucket(f"bucket {bucket!r} does not exist", bucket=bucket)
+        staged = self._chunks.stage(tmp, size, self._chunks.policy(bucket), b0.owner or DEFAULT_TENANT)
+        blob_id = staged.blob_id
         etag = etag if etag is not None else "n" + blob_id  # a bucket with ETag policy "none"
         info = ObjectInfo(bucket, key, size, etag, time.time(), content_type or _DEFAULT_TYPE,
-                          dict(metadata or {}), dict(checksums or {}), blob_id, path, dict(headers or {}),
-                          tags=tags)
+                          dict(metadata or {}), dict(checksums or {}), blob_id, self.files.blob_path(blob_id),
+                          dict(headers or {}), tags=tags)
         try:
             with self._cat.write() as w:
+                self._chunks.commit(w, staged)
                 if extra is not None:
                     extra(w, info)
                 b = require_bucket(w, bucket)
@@ -156,8 +169,9 @@ class WritePath:
                 check_quota(w, b)
                 freed = releasable(w, freed + evicted)
         except BaseException:
-            remove_quietly(path)
+            self._chunks.discard(staged)
             raise
+        self._chunks.finish(staged)
         self.files.remove_blobs(freed)
         return info
 

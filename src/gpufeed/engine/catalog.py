@@ -38,6 +38,7 @@ from ..errors import NoSuchBucket
 from .types import (
     AccessKeyInfo,
     BucketInfo,
+    ChunkRecord,
     LifecycleRule,
     ObjectInfo,
     PartInfo,
@@ -299,9 +300,89 @@ class CatalogReader(ABC):
     def completion_of(self, blob_id: str) -> CompletedUpload | None:
         """The record of the upload whose completion made the version ``blob_id``, or ``None``."""
 
+    # chunks and manifests ----------------------------------------------------
+    @abstractmethod
+    def manifest(self, blob_id: str) -> tuple[int, list[ChunkRecord]] | None:
+        """The manifest of ``blob_id``: ``(size in bytes, its chunks in order)``,
+        or ``None`` when no manifest has that id."""
+
+    @abstractmethod
+    def find_chunk(self, domain: str, digest: bytes) -> ChunkRecord | None:
+        """The shared chunk of dedup ``domain`` whose data has ``digest``, if any."""
+
+    @abstractmethod
+    def blob_referenced(self, blob_id: str) -> bool:
+        """Whether a current object, a noncurrent version or a snapshot entry names ``blob_id``."""
+
+    @abstractmethod
+    def unmanifested_blobs(self) -> list[tuple[str, int]]:
+        """``(blob id, size in bytes)`` of object versions whose blob has no
+        manifest (data written by a gpufeed that kept one plain file per version)."""
+
+    @abstractmethod
+    def orphan_manifests(self) -> list[str]:
+        """Manifests that no object version nor snapshot entry names (left by a
+        crash between a version's removal and the release of its data)."""
+
+    @abstractmethod
+    def data_files(self) -> set[str]:
+        """Ids of every data file a chunk lives in."""
+
+    @abstractmethod
+    def chunk_totals(self) -> tuple[int, int, int]:
+        """``(chunks, stored bytes, data bytes)`` over every chunk."""
+
+    @abstractmethod
+    def scan_chunks(self, after: str, limit: int) -> list[ChunkRecord]:
+        """Up to ``limit`` chunks with ids greater than ``after``, in id order (for scrub)."""
+
+    @abstractmethod
+    def chunk_users(self, chunk_id: str, limit: int = 10) -> list[tuple[str, str, str]]:
+        """Up to ``limit`` ``(bucket, key, version_id)`` whose data includes ``chunk_id``."""
+
+    @abstractmethod
+    def damaged_chunks(self) -> dict[str, tuple[str, float]]:
+        """``chunk_id -> (reason, when found, Unix s)`` of every chunk marked damaged."""
+
+    @abstractmethod
+    def bucket_data_usage(self, bucket: str) -> tuple[int, int, int]:
+        """``(logical bytes, stored bytes, chunks)`` of the data of every version in
+        ``bucket``; a chunk shared by several versions counts once."""
+
 
 class CatalogWriter(CatalogReader):
     """The open write transaction: reads see its own changes."""
+
+    # chunks and manifests ----------------------------------------------------
+    @abstractmethod
+    def insert_chunk(self, record: ChunkRecord, refs: int) -> None:
+        """Add a chunk with ``refs`` references (the caller made its id unique)."""
+
+    @abstractmethod
+    def add_chunk_refs(self, chunk_id: str, n: int) -> bool:
+        """Add ``n`` references to a chunk; ``False`` when it no longer exists."""
+
+    @abstractmethod
+    def insert_manifest(self, blob_id: str, size: int, chunk_ids: list[str]) -> None:
+        """Record the manifest of ``blob_id``: its chunks in order (the caller
+        took one reference on each chunk per appearance)."""
+
+    @abstractmethod
+    def release_manifest(self, blob_id: str) -> list[str]:
+        """Drop the manifest of ``blob_id`` and one reference per appearance of
+        each of its chunks; chunks left without references are deleted.
+
+        Returns:
+            Ids of data files no chunk lives in any more (to unlink after the commit).
+        """
+
+    @abstractmethod
+    def mark_damaged(self, chunk_id: str, reason: str, when: float) -> None:
+        """Record a chunk as damaged (the first reason found is kept)."""
+
+    @abstractmethod
+    def clear_damaged(self, chunk_id: str) -> None:
+        """Forget that a chunk was damaged (it was repaired or released)."""
 
     @abstractmethod
     def on_commit(self, fn: Callable[[], None]) -> None:

@@ -76,6 +76,8 @@ from ..errors import (
     NoSuchTenant,
 )
 from ._blobs import BlobFiles
+from ._chunks import ChunkStore
+from ._dataservices import DataServices
 from ._directories import check_name_for_kind
 from ._kvpolicy import KVBucketPolicy, check_policy
 from ._lifecycle import Lifecycle, LifecycleCalls
@@ -84,6 +86,7 @@ from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_key, check_text
 from ._private import FILE_MODE, check_private, make_private_dirs
 from ._reads import ObjectReads
+from ._scrub import ScrubRunner
 from ._snapshot_schedule import ScheduledSnapshots
 from ._snapshots import SnapshotCalls
 from ._sqlite import SqliteCatalog
@@ -105,7 +108,8 @@ from .types import (
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
 
-class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads, SnapshotCalls, ScheduledSnapshots):
+class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, ObjectReads, SnapshotCalls,
+             ScheduledSnapshots):
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
@@ -117,6 +121,9 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads, Snapsho
             survive a process crash, but not a power loss.
         master_key: 32 bytes that seal access key secrets; ``None`` uses
             ``data_dir/master.key`` (made on first use; see :mod:`._tenants`).
+        capacity_bytes: most bytes of object data the folder may hold on disk
+            (after compression and dedup); 0: no limit but the disk's. Writes
+            past it raise StorageFull; reads go on.
 
     Raises:
         DataFolderInUse: ``data_dir`` is in use by another open Engine (an
@@ -128,7 +135,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads, Snapsho
     context manager (closes on exit).
     """
 
-    def __init__(self, data_dir: str | Path, *, fsync: bool = True, master_key: bytes | None = None) -> None:
+    def __init__(self, data_dir: str | Path, *, fsync: bool = True, master_key: bytes | None = None,
+                 capacity_bytes: int = 0) -> None:
         self.data_dir = Path(data_dir).resolve()
         make_private_dirs(self.data_dir)
         self._lock_fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
@@ -158,18 +166,23 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads, Snapsho
         self._owners: dict[str, str] = {}  # bucket -> tenant, see bucket_owner
         self._owner_gen = 0
         #: What the start-up sweep removed: ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
+        self._chunks = ChunkStore(self._files, self._cat, capacity_bytes)
+        self._files.release = self._chunks.release
         self.recovered = self._recover()
         #: Warnings about folders or files in ``data_dir`` that other local users
         #: may read (more open than ``0700``/``0600``), found at start; also logged.
         self.permission_warnings: list[str] = check_private(self.data_dir)
         self._kv = KVBucketPolicy(self._cat, self._files)
-        self._writes = WritePath(self._files, self._cat, self._kv)
+        self._writes = WritePath(self._files, self._cat, self._kv, self._chunks)
         self._multipart = Multipart(self._cat, self._files, self._writes)
         self._lifecycle = Lifecycle(self._cat, self._files, self._kv.on_delete)
+        self.scrubber = ScrubRunner(self.scrub, str(self.data_dir / "scrub.json"))
 
     def _recover(self) -> dict[str, int]:
+        counts = self._chunks.recover()
         live = self._cat.live_files()
-        return self._files.sweep(live.blobs, live.parts)
+        counts.update(self._files.sweep(self._cat.data_files(), live.parts))
+        return counts
 
     def close(self) -> None:
         """Close the catalog connections, stop helper threads, release ``data_dir``; idempotent.
@@ -179,6 +192,7 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads, Snapsho
         if self._closed:
             return
         self._closed = True
+        self.scrubber.stop()
         self._kv.flush()
         self._cat.close()
         self._writes.close()
@@ -284,8 +298,9 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads, Snapsho
         """Counters of a bucket (first dropping expired objects of a kv bucket).
 
         Returns:
-            ``{"kind", "capacity_bytes", "ttl_s", "etag_policy", "bytes", "objects",
+            ``{"kind", "capacity_bytes", "ttl_s", "etag_policy", "data", "bytes", "objects",
             "evictions", "expirations"}``: ``bytes``/``objects`` are the live object data;
+            ``data`` is how it is stored (:meth:`data_stats`);
             ``evictions``/``expirations`` count objects dropped for room / by TTL
             since this engine started (always 0 for standard buckets).
 
@@ -294,7 +309,7 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads, Snapsho
         """
         info = self.head_bucket(name)
         out = {"kind": info.kind, "capacity_bytes": info.capacity_bytes, "ttl_s": info.ttl_s,
-               "etag_policy": info.etag_policy}
+               "etag_policy": info.etag_policy, "data": self.data_stats(name)}
         if info.kind != "kv":
             size, count = self._cat.bucket_usage(name)
             return out | {"bytes": size, "objects": count, "evictions": 0, "expirations": 0}
@@ -317,7 +332,10 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads, Snapsho
                 raise BucketNotEmpty(f"bucket {name!r} has multipart uploads in progress", bucket=name)
             w.delete_bucket(name)
             self._kv.on_delete_bucket(w, name)
-            w.on_commit(lambda: self._forget_owner(name))
+            def forget() -> None:
+                self._forget_owner(name)
+                self._chunks.forget_policy(name)
+            w.on_commit(forget)
 
     def head_bucket(self, name: str) -> BucketInfo:
         """Look a bucket up.
@@ -443,7 +461,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads, Snapsho
         """
         check_key(dst_key)
         policy = require_bucket(self._cat, dst_bucket).etag_policy
-        src, sfd = self.open_object(src_bucket, src_key, src_version_id)
+        sh = self.open_version(src_bucket, src_key, src_version_id)
+        src = sh.info
         # The destination's ETag policy decides: a source ETag of the same kind
         # is kept (same bytes), another kind is computed from the copied bytes.
         keep = src.etag if etag_kind(src.etag) == policy != "none" else None
@@ -465,11 +484,11 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, ObjectReads, Snapsho
         try:
             pw = self._writes.begin(kind, finish)
             with pw:
-                pw.write_from_fd(sfd, 0, src.size)
+                sh.copy_to(pw, 0, src.size)
                 if pw.size != src.size:
-                    raise InternalError(f"blob of {src_bucket}/{src_key} is shorter than its catalog size")
+                    raise InternalError(f"data of {src_bucket}/{src_key} is shorter than its catalog size")
         finally:
-            os.close(sfd)
+            sh.close()
         return pw.commit()
 
     def list_objects(

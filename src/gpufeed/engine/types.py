@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 __all__ = [
     "BucketInfo", "ObjectInfo", "ListResult", "UploadInfo", "PartInfo", "LifecycleRule", "LifecycleResult",
     "DeleteResult", "VersionListResult", "Retention", "VERSIONING_STATES", "LOCK_MODES", "TenantInfo",
-    "AccessKeyInfo", "DEFAULT_TENANT", "ETAG_POLICIES", "DeleteConditions", "SnapshotInfo", "SnapshotDiff",
-    "RestoreResult", "SNAPSHOT_KINDS",
+    "AccessKeyInfo", "DEFAULT_TENANT", "ETAG_POLICIES", "DeleteConditions", "ChunkRecord",
+    "DataPolicy", "DEFAULT_CHUNK_BYTES", "SnapshotInfo", "SnapshotDiff", "RestoreResult", "SNAPSHOT_KINDS",
 ]
 
 #: The tenant that owns buckets made without one, and the node's configured key.
@@ -336,6 +336,80 @@ class AccessKeyInfo:
     tenant: str
     created: float
     revoked: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRecord:
+    """One chunk of object data as the catalog records it.
+
+    A chunk is a run of an object's bytes, stored raw or compressed in a data
+    file (``blobs/ab/cd/<file>``). Chunks of deduplicating buckets are found
+    by ``(domain, digest)`` and shared by every manifest that holds the same
+    bytes; other chunks belong to one manifest.
+
+    Attributes:
+        chunk_id: unique id (random hex; ``<blob_id>`` or ``<blob_id>.<n>`` for
+            chunks that belong to one manifest).
+        file: id of the data file that holds the stored bytes.
+        file_offset: where the stored bytes start in that file, bytes.
+        stored: length of the stored bytes (compressed length when ``codec``), bytes.
+        size: length of the chunk's data, bytes.
+        codec: ``""`` (raw), ``"lz4"`` or ``"zstd"``.
+        digest: BLAKE3 (32 bytes) or xxh3-128 (16 bytes) of the data; for a raw
+            chunk that belongs to one manifest, xxh3-128 of ``sums``.
+        sums: xxh3-64 (little-endian, 8 bytes each) of every 64 KiB block of the
+            stored bytes (the last block may be short): checked on every read.
+        domain: dedup domain (the owning tenant) of a shared chunk, else ``None``.
+    """
+
+    chunk_id: str
+    file: str
+    file_offset: int
+    stored: int
+    size: int
+    codec: str
+    digest: bytes
+    sums: bytes
+    domain: str | None = None
+
+
+#: Chunk size of a bucket's data unless it asks otherwise, bytes.
+DEFAULT_CHUNK_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class DataPolicy:
+    """How a bucket stores object data (its data services). Set with
+    :meth:`gpufeed.engine.Engine.set_bucket_data`; applies to versions written
+    afterwards (stored data keeps the form it was written in).
+
+    Attributes:
+        compression: ``"off"``, ``"lz4"`` or ``"zstd"``: per chunk, and a chunk that
+            does not shrink by at least 3 % is kept raw.
+        level: zstd level (1-19).
+        dedup: store identical chunks once across every object and version of
+            the buckets of the same tenant that also deduplicate.
+        chunking: ``"fixed"`` (``chunk_bytes`` each) or ``"cdc"`` (content-defined,
+            FastCDC, average ``chunk_bytes``, for dedup across shifted data).
+        chunk_bytes: chunk size (fixed) or average chunk size (cdc), bytes;
+            64 KiB-64 MiB (cdc: 64 KiB-1 MiB).
+        digest: ``"blake3"`` or ``"xxh3"`` (xxh3-128, faster, not cryptographic):
+            the digest a deduplicated chunk is found by.
+        verify: check every chunk read against its block sums (``False``: raw
+            speed, unchecked reads; bucket stats say so).
+
+    A raw (uncompressed) object in a bucket that does not deduplicate is one
+    chunk in one data file, whatever ``chunk_bytes``: it reads and maps like a
+    plain file.
+    """
+
+    compression: str = "off"
+    level: int = 3
+    dedup: bool = False
+    chunking: str = "fixed"
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    digest: str = "blake3"
+    verify: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,12 @@ GET    ``quotas/SCOPE/NAME`` (``tenant|bucket``)  ``{"scope", "name", "quota_byt
                                                 "stored_bytes", "stored_versions"}``
 PUT    ``quotas/SCOPE/NAME`` ``{"bytes", "objects"}`` the same, after the change (a limit left out is kept)
 GET    ``buckets/NAME/stats``                   :func:`bucket_report`
+GET    ``buckets/NAME/data``                    the bucket's data policy (``DataPolicy`` fields)
+PUT    ``buckets/NAME/data`` ``{field: value}`` the same, after the change (fields left out are kept)
+GET    ``data``                                 :meth:`~gpufeed.engine.Engine.node_data_stats`
+GET    ``damaged``                              ``{"chunks": Engine.damaged_chunks()}``
+GET    ``scrub``                                the scrub status (``ScrubRunner.status``)
+POST   ``scrub`` ``{"rate"}`` (bytes/s, 0 none)  starts a scrub unless one runs; ``{"started", ...status}``
 ====== ======================================== =====================================
 
 Bucket snapshots (``buckets/NAME/snapshots...``, ``buckets/NAME/snapshot-schedule``)
@@ -36,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from ..errors import AccessDenied, GpufeedError, MalformedXML, MethodNotAllowed, NoSuchKey
+from ..errors import AccessDenied, GpufeedError, InvalidArgument, MalformedXML, MethodNotAllowed, NoSuchKey
 from ._admin_snapshots import is_snapshot_call, snapshot_call
 from ._auth import AuthResult
 from ._context import Services
@@ -138,7 +144,24 @@ async def _dispatch(s: Services, request: web.BaseRequest, target: Target) -> we
             return _json(await s.call(e.quota, scope, name))
         case ["buckets", name, "stats"] if method == "GET":
             return _json(await s.call(bucket_report, e, name))
+        case ["buckets", name, "data"] if method == "GET":
+            return _json(dataclasses.asdict(await s.call(e.bucket_data, name)))
+        case ["buckets", name, "data"] if method == "PUT":
+            body = await _body(request)
+            return _json(dataclasses.asdict(await s.call(lambda: e.set_bucket_data(name, **body))))
+        case ["data"] if method == "GET":
+            return _json(await s.call(e.node_data_stats))
+        case ["damaged"] if method == "GET":
+            return _json({"chunks": await s.call(e.damaged_chunks)})
+        case ["scrub"] if method == "GET":
+            return _json(e.scrubber.status())
+        case ["scrub"] if method == "POST":
+            rate = (await _body(request)).get("rate", 0)
+            if not isinstance(rate, (int, float)) or rate < 0:
+                raise InvalidArgument("rate is bytes per second, >= 0")
+            started = e.scrubber.start(float(rate))
+            return _json({"started": started, **e.scrubber.status()})
         case (["tenants"] | ["tenants", _] | ["tenants", _, "stats" | "keys"] | ["keys"] | ["keys", _]
-              | ["quotas", _, _] | ["buckets", _, "stats"]):
+              | ["quotas", _, _] | ["buckets", _, "stats" | "data"] | ["data"] | ["damaged"] | ["scrub"]):
             raise MethodNotAllowed(f"{method} is not allowed on {target.path}")
     raise NoSuchKey(f"no admin call {target.path}")

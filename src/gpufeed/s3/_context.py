@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -170,18 +169,17 @@ class Services:
         return data
 
     async def open_object(self, bucket: str, key: str, version_id: str | None = None):
-        """The current version (or the version ``version_id``) and its data file
-        opened for reading (the engine retries a version replaced between lookup
-        and open, so a reader racing overwriters never sees a spurious 404). The
-        file is a duplicate of the engine's cached descriptor (shared with the
-        fast path), so closing it closes only this reader's copy. Returns
-        ``(info, file)``."""
+        """The current version (or the version ``version_id``) opened for
+        reading (the engine retries a version replaced between lookup and open,
+        so a reader racing overwriters never sees a spurious 404). Returns
+        ``(info, handle)``: an :class:`~gpufeed.engine.ObjectHandle` whose
+        reads are checked; the caller closes it."""
         return await self.call(self.open_dup, bucket, key, version_id)
 
     def open_dup(self, bucket: str, key: str, version_id: str | None = None, snapshot: str | None = None):
         """:meth:`open_object`, blocking (for code already on the worker pool)."""
-        with self.engine.open_version(bucket, key, version_id, snapshot=snapshot) as h:
-            return h.info, os.fdopen(os.dup(h.fd), "rb")
+        h = self.engine.open_version(bucket, key, version_id, snapshot=snapshot)
+        return h.info, h
 
     # upload bodies ---------------------------------------------------------------
     async def receive(self, req: S3Request, pending, commit, *, compute: tuple[str, ...] = ()):

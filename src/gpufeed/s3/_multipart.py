@@ -8,7 +8,6 @@ User Guide, and the operations of the same names in the API Reference.
 from __future__ import annotations
 
 import base64
-import os
 from urllib.parse import quote
 
 from aiohttp import web
@@ -246,14 +245,10 @@ async def upload_part_copy(s: Services, req: S3Request, ep: UploadPartCopy) -> w
             algorithm = _created_checksum(_find_upload(s, ep.bucket, ep.key, ep.upload_id))[0]
             pending = s.engine.begin_part(ep.bucket, ep.key, ep.upload_id, ep.part_number)
             with pending:
-                done = 0
-                while done < count:
-                    n = pending.write_from_fd(fobj.fileno(), offset + done, count - done)
-                    if n <= 0:
-                        raise InternalError("source object is shorter than its catalog size")
-                    done += n
-                checksums = {algorithm: _range_checksum(fobj.fileno(), offset, count, algorithm)} \
-                    if algorithm else {}
+                hasher = new_hasher(algorithm) if algorithm else None
+                if fobj.copy_to(pending, offset, count, hasher) < count:
+                    raise InternalError("source object is shorter than its catalog size")
+                checksums = {algorithm: base64.b64encode(hasher.digest()).decode()} if hasher else {}
                 return pending.commit(expected_size=count, checksums=checksums)
 
     part = await s.call(run)
@@ -263,25 +258,6 @@ async def upload_part_copy(s: Services, req: S3Request, ep: UploadPartCopy) -> w
     for alg, value in part.checksums.items():
         sub(root, CHECKSUM_ELEMENT[alg], value)
     return s.xml(root, headers=versions)
-
-
-def _range_checksum(fd: int, offset: int, count: int, algorithm: str) -> str:
-    """Base64 ``algorithm`` checksum of ``count`` bytes of ``fd`` from ``offset``
-    (blocking; the part an UploadPartCopy made, for an upload created with a
-    checksum algorithm).
-
-    Raises:
-        InternalError: the file is shorter than ``offset + count``.
-    """
-    hasher = new_hasher(algorithm)
-    done = 0
-    while done < count:
-        chunk = os.pread(fd, min(count - done, 4 << 20), offset + done)  # 4 MiB reads
-        if not chunk:
-            raise InternalError("source object is shorter than its catalog size")
-        hasher.update(chunk)
-        done += len(chunk)
-    return base64.b64encode(hasher.digest()).decode()
 
 
 def _complete_parts(data: bytes) -> list[tuple[int, str, dict[str, str]]]:

@@ -87,11 +87,12 @@ def read_headers(engine: Engine, info: ObjectInfo) -> dict[str, str]:
 
 def read_version(s: Services, bucket: str, key: str, version_id: str | None, *,
                  open_file: bool, snapshot: str | None = None):
-    """Look a version up (and open its data file) with its :func:`read_headers`,
+    """Look a version up (and open it for reading) with its :func:`read_headers`,
     in one blocking call for the worker pool.
 
     Returns:
-        ``(info, file or None, headers)``; the caller closes the file.
+        ``(info, handle or None, headers)``; the caller closes the
+        :class:`~gpufeed.engine.ObjectHandle`.
 
     Raises:
         NoSuchBucket, NoSuchKey, NoSuchVersion, MethodNotAllowed, InvalidArgument,

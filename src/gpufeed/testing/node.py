@@ -38,6 +38,7 @@ class NodeProcess:
         proc: the ``subprocess.Popen``.
         log_path: file receiving the node's stderr.
         warnings: the ``"warnings"`` of its start-up line.
+        metrics_url: ``http://127.0.0.1:PORT`` of its metrics port, or ``None`` (none served).
     """
 
     s3_url: str
@@ -49,6 +50,7 @@ class NodeProcess:
     proc: subprocess.Popen
     log_path: Path
     warnings: tuple[str, ...] = ()
+    metrics_url: str | None = None
 
     @property
     def pid(self) -> int:
@@ -167,6 +169,7 @@ def start_node(data_dir: str | Path, *, extra_args: list[str] | None = None,
         # null when the secret was given (not printed): then it is the one passed in
         secret_key=info["secret_key"] or _given_secret(extra_args or [], {**os.environ, **(env or {})}),
         data_dir=data_dir, proc=proc, log_path=log_path, warnings=tuple(info.get("warnings", ())),
+        metrics_url=info.get("metrics"),
     )
 
 

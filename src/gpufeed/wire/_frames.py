@@ -302,26 +302,30 @@ class FrameIO:
         with self.send_lock:
             socket.send_fds(self.sock, [frame], [fd])
 
-    def reply_with_files(self, op: int, rid: int, obj,
-                         extents: list[tuple[int, int, int]]) -> None:
-        """Send a reply whose payload is file bytes, by ``sendfile`` (no copy).
+    def reply_with_files(self, op: int, rid: int, obj, extents: list) -> None:
+        """Send a reply whose payload is file bytes, by ``sendfile`` (no copy),
+        and buffers.
 
         Args:
             op: the request op.
             rid: the request id.
             obj: the reply metadata.
-            extents: ``(fd, offset, length)`` of each piece of the payload, in order.
+            extents: each piece of the payload, in order: ``(fd, offset, length)``
+                of a file (sent by ``sendfile``) or a ``memoryview``.
 
         Raises:
             InternalError: a file ended before its extent.
             OSError: the socket failed (``BlockingIOError`` after the send timeout).
         """
-        payload = sum(e[2] for e in extents)
+        payload = sum(len(e) if isinstance(e, memoryview) else e[2] for e in extents)
         meta = p.encode(obj)
         with self.send_lock:
             self.sock.sendall(p.pack_header(op | p.REPLY, len(meta), rid, payload) + meta)
-            for fd, offset, count in extents:
-                self._sendfile_all(fd, offset, count)
+            for e in extents:
+                if isinstance(e, memoryview):
+                    self.sock.sendall(e)
+                else:
+                    self._sendfile_all(*e)
 
     def _sendfile_all(self, fd: int, offset: int, count: int) -> None:
         out = self.sock.fileno()

@@ -26,15 +26,12 @@ from ..store import OffsetByteRequest, RangeByteRequest, resolve_range
 from . import protocol as p
 from ._conn import Connection, Handler
 from ._lending import Lending
-from ._reads import ReadTask, SplitReader, read_task
+from ._reads import SplitReader, piece_digests
 
 __all__ = ["Ops"]
 
 #: A GETV batch of at least this many bytes is served by the split pool in parallel.
 GETV_PARALLEL_BYTES = 4 << 20  # 4 MiB
-#: Target bytes of one read task of a GETV item that asks for digests: whole
-#: digest pieces, each hashed right after it lands (while it is in the CPU cache).
-DIGEST_TASK_BYTES = 4 << 20  # 4 MiB
 #: Bytes a region PUT hands the engine per write.
 PUT_STEP_BYTES = 64 << 20  # 64 MiB
 
@@ -162,20 +159,20 @@ class Ops:
             os.close(fd)
 
     def get(self, conn: Connection, rid: int, req: p.Get) -> None:
-        """One range of an object version: sent by ``sendfile`` (TCP) or read into a
-        region (shm)."""
+        """One range of an object version, checked against its block sums before
+        the reply says it is good: sent by ``sendfile`` (TCP) or read into a
+        region (shm). Damage is an error reply; the connection stays usable."""
         self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
         h = self.engine.open_version(req.bucket, req.key, req.version_id, snapshot=req.snapshot)
-        info, f = h.info, h
+        info = h.info
         try:
             start, n = _extent(req, info.size)
             if req.region == -1:
-                conn.reply_with_files(p.Op.GET, rid, p.GetReply(info.size, n, info.etag),
-                                      [(f.fd, start, n)])
+                conn.reply_with_files(p.Op.GET, rid, p.GetReply(info.size, n, info.etag), h.extents(start, n))
                 return
             dest = conn.memory.region(req.region).view(req.region_offset, n)
             try:
-                got = self.reader.read_into(f.fd, dest, start)
+                got = h.run(h.steps(dest, start), self.reader.run_steps)
             finally:
                 dest.release()
             conn.reply(p.Op.GET, rid, p.GetReply(info.size, got, info.etag))
@@ -204,45 +201,38 @@ class Ops:
 
     def _plan_item(self, conn: Connection, batch: "_Batch", i: int, item: p.Get) -> None:
         """Open item ``i`` of a GETV (once per object version in the batch) and plan
-        its read: a TCP extent, or region read tasks (an item that asks for digests
-        is cut into whole pieces of about :data:`DIGEST_TASK_BYTES`)."""
+        its read: checked TCP pieces, or region read steps (an item that asks for
+        digests gets them over what landed)."""
         name = (item.bucket, item.key, item.version_id, item.snapshot)
-        f = batch.opened.get(name)
-        if f is None:  # authorized and acquired once for the whole batch
+        h = batch.opened.get(name)
+        if h is None:  # authorized and acquired once for the whole batch
             self.allow(conn, READ if item.version_id is None else READ_VERSION, item.bucket, item.key)
-            f = batch.opened[name] = self.engine.open_version(*name[:3], snapshot=item.snapshot)
-        info = f.info
-        start, n = _extent(item, info.size)
+            h = batch.opened[name] = self.engine.open_version(*name[:3], snapshot=item.snapshot)
+        start, n = _extent(item, h.info.size)
         if item.region == -1:
-            batch.extents.append((f.fd, start, n))
+            batch.extents += h.extents(start, n)
         else:
             dest = conn.memory.region(item.region).view(item.region_offset, n)
             batch.views.append(dest)
-            if item.digest > 0:
-                batch.digests[i] = []
-                step = item.digest * max(1, DIGEST_TASK_BYTES // item.digest)
-                for o in range(0, max(n, 1), step):
-                    batch.tasks.append((i, f.fd, dest[o:o + step], start + o, item.digest))
-            else:
-                batch.tasks.append((i, f.fd, dest, start, 0))
+            batch.items.append((i, h, h.steps(dest, start), item.digest, dest))
         batch.results[i] = n
 
     def _read_batch(self, batch: "_Batch") -> None:
-        """Run a GETV's region reads (in parallel when large) and count what landed."""
-        tasks = batch.tasks
-        if not tasks:
+        """Run a GETV's region reads (in parallel when large); an item whose data
+        fails its check fails alone."""
+        items = batch.items
+        if not items:
             return
-        for t in tasks:
-            batch.results[t[0]] = 0
-        total = sum(len(t[2]) for t in tasks)
-        if total >= GETV_PARALLEL_BYTES and len(tasks) > 1:
-            outs = self.reader.run_tasks(tasks)
-        else:
-            outs = [read_task(*t[1:]) for t in tasks]
-        for t, (got, sums) in zip(tasks, outs):  # tasks of an item are in order
-            batch.results[t[0]] += got
-            if sums is not None:
-                batch.digests[t[0]] += sums
+        tasks = [(k, st) for k, it in enumerate(items) for st in it[2]]
+        total = sum(len(st.dest) for _, st in tasks)
+        failed = self.reader.run_checked(tasks, parallel=total >= GETV_PARALLEL_BYTES and len(tasks) > 1)
+        for k, (i, h, _steps, digest, dest) in enumerate(items):
+            if k in failed:
+                err = h.damaged(failed[k])
+                batch.results[i] = -1
+                batch.errors[i] = (err.code, err.message)
+            elif digest > 0:
+                batch.digests[i] = piece_digests(dest, digest)
 
     def put_region(self, conn: Connection, rid: int, req: p.Put) -> None:
         """Store an object from bytes in a registered region (shm)."""
@@ -348,25 +338,29 @@ class _Batch:
         n: items in the batch.
     """
 
-    __slots__ = ("results", "errors", "digests", "extents", "tasks", "views", "opened")
+    __slots__ = ("results", "errors", "digests", "extents", "items", "views", "opened")
 
     def __init__(self, n: int) -> None:
         #: bytes of each item (-1 on error), then bytes that landed
         self.results: list[int] = [0] * n
         self.errors: dict[int, tuple[str, str]] = {}
         self.digests: dict[int, list[int]] = {}
-        #: (fd, start, n) of each TCP item, sent in order after the reply
-        self.extents: list[tuple[int, int, int]] = []
-        self.tasks: list[ReadTask] = []
+        #: checked pieces of each TCP item, sent in order after the reply
+        self.extents: list = []
+        #: region items: (index, handle, read steps, digest piece bytes, destination)
+        self.items: list[tuple[int, ObjectHandle, list, int, memoryview]] = []
         self.views: list[memoryview] = []
         #: (bucket, key, version_id, snapshot) -> what the batch opened (each released once at the end)
         self.opened: dict[tuple[str, str, str | None, str | None], ObjectHandle] = {}
 
     def release_views(self) -> None:
         """Release every region view (a released region must not stay exported)."""
-        for v in [t[2] for t in self.tasks] + self.views:
+        for it in self.items:
+            for st in it[2]:
+                st.dest.release()
+        for v in self.views:
             v.release()
-        self.tasks.clear()
+        self.items.clear()
         self.views.clear()
 
 

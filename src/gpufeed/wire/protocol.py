@@ -37,6 +37,7 @@ import hmac
 import os
 import struct
 from enum import IntEnum
+from typing import Any
 
 import msgspec
 
@@ -329,7 +330,9 @@ class BucketsReply(msgspec.Struct, array_like=True, frozen=True):
 
 class BucketStats(msgspec.Struct, array_like=True, frozen=True):
     """A bucket's policy and counters (``Engine.bucket_stats``): live object
-    ``bytes`` and ``objects``; objects dropped for room / by TTL since the node started."""
+    ``bytes`` and ``objects``; objects dropped for room / by TTL since the node
+    started; ``data``: how its data is stored (``Engine.data_stats``: logical and
+    stored bytes, compression, dedup, verification), absent from older nodes."""
 
     kind: str
     capacity_bytes: int
@@ -339,6 +342,7 @@ class BucketStats(msgspec.Struct, array_like=True, frozen=True):
     evictions: int
     expirations: int
     etag_policy: str = "md5"
+    data: dict[str, Any] | None = None
 
 
 class ErrorReply(msgspec.Struct, array_like=True, frozen=True):

@@ -1,0 +1,538 @@
+"""The chunk store: an object version's data as chunks in data files.
+
+Layers: an object version row names a *blob id*; the blob id names a manifest
+(its chunks, in order); a chunk is a run of the data, stored raw or compressed
+at an offset of a data file (``blobs/ab/cd/<file>``), with the xxh3-64 sum of
+each 64 KiB block of what is stored (checked on every read, see
+:mod:`._chunkreads`) and a digest of its data (BLAKE3 or xxh3-128).
+
+How a version is cut into chunks depends on its bucket's
+:class:`~gpufeed.engine.DataPolicy`:
+
+- raw, no dedup (the default): one chunk, the whole object, in one data file
+  named after the blob id: the file is the object, byte for byte, so reads
+  are one ``preadv`` and the zero-copy map is one mapping;
+- compressed, no dedup: fixed-size chunks, each compressed (or kept raw when
+  it does not shrink), back to back in one data file per version;
+- dedup: fixed-size or content-defined (FastCDC) chunks, each found by
+  ``(domain, digest)`` (the domain is the bucket's tenant, so no tenant learns
+  another's content) and stored once, one data file per chunk.
+
+Crash safety: data files are written and fsynced before the catalog
+transaction that makes them part of a manifest; a version's data is released
+in a transaction of its own after the version row is gone (its files unlinked
+after that commit). A crash between any two steps leaves either files no
+chunk names or manifests no version names; :meth:`ChunkStore.recover` frees
+both on start, so bytes on disk end equal to the bytes referenced.
+
+A chunk shared by dedup is never freed under a writer that found it: a write
+looks up shared chunks before its transaction and takes its references
+inside it; a chunk that was freed in between is written again from the
+writer's own copy of the data (its temp file is kept until the commit).
+
+This is the engine's own code (the product's storage core); hashing and
+compression are native (xxhash, blake3, lz4, zstandard through :mod:`._codecs`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import xxhash
+
+from ..errors import InternalError, InvalidArgument, StorageFull
+from ._blobs import BlobFiles, new_id, remove_quietly, write_all
+from ._chunkreads import SUM_BLOCK, Manifest, ManifestCache
+from ._codecs import block_sums, cdc_cuts, chunk_digest, compress_chunk
+from .catalog import Catalog, CatalogWriter
+from .types import ChunkRecord, DataPolicy
+
+__all__ = ["ChunkStore", "Staged", "parse_policy", "policy_json"]
+
+log = logging.getLogger("gpufeed.engine")
+
+_READ_BYTES = 8 << 20  # read size when summing or cutting a temp file
+_MIN_CHUNK, _MAX_CHUNK = 64 << 10, 64 << 20
+_MAX_CDC_AVG = 1 << 20
+#: Name of the bucket configuration that holds a bucket's DataPolicy (JSON).
+POLICY_CONFIG = "data"
+
+
+def parse_policy(doc: dict) -> DataPolicy:
+    """A :class:`DataPolicy` from its JSON form (unknown or bad fields refused).
+
+    Raises:
+        InvalidArgument: a field is unknown or out of range.
+    """
+    known = set(DataPolicy.__dataclass_fields__)
+    extra = set(doc) - known
+    if extra:
+        raise InvalidArgument(f"unknown data settings: {', '.join(sorted(extra))}")
+    p = DataPolicy(**doc)
+    if p.compression not in ("off", "lz4", "zstd"):
+        raise InvalidArgument(f"compression must be off, lz4 or zstd, not {p.compression!r}")
+    if not isinstance(p.level, int) or not 1 <= p.level <= 19:
+        raise InvalidArgument("zstd level must be 1-19")
+    if p.chunking not in ("fixed", "cdc"):
+        raise InvalidArgument(f"chunking must be fixed or cdc, not {p.chunking!r}")
+    hi = _MAX_CDC_AVG if p.chunking == "cdc" else _MAX_CHUNK
+    if not isinstance(p.chunk_bytes, int) or not _MIN_CHUNK <= p.chunk_bytes <= hi:
+        raise InvalidArgument(f"chunk size must be {_MIN_CHUNK} to {hi} bytes for {p.chunking} chunking")
+    if p.chunk_bytes % SUM_BLOCK and p.chunking == "fixed":
+        raise InvalidArgument(f"a fixed chunk size must be a multiple of {SUM_BLOCK} bytes")
+    if p.digest not in ("blake3", "xxh3"):
+        raise InvalidArgument(f"digest must be blake3 or xxh3, not {p.digest!r}")
+    if not isinstance(p.dedup, bool) or not isinstance(p.verify, bool):
+        raise InvalidArgument("dedup and verify are true or false")
+    return p
+
+
+def policy_json(p: DataPolicy) -> str:
+    """The JSON form of a :class:`DataPolicy` (what the catalog stores)."""
+    return json.dumps(asdict(p), sort_keys=True)
+
+
+def _sums_digest(sums: bytes) -> bytes:
+    """Digest of a chunk that belongs to one manifest: xxh3-128 of its block sums."""
+    return xxhash.xxh3_128_digest(sums)
+
+
+@dataclass
+class Staged:
+    """The data of one new version, in data files, not yet in the catalog.
+
+    Attributes:
+        blob_id: the version's blob (manifest) id.
+        size: data bytes.
+        chunk_ids: the manifest, in order.
+        new: chunks to add: ``chunk_id -> (record, references)``.
+        reused: shared chunks found before the commit: ``chunk_id -> references``.
+        spans: where each reused chunk's bytes are in ``tmp`` (to write it again
+            if it was freed before the commit): ``chunk_id -> (offset, length)``.
+        paths: data files written (removed if the write is abandoned).
+        tmp: the temp file still kept (dedup), removed after the commit.
+        domain: dedup domain.
+        policy: the bucket's data policy.
+    """
+
+    blob_id: str
+    size: int
+    chunk_ids: list[str] = field(default_factory=list)
+    new: dict[str, tuple[ChunkRecord, int]] = field(default_factory=dict)
+    reused: Counter = field(default_factory=Counter)
+    spans: dict[str, tuple[int, int]] = field(default_factory=dict)
+    paths: list[str] = field(default_factory=list)
+    tmp: str | None = None
+    domain: str | None = None
+    policy: DataPolicy = field(default_factory=DataPolicy)
+
+
+class ChunkStore:
+    """Chunks, manifests and data files of one engine.
+
+    Args:
+        files: the data folder.
+        catalog: the catalog.
+        capacity_bytes: most bytes of data files the folder may hold (0: no
+            limit but the disk's); writes past it raise StorageFull.
+    """
+
+    def __init__(self, files: BlobFiles, catalog: Catalog, capacity_bytes: int = 0) -> None:
+        self.files = files
+        self._cat = catalog
+        self.capacity_bytes = capacity_bytes
+        self.manifests = ManifestCache()
+        self._policies: dict[str, DataPolicy] = {}
+        self._lock = threading.Lock()
+        _, stored, _ = catalog.chunk_totals()
+        #: Bytes of data files the catalog's chunks occupy (kept current by writes and frees).
+        self.stored_bytes = stored
+        #: Reads that failed their check since start (a metric).
+        self.damaged_reads = 0
+        #: Ids of chunks marked damaged (reads of them fail without reading).
+        self.damaged: set[str] = set(catalog.damaged_chunks())
+
+    # policies -------------------------------------------------------------------
+    def policy(self, bucket: str) -> DataPolicy:
+        """The data policy of ``bucket`` (default when it has none)."""
+        p = self._policies.get(bucket)
+        if p is None:
+            doc = self._cat.bucket_config(bucket, POLICY_CONFIG)
+            p = parse_policy(json.loads(doc)) if doc else DataPolicy()
+            self._policies[bucket] = p
+        return p
+
+    def forget_policy(self, bucket: str) -> None:
+        """Drop the cached policy of ``bucket`` (it changed, or the bucket went)."""
+        self._policies.pop(bucket, None)
+
+    # names ----------------------------------------------------------------------
+    def file_path(self, file_id: str) -> str:
+        """Absolute path of data file ``file_id``."""
+        return self.files.blob_path(file_id)
+
+    def manifest(self, blob_id: str) -> Manifest | None:
+        """The manifest of ``blob_id`` (cached), or ``None`` when it has none."""
+        m = self.manifests.get(blob_id)
+        if m is None:
+            got = self._cat.manifest(blob_id)
+            if got is None:
+                return None
+            m = Manifest.of(blob_id, got[0], got[1])
+            self.manifests.put(m)
+        return m
+
+    def manifest_alive(self, blob_id: str) -> bool:
+        """Whether the catalog still has the manifest ``blob_id``."""
+        return self._cat.manifest(blob_id) is not None
+
+    # writing --------------------------------------------------------------------
+    def check_room(self, nbytes: int) -> None:
+        """Refuse a write of ``nbytes`` more bytes when it would pass the capacity.
+
+        Raises:
+            StorageFull: it would.
+        """
+        if self.capacity_bytes and self.stored_bytes + nbytes > self.capacity_bytes:
+            raise StorageFull(f"the data folder is full: {self.stored_bytes} of {self.capacity_bytes} bytes "
+                              f"used, {nbytes} more needed")
+
+    def stage(self, tmp: str, size: int, policy: DataPolicy, domain: str) -> Staged:
+        """Turn a finished (fsynced) temp file of ``size`` bytes into data files.
+
+        The temp file is consumed: renamed into place (raw), or removed (or kept
+        in :attr:`Staged.tmp` until the commit, for dedup).
+
+        Raises:
+            StorageFull: the data would pass the capacity (or the disk is full).
+            InternalError: the file system failed.
+        """
+        st = Staged(new_id(), size, policy=policy, domain=domain if policy.dedup else None)
+        try:
+            if size == 0:
+                remove_quietly(tmp)
+            elif policy.dedup:
+                self._stage_dedup(st, tmp)
+            elif policy.compression != "off":
+                self._stage_packed(st, tmp)
+            else:
+                self._stage_raw(st, tmp)
+        except OSError as exc:
+            self.discard(st)
+            remove_quietly(tmp)
+            if exc.errno == 28:  # ENOSPC
+                raise StorageFull(f"the disk of the data folder is full: {exc}") from exc
+            raise InternalError(f"storing the data failed: {exc}") from exc
+        except BaseException:
+            self.discard(st)
+            remove_quietly(tmp)
+            raise
+        return st
+
+    def _stage_raw(self, st: Staged, tmp: str) -> None:
+        self.check_room(st.size)
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            sums = _file_sums(fd, 0, st.size)
+        finally:
+            os.close(fd)
+        st.paths.append(self.files.publish_blob(tmp, st.blob_id))
+        rec = ChunkRecord(st.blob_id, st.blob_id, 0, st.size, st.size, "", _sums_digest(sums), sums)
+        st.new[rec.chunk_id] = (rec, 1)
+        st.chunk_ids.append(rec.chunk_id)
+
+    def _stage_packed(self, st: Staged, tmp: str) -> None:
+        """Compressed chunks back to back in one data file named after the blob id."""
+        p = st.policy
+        src = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        out_fd, out_tmp = self.files.new_temp()
+        st.paths.append(out_tmp)
+        try:
+            buf = memoryview(bytearray(p.chunk_bytes))
+            pos = written = 0
+            while pos < st.size:
+                n = min(p.chunk_bytes, st.size - pos)
+                view = buf[:n]
+                if _pread_all(src, view, pos) < n:
+                    raise InternalError("temp file is shorter than the bytes written")
+                packed = compress_chunk(view, p.compression, p.level)
+                stored = memoryview(packed) if packed is not None else view
+                self.check_room(written + len(stored))
+                write_all(out_fd, stored, written)
+                sums = block_sums(stored, SUM_BLOCK)
+                cid = f"{st.blob_id}.{len(st.chunk_ids)}"
+                rec = ChunkRecord(cid, st.blob_id, written, len(stored), n, p.compression if packed else "",
+                                  _sums_digest(sums), sums)
+                st.new[cid] = (rec, 1)
+                st.chunk_ids.append(cid)
+                written += len(stored)
+                pos += n
+            if self.files.fsync:
+                os.fsync(out_fd)
+        finally:
+            os.close(src)
+            os.close(out_fd)
+        st.paths[-1] = self.files.publish_blob(out_tmp, st.blob_id)
+        remove_quietly(tmp)
+
+    def _stage_dedup(self, st: Staged, tmp: str) -> None:
+        """Shared chunks: each found by digest, or written to a data file of its own."""
+        import mmap
+        p = st.policy
+        st.tmp = tmp
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            with mmap.mmap(fd, st.size, prot=mmap.PROT_READ) as mm:
+                whole = memoryview(mm)
+                try:
+                    if p.chunking == "cdc":
+                        cuts = cdc_cuts(whole, max(_MIN_CHUNK // 4, p.chunk_bytes // 4), p.chunk_bytes,
+                                        p.chunk_bytes * 4)
+                    else:
+                        cuts = list(range(p.chunk_bytes, st.size, p.chunk_bytes)) + [st.size]
+                    pos = 0
+                    local: dict[bytes, str] = {}
+                    for cut in cuts:
+                        self._stage_shared(st, whole[pos:cut], pos, local)
+                        pos = cut
+                finally:
+                    whole.release()
+        finally:
+            os.close(fd)
+
+    def _stage_shared(self, st: Staged, view: memoryview, pos: int, local: dict[bytes, str]) -> None:
+        p = st.policy
+        assert st.domain is not None
+        digest = chunk_digest(view, p.digest)
+        cid = local.get(digest)
+        if cid is None:
+            found = self._cat.find_chunk(st.domain, digest)
+            if found is not None:
+                cid = found.chunk_id
+                st.spans[cid] = (pos, len(view))
+            else:
+                rec = self._write_chunk(st, view, digest)
+                cid = rec.chunk_id
+                st.new[cid] = (rec, 0)
+            local[digest] = cid
+        if cid in st.new:
+            rec, refs = st.new[cid]
+            st.new[cid] = (rec, refs + 1)
+        else:
+            st.reused[cid] += 1
+        st.chunk_ids.append(cid)
+
+    def _write_chunk(self, st: Staged, view: memoryview, digest: bytes) -> ChunkRecord:
+        """Write one shared chunk to a new data file of its own."""
+        p = st.policy
+        packed = compress_chunk(view, p.compression, p.level) if p.compression != "off" else None
+        stored = memoryview(packed) if packed is not None else view
+        self.check_room(sum(r.stored for r, _ in st.new.values()) + len(stored))
+        fd, tmp = self.files.new_temp()
+        try:
+            write_all(fd, stored, 0)
+            if self.files.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        file_id = new_id()
+        st.paths.append(tmp)
+        st.paths[-1] = self.files.publish_blob(tmp, file_id)
+        return ChunkRecord(file_id, file_id, 0, len(stored), len(view), p.compression if packed else "",
+                           digest, block_sums(stored, SUM_BLOCK), st.domain)
+
+    def commit(self, w: CatalogWriter, st: Staged) -> None:
+        """Record a staged version's chunks and manifest inside the write
+        transaction ``w`` (call :meth:`finish` after it commits).
+
+        Raises:
+            StorageFull: the data would pass the capacity.
+        """
+        added = 0
+        for cid, (rec, refs) in list(st.new.items()):
+            if rec.domain is not None:
+                other = w.find_chunk(rec.domain, rec.digest)
+                if other is not None:  # a concurrent write stored the same chunk first
+                    w.add_chunk_refs(other.chunk_id, refs)
+                    st.chunk_ids = [other.chunk_id if c == cid else c for c in st.chunk_ids]
+                    w.on_commit(functools.partial(remove_quietly, self.file_path(rec.file)))
+                    continue
+            w.insert_chunk(rec, refs)
+            added += rec.stored
+        for cid, n in st.reused.items():
+            if not w.add_chunk_refs(cid, n):  # freed since it was found: store it again
+                rec = self._rewrite(st, cid)
+                w.insert_chunk(rec, n)
+                added += rec.stored
+                st.chunk_ids = [rec.chunk_id if c == cid else c for c in st.chunk_ids]
+        self.check_room(added)
+        w.insert_manifest(st.blob_id, st.size, st.chunk_ids)
+
+        def done() -> None:
+            with self._lock:
+                self.stored_bytes += added
+        w.on_commit(done)
+
+    def _rewrite(self, st: Staged, cid: str) -> ChunkRecord:
+        off, n = st.spans[cid]
+        assert st.tmp is not None
+        fd = os.open(st.tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            view = memoryview(bytearray(n))
+            _pread_all(fd, view, off)
+        finally:
+            os.close(fd)
+        return self._write_chunk(st, view, chunk_digest(view, st.policy.digest))
+
+    def finish(self, st: Staged) -> None:
+        """After the commit: drop the temp file a dedup write kept."""
+        if st.tmp is not None:
+            remove_quietly(st.tmp)
+            st.tmp = None
+
+    def discard(self, st: Staged) -> None:
+        """Remove the data files of a write that was not committed."""
+        for path in st.paths:
+            remove_quietly(path)
+        st.paths = []
+        self.finish(st)
+
+    # freeing --------------------------------------------------------------------
+    def release(self, blob_ids: list[str]) -> None:
+        """Free the data of versions whose rows are gone: each manifest no row
+        names any more is dropped with its references; chunks left without
+        references are deleted and their data files unlinked after the commit
+        (open descriptors keep them readable to readers that hold them)."""
+        if not blob_ids:
+            return
+        with self._cat.write() as w:
+            files: list[str] = []
+            gone: list[str] = []
+            for b in blob_ids:
+                if b and not w.blob_referenced(b):
+                    files += w.release_manifest(b)
+                    gone.append(b)
+            def done() -> None:
+                self.manifests.forget(gone)
+                self._unlink(files)
+            w.on_commit(done)
+
+    def _unlink(self, files: list[str]) -> None:
+        freed = 0
+        for f in files:
+            path = self.file_path(f)
+            try:
+                freed += os.stat(path).st_size
+            except OSError:
+                pass
+            remove_quietly(path)
+        self.files.open_files.forget(files)
+        with self._lock:
+            self.stored_bytes = max(0, self.stored_bytes - freed)
+
+    def report_damage(self, chunk_id: str, reason: str, *, counted: bool = True) -> None:
+        """Mark a chunk damaged in the catalog, count the failed read
+        (``counted``; scrub's findings are not reads) and log it (once per chunk)."""
+        with self._lock:
+            if counted:
+                self.damaged_reads += 1
+            first = chunk_id not in self.damaged
+            self.damaged.add(chunk_id)
+        if first:
+            if counted:  # scrub logs one summary of what it found
+                log.error("chunk %s is damaged: %s", chunk_id, reason)
+            try:
+                with self._cat.write() as w:
+                    w.mark_damaged(chunk_id, reason, time.time())
+            except InternalError as exc:
+                log.error("could not record damaged chunk %s: %s", chunk_id, exc.message)
+
+    def clear_damage(self, chunk_id: str) -> None:
+        """A chunk marked damaged checks out again (or was repaired): clear the mark."""
+        with self._cat.write() as w:
+            w.clear_damaged(chunk_id)
+        with self._lock:
+            self.damaged.discard(chunk_id)
+
+    # recovery -------------------------------------------------------------------
+    def recover(self) -> dict[str, int]:
+        """On start: give data written one file per version a manifest (summing
+        its file), free manifests no version names, then delete data files no
+        chunk names.
+
+        Returns:
+            Counts: ``{"adopted": n, "missing": n, "orphan_manifests": n}``.
+        """
+        counts = {"adopted": 0, "missing": 0, "orphan_manifests": 0}
+        legacy = self._cat.unmanifested_blobs()
+        if legacy:
+            counts.update(self._adopt(legacy))
+        orphans = self._cat.orphan_manifests()
+        if orphans:
+            counts["orphan_manifests"] = len(orphans)
+            self.release(orphans)
+        return counts
+
+    def _adopt(self, blobs: list[tuple[str, int]]) -> dict[str, int]:
+        """Manifests for versions stored one plain file each: one raw chunk of the
+        catalog's size over the file (a missing or short file then reads as damaged)."""
+        adopted = missing = 0
+        with self._cat.write() as w:
+            for b, want in blobs:
+                path = self.file_path(b)
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    fd = -1
+                if fd < 0:
+                    missing += 1
+                    rec = ChunkRecord(b, b, 0, want, want, "", b"", b"")
+                    w.insert_chunk(rec, 1)
+                    w.insert_manifest(b, want, [b] if want else [])
+                    w.mark_damaged(b, "data file is missing", time.time())
+                    continue
+                try:
+                    size = os.fstat(fd).st_size
+                    sums = _file_sums(fd, 0, size)
+                finally:
+                    os.close(fd)
+                rec = ChunkRecord(b, b, 0, want, want, "", _sums_digest(sums), sums)
+                w.insert_chunk(rec, 1)
+                w.insert_manifest(b, want, [b] if want else [])
+                adopted += 1
+        if missing:
+            log.error("%d object versions have no data file (marked damaged; see gpufeed scrub)", missing)
+        return {"adopted": adopted, "missing": missing}
+
+
+def _pread_all(fd: int, mv: memoryview, offset: int) -> int:
+    total, n = 0, len(mv)
+    while total < n:
+        got = os.preadv(fd, [mv[total:]], offset + total)
+        if got == 0:
+            break
+        total += got
+    return total
+
+
+def _file_sums(fd: int, offset: int, size: int) -> bytes:
+    """Block sums of ``size`` bytes of ``fd`` from ``offset`` (read in 8 MiB steps)."""
+    buf = memoryview(bytearray(min(size, _READ_BYTES) or 1))
+    out = []
+    pos = 0
+    while pos < size:
+        n = min(len(buf), size - pos)
+        got = _pread_all(fd, buf[:n], offset + pos)
+        out.append(block_sums(buf[:got], SUM_BLOCK))
+        if got < n:
+            break
+        pos += n
+    return b"".join(out)
+

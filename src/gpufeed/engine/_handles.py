@@ -1,0 +1,253 @@
+"""Open object versions: a version's manifest and the shared descriptors of its
+data files, read through the checked steps of :mod:`._chunkreads`.
+
+A data file is immutable and never truncated, so one open descriptor serves
+every reader (see :mod:`._openfiles`); a handle holds a reference to each file
+it touched until :meth:`ObjectHandle.close`, so its version stays readable
+after overwrites and deletes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from ..errors import DamagedObject, InvalidArgument, NoSuchKey
+from ._chunkreads import SUM_BLOCK, ChunkDamage, Manifest, ReadStep, run_step
+from ._openfiles import OpenFile, OpenFiles
+from .types import ObjectInfo
+
+if TYPE_CHECKING:
+    from ._chunks import ChunkStore
+
+__all__ = ["ObjectHandle", "MAX_STEP"]
+
+#: Largest read step; large reads are cut into steps of this size (whole blocks)
+#: so they can run on several threads.
+MAX_STEP = 16 << 20
+#: Largest verified piece :meth:`ObjectHandle.extents` checks at once.
+_EXTENT_STEP = 8 << 20
+
+
+_local = threading.local()
+
+
+def _check_buf(n: int) -> memoryview:
+    """This thread's buffer that checked bytes land in when only the check matters."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or len(buf) < n:
+        buf = _local.buf = memoryview(bytearray(max(n, 1 << 20)))
+    return buf[:n]
+
+
+class ObjectHandle:
+    """An object version opened for reading: its metadata, its manifest and the
+    open data files it needs. Reads are checked against the stored block sums
+    (unless the bucket opted out) before they count as done.
+
+    Use as a context manager or call :meth:`close`.
+
+    Attributes:
+        info: the version's metadata (:class:`~gpufeed.engine.ObjectInfo`).
+        manifest: its chunks (:class:`~gpufeed.engine._chunkreads.Manifest`).
+        verify: whether reads are checked.
+        fd: the one data file's descriptor when the object is one raw chunk at
+            the start of one file (file offsets are object offsets), else -1;
+            never close it yourself.
+    """
+
+    __slots__ = ("info", "manifest", "verify", "fd", "_files", "_held", "_store")
+
+    def __init__(self, info: ObjectInfo, manifest: Manifest, verify: bool, files: OpenFiles,
+                 store: "ChunkStore") -> None:
+        self.info, self.manifest, self.verify = info, manifest, verify
+        self._files, self._store = files, store
+        self._held: dict[str, OpenFile] = {}
+        self.fd = -1
+        if manifest.chunks:
+            first = self.file_fd(0)
+            if manifest.single_file:
+                self.fd = first
+
+    # files ----------------------------------------------------------------------
+    def file_fd(self, index: int) -> int:
+        """The descriptor of chunk ``index``'s data file (opened on first use).
+
+        Raises:
+            DamagedObject: the file is missing or shorter than the chunk.
+            NoSuchKey: the version was deleted before its file was opened.
+        """
+        c = self.manifest.chunks[index]
+        f = self._held.get(c.file)
+        if f is None:
+            try:
+                f = self._files.acquire(c.file, self._store.file_path(c.file))
+            except FileNotFoundError:
+                if self._store.manifest_alive(self.manifest.blob_id):
+                    raise self.damaged(ChunkDamage(c, "data file is missing")) from None
+                raise NoSuchKey(f"{self.info.bucket}/{self.info.key} was deleted while being read",
+                                bucket=self.info.bucket, key=self.info.key) from None
+            self._held[c.file] = f
+            st = os.fstat(f.fd)  # now, not when the cache opened it: the file may have changed since
+            if st.st_nlink == 0 and self._store.manifest_alive(self.manifest.blob_id):
+                raise self.damaged(ChunkDamage(c, "data file was deleted"))
+            f.size = st.st_size
+        if c.file_offset + c.stored > f.size:
+            raise self.damaged(ChunkDamage(c, f"data file has {f.size} bytes, the chunk needs "
+                                              f"{c.file_offset + c.stored}"))
+        return f.fd
+
+    # reads ----------------------------------------------------------------------
+    def steps(self, dest: memoryview, start: int, max_step: int = MAX_STEP) -> list[ReadStep]:
+        """Plan a read of ``len(dest)`` bytes from object offset ``start`` into
+        ``dest`` (a byte view; the caller clipped it to the object): one step per
+        chunk touched, raw ranges cut at block boundaries into steps of at most
+        ``max_step`` bytes.
+
+        Raises:
+            DamagedObject: a data file is missing or short.
+        """
+        m = self.manifest
+        out: list[ReadStep] = []
+        n = len(dest)
+        if n == 0:
+            return out
+        i = m.locate(start)
+        pos = start
+        end = start + n
+        step_len = max(SUM_BLOCK, max_step - max_step % SUM_BLOCK)
+        while pos < end:
+            c = m.chunks[i]
+            if not self.verify and c.chunk_id in self._store.damaged:  # unchecked reads never serve it
+                raise self.damaged(ChunkDamage(c, "the chunk is marked damaged (see gpufeed scrub)"))
+            fd = self.file_fd(i)
+            rel = pos - m.starts[i]
+            stop = min(end, m.starts[i] + c.size)
+            while pos < stop:
+                cut = stop if c.codec else min(stop, m.starts[i] + (rel // step_len + 1) * step_len)
+                out.append(ReadStep(fd, c, m.sums[i], rel, dest[pos - start:cut - start], self.verify))
+                rel += cut - pos
+                pos = cut
+            i += 1
+        return out
+
+    def run(self, steps: list[ReadStep], runner: Callable[[list[ReadStep]], Iterable[int]] | None = None) -> int:
+        """Run read steps (``runner(steps)`` runs them, e.g. on several threads;
+        default: one after another here).
+
+        Returns:
+            Bytes read.
+
+        Raises:
+            DamagedObject: a chunk failed its check (it is marked damaged); the
+                destination may hold unchecked bytes and must not be used.
+        """
+        try:
+            if runner is None:
+                return sum(run_step(s) for s in steps)
+            return sum(runner(steps))
+        except ChunkDamage as exc:
+            raise self.damaged(exc) from None
+
+    def read_into(self, dest, start: int = 0) -> int:
+        """Read from object offset ``start`` into ``dest`` (a writable buffer), checked.
+
+        Returns:
+            Bytes read: ``min(len(dest), size - start)``.
+
+        Raises:
+            InvalidArgument: negative ``start``.
+            DamagedObject: a chunk failed its check.
+        """
+        if start < 0:
+            raise InvalidArgument("offset must be >= 0")
+        mv = memoryview(dest).cast("B")
+        n = max(0, min(len(mv), self.info.size - start))
+        return self.run(self.steps(mv[:n], start))
+
+    def extents(self, start: int, n: int) -> list:
+        """The bytes ``[start, start + n)`` as pieces to send, each checked first:
+        ``(fd, file_offset, length)`` for raw data (for ``sendfile``) or a
+        ``memoryview`` of decompressed data.
+
+        Raises:
+            DamagedObject: a chunk failed its check.
+        """
+        out: list = []
+        m = self.manifest
+        pos, end = start, start + n
+        while pos < end:
+            i = m.locate(pos)
+            c = m.chunks[i]
+            if not self.verify and c.chunk_id in self._store.damaged:
+                raise self.damaged(ChunkDamage(c, "the chunk is marked damaged (see gpufeed scrub)"))
+            stop = min(end, m.starts[i] + c.size, pos + _EXTENT_STEP)
+            rel = pos - m.starts[i]
+            if c.codec:
+                buf = memoryview(bytearray(stop - pos))
+                self.run([ReadStep(self.file_fd(i), c, m.sums[i], rel, buf, self.verify)])
+                out.append(buf)
+            else:
+                fd = self.file_fd(i)
+                if self.verify:
+                    self.run([ReadStep(fd, c, m.sums[i], rel, _check_buf(stop - pos), True)])
+                if out and not isinstance(out[-1], memoryview) and out[-1][0] == fd \
+                        and out[-1][1] + out[-1][2] == c.file_offset + rel:
+                    out[-1] = (fd, out[-1][1], out[-1][2] + stop - pos)
+                else:
+                    out.append((fd, c.file_offset + rel, stop - pos))
+            pos = stop
+        return out
+
+    def copy_to(self, pending, start: int, n: int, hasher=None) -> int:
+        """Append bytes ``[start, start + n)`` of this version to a
+        :class:`~gpufeed.engine.PendingWrite`, checked first: raw data by kernel
+        copy (``copy_file_range``), other data through memory; with ``hasher``
+        (``update(buffer)``), every byte also passes through it.
+
+        Returns:
+            Bytes appended.
+
+        Raises:
+            DamagedObject: a chunk failed its check.
+        """
+        done = 0
+        if hasher is None:
+            for piece in self.extents(start, n):
+                if isinstance(piece, memoryview):
+                    done += pending.write(piece)
+                else:
+                    done += pending.write_from_fd(*piece)
+            return done
+        buf = memoryview(bytearray(min(n, _EXTENT_STEP) or 1))
+        while done < n:
+            k = self.read_into(buf[:min(len(buf), n - done)], start + done)
+            if k <= 0:
+                break
+            hasher.update(buf[:k])
+            pending.write(buf[:k])
+            done += k
+        return done
+
+    def damaged(self, exc: ChunkDamage) -> DamagedObject:
+        """Record a failed check (the chunk is marked damaged, the node counts it)
+        and return the error to raise."""
+        info = self.info
+        self._store.report_damage(exc.chunk.chunk_id, exc.reason)
+        return DamagedObject(f"{info.bucket}/{info.key}: chunk {exc.chunk.chunk_id} is damaged: {exc.reason}",
+                             chunk=exc.chunk.chunk_id, bucket=info.bucket, key=info.key)
+
+    # lifetime -------------------------------------------------------------------
+    def close(self) -> None:
+        """Let go of the data files (idempotent)."""
+        held, self._held = self._held, {}
+        for f in held.values():
+            self._files.release(f)
+
+    def __enter__(self) -> "ObjectHandle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

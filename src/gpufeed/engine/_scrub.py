@@ -1,0 +1,264 @@
+"""Scrub: read every chunk the catalog names and check it, the way a read does
+(block sums; a compressed chunk must also decompress to its size; a shared
+chunk's data must also match its digest), at a bounded rate.
+
+Damaged and missing chunks are marked in the catalog (reads of them fail at
+once with :class:`~gpufeed.errors.DamagedObject`) and reported with the object
+versions that use them; a chunk marked damaged that now checks out is
+cleared. Data files no chunk names are reported as orphans (they are deleted
+at the next start; scrub never deletes, because a write in progress publishes
+its files before its commit). Repair from a replica needs a second node.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ._chunkreads import SUM_BLOCK, check_stored, chunk_sums
+from ._chunks import ChunkStore
+from ._codecs import chunk_digest, decompress_chunk
+from .catalog import Catalog
+from .types import ChunkRecord
+
+__all__ = ["ScrubReport", "ScrubRunner", "scrub", "check_chunk"]
+
+log = logging.getLogger("gpufeed.engine")
+
+_PAGE = 512  # chunks read from the catalog at a time
+_STEP = 8 << 20  # bytes read at a time
+
+
+@dataclass
+class ScrubReport:
+    """What a scrub found.
+
+    Attributes:
+        chunks: chunks checked.
+        bytes: stored bytes read.
+        seconds: wall time.
+        damaged: ``{"chunk", "reason", "objects": [[bucket, key, version_id], ...]}``
+            of each chunk that failed (missing files included).
+        cleared: chunks marked damaged before that now check out.
+        orphan_files: data files in the folder that no chunk names.
+        complete: the walk reached the end (not stopped).
+    """
+
+    chunks: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    damaged: list[dict] = field(default_factory=list)
+    cleared: list[str] = field(default_factory=list)
+    orphan_files: list[str] = field(default_factory=list)
+    complete: bool = False
+
+    def as_dict(self) -> dict:
+        """JSON-ready form."""
+        return {"chunks": self.chunks, "bytes": self.bytes, "seconds": round(self.seconds, 3),
+                "damaged": self.damaged, "cleared": self.cleared, "orphan_files": self.orphan_files,
+                "complete": self.complete}
+
+
+def check_chunk(store: ChunkStore, c: ChunkRecord) -> str | None:
+    """Read and check one chunk; ``None`` when good, else the reason."""
+    path = store.file_path(c.file)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "data file is missing"
+    try:
+        size = os.fstat(fd).st_size
+        if c.file_offset + c.stored > size:
+            return f"data file has {size} bytes, the chunk needs {c.file_offset + c.stored}"
+        if not c.sums and c.stored:
+            return "the chunk has no block sums"
+        sums = chunk_sums(c)
+        whole = c.codec or c.domain is not None
+        buf = memoryview(bytearray(c.stored if whole else min(c.stored, _STEP)))
+        pos = 0
+        while pos < c.stored:
+            n = min(len(buf), c.stored - pos)
+            view = buf[:n]
+            got = os.preadv(fd, [view], c.file_offset + pos)
+            if got < n:
+                return "data file ended early"
+            bad = check_stored(view, sums, pos // SUM_BLOCK)
+            if bad >= 0:
+                return f"block {bad} does not match its sum"
+            pos += n
+        if c.codec:
+            try:
+                data = decompress_chunk(buf, c.codec, c.size)
+            except Exception as exc:  # noqa: BLE001 - any codec failure is damage
+                return f"{c.codec} data does not decompress: {exc}"
+        else:
+            data = buf
+        if c.domain is not None and chunk_digest(data, "blake3" if len(c.digest) == 32 else "xxh3") != c.digest:
+            return "data does not match its digest"
+        return None
+    except OSError as exc:
+        return f"read failed: {exc}"
+    finally:
+        os.close(fd)
+
+
+def scrub(store: ChunkStore, catalog: Catalog, *, rate_bytes_s: float = 0, stop: threading.Event | None = None,
+          progress: Callable[[int, int], None] | None = None) -> ScrubReport:
+    """Check every chunk once.
+
+    Args:
+        store: the engine's chunk store.
+        catalog: its catalog.
+        rate_bytes_s: most bytes read per second (0: as fast as the disk goes).
+        stop: set it to end the walk early (``complete`` is then False).
+        progress: called with ``(chunks done, bytes done)`` after each chunk.
+
+    Returns:
+        The :class:`ScrubReport`.
+    """
+    rep = ScrubReport()
+    t0 = time.monotonic()
+    known = catalog.damaged_chunks()
+    after = ""
+    while True:
+        page = catalog.scan_chunks(after, _PAGE)
+        for c in page:
+            if stop is not None and stop.is_set():
+                rep.seconds = time.monotonic() - t0
+                return rep
+            reason = check_chunk(store, c)
+            rep.chunks += 1
+            rep.bytes += c.stored
+            if reason is not None:
+                users = [list(u) for u in catalog.chunk_users(c.chunk_id)]
+                rep.damaged.append({"chunk": c.chunk_id, "reason": reason, "objects": users})
+                if c.chunk_id not in known:
+                    store.report_damage(c.chunk_id, reason, counted=False)
+            elif c.chunk_id in known:
+                store.clear_damage(c.chunk_id)
+                rep.cleared.append(c.chunk_id)
+            if progress is not None:
+                progress(rep.chunks, rep.bytes)
+            if rate_bytes_s > 0:
+                ahead = rep.bytes / rate_bytes_s - (time.monotonic() - t0)
+                if ahead > 0:
+                    (stop.wait(ahead) if stop is not None else time.sleep(ahead))
+        if len(page) < _PAGE:
+            break
+        after = page[-1].chunk_id
+    live = catalog.data_files()
+    rep.orphan_files = sorted(f for f in store.files.list_data_files() if f not in live)
+    rep.complete = True
+    rep.seconds = time.monotonic() - t0
+    if rep.damaged:
+        log.error("scrub: %d damaged chunks (%s)", len(rep.damaged),
+                  ", ".join(d["chunk"] for d in rep.damaged[:5]))
+    return rep
+
+
+class ScrubRunner:
+    """Scrubs in the background, one at a time: on demand (:meth:`start`) and,
+    once :meth:`schedule` is called, every ``interval_s`` seconds after the last
+    complete one (its time is kept in ``<data_dir>/scrub.json`` with its report,
+    so a restart does not scrub again early).
+
+    Args:
+        run: ``run(rate_bytes_s, stop, progress) -> ScrubReport`` (the engine's scrub).
+        state_path: where the last report is kept.
+    """
+
+    def __init__(self, run: Callable[..., ScrubReport], state_path: str) -> None:
+        self._run = run
+        self._path = state_path
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._timer: threading.Thread | None = None
+        self._progress = (0, 0)
+        self._started = 0.0
+        self.last: dict | None = self._load()
+
+    def _load(self) -> dict | None:
+        try:
+            with open(self._path) as f:
+                got = json.load(f)
+            return got if isinstance(got, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def start(self, rate_bytes_s: float = 0) -> bool:
+        """Start a scrub now unless one runs. Returns whether one was started."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return False
+            self._progress, self._started = (0, 0), time.time()
+            self._thread = threading.Thread(target=self._scrub, args=(rate_bytes_s,), name="gpufeed-scrub",
+                                            daemon=True)
+            self._thread.start()
+            return True
+
+    def _scrub(self, rate: float) -> None:
+        try:
+            rep = self._run(rate_bytes_s=rate, stop=self._stop,
+                            progress=lambda n, b: setattr(self, "_progress", (n, b)))
+        except Exception:  # noqa: BLE001 - the engine closed under it, or the disk failed: logged
+            if not self._stop.is_set():
+                log.exception("scrub failed")
+            return
+        if not rep.complete:
+            return
+        out = {"finished": time.time(), "started": self._started, **rep.as_dict()}
+        self.last = out
+        try:
+            tmp = self._path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(out, f)
+            os.replace(tmp, self._path)
+        except OSError as exc:
+            log.error("could not keep the scrub report: %s", exc)
+
+    def status(self) -> dict:
+        """``{"running", "chunks", "bytes", "started", "last"}``: the scrub in
+        progress (chunks and bytes checked so far) and the last complete report."""
+        running = self._thread is not None and self._thread.is_alive()
+        n, b = self._progress
+        return {"running": running, "chunks": n if running else 0, "bytes": b if running else 0,
+                "started": self._started if running else 0.0, "last": self.last}
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait for the scrub in progress; True when none runs any more."""
+        t = self._thread
+        if t is not None:
+            t.join(timeout_s)
+            return not t.is_alive()
+        return True
+
+    def schedule(self, interval_s: float, rate_bytes_s: float) -> None:
+        """Scrub every ``interval_s`` seconds (> 0) at ``rate_bytes_s``, counting
+        from the last complete scrub (or from now, when there was none)."""
+        def loop() -> None:
+            while not self._stop.is_set():
+                last = (self.last or {}).get("finished", 0.0) or first
+                due = last + interval_s - time.time()
+                if due > 0:
+                    self._stop.wait(min(due, 3600.0))
+                    continue
+                self.start(rate_bytes_s)
+                self.wait()
+                if not (self.last or {}).get("finished", 0.0) > last:
+                    self._stop.wait(min(interval_s, 3600.0))  # failed: try again later
+        first = time.time()
+        self._timer = threading.Thread(target=loop, name="gpufeed-scrub-schedule", daemon=True)
+        self._timer.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """End the scrub in progress and the schedule."""
+        self._stop.set()
+        for t in (self._thread, self._timer):
+            if t is not None and t.is_alive():
+                t.join(timeout_s)

@@ -1,0 +1,301 @@
+"""The chunk store under the engine: data policies, dedup, integrity on read,
+scrub, garbage collection and crash recovery, capacity."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+
+import numpy as np
+import pytest
+
+from gpufeed.engine import Engine
+from gpufeed.errors import DamagedObject, InvalidArgument, NoSuchKey, StorageFull
+from gpufeed.store import RangeByteRequest
+
+POLICIES = {
+    "raw": {},
+    "zstd": {"compression": "zstd"},
+    "lz4": {"compression": "lz4", "chunk_bytes": 256 << 10},
+    "dedup": {"dedup": True, "chunk_bytes": 256 << 10},
+    "cdc": {"dedup": True, "chunking": "cdc", "chunk_bytes": 128 << 10, "compression": "zstd"},
+    "noverify": {"verify": False},
+}
+
+
+def _text(n: int) -> bytes:
+    words = [b"gpufeed", b"tensor", b"chunk", b"the", b"of", b"and", b"storage", b"node"]
+    rng = np.random.default_rng(1)
+    return b" ".join(words[i] for i in rng.integers(0, len(words), n // 5))[:n]
+
+
+def _random(n: int, seed: int = 0) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def _data_files(root) -> dict[str, int]:
+    out = {}
+    for dirpath, _, names in os.walk(os.path.join(root, "blobs")):
+        for n in names:
+            out[n] = os.path.getsize(os.path.join(dirpath, n))
+    return out
+
+
+@pytest.fixture
+def engine(tmp_path):
+    e = Engine(tmp_path, fsync=False)
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_round_trip_and_ranges(engine, name):
+    engine.create_bucket("bkt")
+    engine.set_bucket_data("bkt", **POLICIES[name])
+    cases = {"text": _text(1_500_007), "random": _random(700_001), "empty": b"", "small": b"x"}
+    for key, data in cases.items():
+        engine.put_object("bkt", key, data)
+    for key, data in cases.items():
+        assert engine.get_object("bkt", key) == data
+        n = len(data)
+        for a, b in [(0, 1), (1, 65537), (65535, 65537), (65536, 131072), (n // 3, 2 * n // 3), (n - 1, n)]:
+            if 0 <= a < b <= n:
+                assert engine.get_object("bkt", key, RangeByteRequest(a, b)) == data[a:b], (key, a, b)
+        buf = bytearray(n + 10)
+        info = engine.head_object("bkt", key)
+        assert engine.read_into(info, buf, 0) == n and bytes(buf[:n]) == data
+
+
+def test_compression_shrinks_text_and_skips_random(engine):
+    engine.create_bucket("bkt")
+    engine.set_bucket_data("bkt", compression="zstd")
+    engine.put_object("bkt", "text", _text(4 << 20))
+    engine.put_object("bkt", "random", _random(4 << 20))
+    stats = engine.data_stats("bkt")
+    assert stats["compression"] == "zstd:3"
+    assert stats["stored_bytes"] < (4 << 20) + (2 << 20)  # the text shrank by more than half
+    assert stats["ratio"] > 1.3
+    codecs = {c.codec for c in engine._chunks.manifest(engine.head_object("bkt", "random").blob_id).chunks}
+    assert codecs == {""}  # random data is kept raw
+
+
+def test_dedup_stores_identical_chunks_once_per_tenant(engine):
+    engine.create_tenant("acme")
+    for b, owner in [("one", "default"), ("two", "default"), ("acme-b", "acme")]:
+        engine.create_bucket(b, owner=owner)
+        engine.set_bucket_data(b, dedup=True, chunk_bytes=1 << 20)
+    data = _random(8 << 20)
+    engine.put_object("one", "a", data)
+    before = engine.node_data_stats()["stored_bytes"]
+    engine.put_object("one", "b", data)  # same bucket
+    engine.put_object("two", "c", data)  # same tenant, other bucket
+    assert engine.node_data_stats()["stored_bytes"] == before
+    engine.put_object("acme-b", "d", data)  # another tenant: its own copy
+    assert engine.node_data_stats()["stored_bytes"] == 2 * before
+    # shifted data: fixed chunks do not match, content-defined ones mostly do
+    engine.create_bucket("cdc")
+    engine.set_bucket_data("cdc", dedup=True, chunking="cdc", chunk_bytes=256 << 10)
+    engine.put_object("cdc", "v1", data)
+    s1 = engine.data_stats("cdc")["stored_bytes"]
+    engine.put_object("cdc", "v2", b"inserted!" + data)
+    grown = engine.data_stats("cdc")["stored_bytes"] - s1
+    assert grown < len(data) // 10
+    assert engine.get_object("cdc", "v2") == b"inserted!" + data
+
+
+def test_dedup_frees_chunks_when_the_last_user_goes(tmp_path):
+    with Engine(tmp_path, fsync=False) as e:
+        e.create_bucket("bkt")
+        e.set_bucket_data("bkt", dedup=True, chunk_bytes=1 << 20)
+        data = _random(3 << 20)
+        e.put_object("bkt", "a", data)
+        e.put_object("bkt", "b", data + _random(1 << 20, 1))
+        files = _data_files(tmp_path)
+        assert len(files) == 4
+        e.delete_object("bkt", "a")
+        assert _data_files(tmp_path) == files  # still used by b
+        assert e.get_object("bkt", "b")[:len(data)] == data
+        e.delete_object("bkt", "b")
+        assert _data_files(tmp_path) == {}
+        assert e.node_data_stats()["stored_bytes"] == 0 == e._chunks.stored_bytes
+
+
+def test_concurrent_puts_of_the_same_content(tmp_path):
+    with Engine(tmp_path, fsync=False) as e:
+        e.create_bucket("bkt")
+        e.set_bucket_data("bkt", dedup=True, chunk_bytes=256 << 10)
+        data = _random(2 << 20)
+        errors = []
+
+        def put(i: int) -> None:
+            try:
+                for j in range(5):
+                    e.put_object("bkt", f"k{i}-{j}", data)
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=put, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert e.node_data_stats()["stored_bytes"] == len(data)
+        for i in range(4):
+            for j in range(5):
+                e.delete_object("bkt", f"k{i}-{j}")
+        assert e.node_data_stats()["chunks"] == 0 and _data_files(tmp_path) == {}
+
+
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+@pytest.mark.parametrize("name", ["raw", "zstd", "dedup"])
+@pytest.mark.parametrize("harm", ["flip", "truncate", "delete"])
+def test_damage_is_detected_never_served(tmp_path, name, harm):
+    e = Engine(tmp_path, fsync=False)
+    try:
+        e.create_bucket("bkt")
+        e.set_bucket_data("bkt", **POLICIES[name])
+        data = _text(1 << 20) if name == "zstd" else _random(1 << 20)
+        info = e.put_object("bkt", "k", data)
+        m = e._chunks.manifest(info.blob_id)
+        c = m.chunks[len(m.chunks) // 2]
+        path = e._chunks.file_path(c.file)
+        if harm == "flip":
+            _flip(path, c.file_offset + c.stored // 2)
+        elif harm == "truncate":
+            os.truncate(path, c.file_offset + c.stored - 1)
+        else:
+            os.unlink(path)
+        e._files.open_files.close()
+        with pytest.raises(DamagedObject) as got:
+            e.get_object("bkt", "k")
+        assert "bkt/k" in str(got.value) and c.chunk_id in str(got.value)
+        assert got.value.chunk == c.chunk_id and got.value.code == "DamagedObject"
+        assert e.node_data_stats()["damaged_reads"] >= 1
+        rep = e.scrub()
+        assert [d["chunk"] for d in rep.damaged] == [c.chunk_id]
+        assert rep.damaged[0]["objects"] == [["bkt", "k", "null"]]
+        assert [d["chunk"] for d in e.damaged_chunks()] == [c.chunk_id]
+    finally:
+        e.close()
+    with Engine(tmp_path, fsync=False) as e2:  # still reported, still refused, after a restart
+        with pytest.raises(DamagedObject):
+            e2.get_object("bkt", "k")
+        assert e2.node_data_stats()["damaged_chunks"] == 1
+
+
+def test_good_ranges_of_a_damaged_object_still_read(engine):
+    engine.create_bucket("bkt")
+    data = _random(1 << 20)
+    info = engine.put_object("bkt", "k", data)
+    _flip(info.path, 700_000)
+    engine._files.open_files.close()
+    assert engine.get_object("bkt", "k", RangeByteRequest(0, 65536)) == data[:65536]
+    with pytest.raises(DamagedObject):
+        engine.get_object("bkt", "k", RangeByteRequest(699_999, 700_001))
+
+
+def test_scrub_clears_a_repaired_chunk_and_reports_orphans(tmp_path):
+    with Engine(tmp_path, fsync=False) as e:
+        e.create_bucket("bkt")
+        data = _random(200_000)
+        info = e.put_object("bkt", "k", data)
+        _flip(info.path, 10)
+        e._files.open_files.close()
+        assert len(e.scrub().damaged) == 1
+        _flip(info.path, 10)  # repaired by hand
+        os.makedirs(tmp_path / "blobs" / "ab" / "cd", exist_ok=True)
+        (tmp_path / "blobs" / "ab" / "cd" / ("ab" + "c" * 30)).write_bytes(b"stray")
+        rep = e.scrub()
+        assert rep.damaged == [] and rep.cleared == [info.blob_id] and rep.complete
+        assert rep.orphan_files == ["ab" + "c" * 30]
+        assert e.get_object("bkt", "k") == data
+
+
+def test_crash_before_release_leaves_nothing_after_restart(tmp_path, monkeypatch):
+    e = Engine(tmp_path, fsync=False)
+    e.create_bucket("bkt")
+    e.set_bucket_data("bkt", dedup=True, chunk_bytes=256 << 10)
+    e.put_object("bkt", "a", _random(1 << 20))
+    e.put_object("bkt", "b", _random(1 << 20, 2))
+    monkeypatch.setattr(e._files, "release", lambda ids: None)  # the "crash": data never released
+    e.delete_object("bkt", "a")
+    e.put_object("bkt", "b", _random(1 << 20, 3))
+    e.close()
+    with Engine(tmp_path, fsync=False) as e2:
+        assert e2.recovered["orphan_manifests"] == 2
+        on_disk = sum(_data_files(tmp_path).values())
+        assert on_disk == e2.node_data_stats()["stored_bytes"] == 1 << 20
+        assert e2.get_object("bkt", "b") == _random(1 << 20, 3)
+
+
+def test_data_of_an_older_layout_is_adopted(tmp_path):
+    with Engine(tmp_path, fsync=False) as e:
+        e.create_bucket("bkt")
+        data = _random(300_000)
+        info = e.put_object("bkt", "k", data)
+        e.put_object("bkt", "gone", b"will lose its file")
+    # What a gpufeed that kept one plain file per version leaves: no manifests.
+    db = sqlite3.connect(tmp_path / "catalog.sqlite3")
+    db.executescript("DELETE FROM manifest_chunks; DELETE FROM manifests; DELETE FROM chunks;")
+    db.close()
+    with sqlite3.connect(tmp_path / "catalog.sqlite3") as db:
+        blob = db.execute("SELECT blob_id FROM objects WHERE key='gone'").fetchone()[0]
+    os.unlink(tmp_path / "blobs" / blob[:2] / blob[2:4] / blob)
+    with Engine(tmp_path, fsync=False) as e2:
+        assert e2.recovered["adopted"] == 1 and e2.recovered["missing"] == 1
+        assert e2.get_object("bkt", "k") == data
+        with pytest.raises(DamagedObject):
+            e2.get_object("bkt", "gone")
+        _flip(info.path, 5)
+        e2._files.open_files.close()
+        with pytest.raises(DamagedObject):  # adopted data is checked too
+            e2.get_object("bkt", "k")
+
+
+def test_capacity_refuses_writes_keeps_reads(tmp_path):
+    with Engine(tmp_path, fsync=False, capacity_bytes=1 << 20) as e:
+        e.create_bucket("bkt")
+        e.put_object("bkt", "a", _random(600_000))
+        with pytest.raises(StorageFull):
+            e.put_object("bkt", "b", _random(600_000, 1))
+        assert os.listdir(tmp_path / "tmp") == []
+        assert sum(_data_files(tmp_path).values()) == 600_000
+        assert e.get_object("bkt", "a") == _random(600_000)
+        with pytest.raises(NoSuchKey):
+            e.head_object("bkt", "b")
+        e.set_bucket_data("bkt", compression="zstd")  # compressible data still fits
+        e.put_object("bkt", "c", _text(2 << 20))
+        e.delete_object("bkt", "a")
+        e.set_bucket_data("bkt", compression="off")
+        e.put_object("bkt", "b", _random(600_000, 1))
+
+
+@pytest.mark.parametrize("bad", [
+    {"compression": "gzip"}, {"level": 0}, {"level": 20}, {"chunking": "rabin"}, {"chunk_bytes": 1000},
+    {"chunk_bytes": 1 << 30}, {"chunking": "cdc", "chunk_bytes": 4 << 20}, {"digest": "md5"},
+    {"dedup": "yes"}, {"colour": "red"},
+])
+def test_bad_policies_are_refused(engine, bad):
+    engine.create_bucket("bkt")
+    with pytest.raises(InvalidArgument):
+        engine.set_bucket_data("bkt", **bad)
+    assert engine.bucket_data("bkt").compression == "off"
+
+
+def test_policy_survives_restart_and_bucket_stats_show_it(tmp_path):
+    with Engine(tmp_path, fsync=False) as e:
+        e.create_bucket("bkt")
+        e.set_bucket_data("bkt", compression="lz4", verify=False)
+    with Engine(tmp_path, fsync=False) as e:
+        p = e.bucket_data("bkt")
+        assert p.compression == "lz4" and p.verify is False
+        assert e.bucket_stats("bkt")["data"]["verify"] is False

@@ -1,0 +1,118 @@
+"""The data services from the outside: ``gpufeed admin bucket data``, ``gpufeed
+scrub`` (on a running node and on a stopped node's folder), ``gpufeed admin
+damaged``, a node's ``--capacity`` (S3 507 StorageFull), and the metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from botocore.exceptions import ClientError
+
+from gpufeed.client import Client
+from gpufeed.errors import DamagedObject
+from gpufeed.testing.node import start_node
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpufeed", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def _flip(path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 1]))
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = start_node(tmp_path / "data", extra_args=["--metrics-port", "0"])
+    yield n
+    assert n.stop() == 0, n.log_path.read_text()
+
+
+def _admin(node, *args: str) -> subprocess.CompletedProcess:
+    return _cli("admin", "--url", node.s3_url, "--access-key", node.access_key, "--secret-key", node.secret_key,
+                *args)
+
+
+def test_bucket_data_policy_scrub_and_damage_report(node):
+    s3 = node.boto3_client(retries={"max_attempts": 1})
+    s3.create_bucket(Bucket="docs")
+    r = _admin(node, "bucket", "data", "docs", "--compression", "zstd:5", "--dedup", "--chunk-size", "256KiB",
+               "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) | {} == {"compression": "zstd", "level": 5, "dedup": True, "chunking": "fixed",
+                                         "chunk_bytes": 256 << 10, "digest": "blake3", "verify": True}
+    text = b"the quick brown fox jumps over the lazy dog " * 50_000
+    s3.put_object(Bucket="docs", Key="a.txt", Body=text)
+    s3.put_object(Bucket="docs", Key="b.txt", Body=text)  # deduplicated
+    stats = json.loads(_admin(node, "bucket", "stats", "docs", "--json").stdout)["data"]
+    assert stats["logical_bytes"] == 2 * len(text) and stats["stored_bytes"] < len(text) // 20
+    assert "ratio" in _admin(node, "bucket", "stats", "docs").stdout
+    bad = _admin(node, "bucket", "data", "docs", "--compression", "gzip")
+    assert bad.returncode != 0 and "compression" in (bad.stderr + bad.stdout) and "Traceback" not in bad.stderr
+
+    r = _cli("scrub", "--endpoint", node.s3_url, "--access-key", node.access_key,
+             "--secret-key", node.secret_key)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 damaged" in r.stdout
+
+    s3.create_bucket(Bucket="raw")
+    s3.put_object(Bucket="raw", Key="w.bin", Body=os.urandom(300_000))
+    db = sqlite3.connect(f"file:{node.data_dir / 'catalog.sqlite3'}?mode=ro", uri=True)
+    blob = db.execute("SELECT blob_id FROM objects WHERE bucket='raw' AND key='w.bin'").fetchone()[0]
+    db.close()
+    _flip(node.data_dir / "blobs" / blob[:2] / blob[2:4] / blob, 123_456)
+    r = _cli("scrub", "--endpoint", node.s3_url, "--access-key", node.access_key,
+             "--secret-key", node.secret_key, "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    report = json.loads(r.stdout)["last"]
+    assert [d["objects"] for d in report["damaged"]] == [[["raw", "w.bin", "null"]]]
+    listed = _admin(node, "damaged").stdout
+    assert blob in listed and "raw/w.bin" in listed
+    with pytest.raises(ClientError) as got:
+        s3.get_object(Bucket="raw", Key="w.bin")["Body"].read()
+    assert got.value.response["Error"]["Code"] == "DamagedObject"
+    with Client(node.tcp_url) as c:
+        with pytest.raises(DamagedObject):
+            c.get("raw", "w.bin")
+        assert bytes(c.get("docs", "a.txt")) == text  # the connection still works
+    metrics = urllib.request.urlopen(node.metrics_url).read().decode()
+    assert "gpufeed_damaged_chunks 1.0" in metrics and "gpufeed_scrub_last_damaged_chunks 1.0" in metrics
+
+
+def test_capacity_refuses_writes_with_507(tmp_path):
+    node = start_node(tmp_path / "data", extra_args=["--capacity", "1MiB"])
+    try:
+        s3 = node.boto3_client(retries={"max_attempts": 1})
+        s3.create_bucket(Bucket="small")
+        s3.put_object(Bucket="small", Key="a", Body=b"x" * 700_000)
+        with pytest.raises(ClientError) as got:
+            s3.put_object(Bucket="small", Key="b", Body=b"y" * 700_000)
+        assert got.value.response["Error"]["Code"] == "StorageFull"
+        assert got.value.response["ResponseMetadata"]["HTTPStatusCode"] == 507
+        assert s3.get_object(Bucket="small", Key="a")["Body"].read() == b"x" * 700_000
+        assert [o["Key"] for o in s3.list_objects_v2(Bucket="small")["Contents"]] == ["a"]
+    finally:
+        assert node.stop() == 0
+
+
+def test_scrub_of_a_stopped_nodes_folder(tmp_path):
+    node = start_node(tmp_path / "data")
+    s3 = node.boto3_client()
+    s3.create_bucket(Bucket="bkt1")
+    s3.put_object(Bucket="bkt1", Key="k", Body=b"z" * 100_000)
+    assert node.stop() == 0
+    r = _cli("scrub", "--data-dir", str(tmp_path / "data"))
+    assert r.returncode == 0 and "1 chunks" in r.stdout, r.stdout + r.stderr
+    r = _cli("scrub", "--data-dir", str(tmp_path / "nope"))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
