@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Generator
 from contextlib import closing
 from typing import TYPE_CHECKING
 
@@ -111,7 +112,8 @@ class _SnapshotScan:
     def __init__(self, reader: CatalogReader, snapshot: str) -> None:
         self._r, self._name = reader, snapshot
 
-    def scan_objects(self, bucket: str, start: str, *, inclusive: bool, end: str | None, limit: int):
+    def scan_objects(self, bucket: str, start: str, *, inclusive: bool, end: str | None,
+                     limit: int) -> Generator[ObjectInfo, None, None]:
         return self._r.scan_snapshot(bucket, self._name, start, inclusive=inclusive, end=end, limit=limit)
 
 
@@ -291,8 +293,8 @@ class SnapshotCalls:
             require_snapshot(c, bucket, snapshot)
             if max_keys == 0:
                 return ListResult([], [], False)
-            return read_page(_SnapshotScan(c, snapshot), bucket, pos, prefix=prefix,  # type: ignore[arg-type]
-                             delimiter=delimiter, max_keys=max_keys, hidden_before=None)
+            return read_page(_SnapshotScan(c, snapshot), bucket, pos, prefix=prefix, delimiter=delimiter,
+                             max_keys=max_keys, hidden_before=None)
 
     def _check_no_snapshots(self, c: CatalogReader, bucket: str) -> None:
         """Refuse to delete a bucket that has snapshots.
