@@ -15,6 +15,12 @@ two threads against 0.59 s on one).
 ``MADV_POPULATE_WRITE`` (Linux 5.14) faults pages in writable without
 changing their contents; on older kernels :func:`populate` returns ``False``
 and the pages are faulted in on first use instead.
+
+Mapping files without copies: :func:`map_file_private` maps one file;
+:func:`map_extents` lays ranges of several files side by side in one reserved
+address range (an object stored as chunk files reads as one buffer). Both go
+through ``ctypes`` because Python's ``mmap`` module can neither place a
+mapping at an address nor map without keeping a descriptor open.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["address_of", "populate", "populate_range", "map_file_private", "prefetch_range"]
+__all__ = ["MappedExtents", "address_of", "map_extents", "map_file_private", "populate",
+           "populate_range", "prefetch_range"]
 
 #: ``MADV_POPULATE_READ`` / ``MADV_POPULATE_WRITE`` from ``<sys/mman.h>`` (Linux 5.14+).
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
@@ -161,3 +169,166 @@ def prefetch_range(address: int, length: int, threads: int | None = None) -> boo
     start = address - address % page
     _madvise(start, address + length - start, mmap.MADV_WILLNEED)  # advice only
     return populate_range(address, length, threads, write=False)
+
+
+#: ``MAP_FIXED`` / ``MAP_NORESERVE`` from ``<sys/mman.h>`` (Linux; the same on x86-64 and arm64).
+MAP_FIXED = getattr(mmap, "MAP_FIXED", 0x10)
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+PROT_NONE = getattr(mmap, "PROT_NONE", 0)
+
+
+class MappedExtents:
+    """Ranges of files mapped side by side as one contiguous buffer (:func:`map_extents`).
+
+    :attr:`view` is a byte ``memoryview`` of all of it: ``extents[0]``'s bytes,
+    then ``extents[1]``'s, and so on. The whole range is unmapped (one
+    ``munmap`` of the reservation, never twice) when the last reference to the
+    mapping goes: this object (after :meth:`close`, or once garbage) and every
+    view, slice, numpy array or tensor made from :attr:`view`. :meth:`close`
+    while such views live does not pull pages out from under them; the mapping
+    then goes with the last of them.
+
+    Attributes:
+        address: where the mapping starts in this process (page-aligned; 0 when empty).
+        nbytes: the mapping's length in bytes (the sum of the extents' lengths).
+        writable: copy-on-write (``MAP_PRIVATE``) rather than read-only ``MAP_SHARED``.
+    """
+
+    __slots__ = ("address", "nbytes", "writable", "_view", "_finalizer")
+
+    def __init__(self, address: int, nbytes: int, writable: bool, view: memoryview,
+                 finalizer: weakref.finalize | None) -> None:
+        self.address, self.nbytes, self.writable = address, nbytes, writable
+        self._view: memoryview | None = view
+        self._finalizer = finalizer
+
+    @property
+    def view(self) -> memoryview:
+        """The mapping as a byte ``memoryview`` (read-only unless :attr:`writable`).
+
+        Raises:
+            ValueError: after :meth:`close`.
+        """
+        if self._view is None:
+            raise ValueError("the mapping is closed")
+        return self._view
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called."""
+        return self._view is None
+
+    @property
+    def unmapped(self) -> bool:
+        """The address range has been given back to the kernel (``munmap``)."""
+        return self._finalizer is None or not self._finalizer.alive
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def close(self) -> None:
+        """Drop this object's hold on the mapping: unmapped now if no view made
+        from :attr:`view` is alive, else when the last one goes. Idempotent."""
+        view, self._view = self._view, None
+        if view is not None:
+            try:
+                view.release()
+            except BufferError:  # something exports from it (numpy): it holds the mapping
+                pass
+
+    def __enter__(self) -> "MappedExtents":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_extents(extents: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The non-empty extents, checked for page alignment and for files long enough.
+
+    Raises:
+        ValueError: an offset not a page multiple, a length other than the last
+            one's not a page multiple, a negative value, or a file shorter than
+            its extent (touching its missing pages would raise ``SIGBUS``).
+    """
+    page = mmap.PAGESIZE
+    out = []
+    for i, (fd, offset, length) in enumerate(extents):
+        if offset < 0 or length < 0:
+            raise ValueError(f"extent {i}: negative offset {offset} or length {length}")
+        if offset % page:
+            raise ValueError(f"extent {i}: file offset {offset} is not a multiple of the "
+                             f"page size ({page} bytes)")
+        if length % page and i != len(extents) - 1:
+            raise ValueError(f"extent {i}: length {length} is not a multiple of the page size "
+                             f"({page} bytes); only the last extent may end mid-page")
+        if length == 0:
+            continue
+        size = os.fstat(fd).st_size
+        if size < offset + length:
+            raise ValueError(f"extent {i}: the file holds {size} bytes, fewer than the extent's "
+                             f"end ({offset + length})")
+        out.append((fd, offset, length))
+    return out
+
+
+def map_extents(extents: Sequence[tuple[int, int, int]], *,
+                copy_on_write: bool = False) -> MappedExtents:
+    """Map ``(fd, file_offset, length)`` ranges of files side by side as one
+    contiguous buffer, without copying: the pages are the page cache's.
+
+    The whole range is reserved first (an anonymous ``PROT_NONE`` mapping),
+    then each extent is mapped over its place with ``MAP_FIXED``. The
+    descriptors may be closed as soon as this returns. Zero-length extents are
+    skipped. The files must not shrink while mapped (a page past a file's end
+    raises ``SIGBUS`` when touched); gpufeed's data files are never truncated.
+
+    Args:
+        extents: ``(fd, file_offset, length)`` in bytes, in the order they are
+            laid out. Every ``file_offset`` and every ``length`` but the last
+            must be a multiple of the page size (``mmap.PAGESIZE``, 4 KiB).
+        copy_on_write: map ``MAP_PRIVATE`` and writable (a write changes this
+            process's copy of the page only, never the file; read-only
+            descriptors suffice). Default: ``MAP_SHARED``, ``PROT_READ``, and a
+            read-only view.
+
+    Returns:
+        A :class:`MappedExtents` of ``sum(length)`` bytes (empty when that is 0).
+
+    Raises:
+        ValueError: misaligned or negative extents, or a file shorter than its extent.
+        OSError: ``mmap(2)`` failed (address space, ``vm.max_map_count``, a
+            descriptor that is not a readable regular file); nothing stays mapped.
+    """
+    parts = _check_extents(extents)
+    total = sum(e[2] for e in parts)
+    if total == 0:
+        return MappedExtents(0, 0, copy_on_write,
+                             memoryview(bytearray(0) if copy_on_write else b""), None)
+    if _mmap is None:
+        raise OSError("mmap(2) is not reachable through ctypes here")
+    page = mmap.PAGESIZE
+    reserved = -(-total // page) * page
+    base = _mmap(None, reserved, PROT_NONE,
+                 mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+    if base in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise OSError(err, f"reserving {reserved} bytes of address space failed: "
+                           f"{os.strerror(err)}")
+    prot, flags = mmap.PROT_READ, mmap.MAP_SHARED | MAP_FIXED
+    if copy_on_write:
+        prot, flags = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | MAP_FIXED
+    pos = 0
+    for i, (fd, offset, length) in enumerate(parts):
+        got = _mmap(base + pos, length, prot, flags, fd, offset)
+        if got != base + pos:
+            err = ctypes.get_errno()
+            _munmap(base, reserved)  # the reservation and every extent placed so far
+            raise OSError(err, f"mapping extent {i} ({length} bytes at offset {offset}) "
+                               f"failed: {os.strerror(err)}")
+        pos += length
+    owner = (ctypes.c_char * total).from_address(base)
+    finalizer = weakref.finalize(owner, _munmap, base, reserved)
+    view = memoryview(owner).cast("B")
+    return MappedExtents(base, total, copy_on_write, view if copy_on_write else view.toreadonly(),
+                         finalizer)

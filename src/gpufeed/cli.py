@@ -309,6 +309,38 @@ def bench_integrity(objects, seed, json_path, data_dir) -> None:
         raise SystemExit(1)
 
 
+@bench.command("crash")
+@click.option("--cycles", type=int, default=100, help="kill -9 cycles.")
+@click.option("--writers", type=int, default=4, help="Concurrent writer threads (tcp and shm).")
+@click.option("--keys", type=int, default=40, help="Keys per bucket.")
+@click.option("--seed", type=int, default=0, help="Seed of the workload and kill times.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for the node's data (default: a temp dir).")
+def bench_crash(cycles, writers, keys, seed, json_path, data_dir) -> None:
+    """kill -9 a node under concurrent puts, overwrites and deletes; check nothing is lost or leaked."""
+    from .bench.crash import run_crash
+
+    out = run_crash(cycles=cycles, writers=writers, keys=keys, seed=seed, json_path=json_path, data_dir=data_dir)
+    if not all(t["met"] for t in out["targets"]):
+        raise SystemExit(1)
+
+
+@bench.command("data")
+@click.option("--size", type=SizeType(), default="1GiB",
+              help="Object and model size (compression rows: 256 MiB at most).")
+@click.option("--versions", type=int, default=10, help="Checkpoint versions written into the dedup bucket.")
+@click.option("--repeat", type=int, default=3, help="Timed repetitions per row (the best is kept).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for the node's data (default: a temp dir).")
+def bench_data(size, versions, repeat, json_path, data_dir) -> None:
+    """Checked vs unchecked reads, compression (tokens, bf16) and dedup of checkpoint versions, via a node."""
+    from .bench.data import run_data_bench
+
+    run_data_bench(size=size, versions=versions, repeat=repeat, json_path=json_path, data_dir=data_dir)
+
+
 @bench.command("kv")
 @click.option("--tokens", type=int, default=8192, help="Prompt length.")
 @click.option("--cached", type=int, default=None, help="Tokens cached first (default: tokens - 256, whole chunks).")

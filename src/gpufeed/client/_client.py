@@ -356,9 +356,10 @@ class Client:
         """Map an object's stored bytes into this process: zero-copy, shm only
         (:attr:`supports_map`).
 
-        The node sends the data file of the current version (or of version
+        The node sends the data files of the current version (or of version
         ``version_id``), opened read-only, with ``SCM_RIGHTS``, and this
-        process maps it ``MAP_PRIVATE``: the view's
+        process maps them ``MAP_PRIVATE``, side by side in one address range
+        when the object is stored in several pieces: the view's
         pages *are* the node's page cache, so nothing is copied and processes
         that map the same object share one copy of it in memory. Writes to the
         view are copy-on-write: they change this process's pages only, never

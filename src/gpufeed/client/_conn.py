@@ -21,6 +21,9 @@ __all__ = ["Connection", "connect_tcp", "connect_unix"]
 
 log = logging.getLogger("gpufeed.client")
 
+#: Room for the most descriptors one message carries (a MAP_EXTENTS reply's batch).
+_ANCILLARY_BYTES = socket.CMSG_SPACE(p.FDS_PER_MESSAGE * 4)
+
 
 class _Pending:
     __slots__ = ("future", "reply_type", "dests", "alloc")
@@ -154,7 +157,7 @@ class Connection:
             try:
                 if self.passes_fds:
                     got, anc, _flags, _addr = self.sock.recvmsg_into(
-                        [mv[pos:]], socket.CMSG_SPACE(4 * 4), socket.MSG_CMSG_CLOEXEC)
+                        [mv[pos:]], _ANCILLARY_BYTES, socket.MSG_CMSG_CLOEXEC)
                     for level, typ, data in anc:
                         if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
                             self._fds_in.extend(int.from_bytes(data[i:i + 4], "little")
@@ -201,6 +204,9 @@ class Connection:
                 except ProtocolError as bad:
                     pend.future.set_exception(bad)
                     raise
+                if isinstance(reply, p.MapExtentsReply):  # descriptors came with it
+                    pend.future.set_result((reply, self._recv_fds(reply.files, payload_len)))
+                    continue
                 if isinstance(reply, (p.AllocRegionReply, p.MapReply)):  # an fd came with it
                     if not self._fds_in:
                         missing = ProtocolError(f"{p.Op(op & ~p.REPLY).name} reply arrived without "
@@ -244,6 +250,28 @@ class Connection:
             self._fail(exc)
             if not isinstance(exc, (OSError, GpufeedError)):
                 raise
+
+    def _recv_fds(self, files: int, payload_len: int) -> list[int]:
+        """The ``files`` descriptors of a MAP_EXTENTS reply: those that came with its
+        metadata, then a batch with each of its ``payload_len`` payload bytes.
+
+        Raises:
+            ProtocolError: the payload or the descriptors do not match ``files``
+                (what arrived is closed).
+        """
+        batches = max(1, -(-files // p.FDS_PER_MESSAGE))
+        if payload_len != batches - 1:
+            raise ProtocolError(f"a reply with {files} descriptors came with a payload of "
+                                f"{payload_len} bytes")
+        one = memoryview(bytearray(1))
+        for _ in range(payload_len):
+            self._recv_exact(one)
+        if len(self._fds_in) != files:
+            got = len(self._fds_in)
+            self._close_fds()
+            raise ProtocolError(f"a reply announced {files} descriptors and {got} arrived")
+        fds, self._fds_in = self._fds_in, []
+        return fds
 
     @staticmethod
     def _payload_sizes(reply, payload_len: int) -> list[int]:

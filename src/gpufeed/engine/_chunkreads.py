@@ -206,12 +206,17 @@ def _read_compressed(step: ReadStep) -> None:
 def check_stored(view: memoryview, sums: array, first_block: int) -> int:
     """Check whole blocks: ``view`` starts at block ``first_block`` of a chunk's
     stored bytes. Returns the index of the first bad block, or -1."""
-    n = len(view)
-    for i, o in enumerate(range(0, n, SUM_BLOCK)):
-        b = first_block + i
-        if b >= len(sums) or xxhash.xxh3_64_intdigest(view[o:o + SUM_BLOCK]) != sums[b]:
-            return b
-    return -1
+    got = [_xxh3(view[o:o + SUM_BLOCK]) for o in range(0, len(view), SUM_BLOCK)]
+    want = sums[first_block:first_block + len(got)]
+    if len(want) == len(got) and want.tolist() == got:
+        return -1
+    for i, g in enumerate(got):
+        if i >= len(want) or want[i] != g:
+            return first_block + i
+    return first_block + len(got)  # pragma: no cover - unreachable
+
+
+_xxh3 = xxhash.xxh3_64_intdigest
 
 
 def _read_raw_checked(step: ReadStep) -> None:

@@ -204,8 +204,11 @@ class ChunkStore:
             raise StorageFull(f"the data folder is full: {self.stored_bytes} of {self.capacity_bytes} bytes "
                               f"used, {nbytes} more needed")
 
-    def stage(self, tmp: str, size: int, policy: DataPolicy, domain: str) -> Staged:
+    def stage(self, tmp: str, size: int, policy: DataPolicy, domain: str, *, sums: bytes | None = None) -> Staged:
         """Turn a finished (fsynced) temp file of ``size`` bytes into data files.
+
+        ``sums``: the file's block sums when the writer computed them as the
+        data passed (a raw object then needs no second pass over its file).
 
         The temp file is consumed: renamed into place (raw), or removed (or kept
         in :attr:`Staged.tmp` until the commit, for dedup).
@@ -223,7 +226,7 @@ class ChunkStore:
             elif policy.compression != "off":
                 self._stage_packed(st, tmp)
             else:
-                self._stage_raw(st, tmp)
+                self._stage_raw(st, tmp, sums)
         except OSError as exc:
             self.discard(st)
             remove_quietly(tmp)
@@ -236,13 +239,14 @@ class ChunkStore:
             raise
         return st
 
-    def _stage_raw(self, st: Staged, tmp: str) -> None:
+    def _stage_raw(self, st: Staged, tmp: str, sums: bytes | None) -> None:
         self.check_room(st.size)
-        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            sums = _file_sums(fd, 0, st.size)
-        finally:
-            os.close(fd)
+        if sums is None or len(sums) != 8 * -(-st.size // SUM_BLOCK):
+            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                sums = _file_sums(fd, 0, st.size)
+            finally:
+                os.close(fd)
         st.paths.append(self.files.publish_blob(tmp, st.blob_id))
         rec = ChunkRecord(st.blob_id, st.blob_id, 0, st.size, st.size, "", _sums_digest(sums), sums)
         st.new[rec.chunk_id] = (rec, 1)

@@ -231,6 +231,24 @@ class ObjectHandle:
             done += k
         return done
 
+    def file_extents(self) -> list[tuple[int, int, int]]:
+        """The whole object as ``(fd, file_offset, length)`` ranges of its data
+        files, in order (contiguous ranges of one file merged), for a zero-copy
+        map of raw chunks (:attr:`Manifest.mappable`); not checked here (see
+        :meth:`~gpufeed.engine.Engine.open_mappable`).
+
+        Raises:
+            DamagedObject: a data file is missing or short.
+        """
+        out: list[tuple[int, int, int]] = []
+        for i, c in enumerate(self.manifest.chunks):
+            fd = self.file_fd(i)
+            if out and out[-1][0] == fd and out[-1][1] + out[-1][2] == c.file_offset:
+                out[-1] = (fd, out[-1][1], out[-1][2] + c.size)
+            else:
+                out.append((fd, c.file_offset, c.size))
+        return out
+
     def damaged(self, exc: ChunkDamage) -> DamagedObject:
         """Record a failed check (the chunk is marked damaged, the node counts it)
         and return the error to raise."""

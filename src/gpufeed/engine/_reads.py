@@ -10,7 +10,6 @@ the chunk store.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from ..errors import InternalError, InvalidArgument, InvalidRequestError, NoSuchKey
@@ -91,32 +90,6 @@ class ObjectReads:
     def open_files(self) -> int:
         """Data-file descriptors the engine holds open now (cached or in use)."""
         return self._files.open_files.open_count()
-
-    def open_object(self, bucket: str, key: str, version_id: str | None = None, *,
-                    snapshot: str | None = None) -> tuple[ObjectInfo, int]:
-        """Look up the current version of an object (or ``version_id``, or
-        ``snapshot``'s, as for :meth:`open_version`), check
-        all of its data, and open its one data file (for a zero-copy map).
-
-        Returns:
-            ``(info, fd)``: the version's metadata and a read-only descriptor
-            (the caller must ``os.close`` it) whose bytes are the object's.
-
-        Raises:
-            NoSuchBucket, NoSuchKey: the bucket or key does not exist.
-            DamagedObject: the data failed its check.
-            InvalidRequestError: the object is not stored as one raw file
-                (compressed or deduplicated): read it instead.
-        """
-        with self.open_version(bucket, key, version_id, snapshot=snapshot) as h:
-            if not h.manifest.single_file:
-                raise InvalidRequestError(f"{bucket}/{key} is stored in chunks (compressed or deduplicated) "
-                                          "and cannot be mapped as one file; read it instead")
-            if h.verify and h.manifest.chunks:
-                check_all(h)
-            if h.fd < 0:
-                return h.info, os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            return h.info, os.dup(h.fd)
 
     def open_mappable(self, bucket: str, key: str, version_id: str | None = None, *,
                       snapshot: str | None = None) -> ObjectHandle:

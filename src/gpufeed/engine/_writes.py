@@ -36,6 +36,8 @@ from ..errors import (
     PreconditionFailed,
 )
 from ._blobs import BlobFiles, copy_range, remove_quietly, start_writeback, write_all_v
+from ._blocksums import BlockSummer
+from ._chunkreads import SUM_BLOCK
 from ._chunks import ChunkStore
 from ._kvpolicy import KVBucketPolicy
 from ._names import check_str_map
@@ -108,10 +110,12 @@ class WritePath:
         headers: dict[str, str] | None = None, if_match: str | None = None,
         if_none_match: str | None = None, extra: Callable[[CatalogWriter, ObjectInfo], None] | None = None,
         tags: dict[str, str] | None = None, retention: Retention | None = None,
+        block_sums: bytes | None = None,
     ) -> ObjectInfo:
         """Store a finished temp file as the new version's chunks (by the bucket's
         data policy, see :meth:`ChunkStore.stage`) and commit its catalog row and
-        manifest in one transaction.
+        manifest in one transaction. ``block_sums``: the file's block sums when
+        the write computed them as the data passed (:attr:`PendingWrite.block_sums`).
 
         ``extra(w, info)``, when given, runs inside the same transaction first with
         the new version's record (multipart completion uses it to check and drop
@@ -147,7 +151,8 @@ class WritePath:
         if b0 is None:
             remove_quietly(tmp)
             raise NoSuchBucket(f"bucket {bucket!r} does not exist", bucket=bucket)
-        staged = self._chunks.stage(tmp, size, self._chunks.policy(bucket), b0.owner or DEFAULT_TENANT)
+        staged = self._chunks.stage(tmp, size, self._chunks.policy(bucket), b0.owner or DEFAULT_TENANT,
+                                    sums=block_sums)
         blob_id = staged.blob_id
         etag = etag if etag is not None else "n" + blob_id  # a bucket with ETag policy "none"
         info = ObjectInfo(bucket, key, size, etag, time.time(), content_type or _DEFAULT_TYPE,
@@ -226,6 +231,14 @@ def _update_all(h, views: list[memoryview]) -> None:
         h.update(v)
 
 
+def _hash_views(h, summer: BlockSummer | None, views: list[memoryview]) -> None:
+    """Feed ``views`` to the ETag hasher ``h`` and the block ``summer`` (either may be None)."""
+    if h is not None:
+        _update_all(h, views)
+    if summer is not None:
+        summer.feed_all(views)
+
+
 def _new_hasher(kind: str | None):
     if kind == "md5":
         return hashlib.md5()
@@ -276,6 +289,11 @@ class PendingWrite:
         self._finish = finish
         self._fd, self._tmp = write_path.files.new_temp()
         self._hashed = 0  # bytes at the start of the file the hasher has seen
+        # Block sums of the data as it passes (None once a byte got by without it:
+        # the chunk store then reads the file back).
+        self._summer: BlockSummer | None = BlockSummer(SUM_BLOCK)
+        #: The data's block sums once committed (``None``: not all of it passed through Python).
+        self.block_sums: bytes | None = None
         self._flushed = 0  # bytes at the start of the file whose writeback was started
         self._done = False
         self.size = 0
@@ -338,18 +356,19 @@ class PendingWrite:
         if n == 0:
             return 0
         h = self._hasher
+        summer = self._summer
         try:
             if h is not None and self._hashed != self.size:
                 self._catch_up()
-            if h is not None and n >= _OVERLAP_BYTES and self._hash_kind == "md5":
-                fut = self._wp.hash_pool().submit(_update_all, h, views)
+            if n >= _OVERLAP_BYTES and (summer is not None or self._hash_kind == "md5"):
+                # hash (GIL held) on a helper while pwritev (GIL released) writes
+                fut = self._wp.hash_pool().submit(_hash_views, h, summer, views)
                 try:
                     write_all_v(self._fd, views, self.size)
                 finally:
                     fut.result()
             else:
-                if h is not None:
-                    _update_all(h, views)
+                _hash_views(h, summer, views)
                 write_all_v(self._fd, views, self.size)
         except OSError as exc:
             self.abort()
@@ -393,6 +412,8 @@ class PendingWrite:
         except OSError as exc:
             self.abort()
             raise InternalError(f"copying into {self._tmp} failed: {exc}") from exc
+        if n:
+            self._summer = None  # these bytes never passed through Python
         self.size += n
         self._start_writeback()
         return n
@@ -419,12 +440,19 @@ class PendingWrite:
         if nbytes < 0:
             raise InvalidArgument("nbytes must be >= 0")
         h = self._hasher
-        if h is not None and data is not None and self._hashed == self.size:
+        views = None
+        if data is not None:
             views = [as_bytes_view(b) for b in data] if isinstance(data, (list, tuple)) else [as_bytes_view(data)]
-            if sum(v.nbytes for v in views) == nbytes:
-                for v in views:
-                    h.update(v)
-                self._hashed += nbytes
+            if sum(v.nbytes for v in views) != nbytes:
+                views = None
+        if h is not None and views is not None and self._hashed == self.size:
+            for v in views:
+                h.update(v)
+            self._hashed += nbytes
+        if self._summer is not None and views is not None and self._summer.nbytes == self.size:
+            self._summer.feed_all(views)
+        elif nbytes:
+            self._summer = None
         self.size += nbytes
         self._start_writeback()
 
@@ -533,6 +561,8 @@ class PendingWrite:
                 os.fsync(self._fd)
         except OSError as exc:
             raise InternalError(f"finishing {self._tmp} failed: {exc}") from exc
+        if self._summer is not None and self._summer.nbytes == self.size:
+            self.block_sums = self._summer.finish()
         return etag, md5_digest
 
     def _file_md5(self) -> bytes:

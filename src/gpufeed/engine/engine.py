@@ -376,7 +376,7 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         kind: str | None = etag if policy == "md5" else "xxh3" if policy == "fast" else None
 
         def finish(pw, tmp, etag_value, md5_digest, **kw):
-            return self._writes.publish_object(bucket, key, tmp, pw.size, etag_value, **kw)
+            return self._writes.publish_object(bucket, key, tmp, pw.size, etag_value, block_sums=pw.block_sums, **kw)
 
         return self._writes.begin(kind, finish)
 
@@ -478,7 +478,7 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
                 dst_bucket, dst_key, tmp, pw.size, keep if keep is not None else computed,
                 content_type=ct, metadata=md, checksums=src.checksums, headers=hd,
                 tags=src.tags if tags is None else tags, retention=retention,
-                if_match=if_match, if_none_match=if_none_match,
+                if_match=if_match, if_none_match=if_none_match, block_sums=pw.block_sums,
             )
 
         try:

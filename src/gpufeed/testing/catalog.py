@@ -43,6 +43,7 @@ from ..engine.types import (
 )
 from ..errors import InternalError, InvalidArgument
 from ._catalog_snapshots import SnapshotCatalogTests
+from .catalog_chunks import ChunkCatalogTests
 
 __all__ = ["CatalogTests", "BYTE_ORDER_KEYS"]
 
@@ -102,9 +103,10 @@ def _keys(reader: CatalogReader, bucket: str, start: str = "", *, inclusive: boo
         return [o.key for o in rows]
 
 
-class CatalogTests(SnapshotCatalogTests):
-    """Behavioural tests for a :class:`~gpufeed.engine.catalog.Catalog`
-    (the snapshot cases come from :class:`SnapshotCatalogTests`).
+class CatalogTests(ChunkCatalogTests, SnapshotCatalogTests):
+    """Behavioural tests for a :class:`~gpufeed.engine.catalog.Catalog` (the
+    chunk store's cases come from :class:`ChunkCatalogTests`, the snapshot
+    cases from :class:`SnapshotCatalogTests`).
 
     Subclasses provide a ``catalog`` fixture: a fresh, empty, open catalog made
     with ``blob_path=CatalogTests.blob_path``. They may add their own tests.

@@ -11,13 +11,14 @@ handlers' business.
 
 from __future__ import annotations
 
+import array
 import os
 import select
 import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from ..errors import GpufeedError, InternalError, ProtocolError
 from . import protocol as p
@@ -300,7 +301,40 @@ class FrameIO:
         meta = p.encode(obj)
         frame = p.pack_header(op | p.REPLY, len(meta), rid, 0) + meta
         with self.send_lock:
-            socket.send_fds(self.sock, [frame], [fd])
+            self._send_with_fds(frame, [fd])
+
+    def reply_with_fds(self, op: int, rid: int, obj, fds: Sequence[int]) -> None:
+        """Send a reply carrying ``fds`` (``SCM_RIGHTS``; shm only), in order.
+
+        The first :data:`~.protocol.FDS_PER_MESSAGE` (Linux's ``SCM_MAX_FD``)
+        travel with the header and metadata; each further batch of up to as
+        many travels with one payload byte (``0``) of its own, so the frame's
+        ``payload_len`` is the number of further batches. The receiver reads
+        the payload byte by byte: a Unix stream socket never hands two
+        descriptor-carrying sends to one ``recvmsg``. The caller keeps its
+        descriptors.
+
+        Raises:
+            OSError: the socket failed (``BlockingIOError`` after the send timeout).
+        """
+        step = p.FDS_PER_MESSAGE
+        batches = [list(fds[i:i + step]) for i in range(0, len(fds), step)] or [[]]
+        meta = p.encode(obj)
+        frame = p.pack_header(op | p.REPLY, len(meta), rid, len(batches) - 1) + meta
+        with self.send_lock:
+            self._send_with_fds(frame, batches[0])
+            for batch in batches[1:]:
+                self._send_with_fds(b"\0", batch)
+
+    def _send_with_fds(self, data: bytes, fds: list[int]) -> None:
+        """Send ``data`` whole, ``fds`` attached to its first byte."""
+        if not fds:
+            self.sock.sendall(data)
+            return
+        sent = self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                           array.array("i", fds).tobytes())])
+        if sent < len(data):  # the rest carries no descriptors
+            self.sock.sendall(data[sent:])
 
     def reply_with_files(self, op: int, rid: int, obj, extents: list) -> None:
         """Send a reply whose payload is file bytes, by ``sendfile`` (no copy),

@@ -66,6 +66,10 @@ class MeteredReplies(FrameIO):
         super().reply_with_fd(op, rid, obj, fd)
         self._replied(rid, obj, None)
 
+    def reply_with_fds(self, op: int, rid: int, obj, fds) -> None:
+        super().reply_with_fds(op, rid, obj, fds)
+        self._replied(rid, obj, None)
+
     def reply_with_files(self, op: int, rid: int, obj, extents: list[tuple[int, int, int]]) -> None:
         super().reply_with_files(op, rid, obj, extents)
         self._replied(rid, obj, None)

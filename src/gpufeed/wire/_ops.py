@@ -26,6 +26,7 @@ from ..store import OffsetByteRequest, RangeByteRequest, resolve_range
 from . import protocol as p
 from ._conn import Connection, Handler
 from ._lending import Lending
+from ._mapping import send_map
 from ._reads import SplitReader, piece_digests
 
 __all__ = ["Ops"]
@@ -80,13 +81,14 @@ class Ops:
             p.Op.DELETE_BUCKET: self.delete_bucket,
             p.Op.BUCKET_STATS: self.bucket_stats,
             p.Op.MAP: self.map,
+            p.Op.MAP_EXTENTS: self.map_extents,
         }
 
     # --- session and memory --------------------------------------------------------
     def hello(self, conn: Connection, rid: int, req: p.Hello) -> None:
         """Name the server, its protocol version, transport and optional features."""
-        features = ["alloc_region", "auth", "map", "versions", "snapshots"] if conn.transport == "shm" \
-            else ["auth", "versions", "snapshots"]
+        features = (["alloc_region", "auth", "map", "map_extents", "versions", "snapshots"]
+                    if conn.transport == "shm" else ["auth", "versions", "snapshots"])
         conn.reply(p.Op.HELLO, rid, p.HelloReply(self.server_name, p.VERSION, conn.transport,
                                                  features, conn.server_nonce))
 
@@ -144,19 +146,27 @@ class Ops:
                                                                  snapshot=req.snapshot)))
 
     def map(self, conn: Connection, rid: int, req: p.Head) -> None:
-        """Send the version's data file (the current one unless the request names
-        one), read-only, for the client to map (zero-copy: its pages are the page
-        cache's). Blob files are immutable and never truncated (a new version is a
-        new file), so a mapping of one stays valid and unchanged, after
-        overwrites and deletes too."""
+        """MAP: check all of the version's data (the current one unless the
+        request names one), then send its data file, read-only, for the client
+        to map (zero-copy: its pages are the page cache's). Data files are
+        immutable and never truncated (a new version is a new file), so a
+        mapping of one stays valid and unchanged, after overwrites and deletes too."""
+        self._map(conn, rid, req, p.Op.MAP)
+
+    def map_extents(self, conn: Connection, rid: int, req: p.Head) -> None:
+        """MAP_EXTENTS: as :meth:`map`, the object's data files and the extents
+        of them that hold its bytes, in order (the client maps them side by side)."""
+        self._map(conn, rid, req, p.Op.MAP_EXTENTS)
+
+    def _map(self, conn: Connection, rid: int, req: p.Head, op: int) -> None:
         if conn.transport != "shm":
             raise InvalidArgument("MAP needs the shm transport (a descriptor cannot cross TCP)")
         self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
-        info, fd = self.engine.open_object(req.bucket, req.key, req.version_id, snapshot=req.snapshot)
+        h = self.engine.open_mappable(req.bucket, req.key, req.version_id, snapshot=req.snapshot)
         try:
-            conn.reply_with_fd(p.Op.MAP, rid, p.MapReply(info.size, info.etag), fd)
+            send_map(conn, op, rid, h.info.size, h.info.etag, h.file_extents())
         finally:
-            os.close(fd)
+            h.close()
 
     def get(self, conn: Connection, rid: int, req: p.Get) -> None:
         """One range of an object version, checked against its block sums before

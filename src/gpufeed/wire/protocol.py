@@ -50,7 +50,7 @@ __all__ = [
     "List", "BucketReq", "Empty", "ObjectMeta", "GetReply", "GetVReply", "ListReply",
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
     "close_fds", "ListEntry", "MapReply", "decode", "Auth", "AuthReply", "auth_key", "auth_proof",
-    "AUTH_LABEL", "NONCE_BYTES",
+    "AUTH_LABEL", "NONCE_BYTES", "MapExtentsReply", "FDS_PER_MESSAGE",
 ]
 
 MAGIC = b"GF"
@@ -60,6 +60,9 @@ HEADER_SIZE = HEADER.size  # 24 bytes
 MAX_META = 16 << 20  # 16 MiB: a get_many of ~100k items
 REPLY = 0x80
 ERROR_OP = 0xFF
+#: Most descriptors one message carries (Linux's ``SCM_MAX_FD``): a MAP_EXTENTS
+#: reply with more sends the rest with its payload bytes, this many per byte.
+FDS_PER_MESSAGE = 253
 
 
 class Op(IntEnum):
@@ -82,6 +85,7 @@ class Op(IntEnum):
     DELETE_BUCKET = 18
     BUCKET_STATS = 19
     MAP = 20  # shm only: the object's read-only data file travels with the reply (SCM_RIGHTS)
+    MAP_EXTENTS = 21  # shm only: the object's data files travel with the reply and its payload
 
 
 # --- metadata structs (msgpack arrays, field order is the wire order) -----------
@@ -173,6 +177,19 @@ class MapReply(msgspec.Struct, array_like=True, frozen=True):
 
     size: int
     etag: str
+
+
+class MapExtentsReply(msgspec.Struct, array_like=True, frozen=True):
+    """MAP_EXTENTS's reply: the version is ``size`` bytes laid out as ``extents``,
+    ``[file, offset, length]`` each in order: ``length`` bytes at byte ``offset``
+    of descriptor number ``file`` (0-based, in the order the ``files``
+    descriptors arrive). Offsets and every length but the last are page
+    multiples (4 KiB); the lengths add up to ``size``."""
+
+    size: int
+    etag: str
+    files: int
+    extents: list[tuple[int, int, int]]
 
 
 class Get(msgspec.Struct, array_like=True, frozen=True):
@@ -361,14 +378,14 @@ REQUEST_TYPES: dict[int, type] = {
     Op.GET: Get, Op.GETV: GetV, Op.PUT: Put, Op.DELETE: Delete, Op.LIST: List,
     Op.CREATE_BUCKET: BucketReq, Op.LIST_BUCKETS: Empty, Op.DELETE_BUCKET: BucketReq,
     Op.BUCKET_STATS: BucketReq, Op.ALLOC_REGION: AllocRegion, Op.FORKED: Empty,
-    Op.MAP: Head, Op.AUTH: Auth,
+    Op.MAP: Head, Op.MAP_EXTENTS: Head, Op.AUTH: Auth,
 }
 REPLY_TYPES: dict[int, type] = {
     Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
     Op.GET: GetReply, Op.GETV: GetVReply, Op.PUT: ObjectMeta, Op.DELETE: DeleteResult,
     Op.LIST: ListReply, Op.CREATE_BUCKET: Empty, Op.LIST_BUCKETS: BucketsReply,
     Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats, Op.ALLOC_REGION: AllocRegionReply,
-    Op.FORKED: Empty, Op.MAP: MapReply, Op.AUTH: AuthReply,
+    Op.FORKED: Empty, Op.MAP: MapReply, Op.MAP_EXTENTS: MapExtentsReply, Op.AUTH: AuthReply,
 }
 
 #: Messages that gained trailing fields after their first form: type -> number

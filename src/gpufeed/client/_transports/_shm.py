@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from ..._memory import map_file_private, populate_range, prefetch_range
+from ..._memory import map_extents, map_file_private, populate_range, prefetch_range
 from ...errors import GpufeedError, InternalError, InvalidArgument, InvalidRange, TransportError
 from ...wire import protocol as p
 from .._auth import Credentials, authenticate
@@ -194,6 +194,34 @@ class ShmTransport(PooledTransport):
                    version_id: str | None = None, snapshot: str | None = None) -> memoryview:
         if not self.supports_map:
             raise InvalidArgument("map_object needs gpufeed+shm:// to a node that supports MAP")
+        if "map_extents" in self.features:
+            view = self._map_extents(bucket, key, version_id, snapshot)
+        else:
+            view = self._map_one_file(bucket, key, version_id, snapshot)
+        if populate and len(view):
+            prefetch_range(address_of(view)[0], len(view))
+        return view
+
+    def _map_extents(self, bucket: str, key: str, version_id: str | None, snapshot: str | None) -> memoryview:
+        """MAP_EXTENTS: the object's data files, mapped side by side copy-on-write."""
+        reply, fds = self.conn().call(p.Op.MAP_EXTENTS, p.Head(bucket, key, version_id, snapshot))
+        try:
+            if not all(0 <= f < len(fds) for f, _o, _n in reply.extents) \
+                    or sum(n for _f, _o, n in reply.extents) != reply.size:
+                raise InternalError(f"{bucket}/{key}: the node's extents do not describe "
+                                    f"{reply.size} bytes in {len(fds)} files")
+            mapped = map_extents([(fds[f], offset, n) for f, offset, n in reply.extents],
+                                 copy_on_write=True)
+        except ValueError as exc:  # misaligned extents, or a data file shorter than its extent
+            raise InternalError(f"{bucket}/{key}: cannot map the node's data files: {exc}") from exc
+        except OSError as exc:
+            raise InvalidArgument(f"cannot map {bucket}/{key} ({reply.size} bytes): {exc}") from exc
+        finally:
+            p.close_fds(fds)
+        return mapped.view  # the mapping lives as long as this view and its slices
+
+    def _map_one_file(self, bucket: str, key: str, version_id: str | None, snapshot: str | None) -> memoryview:
+        """MAP (a node without MAP_EXTENTS): one data file, mapped copy-on-write."""
         reply, fd = self.conn().call(p.Op.MAP, p.Head(bucket, key, version_id, snapshot))
         try:
             if reply.size == 0:
@@ -201,14 +229,11 @@ class ShmTransport(PooledTransport):
             if os.fstat(fd).st_size < reply.size:
                 raise InternalError(f"{bucket}/{key}: data file is shorter than the object "
                                     f"({reply.size} bytes)")
-            view = map_file_private(fd, reply.size)
+            return map_file_private(fd, reply.size)
         except OSError as exc:
             raise InvalidArgument(f"cannot map {bucket}/{key} ({reply.size} bytes): {exc}") from exc
         finally:
             os.close(fd)
-        if populate:
-            prefetch_range(address_of(view)[0], reply.size)
-        return view
 
     # --- reads -------------------------------------------------------------------------
     def submit_get(self, bucket: str, key: str, offset: int, length: int | None,

@@ -1,0 +1,225 @@
+"""``gpufeed bench data``: the data services through a node, each beside its
+baseline in the same run.
+
+* **verify**: shm ``get_into`` of one page-cached object from a bucket that
+  checks every read (the default) and from one that opted out (``verify``
+  off), taking turns, best of ``repeat``; target: checked ≥ 0.8 × unchecked.
+* **compression**: three kinds of data written through shm into buckets with
+  compression off, lz4 and zstd: a tokenized text corpus (uint16 token ids
+  of the words of the ``.py`` files shipped with Python), bf16 weights drawn
+  from N(0, 0.02), and uniformly random bf16 bits. Per row: stored/logical
+  ratio, put and read GB/s. Target: data that does not shrink (random bits)
+  is written at ≥ 0.95 × the speed of compression off (the skip is cheap).
+* **dedup**: ``versions`` checkpoints of a model of ``size`` bytes
+  (safetensors layout, 100 bf16 tensors; each version rewrites a tenth of
+  them with new values) written into a dedup bucket with 1 MiB chunks. The
+  bytes that are new anywhere are one version plus every rewritten tensor
+  (``floor_bytes``: ten versions each rewriting a tenth cannot be kept in less
+  than 1.9 × one version without compression). Target: stored bytes ≤ 1.3 ×
+  that floor (what chunking costs on top); ``stored_vs_one_version`` is
+  reported too.
+
+JSON shape::
+
+    {"benchmark": "data", "command", "machine", "params",
+     "verify": {...}, "compression": [...], "dedup": {...}, "targets": [...]}
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from ..admin import RemoteAdmin
+from ..client import Client
+from ..testing.node import start_node
+from .io import machine_info
+
+__all__ = ["run_data_bench", "token_corpus"]
+
+GB = 1e9
+
+
+def token_corpus(nbytes: int) -> np.ndarray:
+    """uint16 token ids of the words of the standard library's ``.py`` files
+    (a vocabulary of the first 65,535 distinct words; others map to 65535),
+    up to ``nbytes`` bytes (repeated when the library is smaller)."""
+    words: dict[bytes, int] = {}
+    ids: list[np.ndarray] = []
+    got = 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        try:
+            text = path.read_bytes()
+        except OSError:
+            continue
+        toks = [words.setdefault(w, min(len(words), 65535)) for w in text.split()]
+        ids.append(np.asarray(toks, dtype=np.uint16))
+        got += 2 * len(toks)
+        if got >= nbytes:
+            break
+    arr = np.concatenate(ids)
+    return np.resize(arr, nbytes // 2)
+
+
+def _bf16(n: int, kind: str, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "uniform":
+        return rng.integers(0, 1 << 16, n // 2, dtype=np.uint16)
+    return (rng.normal(0, 0.02, n // 2).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def run_data_bench(*, size: int = 1 << 30, versions: int = 10, repeat: int = 3, json_path: str | None = None,
+                   data_dir: str | None = None, console: Console | None = None) -> dict:
+    """Run the benchmark (see the module docstring); returns the JSON dict."""
+    console = console or Console()
+    tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="gpufeed-data-")
+    root = Path(data_dir or tmp.name)  # type: ignore[union-attr]
+    node = start_node(root / "data", extra_args=["--no-fsync", "--scrub-interval", "0"])
+    out: dict = {"benchmark": "data", "command": " ".join(["gpufeed", "bench", "data", *sys.argv[3:]]),
+                 "machine": machine_info(), "params": {"size_bytes": size, "versions": versions, "repeat": repeat,
+                                                       "fsync": False}}
+    try:
+        admin = RemoteAdmin(node.s3_url, node.access_key, node.secret_key)
+        with Client(node.shm_url, **node.credentials) as c:
+            out["verify"] = _verify_rows(c, admin, size, repeat, console)
+            out["compression"] = _compression_rows(c, admin, min(size, 256 << 20), repeat, console)
+            out["dedup"] = _dedup_row(c, admin, size, versions, console)
+        admin.close()
+    finally:
+        node.stop()
+        if tmp is not None:
+            tmp.cleanup()
+    out["targets"] = _targets(out)
+    _print(out, console)
+    if json_path:
+        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def _verify_rows(c: Client, admin: RemoteAdmin, size: int, repeat: int, console: Console) -> dict:
+    console.print(f"  verify: {size / GB:.2f} GB object, checked and unchecked ...")
+    for b in ("data-checked", "data-unchecked"):
+        c.create_bucket(b)
+    admin.bucket_data("data-unchecked", verify=False)
+    src = c.alloc(size)
+    np.frombuffer(src, np.uint8)[:] = np.resize(np.random.default_rng(0).integers(0, 256, 1 << 20,
+                                                                                  dtype=np.uint8), size)
+    for b in ("data-checked", "data-unchecked"):
+        c.put(b, "o", src)
+    dest = c.alloc(size)
+    best = {"data-checked": 1e9, "data-unchecked": 1e9}
+    for _ in range(repeat + 1):  # the first round warms both
+        for b in best:
+            best[b] = min(best[b], _timed(lambda b=b: c.get_into(b, "o", dest)))
+    checked, unchecked = size / best["data-checked"] / GB, size / best["data-unchecked"] / GB
+    for b in best:
+        c.delete(b, "o")
+    return {"checked_gbps": round(checked, 3), "unchecked_gbps": round(unchecked, 3),
+            "ratio": round(checked / unchecked, 3)}
+
+
+def _compression_rows(c: Client, admin: RemoteAdmin, size: int, repeat: int, console: Console) -> list[dict]:
+    data = {"tokens": token_corpus(size), "bf16_normal": _bf16(size, "normal"),
+            "bf16_uniform": _bf16(size, "uniform")}
+    rows = []
+    for codec in ("off", "lz4", "zstd"):
+        b = f"data-{codec}"
+        c.create_bucket(b)
+        if codec != "off":
+            admin.bucket_data(b, compression=codec)
+    for kind, arr in data.items():
+        src = c.alloc(arr.nbytes)
+        np.frombuffer(src, np.uint8)[:] = arr.view(np.uint8)
+        dest = c.alloc(arr.nbytes)
+        for codec in ("off", "lz4", "zstd"):
+            console.print(f"  compression: {kind} with {codec} ...")
+            b = f"data-{codec}"
+            put_s = min(_timed(lambda b=b, k=kind, s=src: c.put(b, k, s)) for _ in range(repeat))
+            get_s = min(_timed(lambda b=b, k=kind, d=dest: c.get_into(b, k, d)) for _ in range(repeat))
+            stats = admin.bucket_stats(b)["data"]
+            stored = stats["stored_bytes"]
+            rows.append({"data": kind, "codec": codec, "logical_bytes": arr.nbytes, "stored_bytes": stored,
+                         "ratio": round(arr.nbytes / stored, 3) if stored else None,
+                         "put_gbps": round(arr.nbytes / put_s / GB, 3), "get_gbps": round(arr.nbytes / get_s / GB, 3)})
+            assert bytes(dest[:4096]) == arr.view(np.uint8)[:4096].tobytes()
+            c.delete(b, kind)
+    return rows
+
+
+def _dedup_row(c: Client, admin: RemoteAdmin, size: int, versions: int, console: Console) -> dict:
+    from safetensors.numpy import save
+
+    b = "data-ckpt"
+    c.create_bucket(b)
+    admin.bucket_data(b, dedup=True, chunk_bytes=1 << 20)  # checkpoints: 1 MiB chunks (tensors of ~10 MB)
+    n_tensors = 100
+    per = size // n_tensors // 2
+    rng = np.random.default_rng(5)
+    tensors = {f"layer.{i:03d}.weight": _bf16(2 * per, "normal", seed=i) for i in range(n_tensors)}
+    put_s = 0.0
+    one = changed = 0
+    for v in range(versions):
+        if v:
+            for i in rng.choice(n_tensors, n_tensors // 10, replace=False):
+                tensors[f"layer.{i:03d}.weight"] = _bf16(2 * per, "normal", seed=1000 * v + int(i))
+                changed += tensors[f"layer.{i:03d}.weight"].nbytes
+        blob = save(tensors)
+        one = len(blob)
+        console.print(f"  dedup: checkpoint version {v + 1}/{versions} ({one / GB:.2f} GB) ...")
+        put_s += _timed(lambda blob=blob, v=v: c.put(b, f"ckpt/step-{v:03d}.safetensors", blob))
+    stats = admin.bucket_stats(b)["data"]
+    floor = one + changed  # bytes that are new somewhere: no store can keep less without compression
+    return {"versions": versions, "version_bytes": one, "changed_bytes": changed, "floor_bytes": floor,
+            "logical_bytes": stats["logical_bytes"], "stored_bytes": stats["stored_bytes"],
+            "stored_vs_one_version": round(stats["stored_bytes"] / one, 3),
+            "stored_vs_floor": round(stats["stored_bytes"] / floor, 3),
+            "chunk_bytes": stats["chunk_bytes"], "put_gbps": round(versions * one / put_s / GB, 3)}
+
+
+def _targets(out: dict) -> list[dict]:
+    comp = {(r["data"], r["codec"]): r for r in out["compression"]}
+    off = comp[("bf16_uniform", "off")]["put_gbps"]
+    skip = min(comp[("bf16_uniform", k)]["put_gbps"] for k in ("lz4", "zstd")) / off
+    return [
+        {"target": "checked shm read GB/s vs unchecked", "compare": ">=", "want": 0.8,
+         "got": out["verify"]["ratio"], "met": out["verify"]["ratio"] >= 0.8},
+        {"target": "put GB/s of incompressible data, compression on vs off", "compare": ">=", "want": 0.95,
+         "got": round(skip, 3), "met": skip >= 0.95},
+        {"target": "dedup: stored bytes vs the new bytes of all versions (one version + every changed tensor)",
+         "compare": "<=", "want": 1.3, "got": out["dedup"]["stored_vs_floor"],
+         "met": out["dedup"]["stored_vs_floor"] <= 1.3},
+    ]
+
+
+def _print(out: dict, console: Console) -> None:
+    v = out["verify"]
+    console.print(f"verify: checked {v['checked_gbps']:.2f} GB/s, unchecked {v['unchecked_gbps']:.2f} GB/s "
+                  f"(ratio {v['ratio']:.2f})")
+    t = Table(title="compression (stored = logical / ratio)")
+    for col in ("data", "codec", "ratio", "put GB/s", "get GB/s"):
+        t.add_column(col, justify="left" if col in ("data", "codec") else "right")
+    for r in out["compression"]:
+        t.add_row(r["data"], r["codec"], f"{r['ratio']:.3f}", f"{r['put_gbps']:.2f}", f"{r['get_gbps']:.2f}")
+    console.print(t)
+    d = out["dedup"]
+    console.print(f"dedup: {d['versions']} versions of {d['version_bytes'] / GB:.2f} GB stored in "
+                  f"{d['stored_bytes'] / GB:.2f} GB ({d['stored_vs_one_version']:.2f} x one version; "
+                  f"{d['stored_vs_floor']:.2f} x the {d['floor_bytes'] / GB:.2f} GB that are new anywhere), "
+                  f"put {d['put_gbps']:.2f} GB/s")
+    for tg in out["targets"]:
+        console.print(f"  {'met' if tg['met'] else 'NOT met'}: {tg['target']} {tg['compare']} {tg['want']} "
+                      f"(got {tg['got']})")
