@@ -12,7 +12,7 @@ import sys
 import urllib.request
 
 import pytest
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from gpufeed.client import Client
 from gpufeed.errors import DamagedObject
@@ -116,3 +116,30 @@ def test_scrub_of_a_stopped_nodes_folder(tmp_path):
     assert r.returncode == 0 and "1 chunks" in r.stdout, r.stdout + r.stderr
     r = _cli("scrub", "--data-dir", str(tmp_path / "nope"))
     assert r.returncode != 0 and "Traceback" not in r.stderr
+
+
+def test_s3_get_aborts_when_damage_is_found_after_the_headers(node):
+    import http.client
+
+    s3 = node.boto3_client(retries={"max_attempts": 1})
+    s3.create_bucket(Bucket="large")
+    data = os.urandom(20 << 20)
+    s3.put_object(Bucket="large", Key="big", Body=data)
+    db = sqlite3.connect(f"file:{node.data_dir / 'catalog.sqlite3'}?mode=ro", uri=True)
+    blob = db.execute("SELECT blob_id FROM objects WHERE bucket='large' AND key='big'").fetchone()[0]
+    db.close()
+    _flip(node.data_dir / "blobs" / blob[:2] / blob[2:4] / blob, 15 << 20)  # past the first checked piece
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": "large", "Key": "big"})
+    host, port = node.s3_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("GET", url.removeprefix(node.s3_url))
+    resp = conn.getresponse()
+    assert resp.status == 200 and int(resp.getheader("Content-Length")) == len(data)
+    with pytest.raises(http.client.IncompleteRead) as got:
+        resp.read()
+    assert len(got.value.partial) < len(data) and got.value.partial == data[:len(got.value.partial)]
+    conn.close()
+    # a range that avoids the damaged block still reads, and boto3 sees the failure too
+    assert s3.get_object(Bucket="large", Key="big", Range="bytes=0-99")["Body"].read() == data[:100]
+    with pytest.raises((BotoCoreError, ClientError)):  # the body broke off (or a retry got the 500)
+        s3.get_object(Bucket="large", Key="big")["Body"].read()

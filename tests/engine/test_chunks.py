@@ -338,3 +338,30 @@ def test_block_sums_computed_while_writing_match_the_file(tmp_path):
             pw.wrote(3)  # bytes the summer never saw: the store reads the file back
             pw.commit()
         assert pw.block_sums is None and e.get_object("bkt", "k2") == b"abcdef"
+
+
+def test_start_up_reports_missing_data_files(tmp_path):
+    with Engine(tmp_path, fsync=False) as e:
+        e.create_bucket("bkt")
+        info = e.put_object("bkt", "k", _random(100_000))
+        e.put_object("bkt", "fine", b"ok")
+    os.unlink(info.path)
+    with Engine(tmp_path, fsync=False) as e:
+        assert e.recovered["missing_files"] == 1
+        assert [d["objects"] for d in e.damaged_chunks()] == [[["bkt", "k", "null"]]]
+        with pytest.raises(DamagedObject):
+            e.get_object("bkt", "k")
+        assert e.get_object("bkt", "fine") == b"ok"
+
+
+def test_a_growing_write_past_capacity_stops_early(tmp_path):
+    with Engine(tmp_path, fsync=False, capacity_bytes=4 << 20) as e:
+        e.create_bucket("bkt")
+        piece = _random(1 << 20)
+        with pytest.raises(StorageFull):
+            with e.begin_put("bkt", "big") as pw:
+                for _ in range(200):  # refused at the first capacity check, long before 200 MiB
+                    pw.write(piece)
+        assert pw.size <= 64 << 20
+        assert os.listdir(tmp_path / "tmp") == []
+        e.put_object("bkt", "small", piece)  # room is still there for what fits

@@ -5,14 +5,18 @@ physical limit), ``shm`` (fast path, shared memory), ``tcp`` (fast path, TCP)
 and ``s3`` (boto3 against the node's own S3 endpoint). For each: large-read
 GB/s, put GB/s, client+server CPU seconds per GB, p50/p99 latency of single
 4 KiB gets, and 4 KiB random-read IOPS with batched requests (S3 has no batch
-call: 16 threads of ranged GETs). With ``--cold`` the object's pages are dropped
+call: 16 threads of ranged GETs). Every read is checked against the stored
+block sums (the default); the ``shm_unchecked`` row reads the same object from
+a bucket with checks off, in turns with the checked ``shm`` read (its
+``gbps_side_by_side``): ``checked_vs_unchecked`` is the price of checking
+(target ≥ 0.8). With ``--cold`` the object's pages are dropped
 with ``posix_fadvise(POSIX_FADV_DONTNEED)`` before each cold measurement (rows
 ``local_cold``, ``shm_cold``, ...).
 
 JSON shape (reused by every benchmark)::
 
     {"benchmark": "io", "machine": {...}, "params": {...},
-     "results": [{"path": "local"|"shm"|"tcp"|"s3"|"<path>_cold", "gbps": float,
+     "results": [{"path": "local"|"shm"|"tcp"|"s3"|"shm_unchecked"|"<path>_cold", "gbps": float,
                   "put_gbps": float|None, "cpu_s_per_gb": float, "p50_us": float|None,
                   "p99_us": float|None, "iops_4k": float|None}]}
 
@@ -39,6 +43,7 @@ __all__ = ["run_io_bench", "machine_info", "CpuMeter", "drop_cache"]
 GB = 1e9
 CHUNK = 64 << 20  # 64 MiB readinto calls for the local baseline
 BUCKET = "bench-io"
+UNCHECKED_BUCKET = "bench-unchecked"  # the same object, read checks off
 
 
 def machine_info() -> dict:
@@ -142,6 +147,36 @@ def _latency(fn, offsets: list[int]) -> tuple[float, float]:
         lat.append(time.perf_counter() - t0)
     lat.sort()
     return lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6
+
+
+def _unchecked_row(node, shm, region, dest, size: int, repeat: int, meter, *, by_path: list[dict]) -> dict:
+    """``shm_unchecked``: the shm read of the same object from a bucket with read
+    checks off (``verify`` off), timed in turns with the checked ``shm`` read;
+    the ``shm`` row's ``gbps`` is replaced by the best of its turns here, so the
+    two are measured side by side."""
+    from ..admin import RemoteAdmin
+
+    admin = RemoteAdmin(node.s3_url, node.access_key, node.secret_key)
+    try:
+        shm.create_bucket(UNCHECKED_BUCKET)
+        admin.bucket_data(UNCHECKED_BUCKET, verify=False)
+    finally:
+        admin.close()
+    shm.put(UNCHECKED_BUCKET, "object.bin", region)
+    timed = {b: _Timed(lambda b=b: shm.get_into(b, "object.bin", dest), meter) for b in (BUCKET, UNCHECKED_BUCKET)}
+    best = {b: (1e9, 0.0) for b in timed}
+    for _ in range(repeat + 1):  # turns; the first warms
+        for b, fn in timed.items():
+            dt, dc = _best(fn, 1)
+            if dt < best[b][0]:
+                best[b] = (dt, dc)
+    shm.delete(UNCHECKED_BUCKET, "object.bin")
+    checked = next(r for r in by_path if r["path"] == "shm")
+    checked["gbps_side_by_side"] = size / best[BUCKET][0] / GB
+    dt, dc = best[UNCHECKED_BUCKET]
+    return {"path": "shm_unchecked", "gbps": size / dt / GB, "put_gbps": None, "cpu_s_per_gb": dc / (size / GB),
+            "p50_us": None, "p99_us": None, "iops_4k": None, "seconds": dt,
+            "checked_vs_unchecked": round(checked["gbps_side_by_side"] / (size / dt / GB), 3)}
 
 
 def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | None = None,
@@ -316,6 +351,9 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
                 "cpu_s_per_gb": dc / (size / GB), "p50_us": p50, "p99_us": p99,
                 "iops_4k": iops(path), "seconds": dt,
             })
+        if "shm" in paths:
+            console.print("  shm reads from a bucket that does not check them ...")
+            results.append(_unchecked_row(node, shm, region, dest, size, repeat, meter, by_path=results))
         if cold:
             for path in paths:
                 console.print(f"  cold reads via {path} ...")
@@ -346,6 +384,10 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
         out["ratios"] = write_out["ratios"]
         out["notes"] = write_out["notes"]
     by = {r["path"]: r for r in results}
+    if "shm_unchecked" in by:
+        out["checked_vs_unchecked"] = {"shm_gbps": round(by["shm"]["gbps_side_by_side"], 3),
+                                       "shm_unchecked_gbps": round(by["shm_unchecked"]["gbps"], 3),
+                                       "ratio": by["shm_unchecked"]["checked_vs_unchecked"], "target": 0.8}
     table = Table(title=f"gpufeed bench io — {size / GB:.2f} GB object (best of {repeat})")
     for col in ("path", "read GB/s", "put GB/s", "CPU s/GB", "p50 µs", "p99 µs", "4K IOPS", "× s3"):
         table.add_column(col, justify="right" if col != "path" else "left", no_wrap=True)

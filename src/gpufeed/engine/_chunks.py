@@ -120,6 +120,7 @@ class Staged:
         tmp: the temp file still kept (dedup), removed after the commit.
         domain: dedup domain.
         policy: the bucket's data policy.
+        bucket: the bucket written to (new chunks' stored bytes count there).
     """
 
     blob_id: str
@@ -132,6 +133,7 @@ class Staged:
     tmp: str | None = None
     domain: str | None = None
     policy: DataPolicy = field(default_factory=DataPolicy)
+    bucket: str = ""
 
 
 class ChunkStore:
@@ -204,7 +206,8 @@ class ChunkStore:
             raise StorageFull(f"the data folder is full: {self.stored_bytes} of {self.capacity_bytes} bytes "
                               f"used, {nbytes} more needed")
 
-    def stage(self, tmp: str, size: int, policy: DataPolicy, domain: str, *, sums: bytes | None = None) -> Staged:
+    def stage(self, tmp: str, size: int, policy: DataPolicy, domain: str, *, sums: bytes | None = None,
+              bucket: str = "") -> Staged:
         """Turn a finished (fsynced) temp file of ``size`` bytes into data files.
 
         ``sums``: the file's block sums when the writer computed them as the
@@ -217,7 +220,7 @@ class ChunkStore:
             StorageFull: the data would pass the capacity (or the disk is full).
             InternalError: the file system failed.
         """
-        st = Staged(new_id(), size, policy=policy, domain=domain if policy.dedup else None)
+        st = Staged(new_id(), size, policy=policy, domain=domain if policy.dedup else None, bucket=bucket)
         try:
             if size == 0:
                 remove_quietly(tmp)
@@ -368,12 +371,12 @@ class ChunkStore:
                     st.chunk_ids = [other.chunk_id if c == cid else c for c in st.chunk_ids]
                     w.on_commit(functools.partial(remove_quietly, self.file_path(rec.file)))
                     continue
-            w.insert_chunk(rec, refs)
+            w.insert_chunk(rec, refs, st.bucket)
             added += rec.stored
         for cid, n in st.reused.items():
             if not w.add_chunk_refs(cid, n):  # freed since it was found: store it again
                 rec = self._rewrite(st, cid)
-                w.insert_chunk(rec, n)
+                w.insert_chunk(rec, n, st.bucket)
                 added += rec.stored
                 st.chunk_ids = [rec.chunk_id if c == cid else c for c in st.chunk_ids]
         self.check_room(added)
@@ -466,6 +469,21 @@ class ChunkStore:
             self.damaged.discard(chunk_id)
 
     # recovery -------------------------------------------------------------------
+    def mark_missing(self, files: set[str]) -> int:
+        """Mark the chunks of data files that are not on disk damaged (start-up
+        finds them) and log them. Returns how many files were missing."""
+        if not files:
+            return 0
+        when = time.time()
+        with self._cat.write() as w:
+            for f in sorted(files):
+                for cid in w.file_chunks(f):
+                    w.mark_damaged(cid, "data file is missing", when)
+                    self.damaged.add(cid)
+        log.error("%d data files named by the catalog are missing (%s); their chunks are marked damaged, "
+                  "see gpufeed admin damaged", len(files), ", ".join(sorted(files)[:5]))
+        return len(files)
+
     def recover(self) -> dict[str, int]:
         """On start: give data written one file per version a manifest (summing
         its file), free manifests no version names, then delete data files no
@@ -484,12 +502,12 @@ class ChunkStore:
             self.release(orphans)
         return counts
 
-    def _adopt(self, blobs: list[tuple[str, int]]) -> dict[str, int]:
+    def _adopt(self, blobs: list[tuple[str, int, str]]) -> dict[str, int]:
         """Manifests for versions stored one plain file each: one raw chunk of the
         catalog's size over the file (a missing or short file then reads as damaged)."""
         adopted = missing = 0
         with self._cat.write() as w:
-            for b, want in blobs:
+            for b, want, bucket in blobs:
                 path = self.file_path(b)
                 try:
                     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -498,7 +516,7 @@ class ChunkStore:
                 if fd < 0:
                     missing += 1
                     rec = ChunkRecord(b, b, 0, want, want, "", b"", b"")
-                    w.insert_chunk(rec, 1)
+                    w.insert_chunk(rec, 1, bucket)
                     w.insert_manifest(b, want, [b] if want else [])
                     w.mark_damaged(b, "data file is missing", time.time())
                     continue
@@ -508,7 +526,7 @@ class ChunkStore:
                 finally:
                     os.close(fd)
                 rec = ChunkRecord(b, b, 0, want, want, "", _sums_digest(sums), sums)
-                w.insert_chunk(rec, 1)
+                w.insert_chunk(rec, 1, bucket)
                 w.insert_manifest(b, want, [b] if want else [])
                 adopted += 1
         if missing:

@@ -66,9 +66,10 @@ class DataServices:
         Returns:
             ``{"logical_bytes", "stored_bytes", "chunks", "ratio", "compression",
             "dedup", "chunking", "chunk_bytes", "verify"}``: ``logical_bytes`` sums
-            every version with data; ``stored_bytes`` sums the chunks they use
-            (each once; chunks shared with other buckets of the tenant count
-            here too); ``ratio`` is logical / stored (1.0 when empty);
+            every version with data; ``stored_bytes`` sums the chunks this
+            bucket stored, each once (a chunk dedup shares with another bucket
+            of the tenant counts in the one that stored it first); ``ratio`` is
+            logical / stored (1.0 when empty);
             ``verify`` False means reads of this bucket are not checked.
 
         Raises:

@@ -171,7 +171,8 @@ CREATE TABLE IF NOT EXISTS chunks (
     digest      BLOB NOT NULL,      -- BLAKE3 or xxh3-128 of the data
     sums        BLOB NOT NULL,      -- xxh3-64 of each 64 KiB block of the stored bytes
     domain      TEXT,               -- dedup domain of a shared chunk, NULL otherwise
-    refs        INTEGER NOT NULL    -- appearances in manifests
+    refs        INTEGER NOT NULL,   -- appearances in manifests
+    bucket      TEXT NOT NULL       -- the bucket that stored it (its stored bytes count there)
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS chunks_by_digest ON chunks (domain, digest) WHERE domain IS NOT NULL;
 CREATE INDEX IF NOT EXISTS chunks_by_file ON chunks (file);
@@ -192,6 +193,18 @@ CREATE TABLE IF NOT EXISTS damaged_chunks (
     reason   TEXT NOT NULL,
     found    REAL NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chunk_usage (
+    bucket TEXT PRIMARY KEY,
+    stored INTEGER NOT NULL,   -- bytes of the chunks the bucket stored
+    chunks INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS chunk_usage_insert AFTER INSERT ON chunks BEGIN
+    INSERT INTO chunk_usage (bucket, stored, chunks) VALUES (new.bucket, new.stored, 1)
+        ON CONFLICT (bucket) DO UPDATE SET stored = stored + new.stored, chunks = chunks + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS chunk_usage_delete AFTER DELETE ON chunks BEGIN
+    UPDATE chunk_usage SET stored = stored - old.stored, chunks = chunks - 1 WHERE bucket = old.bucket;
+END;
 CREATE INDEX IF NOT EXISTS objects_by_blob ON objects (blob_id);
 CREATE INDEX IF NOT EXISTS versions_by_blob ON versions (blob_id);
 """

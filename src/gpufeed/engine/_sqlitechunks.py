@@ -51,12 +51,12 @@ class ChunkReads:
                     or c.execute("SELECT 1 FROM versions WHERE blob_id=? LIMIT 1", (blob_id,)).fetchall()
                     or c.execute("SELECT 1 FROM snapshot_objects WHERE blob_id=? LIMIT 1", (blob_id,)).fetchall())
 
-    def unmanifested_blobs(self) -> list[tuple[str, int]]:
-        return [(r[0], r[1]) for r in self._conn().execute(
-            "SELECT blob_id, size FROM objects WHERE blob_id != '' AND blob_id NOT IN (SELECT blob_id FROM manifests)"
-            " UNION SELECT blob_id, size FROM versions WHERE blob_id != ''"
+    def unmanifested_blobs(self) -> list[tuple[str, int, str]]:
+        return [(r[0], r[1], r[2]) for r in self._conn().execute(
+            "SELECT blob_id, size, bucket FROM objects WHERE blob_id != ''"
             " AND blob_id NOT IN (SELECT blob_id FROM manifests)"
-            " UNION SELECT blob_id, size FROM snapshot_objects WHERE blob_id NOT IN (SELECT blob_id FROM manifests)")]
+            " UNION SELECT blob_id, size, bucket FROM versions WHERE blob_id != ''"
+            " AND blob_id NOT IN (SELECT blob_id FROM manifests)")]
 
     def orphan_manifests(self) -> list[str]:
         return [r[0] for r in self._conn().execute(
@@ -66,6 +66,10 @@ class ChunkReads:
 
     def data_files(self) -> set[str]:
         return {r[0] for r in self._conn().execute("SELECT DISTINCT file FROM chunks")}
+
+    def file_chunks(self, file: str) -> list[str]:
+        return [r[0] for r in self._conn().execute("SELECT chunk_id FROM chunks WHERE file=? ORDER BY chunk_id",
+                                                   (file,))]
 
     def chunk_totals(self) -> tuple[int, int, int]:
         n, stored, size = self._conn().execute(
@@ -91,17 +95,9 @@ class ChunkReads:
 
     def bucket_data_usage(self, bucket: str) -> tuple[int, int, int]:
         c = self._conn()
-        logical = c.execute(
-            "SELECT COALESCE(SUM(size), 0) FROM (SELECT size FROM objects WHERE bucket=?"
-            " UNION ALL SELECT size FROM versions WHERE bucket=? AND delete_marker=0)",
-            (bucket, bucket)).fetchone()[0]
-        stored, n = c.execute(
-            "SELECT COALESCE(SUM(stored), 0), COUNT(*) FROM chunks WHERE chunk_id IN"
-            " (SELECT m.chunk_id FROM manifest_chunks m WHERE m.blob_id IN"
-            " (SELECT blob_id FROM objects WHERE bucket=? UNION SELECT blob_id FROM versions WHERE bucket=?"
-            " UNION SELECT blob_id FROM snapshot_objects WHERE bucket=?))",
-            (bucket, bucket, bucket)).fetchone()
-        return logical, stored, n
+        logical = c.execute("SELECT bytes FROM usage WHERE bucket=?", (bucket,)).fetchall()
+        stored = c.execute("SELECT stored, chunks FROM chunk_usage WHERE bucket=?", (bucket,)).fetchall()
+        return (logical[0][0] if logical else 0, *(stored[0] if stored else (0, 0)))
 
 
 class ChunkWrites:
@@ -109,11 +105,11 @@ class ChunkWrites:
 
     _c: sqlite3.Connection
 
-    def insert_chunk(self, record: ChunkRecord, refs: int) -> None:
+    def insert_chunk(self, record: ChunkRecord, refs: int, bucket: str = "") -> None:
         r = record
         self._c.execute(
-            f"INSERT INTO chunks ({_CHUNK_COLS}, refs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (r.chunk_id, r.file, r.file_offset, r.stored, r.size, r.codec, r.digest, r.sums, r.domain, refs))
+            f"INSERT INTO chunks ({_CHUNK_COLS}, refs, bucket) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (r.chunk_id, r.file, r.file_offset, r.stored, r.size, r.codec, r.digest, r.sums, r.domain, refs, bucket))
 
     def add_chunk_refs(self, chunk_id: str, n: int) -> bool:
         cur = self._c.execute("UPDATE chunks SET refs = refs + ? WHERE chunk_id=?", (n, chunk_id))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import hashlib
 import os
 import re
@@ -28,12 +29,14 @@ import xxhash
 
 from ..errors import (
     BadDigest,
+    GpufeedError,
     IncompleteBody,
     InternalError,
     InvalidArgument,
     NoSuchBucket,
     NoSuchKey,
     PreconditionFailed,
+    StorageFull,
 )
 from ._blobs import BlobFiles, copy_range, remove_quietly, start_writeback, write_all_v
 from ._blocksums import BlockSummer
@@ -56,6 +59,15 @@ _OVERLAP_BYTES = 1 << 20  # 1 MiB: from here, MD5 runs on a helper thread while 
 #: so the commit's fsync finds little left to write.
 _WRITEBACK_BYTES = 16 << 20  # 16 MiB
 _DEFAULT_TYPE = "application/octet-stream"
+#: A write that grows is checked against the data folder's capacity this often.
+_ROOM_CHECK_BYTES = 64 << 20  # 64 MiB
+
+
+def _io_error(what: str, exc: OSError) -> GpufeedError:
+    """The error for a failed file-system call: StorageFull when the disk is full."""
+    if exc.errno == errno.ENOSPC:
+        return StorageFull(f"the disk of the data folder is full ({what})")
+    return InternalError(f"{what}: {exc}")
 
 #: ``finish(pw, tmp_path, etag, md5_digest, **commit_kw)``: publishes the file
 #: and commits the catalog row; returns what ``commit`` returns.
@@ -79,6 +91,8 @@ class WritePath:
         self._cat = catalog
         self._kv = kv
         self._chunks = chunks
+        #: The chunk store (capacity checks of growing writes).
+        self.chunks = chunks
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
@@ -147,12 +161,15 @@ class WritePath:
         for d in (metadata, checksums, headers):
             check_str_map(d)
         tags = check_tags(tags) if tags else {}
-        b0 = self._cat.bucket(bucket)
-        if b0 is None:
-            remove_quietly(tmp)
-            raise NoSuchBucket(f"bucket {bucket!r} does not exist", bucket=bucket)
-        staged = self._chunks.stage(tmp, size, self._chunks.policy(bucket), b0.owner or DEFAULT_TENANT,
-                                    sums=block_sums)
+        policy = self._chunks.policy(bucket)
+        domain = DEFAULT_TENANT
+        if policy.dedup:  # the tenant's dedup domain
+            b0 = self._cat.bucket(bucket)
+            if b0 is None:
+                remove_quietly(tmp)
+                raise NoSuchBucket(f"bucket {bucket!r} does not exist", bucket=bucket)
+            domain = b0.owner or DEFAULT_TENANT
+        staged = self._chunks.stage(tmp, size, policy, domain, sums=block_sums, bucket=bucket)
         blob_id = staged.blob_id
         etag = etag if etag is not None else "n" + blob_id  # a bucket with ETag policy "none"
         info = ObjectInfo(bucket, key, size, etag, time.time(), content_type or _DEFAULT_TYPE,
@@ -289,6 +306,7 @@ class PendingWrite:
         self._finish = finish
         self._fd, self._tmp = write_path.files.new_temp()
         self._hashed = 0  # bytes at the start of the file the hasher has seen
+        self._room_checked = 0  # size at the last capacity check
         # Block sums of the data as it passes (None once a byte got by without it:
         # the chunk store then reads the file back).
         self._summer: BlockSummer | None = BlockSummer(SUM_BLOCK)
@@ -372,12 +390,24 @@ class PendingWrite:
                 write_all_v(self._fd, views, self.size)
         except OSError as exc:
             self.abort()
-            raise InternalError(f"writing {self._tmp} failed: {exc}") from exc
+            raise _io_error(f"writing {self._tmp} failed", exc) from exc
         self.size += n
+        self._check_room()
         if h is not None:
             self._hashed += n
         self._start_writeback()
         return n
+
+    def _check_room(self) -> None:
+        """Refuse a write that has grown past the data folder's capacity (every
+        64 MiB; the commit checks the exact stored size)."""
+        if self.size - self._room_checked >= _ROOM_CHECK_BYTES:
+            self._room_checked = self.size
+            try:
+                self._wp.chunks.check_room(self.size)
+            except StorageFull:
+                self.abort()
+                raise
 
     def _start_writeback(self) -> None:
         """Start writing the newest bytes to disk when ``fsync`` is on and enough piled up."""
@@ -411,7 +441,7 @@ class PendingWrite:
             n = copy_range(fd, offset, self._fd, self.size, length)
         except OSError as exc:
             self.abort()
-            raise InternalError(f"copying into {self._tmp} failed: {exc}") from exc
+            raise _io_error(f"copying into {self._tmp} failed", exc) from exc
         if n:
             self._summer = None  # these bytes never passed through Python
         self.size += n
@@ -560,7 +590,7 @@ class PendingWrite:
             if self._wp.files.fsync:
                 os.fsync(self._fd)
         except OSError as exc:
-            raise InternalError(f"finishing {self._tmp} failed: {exc}") from exc
+            raise _io_error(f"finishing {self._tmp} failed", exc) from exc
         if self._summer is not None and self._summer.nbytes == self.size:
             self.block_sums = self._summer.finish()
         return etag, md5_digest

@@ -315,8 +315,8 @@ class CatalogReader(ABC):
         """Whether a current object, a noncurrent version or a snapshot entry names ``blob_id``."""
 
     @abstractmethod
-    def unmanifested_blobs(self) -> list[tuple[str, int]]:
-        """``(blob id, size in bytes)`` of object versions whose blob has no
+    def unmanifested_blobs(self) -> list[tuple[str, int, str]]:
+        """``(blob id, size in bytes, bucket)`` of object versions whose blob has no
         manifest (data written by a gpufeed that kept one plain file per version)."""
 
     @abstractmethod
@@ -327,6 +327,10 @@ class CatalogReader(ABC):
     @abstractmethod
     def data_files(self) -> set[str]:
         """Ids of every data file a chunk lives in."""
+
+    @abstractmethod
+    def file_chunks(self, file: str) -> list[str]:
+        """Ids of the chunks that live in data file ``file``."""
 
     @abstractmethod
     def chunk_totals(self) -> tuple[int, int, int]:
@@ -346,8 +350,10 @@ class CatalogReader(ABC):
 
     @abstractmethod
     def bucket_data_usage(self, bucket: str) -> tuple[int, int, int]:
-        """``(logical bytes, stored bytes, chunks)`` of the data of every version in
-        ``bucket``; a chunk shared by several versions counts once."""
+        """``(logical bytes, stored bytes, chunks)`` of ``bucket``: logical sums every
+        version with data; stored and chunks count the chunks the bucket stored
+        (a chunk that dedup shares with other buckets counts in the one that
+        stored it first, once). Kept as running totals: no scan."""
 
 
 class CatalogWriter(CatalogReader):
@@ -355,8 +361,9 @@ class CatalogWriter(CatalogReader):
 
     # chunks and manifests ----------------------------------------------------
     @abstractmethod
-    def insert_chunk(self, record: ChunkRecord, refs: int) -> None:
-        """Add a chunk with ``refs`` references (the caller made its id unique)."""
+    def insert_chunk(self, record: ChunkRecord, refs: int, bucket: str = "") -> None:
+        """Add a chunk with ``refs`` references (the caller made its id unique),
+        stored by ``bucket`` (its stored bytes count there; see :meth:`bucket_data_usage`)."""
 
     @abstractmethod
     def add_chunk_refs(self, chunk_id: str, n: int) -> bool:

@@ -165,7 +165,11 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         self._key_gen = 0
         self._owners: dict[str, str] = {}  # bucket -> tenant, see bucket_owner
         self._owner_gen = 0
-        #: What the start-up sweep removed: ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
+        #: What start-up recovery did: the sweep's removals (``"tmp"``, ``"blobs"``,
+        #: ``"uploads"``, ``"parts"``), versions adopted from one-file-per-version data
+        #: (``"adopted"``, ``"missing"``), manifests no version named (``"orphan_manifests"``)
+        #: and data files the catalog names that are not on disk (``"missing_files"``,
+        #: their chunks marked damaged).
         self._chunks = ChunkStore(self._files, self._cat, capacity_bytes)
         self._files.release = self._chunks.release
         self.recovered = self._recover()
@@ -181,7 +185,9 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
     def _recover(self) -> dict[str, int]:
         counts = self._chunks.recover()
         live = self._cat.live_files()
-        counts.update(self._files.sweep(self._cat.data_files(), live.parts))
+        data = self._cat.data_files()
+        counts["missing_files"] = self._chunks.mark_missing(data - set(self._files.list_data_files()))
+        counts.update(self._files.sweep(data, live.parts))
         return counts
 
     def close(self) -> None:
@@ -369,9 +375,11 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
             NoSuchBucket: the bucket does not exist.
             KeyTooLong: key over 1,024 UTF-8 bytes.
             InvalidArgument: empty or non-UTF-8 key, unknown ``etag`` kind.
+            StorageFull: the data folder is at its capacity.
         """
         check_key(key)
         check_hash_kind(etag)
+        self._chunks.check_room(0)  # full already: refuse before any data arrives
         policy = require_bucket(self._cat, bucket).etag_policy
         kind: str | None = etag if policy == "md5" else "xxh3" if policy == "fast" else None
 

@@ -9,6 +9,7 @@ Source: Amazon S3 API Reference, https://docs.aws.amazon.com/AmazonS3/latest/API
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
 
@@ -131,19 +132,28 @@ class _SendfileResponse(_ObjectResponse):
             transport = request.transport
             if transport is None:
                 raise ConnectionResetError("Connection lost")
-            pos, end, pieces = self._offset, self._offset + self._count, self._first
+            end, pieces = self._offset + self._count, self._first
+            checked = self._offset + sum(len(p) if isinstance(p, memoryview) else p[2] for p in pieces)
             loop = request._loop
             while True:
-                for piece in pieces:
-                    pos += await _send_piece(loop, transport, writer, piece)
-                if pos >= end:
+                # check the next piece on the pool while this one is sent
+                ahead = (loop.run_in_executor(None, self._handle.extents, checked, min(end - checked, _PIECE_BYTES))
+                         if checked < end else None)
+                try:
+                    for piece in pieces:
+                        await _send_piece(loop, transport, writer, piece)
+                except BaseException:
+                    if ahead is not None:
+                        await asyncio.gather(ahead, return_exceptions=True)
+                    raise
+                if ahead is None:
                     break
                 try:
-                    pieces = await loop.run_in_executor(None, self._handle.extents, pos,
-                                                        min(end - pos, _PIECE_BYTES))
+                    pieces = await ahead
                 except DamagedObject:
                     transport.abort()  # headers are out: fail the body, never send bad bytes
                     raise ConnectionResetError("object data failed its check") from None
+                checked += sum(len(p) if isinstance(p, memoryview) else p[2] for p in pieces)
             await super().write_eof()
             return writer
         finally:

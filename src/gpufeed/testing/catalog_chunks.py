@@ -32,6 +32,7 @@ class ChunkCatalogTests:
         assert catalog.manifest("nope") is None
         assert catalog.chunk_totals() == (2, 100, 100)
         assert catalog.data_files() == {"f1"}
+        assert catalog.file_chunks("f1") == ["ca", "cb"] and catalog.file_chunks("f2") == []
         assert [c.chunk_id for c in catalog.scan_chunks("", 10)] == ["ca", "cb"]
         assert [c.chunk_id for c in catalog.scan_chunks("ca", 10)] == ["cb"]
 
@@ -67,14 +68,14 @@ class ChunkCatalogTests:
 
     def test_references_from_versions_and_orphans(self, catalog: Catalog, bucket: str) -> None:
         with catalog.write() as w:
-            w.insert_chunk(_chunk("c1"), 1)
+            w.insert_chunk(_chunk("c1"), 1, bucket)
             w.insert_manifest("live", 100, ["c1"])
             w.insert_manifest("orphan", 0, [])
             w.put_object(ObjectInfo(bucket, "k", 100, "e", 1.0, blob_id="live"))
             w.put_object(ObjectInfo(bucket, "old", 5, "e", 1.0, blob_id="legacy"))
         assert catalog.blob_referenced("live") and not catalog.blob_referenced("orphan")
         assert catalog.orphan_manifests() == ["orphan"]
-        assert catalog.unmanifested_blobs() == [("legacy", 5)]
+        assert catalog.unmanifested_blobs() == [("legacy", 5, bucket)]
         assert catalog.chunk_users("c1") == [(bucket, "k", "null")]
         assert catalog.bucket_data_usage(bucket) == (105, 100, 1)
 
