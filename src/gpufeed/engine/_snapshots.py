@@ -38,7 +38,6 @@ import re
 import time
 from collections.abc import Generator
 from contextlib import closing
-from typing import TYPE_CHECKING
 
 from ..errors import (
     AccessDenied,
@@ -122,9 +121,6 @@ class SnapshotCalls:
 
     _cat: Catalog
     _files: BlobFiles
-    if TYPE_CHECKING:
-        def bucket_owner(self, bucket: str) -> str:
-            """The tenant owning ``bucket`` (:class:`~gpufeed.engine._tenants.TenantAdmin`)."""
 
     def create_snapshot(self, bucket: str, name: str, *, kind: str = "manual",
                         now: float | None = None) -> SnapshotInfo:
