@@ -1,11 +1,12 @@
 """Time bucket snapshot operations on a catalog of N current objects.
 
-    PYTHONPATH=src python scripts/snapshot_bench.py [--objects 100000] [--json out.json]
+    PYTHONPATH=src python scripts/snapshot_bench.py [--objects 100000] [--snapshots 8] [--json out.json]
 
 Fills one bucket's catalog with N objects (rows only, no data files: a
-snapshot copies catalog rows, never data), then times three snapshot
-creations, a diff against the live bucket, a restore that finds nothing to
-do, and a deletion, on a data folder with fsync on (the node's default).
+snapshot copies catalog rows, never data), then times S snapshot creations
+(each kept, so the last shows the cost with S - 1 snapshots already there),
+a diff against the live bucket, a restore that finds nothing to do, and a
+deletion, on a data folder with fsync on (the node's default).
 Prints one line per step and, with --json, writes them.
 """
 
@@ -24,6 +25,7 @@ from gpufeed.engine.types import ObjectInfo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--objects", type=int, default=100_000)
+    ap.add_argument("--snapshots", type=int, default=8)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     out: dict[str, float] = {}
@@ -33,7 +35,7 @@ def main() -> None:
             for i in range(args.objects):
                 w.put_object(ObjectInfo("bench", f"data/shard-{i:07d}.bin", 4096, "0" * 32, time.time(),
                                         metadata={"source": "bench"}, blob_id=uuid.uuid4().hex))
-        steps = [(f"create_{n}_s", lambda n=n: eng.create_snapshot("bench", f"s{n}")) for n in range(3)]
+        steps = [(f"create_{n}_s", lambda n=n: eng.create_snapshot("bench", f"s{n}")) for n in range(args.snapshots)]
         steps += [("diff_s", lambda: eng.diff_snapshots("bench", "s0")),
                   ("restore_noop_s", lambda: eng.restore_snapshot("bench", "s0")),
                   ("delete_s", lambda: eng.delete_snapshot("bench", "s0"))]

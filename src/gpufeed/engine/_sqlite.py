@@ -228,7 +228,7 @@ class _Reads(ChunkReads, SnapshotReads, CatalogReader):
         c = self._conn()
         blobs = {r[0] for r in c.execute("SELECT blob_id FROM objects")}
         blobs.update(r[0] for r in c.execute("SELECT blob_id FROM versions WHERE delete_marker=0"))
-        blobs.update(r[0] for r in c.execute("SELECT DISTINCT blob_id FROM snapshot_objects"))
+        blobs.update(r[0] for r in c.execute("SELECT blob_id FROM snapshot_blobs"))
         parts: dict[str, set[str]] = {r[0]: set() for r in c.execute("SELECT upload_id FROM uploads")}
         for upload_id, file in c.execute("SELECT upload_id, file FROM parts"):
             parts.setdefault(upload_id, set()).add(file)

@@ -6,8 +6,10 @@ of :mod:`._sqlite` (kept apart so that module stays one size).
 A snapshot is one ``snapshots`` row and a copy of the version columns of the
 bucket's current objects in ``snapshot_objects``, made by one
 ``INSERT ... SELECT`` inside the write transaction, so it is exactly the state
-of that commit. The SQL is plain (no SQLite-only functions) so a PostgreSQL
-catalog can share it.
+of that commit; ``snapshot_blobs`` counts the entries naming each blob (an
+upsert in blob order when a snapshot is made, decrements when it is deleted).
+The SQL is plain (``INSERT ... ON CONFLICT DO UPDATE``, no SQLite-only
+functions) so a PostgreSQL catalog can share it.
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ class SnapshotWrites:
             f"INSERT INTO snapshot_objects (bucket, snapshot, key, {SNAPSHOT_VERSION_COLS})"
             f" SELECT bucket, ?, key, {SNAPSHOT_VERSION_COLS} FROM objects WHERE bucket=?",
             (info.name, info.bucket)).rowcount
+        c.execute("INSERT INTO snapshot_blobs (blob_id, refs) SELECT blob_id, COUNT(*) FROM objects WHERE bucket=?"
+                  " GROUP BY blob_id ON CONFLICT (blob_id) DO UPDATE SET refs = snapshot_blobs.refs + excluded.refs",
+                  (info.bucket,))
         size = c.execute("SELECT COALESCE(SUM(size), 0) FROM objects WHERE bucket=?", (info.bucket,)).fetchone()[0]
         c.execute("INSERT INTO snapshots (bucket, name, created, kind, objects, bytes) VALUES (?, ?, ?, ?, ?, ?)",
                   (info.bucket, info.name, info.created, info.kind, n, size))
@@ -90,8 +95,11 @@ class SnapshotWrites:
 
     def delete_snapshot(self, bucket: str, name: str) -> list[str]:
         c = self._c
-        blobs = [r[0] for r in c.execute("SELECT DISTINCT blob_id FROM snapshot_objects"
-                                         " WHERE bucket=? AND snapshot=?", (bucket, name))]
+        counts = c.execute("SELECT blob_id, COUNT(*) FROM snapshot_objects WHERE bucket=? AND snapshot=?"
+                           " GROUP BY blob_id", (bucket, name)).fetchall()
+        c.executemany("UPDATE snapshot_blobs SET refs = refs - ? WHERE blob_id=?", [(n, b) for b, n in counts])
+        c.executemany("DELETE FROM snapshot_blobs WHERE blob_id=? AND refs <= 0", [(b,) for b, _ in counts])
+        blobs = [b for b, _ in counts]
         c.execute("DELETE FROM snapshot_objects WHERE bucket=? AND snapshot=?", (bucket, name))
         c.execute("DELETE FROM snapshots WHERE bucket=? AND name=?", (bucket, name))
         return blobs
@@ -103,6 +111,6 @@ class SnapshotWrites:
             chunk = ids[i:i + _IN_CHUNK]
             marks = ", ".join("?" * len(chunk))
             sql = " UNION ".join(f"SELECT blob_id FROM {t} WHERE blob_id IN ({marks})"
-                                 for t in ("objects", "versions", "snapshot_objects"))
+                                 for t in ("objects", "versions", "snapshot_blobs"))
             found.update(r[0] for r in self._c.execute(sql, chunk * 3))
         return found

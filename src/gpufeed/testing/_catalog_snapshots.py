@@ -124,6 +124,25 @@ class SnapshotCatalogTests:
             assert w.referenced_blobs([]) == set()
         assert catalog.live_files().blobs == {"c", "n", "s"}
 
+    def test_a_blob_stays_named_until_its_last_snapshot_goes(self, catalog: Catalog, bucket: str) -> None:
+        with catalog.write() as w:
+            w.put_object(_o(bucket, "k", "b"))
+            w.insert_snapshot(SnapshotInfo(bucket, "s1", 1.0))
+            w.insert_snapshot(SnapshotInfo(bucket, "s2", 2.0))
+            w.delete_object(bucket, "k")
+            assert w.referenced_blobs(["b"]) == {"b"}
+        with catalog.write() as w:
+            assert w.delete_snapshot(bucket, "s1") == ["b"]
+            assert w.referenced_blobs(["b"]) == {"b"}  # s2 still names it
+        assert catalog.live_files().blobs == {"b"}
+        with catalog.write() as w:
+            w.put_object(_o(bucket, "k", "b"))  # a restore: the blob is current again
+            assert w.delete_snapshot(bucket, "s2") == ["b"]
+            assert w.referenced_blobs(["b"]) == {"b"}
+            w.delete_object(bucket, "k")
+            assert w.referenced_blobs(["b"]) == set()
+        assert catalog.live_files().blobs == set()
+
     def test_snapshot_rolls_back(self, catalog: Catalog, bucket: str) -> None:
         with catalog.write() as w:
             w.put_object(_o(bucket, "k", "b"))
@@ -132,3 +151,6 @@ class SnapshotCatalogTests:
             raise RuntimeError("roll back")
         assert catalog.bucket_snapshot(bucket, "s") is None
         assert catalog.snapshot_object(bucket, "s", "k") is None
+        with catalog.write() as w:
+            w.delete_object(bucket, "k")
+            assert w.referenced_blobs(["b"]) == set()  # the rolled-back snapshot counts nothing
