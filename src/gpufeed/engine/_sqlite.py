@@ -47,10 +47,6 @@ from .types import (
 __all__ = ["SqliteCatalog", "SCHEMA_VERSION"]
 
 _MMAP_BYTES = 256 << 20  # 256 MiB of the catalog file mapped per connection
-#: Page cache of the writer, KiB (SQLite's default is 2 MiB): a snapshot of
-#: 100,000 objects inserts as many entries at random places of the by-blob
-#: index, which then stay cached instead of being re-read (~25 % faster).
-_WRITER_CACHE_KIB = 64 << 10  # 64 MiB
 _BUSY_TIMEOUT_S = 30.0
 
 
@@ -545,7 +541,6 @@ class SqliteCatalog(_Reads, Catalog):
                 raise InternalError(f"catalog {path}: cannot enable WAL (got {mode!r})")
             w.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
             w.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")
-            w.execute(f"PRAGMA cache_size=-{_WRITER_CACHE_KIB}")
             w.execute("PRAGMA recursive_triggers=ON")  # INSERT OR REPLACE fires the usage delete trigger
             version = w.execute("PRAGMA user_version").fetchone()[0]
             if not 0 <= version <= SCHEMA_VERSION:
