@@ -105,3 +105,26 @@ def test_lifecycle_settings_defaults_and_env(monkeypatch):
     monkeypatch.setenv("GPUFEED_ABORT_IDLE_UPLOADS_S", "-1")
     with pytest.raises(ValueError, match="GPUFEED_ABORT_IDLE_UPLOADS_S"):
         NodeConfig.from_env()
+
+
+def test_snapshot_worker_runs_bucket_schedules(tmp_path):
+    node = Node(_config(tmp_path / "data", lifecycle_interval_s=0, snapshot_interval_s=0.2))
+    try:
+        node.start()
+        engine = node.engine
+        assert engine is not None and node._snapshots is not None
+        engine.create_bucket("scheduled")
+        engine.put_object("scheduled", "k", b"v")
+        engine.set_snapshot_schedule("scheduled", hourly=2, daily=1)
+        assert _wait_for(lambda: {s.kind for s in engine.list_snapshots("scheduled")} == {"hourly", "daily"})
+        names = sorted(s.name for s in engine.list_snapshots("scheduled"))
+        assert names[0].startswith("auto-daily-") and names[1].startswith("auto-hourly-")
+        assert engine.get_object("scheduled", "k", snapshot=names[1]) == b"v"
+    finally:
+        node.stop()
+    off = Node(_config(tmp_path / "data2", lifecycle_interval_s=0, snapshot_interval_s=0))
+    try:
+        off.start()
+        assert off._snapshots is None  # interval 0: no worker
+    finally:
+        off.stop()

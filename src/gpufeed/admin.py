@@ -1,4 +1,4 @@
-"""Administering tenants, access keys and buckets, on a running node or a stopped one.
+"""Administering tenants, access keys, buckets and bucket snapshots, on a running node or a stopped one.
 
 :class:`RemoteAdmin` calls a running node's admin API over its S3 port
 (:mod:`gpufeed.s3._admin`), signing each request with SigV4 (botocore) and
@@ -116,6 +116,32 @@ class Admin:
         report: ``damaged``, ``cleared``, ``orphan_files``, ...)."""
         raise NotImplementedError
 
+    # snapshots (gpufeed.s3._admin_snapshots; the engine's snapshot calls) ------------
+    def snapshot_create(self, bucket: str, name: str) -> dict:
+        """Snapshot a bucket: ``{"bucket", "name", "created", "kind", "objects", "bytes"}``."""
+        raise NotImplementedError
+
+    def snapshot_list(self, bucket: str) -> dict:
+        """``{"snapshots": [snapshot, ...]}``, oldest first."""
+        raise NotImplementedError
+
+    def snapshot_delete(self, bucket: str, name: str, *, bypass_governance: bool = False) -> dict:
+        """Delete a snapshot (its data only it held is freed): ``{}``."""
+        raise NotImplementedError
+
+    def snapshot_restore(self, bucket: str, name: str, *, prefix: str = "") -> dict:
+        """Roll the bucket (or ``prefix``) back: ``{"restored", "deleted", "unchanged"}``."""
+        raise NotImplementedError
+
+    def snapshot_diff(self, bucket: str, name: str, target: str | None = None, *, prefix: str = "") -> dict:
+        """``{"added", "changed", "removed"}`` keys from snapshot ``name`` to ``target`` (``None``: live)."""
+        raise NotImplementedError
+
+    def snapshot_schedule(self, bucket: str, *, hourly: int | None = None, daily: int | None = None) -> dict:
+        """The bucket's schedule ``{"hourly", "daily"}`` (keep counts), changed
+        first when either is given (one left out is kept)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Release what the admin holds."""
 
@@ -208,6 +234,34 @@ class RemoteAdmin(Admin):
             status = self._call("GET", "scrub")
         return status
 
+    def _snap(self, bucket: str, name: str | None = None) -> str:
+        path = f"buckets/{urllib.parse.quote(bucket, safe='')}/snapshots"
+        return path if name is None else f"{path}/{urllib.parse.quote(name, safe='')}"
+
+    def snapshot_create(self, bucket: str, name: str) -> dict:
+        return self._call("POST", self._snap(bucket), {"name": name})
+
+    def snapshot_list(self, bucket: str) -> dict:
+        return self._call("GET", self._snap(bucket))
+
+    def snapshot_delete(self, bucket: str, name: str, *, bypass_governance: bool = False) -> dict:
+        return self._call("DELETE", self._snap(bucket, name), {"bypass_governance": bypass_governance})
+
+    def snapshot_restore(self, bucket: str, name: str, *, prefix: str = "") -> dict:
+        return self._call("POST", self._snap(bucket, name) + "/restore", {"prefix": prefix})
+
+    def snapshot_diff(self, bucket: str, name: str, target: str | None = None, *, prefix: str = "") -> dict:
+        query = {k: v for k, v in (("target", target), ("prefix", prefix)) if v}
+        return self._call("GET", self._snap(bucket, name) + "/diff", query=query or None)
+
+    def snapshot_schedule(self, bucket: str, *, hourly: int | None = None, daily: int | None = None) -> dict:
+        path = f"buckets/{urllib.parse.quote(bucket, safe='')}/snapshot-schedule"
+        if hourly is None and daily is None:
+            return self._call("GET", path)
+        now = self._call("GET", path)
+        return self._call("PUT", path, {"hourly": now["hourly"] if hourly is None else hourly,
+                                        "daily": now["daily"] if daily is None else daily})
+
 
 class LocalAdmin(Admin):
     """The data folder of a stopped node, opened directly.
@@ -282,6 +336,29 @@ class LocalAdmin(Admin):
         runner.start(rate_bytes_s)
         runner.wait()
         return runner.status()
+
+    def snapshot_create(self, bucket: str, name: str) -> dict:
+        return dataclasses.asdict(self._engine.create_snapshot(bucket, name))
+
+    def snapshot_list(self, bucket: str) -> dict:
+        return {"snapshots": [dataclasses.asdict(s) for s in self._engine.list_snapshots(bucket)]}
+
+    def snapshot_delete(self, bucket: str, name: str, *, bypass_governance: bool = False) -> dict:
+        self._engine.delete_snapshot(bucket, name, bypass_governance=bypass_governance)
+        return {}
+
+    def snapshot_restore(self, bucket: str, name: str, *, prefix: str = "") -> dict:
+        return dataclasses.asdict(self._engine.restore_snapshot(bucket, name, prefix=prefix))
+
+    def snapshot_diff(self, bucket: str, name: str, target: str | None = None, *, prefix: str = "") -> dict:
+        return dataclasses.asdict(self._engine.diff_snapshots(bucket, name, target, prefix=prefix))
+
+    def snapshot_schedule(self, bucket: str, *, hourly: int | None = None, daily: int | None = None) -> dict:
+        now = self._engine.snapshot_schedule(bucket)
+        if hourly is None and daily is None:
+            return now
+        return self._engine.set_snapshot_schedule(bucket, hourly=now["hourly"] if hourly is None else hourly,
+                                                  daily=now["daily"] if daily is None else daily)
 
     def close(self) -> None:
         self._engine.close()

@@ -1,9 +1,9 @@
 """The ``gpufeed`` command line: parse, call the library, print.
 
 Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``checkpoint ls|scrub``,
-``catalog check|recover``, ``admin ...``, ``scrub``, ``bench io``, ``bench kv``, ``bench list``,
-``bench codecs``, ``bench data``, ``bench integrity``, ``bench crash``, ``bench checkpoint``,
-``bench model``, ``bench gpu``, ``demo``.
+``catalog check|recover``, ``admin ...``, ``scrub``, ``snapshot create|list|delete|restore|diff|schedule``,
+``bench io``, ``bench kv``, ``bench list``, ``bench codecs``, ``bench data``, ``bench integrity``,
+``bench crash``, ``bench checkpoint``, ``bench model``, ``bench gpu``, ``demo``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import click
 
 from ._cli_admin import admin, scrub
 from ._cli_catalog import catalog
+from ._cli_snapshot import snapshot
 from ._cli_types import SizeType
 from ._version import __version__
 
@@ -50,6 +51,7 @@ def main() -> None:
 main.add_command(admin)
 main.add_command(scrub)
 main.add_command(catalog)
+main.add_command(snapshot)
 
 
 @main.command()

@@ -208,6 +208,10 @@ class NodeConfig:
             which applies every bucket's lifecycle rules and aborts idle multipart
             uploads (the first pass runs at start); 0 turns the worker off. Env
             ``GPUFEED_LIFECYCLE_INTERVAL_S``.
+        snapshot_interval_s: seconds between two passes of the snapshot worker,
+            which makes and prunes the buckets' scheduled snapshots (hourly /
+            daily, :mod:`gpufeed.engine._snapshot_schedule`; the first pass runs at
+            start); 0 turns it off. Env ``GPUFEED_SNAPSHOT_INTERVAL_S``.
         abort_idle_uploads_s: seconds after which a multipart upload nobody has
             touched (no start or part upload since) is aborted and its parts
             deleted, whatever the bucket's rules; default 7 days; 0 never. Env
@@ -277,6 +281,7 @@ class NodeConfig:
     max_object_bytes: int = 5 << 40  # 5 TiB
     send_timeout_s: float = 30.0
     lifecycle_interval_s: float = 3600.0  # 1 hour
+    snapshot_interval_s: float = 60.0  # 1 minute
     abort_idle_uploads_s: float = 7 * 86400.0  # 7 days
     s3_header_timeout_s: float = 15.0
     s3_body_timeout_s: float = 30.0
@@ -310,6 +315,7 @@ class NodeConfig:
             region_pool_bytes=_env("GPUFEED_REGION_POOL_BYTES", _size, cls.region_pool_bytes),
             send_timeout_s=_env("GPUFEED_SEND_TIMEOUT_S", _seconds, cls.send_timeout_s),
             lifecycle_interval_s=_env("GPUFEED_LIFECYCLE_INTERVAL_S", _seconds, cls.lifecycle_interval_s),
+            snapshot_interval_s=_env("GPUFEED_SNAPSHOT_INTERVAL_S", _seconds, cls.snapshot_interval_s),
             abort_idle_uploads_s=_env("GPUFEED_ABORT_IDLE_UPLOADS_S", _seconds, cls.abort_idle_uploads_s),
             s3_header_timeout_s=_env("GPUFEED_S3_HEADER_TIMEOUT_S", _seconds, cls.s3_header_timeout_s),
             s3_body_timeout_s=_env("GPUFEED_S3_BODY_TIMEOUT_S", _seconds, cls.s3_body_timeout_s),

@@ -19,6 +19,7 @@ Tree::
     │   ├── ObjectLockConfigurationNotFoundError  (a bucket without object lock)
     │   ├── NoSuchTenant
     │   ├── NoSuchAccessKey
+    │   ├── NoSuchSnapshot
     │   └── NoSuchConfiguration  (its code names the configuration: NoSuchBucketPolicy, ...)
     ├── AccessError (PermissionError)
     │   ├── AccessDenied
@@ -38,6 +39,7 @@ Tree::
     │   ├── TenantAlreadyExists
     │   ├── TenantNotEmpty    (it still owns buckets)
     │   ├── BucketAlreadyExists  (the name is another tenant's)
+    │   ├── SnapshotAlreadyExists
     │   └── PreconditionFailed
     ├── InvalidRequestError (ValueError)
     │   ├── InvalidBucketName
@@ -107,6 +109,8 @@ __all__ = [
     "ObjectLockConfigurationNotFoundError",
     "NoSuchTenant",
     "NoSuchAccessKey",
+    "NoSuchSnapshot",
+    "SnapshotAlreadyExists",
     "TenantAlreadyExists",
     "TenantNotEmpty",
     "BucketAlreadyExists",
@@ -248,6 +252,11 @@ class NoSuchAccessKey(NotFoundError):
     code, status = "NoSuchAccessKey", 404
 
 
+class NoSuchSnapshot(NotFoundError):
+    """No snapshot of that name in the bucket (gpufeed's own code)."""
+    code, status = "NoSuchSnapshot", 404
+
+
 class AccessError(GpufeedError, PermissionError):
     code, status = "AccessDenied", 403
 
@@ -308,6 +317,11 @@ class TenantNotEmpty(ConflictError):
 class BucketAlreadyExists(ConflictError):
     """The bucket name is taken by another tenant."""
     code, status = "BucketAlreadyExists", 409
+
+
+class SnapshotAlreadyExists(ConflictError):
+    """The bucket has a snapshot of that name already (gpufeed's own code)."""
+    code, status = "SnapshotAlreadyExists", 409
 
 
 class PreconditionFailed(ConflictError):

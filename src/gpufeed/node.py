@@ -4,10 +4,13 @@
 starts it, prints the endpoints as one JSON line and waits for SIGINT/SIGTERM.
 Tests and benchmarks start nodes the same way (in a subprocess).
 
-Besides the endpoints a node runs one background thread, the lifecycle worker
+Besides the endpoints a node runs two background threads: the lifecycle worker
 (:class:`LifecycleWorker`): every ``lifecycle_interval_s`` it applies the
 buckets' lifecycle rules and aborts multipart uploads idle for
-``abort_idle_uploads_s`` (:meth:`gpufeed.engine.Engine.apply_lifecycle`).
+``abort_idle_uploads_s`` (:meth:`gpufeed.engine.Engine.apply_lifecycle`); and
+the snapshot worker (:class:`SnapshotWorker`): every ``snapshot_interval_s`` it
+makes and prunes the buckets' scheduled snapshots
+(:meth:`gpufeed.engine.Engine.run_snapshot_schedules`).
 
 Every node counts its requests in a :class:`~gpufeed._metrics.NodeMetrics` of
 its own (``Node.metrics``); with ``metrics_port`` >= 0 it also serves them, with
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
 
     from .wire.server import WireServer
 
-__all__ = ["Node", "Endpoints", "LifecycleWorker"]
+__all__ = ["Node", "Endpoints", "LifecycleWorker", "SnapshotWorker"]
 
 log = logging.getLogger("gpufeed.node")
 
@@ -117,6 +120,45 @@ class LifecycleWorker:
             self._thread.join(timeout_s)
 
 
+class SnapshotWorker:
+    """A daemon thread that runs ``engine.run_snapshot_schedules`` every
+    ``interval_s`` seconds (first at start) until :meth:`stop`; a failed pass is
+    logged and the next one runs on time.
+
+    Args:
+        engine: the node's engine.
+        interval_s: seconds between passes (> 0).
+    """
+
+    def __init__(self, engine: Engine, interval_s: float) -> None:
+        self._engine = engine
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpufeed-snapshots", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                done = self._engine.run_snapshot_schedules()
+                if done:
+                    log.info("scheduled snapshots: %s", " ".join(done))
+            except Exception:
+                if self._stop.is_set():
+                    return  # the engine closed under a pass that was ending anyway
+                log.exception("snapshot schedule pass failed")
+            self._stop.wait(self._interval_s)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask the thread to end and wait up to ``timeout_s`` for a pass in progress."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+
 async def _stop_s3(runner: web.AppRunner) -> None:
     """Clean the S3 runner up, then cancel what aiohttp leaves behind: a connection
     whose client left while aiohttp drained its unread body keeps a task that the
@@ -153,6 +195,7 @@ class Node:
         self.metrics = NodeMetrics(tenant_labels=config.metrics_tenant_labels)
         self._wire: WireServer | None = None
         self._lifecycle: LifecycleWorker | None = None
+        self._snapshots: SnapshotWorker | None = None
         self.endpoints: Endpoints | None = None
 
     def start(self) -> Endpoints:
@@ -228,6 +271,9 @@ class Node:
             self._lifecycle = LifecycleWorker(engine, cfg.lifecycle_interval_s, cfg.abort_idle_uploads_s,
                                               self.metrics)
             self._lifecycle.start()
+        if cfg.snapshot_interval_s > 0:
+            self._snapshots = SnapshotWorker(engine, cfg.snapshot_interval_s)
+            self._snapshots.start()
         self.endpoints = Endpoints(
             s3=f"http://{cfg.host}:{result['port']}",
             tcp=f"gpufeed+tcp://{cfg.host}:{tcp_port}" if tcp_port else None,
@@ -259,10 +305,13 @@ class Node:
         result["runner"] = runner
 
     def stop(self) -> None:
-        """Stop every endpoint and the lifecycle worker, and close the engine. Idempotent."""
+        """Stop every endpoint and the background workers, and close the engine. Idempotent."""
         if self._lifecycle is not None:
             self._lifecycle.stop()
             self._lifecycle = None
+        if self._snapshots is not None:
+            self._snapshots.stop()
+            self._snapshots = None
         if self._wire is not None:
             self._wire.stop()
             self._wire = None

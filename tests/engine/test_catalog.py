@@ -8,7 +8,7 @@ import pytest
 
 from gpufeed.engine import Catalog, SqliteCatalog
 from gpufeed.engine._sqlite import SCHEMA_VERSION
-from gpufeed.engine.types import BucketInfo, LifecycleRule, ObjectInfo
+from gpufeed.engine.types import BucketInfo, LifecycleRule, ObjectInfo, SnapshotInfo
 from gpufeed.errors import InternalError
 from gpufeed.testing.catalog import CatalogTests
 
@@ -70,10 +70,15 @@ def test_version_1_catalog_is_migrated(tmp_path):
         assert c.lifecycle("old") == [LifecycleRule("r", expiration_days=3)]
         assert c.completed_upload("a" * 32) is None and c.completion_of("b1") is None  # version 3
         assert c.bucket_config("old", "cors") is None  # version 4
+        assert c.bucket_snapshots("old") == []  # version 6
+        with c.write() as w:
+            assert w.insert_snapshot(SnapshotInfo("old", "s", 9.0)).objects == 1
+        assert c.snapshot_object("old", "s", "k").blob_id == "b1"
+        assert c.live_files().blobs == {"b1"}
     finally:
         c.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     db.close()
 
 

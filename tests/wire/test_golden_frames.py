@@ -119,7 +119,8 @@ def test_error_reply_says_when_a_delete_marker_was_in_the_way():
 
 def test_unknown_trailing_fields_are_ignored():
     """Fields are only ever added at the end: a receiver reads the ones it knows."""
-    later = bytes([0x94]) + fixstr("bkt") + fixstr("k") + fixstr("null") + bytes([0x07])
+    # HEAD is [bucket, key, version_id, snapshot]; a fifth element is one it does not know
+    later = bytes([0x95]) + fixstr("bkt") + fixstr("k") + fixstr("null") + bytes([0xC0, 0x07])
     assert p.decode(p.Head, later) == p.Head("bkt", "k", "null")
 
 

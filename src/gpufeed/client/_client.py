@@ -13,15 +13,13 @@ The URL picks the transport (see ``_transports/``):
 above the SDK asks the capability properties (:attr:`Client.supports_map`,
 ...) instead of comparing transport names. Every blocking call has a
 ``submit_*`` form that returns a ``concurrent.futures.Future`` (many requests
-in flight), and :class:`AsyncClient` is built on those forms only, so it
-refuses exactly the arguments :class:`Client` refuses.
+in flight), and :class:`~gpufeed.client._async.AsyncClient` is built on those
+forms only, so it refuses exactly the arguments :class:`Client` refuses.
 Each connection authenticates once when it opens (``_auth.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import builtins
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
@@ -41,13 +39,14 @@ from ._types import (
     bucket_req,
     check_bucket,
     check_object,
+    check_snapshot,
     check_version,
     parse_url,
     then,
     writable_dest,
 )
 
-__all__ = ["Client", "AsyncClient", "ReadRequest", "ListEntry", "ObjectMeta", "DeleteResult", "parse_url"]
+__all__ = ["Client", "ReadRequest", "ListEntry", "ObjectMeta", "DeleteResult", "parse_url"]
 
 
 class Client:
@@ -147,6 +146,19 @@ class Client:
         if (version_id is not None or bypass_governance) and not self._t.supports_versions:
             raise NotImplementedByGpufeed("this node's fast path does not serve object versions "
                                           "(its HELLO lists no 'versions' feature)")
+
+    @property
+    def supports_snapshots(self) -> bool:
+        """Reads, heads, maps and listings can name a bucket snapshot
+        (``snapshot``): the node lists the ``"snapshots"`` feature."""
+        return self._t.supports_snapshots
+
+    def _check_snapshot(self, snapshot) -> None:
+        """Raises InvalidArgument (not a name) or NotImplementedByGpufeed (a node without snapshots)."""
+        check_snapshot(snapshot)
+        if snapshot is not None and not self._t.supports_snapshots:
+            raise NotImplementedByGpufeed("this node's fast path does not serve snapshots "
+                                          "(its HELLO lists no 'snapshots' feature)")
 
     @property
     def max_batch_item_bytes(self) -> int | None:
@@ -303,15 +315,20 @@ class Client:
         return self.submit_list_buckets().result()
 
     # --- objects -----------------------------------------------------------------------
-    def submit_head(self, bucket: str, key: str, *, version_id: str | None = None) -> Future:
+    def submit_head(self, bucket: str, key: str, *, version_id: str | None = None,
+                    snapshot: str | None = None) -> Future:
         """Start :meth:`head`; the Future resolves to the :class:`ObjectMeta`."""
         check_object(bucket, key)
         self._check_version(version_id)
-        return self._t.request(p.Op.HEAD, p.Head(bucket, key, version_id))
+        self._check_snapshot(snapshot)
+        return self._t.request(p.Op.HEAD, p.Head(bucket, key, version_id, snapshot))
 
-    def head(self, bucket: str, key: str, *, version_id: str | None = None) -> ObjectMeta:
+    def head(self, bucket: str, key: str, *, version_id: str | None = None,
+             snapshot: str | None = None) -> ObjectMeta:
         """Object metadata: of the current version, or of version ``version_id``
-        (``"null"`` or an id the node gave). The result's ``version_id``,
+        (``"null"`` or an id the node gave), or as bucket snapshot ``snapshot``
+        recorded it (every read here takes ``snapshot``: NoSuchSnapshot when the
+        bucket has none of that name). The result's ``version_id``,
         ``lock_mode``, ``lock_until`` and ``legal_hold`` describe that version.
 
         Raises:
@@ -323,18 +340,19 @@ class Client:
             InvalidArgument: a malformed version id.
             NotImplementedByGpufeed: a version named to a node without versions.
         """
-        return self.submit_head(bucket, key, version_id=version_id).result()
+        return self.submit_head(bucket, key, version_id=version_id, snapshot=snapshot).result()
 
     def submit_map_object(self, bucket: str, key: str, *, populate: bool = True,
-                          version_id: str | None = None) -> Future:
+                          version_id: str | None = None, snapshot: str | None = None) -> Future:
         """Start :meth:`map_object` (on the client's threads); the Future resolves
         to the view."""
         check_object(bucket, key)
         self._check_version(version_id)
-        return self._t.executor_submit(self._t.map_object, bucket, key, populate, version_id)
+        self._check_snapshot(snapshot)
+        return self._t.executor_submit(self._t.map_object, bucket, key, populate, version_id, snapshot)
 
     def map_object(self, bucket: str, key: str, *, populate: bool = True,
-                   version_id: str | None = None) -> memoryview:
+                   version_id: str | None = None, snapshot: str | None = None) -> memoryview:
         """Map an object's stored bytes into this process: zero-copy, shm only
         (:attr:`supports_map`).
 
@@ -386,7 +404,8 @@ class Client:
         """
         check_object(bucket, key)
         self._check_version(version_id)
-        return self._t.map_object(bucket, key, populate, version_id)
+        self._check_snapshot(snapshot)
+        return self._t.map_object(bucket, key, populate, version_id, snapshot)
 
     def submit_put(self, bucket: str, key: str, data, *, content_type: str | None = None,
                    metadata: dict[str, str] | None = None) -> Future:
@@ -410,20 +429,22 @@ class Client:
         """
         return self.submit_put(bucket, key, data, content_type=content_type, metadata=metadata).result()
 
-    def submit_get(self, bucket: str, key: str, *, offset: int = 0,
-                   length: int | None = None, version_id: str | None = None) -> Future:
+    def submit_get(self, bucket: str, key: str, *, offset: int = 0, length: int | None = None,
+                   version_id: str | None = None, snapshot: str | None = None) -> Future:
         """Start :meth:`get`; the Future resolves to the ``memoryview``."""
         check_object(bucket, key, offset, length)
         self._check_version(version_id)
-        return self._t.submit_get(bucket, key, offset, length, version_id)
+        self._check_snapshot(snapshot)
+        return self._t.submit_get(bucket, key, offset, length, version_id, snapshot)
 
     def get(self, bucket: str, key: str, *, offset: int = 0, length: int | None = None,
-            version_id: str | None = None) -> memoryview:
+            version_id: str | None = None, snapshot: str | None = None) -> memoryview:
         """Read an object (or ``length`` bytes from ``offset``) into new memory.
 
         Args:
             version_id: read that version (``"null"`` or an id the node gave);
                 ``None``: the current one.
+            snapshot: read it as bucket snapshot ``snapshot`` recorded it.
 
         Returns:
             A ``memoryview`` over a ``bytearray``.
@@ -436,18 +457,20 @@ class Client:
         """
         check_object(bucket, key, offset, length)
         self._check_version(version_id)
-        return self._t.get(bucket, key, offset, length, version_id)
+        self._check_snapshot(snapshot)
+        return self._t.get(bucket, key, offset, length, version_id, snapshot)
 
-    def submit_get_into(self, bucket: str, key: str, buffer, *, offset: int = 0,
-                        length: int | None = None, version_id: str | None = None) -> Future:
+    def submit_get_into(self, bucket: str, key: str, buffer, *, offset: int = 0, length: int | None = None,
+                        version_id: str | None = None, snapshot: str | None = None) -> Future:
         """Start :meth:`get_into`; the Future resolves to the bytes read."""
         check_object(bucket, key, offset, length)
         self._check_version(version_id)
+        self._check_snapshot(snapshot)
         return self._t.submit_get_into(bucket, key, writable_dest(buffer, length), offset,
-                                       version_id)
+                                       version_id, snapshot)
 
-    def get_into(self, bucket: str, key: str, buffer, *, offset: int = 0,
-                 length: int | None = None, version_id: str | None = None) -> int:
+    def get_into(self, bucket: str, key: str, buffer, *, offset: int = 0, length: int | None = None,
+                 version_id: str | None = None, snapshot: str | None = None) -> int:
         """Read object bytes from ``offset`` straight into ``buffer``.
 
         Args:
@@ -456,6 +479,7 @@ class Client:
             offset: first byte of the object to read.
             length: bytes to read (default ``len(buffer)``).
             version_id: read that version (``None``: the current one).
+            snapshot: read it as bucket snapshot ``snapshot`` recorded it.
 
         Returns:
             Bytes read: less than requested only at the end of the object.
@@ -468,7 +492,7 @@ class Client:
                 NotImplementedByGpufeed: a version id, as for :meth:`head`.
         """
         return self.submit_get_into(bucket, key, buffer, offset=offset, length=length,
-                                    version_id=version_id).result()
+                                    version_id=version_id, snapshot=snapshot).result()
 
     def submit_get_many_into(self, requests: Sequence[ReadRequest | tuple], *,
                              digests_out: list | None = None,
@@ -482,7 +506,7 @@ class Client:
 
         Args:
             requests: :class:`ReadRequest` or ``(bucket, key, dest, offset, length,
-                digest, version_id)`` tuples (trailing fields optional).
+                digest, version_id, snapshot)`` tuples (trailing fields optional).
             digests_out: a list that, before the Future resolves, holds one entry per
                 request: the server's XXH3-64 digests (``int``, seed 0) of each
                 ``digest``-byte piece of the bytes delivered into ``dest``, or ``None``
@@ -513,6 +537,7 @@ class Client:
                 raise InvalidArgument(f"digest piece size must be >= 0, not {r.digest!r}")
             if r.version_id is not None:
                 self._check_version(r.version_id)
+            self._check_snapshot(r.snapshot)
             dests.append(writable_dest(r.dest, r.length, batch=True))
         return self._t.submit_get_many_into(reqs, dests, digests_out, errors_out)
 
@@ -524,7 +549,7 @@ class Client:
 
         Args:
             requests: :class:`ReadRequest` or ``(bucket, key, dest, offset, length,
-                digest, version_id)`` tuples (trailing fields optional).
+                digest, version_id, snapshot)`` tuples (trailing fields optional).
             digests_out: filled with server-computed piece digests (see
                 :meth:`submit_get_many_into`).
             errors_out: filled with per-request errors instead of raising (see
@@ -577,26 +602,29 @@ class Client:
                                   bypass_governance=bypass_governance).result()
 
     def submit_list(self, bucket: str, prefix: str = "", delimiter: str = "", *,
-                    start_after: str = "", page_size: int = 1000) -> Future:
+                    start_after: str = "", page_size: int = 1000, snapshot: str | None = None) -> Future:
         """Start :meth:`list` (on the client's threads); the Future resolves to the
         whole ``list`` of entries."""
         check_bucket(bucket)
+        self._check_snapshot(snapshot)
         return self._t.executor_submit(
-            lambda: list(self._pages(bucket, prefix, delimiter, start_after, page_size)))
+            lambda: list(self._pages(bucket, prefix, delimiter, start_after, page_size, snapshot)))
 
-    def list(self, bucket: str, prefix: str = "", delimiter: str = "", *,
-             start_after: str = "", page_size: int = 1000) -> Iterator[ListEntry]:
+    def list(self, bucket: str, prefix: str = "", delimiter: str = "", *, start_after: str = "",
+             page_size: int = 1000, snapshot: str | None = None) -> Iterator[ListEntry]:
         """Yield keys (and common prefixes when ``delimiter`` is set) in UTF-8
-        byte order, paging transparently. Raises NoSuchBucket."""
+        byte order, paging transparently; of bucket snapshot ``snapshot`` when
+        given. Raises NoSuchBucket (NoSuchSnapshot)."""
         check_bucket(bucket)
-        return self._pages(bucket, prefix, delimiter, start_after, page_size)
+        self._check_snapshot(snapshot)
+        return self._pages(bucket, prefix, delimiter, start_after, page_size, snapshot)
 
     def _pages(self, bucket: str, prefix: str, delimiter: str, start_after: str,
-               page_size: int) -> Iterator[ListEntry]:
+               page_size: int, snapshot: str | None = None) -> Iterator[ListEntry]:
         token = None
         while True:
             page = self._t.request(p.Op.LIST, p.List(bucket, prefix, delimiter, token, page_size,
-                                                     start_after)).result()
+                                                     start_after, snapshot)).result()
             items = [ListEntry(e.key, e.size, e.etag, e.last_modified) for e in page.entries]
             items += [ListEntry(pfx, is_prefix=True) for pfx in page.prefixes]
             items.sort(key=lambda e: e.key.encode("utf-8", "surrogatepass"))
@@ -630,70 +658,3 @@ class Client:
 
 def _none(_reply) -> None:
     return None
-
-
-class AsyncClient:
-    """``asyncio`` form of :class:`Client`, with ``await``-able methods.
-
-    Create it with ``await AsyncClient.connect(url, **kw)`` (connects in a thread),
-    or ``AsyncClient(url_or_client, **kw)`` (connects right away, blocking).
-    Every method awaits the matching ``Client.submit_*`` Future, so arguments are
-    checked by :class:`Client` and refused with the same typed errors; requests
-    are pipelined on the underlying connections.
-
-    Attributes:
-        sync: the :class:`Client` underneath.
-    """
-
-    def __init__(self, client: "Client | str", **kw) -> None:
-        self.sync = Client(client, **kw) if isinstance(client, str) else client
-
-    @classmethod
-    async def connect(cls, url: str, **kw) -> "AsyncClient":
-        return cls(await asyncio.to_thread(Client, url, **kw))
-
-    async def map_object(self, bucket: str, key: str, **kw) -> memoryview:
-        return await asyncio.wrap_future(self.sync.submit_map_object(bucket, key, **kw))
-
-    async def head(self, bucket: str, key: str, **kw) -> ObjectMeta:
-        return await asyncio.wrap_future(self.sync.submit_head(bucket, key, **kw))
-
-    async def put(self, bucket: str, key: str, data, **kw) -> ObjectMeta:
-        return await asyncio.wrap_future(self.sync.submit_put(bucket, key, data, **kw))
-
-    async def get(self, bucket: str, key: str, **kw) -> memoryview:
-        return await asyncio.wrap_future(self.sync.submit_get(bucket, key, **kw))
-
-    async def get_into(self, bucket: str, key: str, buffer, **kw) -> int:
-        return await asyncio.wrap_future(self.sync.submit_get_into(bucket, key, buffer, **kw))
-
-    async def get_many_into(self, requests, **kw) -> list[int]:
-        return await asyncio.wrap_future(self.sync.submit_get_many_into(requests, **kw))
-
-    async def delete(self, bucket: str, key: str, **kw) -> DeleteResult:
-        return await asyncio.wrap_future(self.sync.submit_delete(bucket, key, **kw))
-
-    async def list(self, bucket: str, prefix: str = "", delimiter: str = "",
-                   **kw) -> builtins.list[ListEntry]:
-        return await asyncio.wrap_future(self.sync.submit_list(bucket, prefix, delimiter, **kw))
-
-    async def create_bucket(self, bucket: str, **kw) -> None:
-        await asyncio.wrap_future(self.sync.submit_create_bucket(bucket, **kw))
-
-    async def bucket_stats(self, bucket: str) -> dict:
-        return await asyncio.wrap_future(self.sync.submit_bucket_stats(bucket))
-
-    async def delete_bucket(self, bucket: str) -> None:
-        await asyncio.wrap_future(self.sync.submit_delete_bucket(bucket))
-
-    async def list_buckets(self) -> builtins.list[str]:
-        return await asyncio.wrap_future(self.sync.submit_list_buckets())
-
-    async def close(self) -> None:
-        await asyncio.to_thread(self.sync.close)
-
-    async def __aenter__(self) -> "AsyncClient":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()

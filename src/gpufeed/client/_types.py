@@ -33,7 +33,8 @@ class ReadRequest:
     ``digest`` > 0 asks the server for the XXH3-64 of each consecutive
     ``digest``-byte piece of the delivered bytes (see ``digests_out`` of
     :meth:`Client.submit_get_many_into`). ``version_id`` reads that version of
-    the object (``None``: the current one)."""
+    the object (``None``: the current one); ``snapshot`` the version that bucket
+    snapshot recorded (``None``: the live bucket)."""
 
     bucket: str
     key: str
@@ -42,6 +43,7 @@ class ReadRequest:
     length: int | None = None
     digest: int = 0
     version_id: str | None = None
+    snapshot: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,16 @@ def check_version(version_id, bypass_governance: bool = False) -> None:
         raise InvalidArgument(f"version_id must be a str or None: {version_id!r}")
     if type(bypass_governance) is not bool:
         raise InvalidArgument(f"bypass_governance must be a bool: {bypass_governance!r}")
+
+
+def check_snapshot(snapshot) -> None:
+    """Cheap check of a snapshot argument (the node checks the name's form).
+
+    Raises:
+        InvalidArgument: neither ``None`` nor a non-empty ``str``.
+    """
+    if snapshot is not None and (type(snapshot) is not str or not snapshot):
+        raise InvalidArgument(f"snapshot must be a non-empty str or None: {snapshot!r}")
 
 
 def bucket_req(bucket, kind, capacity_bytes, ttl_s) -> p.BucketReq:

@@ -32,6 +32,7 @@ from collections import OrderedDict
 
 from ..errors import EntityTooLarge, GpufeedError, InvalidArgument, NoSuchBucket
 from ._blobs import BlobFiles
+from ._release import releasable
 from .catalog import Catalog, CatalogReader, CatalogWriter
 from .types import BucketInfo, ObjectInfo
 
@@ -333,7 +334,7 @@ class KVBucketPolicy:
                 st.expirations += len(expired)
                 st.evictions += len(evicted)
         w.on_commit(apply)
-        return [b for _, b in victims]
+        return releasable(w, [b for _, b in victims])
 
     def _flush_touched(self, w: CatalogWriter, bucket: str, st: _KVBucket) -> None:
         """Write a kv bucket's pending read times to the catalog (in ``w``)."""
@@ -353,5 +354,5 @@ class KVBucketPolicy:
                         st.drop(key)
                         st.expirations += 1
                 w.on_commit(apply)
-        if gone:
-            self._files.remove_blobs([blob_id])
+            freed = releasable(w, [blob_id] if gone else [])
+        self._files.remove_blobs(freed)

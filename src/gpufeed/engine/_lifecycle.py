@@ -50,6 +50,7 @@ from contextlib import closing
 from ..errors import AccessDenied, InvalidArgument, InvalidRequestError, MalformedXML, NoSuchLifecycleConfiguration
 from ._blobs import BlobFiles
 from ._names import check_text, successor
+from ._release import releasable
 from ._versions import check_unlocked, delete_version
 from .catalog import Catalog, CatalogWriter, require_bucket
 from .types import BucketInfo, LifecycleResult, LifecycleRule, ObjectInfo, UploadInfo
@@ -251,6 +252,7 @@ class Lifecycle:
                     self._on_delete(w, bucket, key)
                     freed.append(blob_id)
                     done += 1
+            freed = releasable(w, freed)
         self._files.remove_blobs(freed)
         return done
 
@@ -297,6 +299,7 @@ class Lifecycle:
                         return
                     for key in keys:
                         _prune_key(w, b, key, rule, now, tally, freed)
+                    freed = releasable(w, freed)
                 self._files.remove_blobs(freed)
             if len(page) < _BATCH:
                 return

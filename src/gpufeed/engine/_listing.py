@@ -11,13 +11,24 @@ https://docs.aws.amazon.com/AmazonS3/latest/API/API_ListObjectsV2.html
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from contextlib import closing
+from typing import Protocol
 
 from ._names import decode_token, encode_token, successor
-from .catalog import CatalogReader
 from .types import ListResult, ObjectInfo
 
-__all__ = ["start_position", "read_page"]
+__all__ = ["start_position", "read_page", "KeyScan"]
+
+
+class KeyScan(Protocol):
+    """What a page is read through: a catalog reader, or a snapshot's entries
+    seen the same way (:mod:`._snapshots`)."""
+
+    def scan_objects(self, bucket: str, start: str, *, inclusive: bool, end: str | None,
+                     limit: int) -> Generator[ObjectInfo, None, None]:
+        """As :meth:`gpufeed.engine.catalog.CatalogReader.scan_objects`."""
+        ...
 
 #: Where a scan resumes: ``(key, inclusive)``; ``None`` means past the end.
 Position = tuple[str, bool] | None
@@ -55,7 +66,7 @@ def start_position(prefix: str, delimiter: str, start_after: str, continuation_t
     return pos
 
 
-def read_page(reader: CatalogReader, bucket: str, pos: Position, *, prefix: str, delimiter: str,
+def read_page(reader: KeyScan, bucket: str, pos: Position, *, prefix: str, delimiter: str,
               max_keys: int, hidden_before: float | None) -> ListResult:
     """One page of up to ``max_keys`` (>= 1) entries from ``pos``, read through ``reader``.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import InternalError, InvalidArgument, InvalidRequestError, NoSuchKey
+from ..errors import DamagedObject, InternalError, InvalidArgument, InvalidRequestError, NoSuchKey
 from ..store import ByteRequest, resolve_range
 from ._blobs import BlobFiles
 from ._chunkreads import ChunkDamage, Manifest
@@ -32,12 +32,15 @@ class ObjectReads:
     _files: BlobFiles
     _chunks: ChunkStore
     if TYPE_CHECKING:
-        def head_object(self, bucket: str, key: str, version_id: str | None = None) -> ObjectInfo:
+        def head_object(self, bucket: str, key: str, version_id: str | None = None, *,
+                        snapshot: str | None = None) -> ObjectInfo:
             """Engine's catalog lookup (:class:`~gpufeed.engine._versioning.VersionedObjects`)."""
 
-    def open_version(self, bucket: str, key: str, version_id: str | None = None) -> ObjectHandle:
+    def open_version(self, bucket: str, key: str, version_id: str | None = None, *,
+                     snapshot: str | None = None) -> ObjectHandle:
         """Look up the current version of an object (or the version
-        ``version_id``, see :meth:`head_object`) and open it for reading: its
+        ``version_id``, or the one snapshot ``snapshot`` recorded, see
+        :meth:`head_object`) and open it for reading: its
         manifest (cached) and a shared, cached descriptor of its data file(s).
         A version replaced between the lookup and the open is looked up again.
 
@@ -54,11 +57,16 @@ class ObjectReads:
             DamagedObject: the version's data is missing or short.
             InternalError: the key was replaced on every one of many attempts.
         """
+        last = None
         for _ in range(_READ_RETRIES):
-            info = self.head_object(bucket, key, version_id)
+            info = self.head_object(bucket, key, version_id, snapshot=snapshot)
             h = self.open_info(info)
             if h is not None:
                 return h
+            if info.blob_id == last:  # named twice with no data behind it: not a race
+                raise DamagedObject(f"{bucket}/{key}: the version's data has no manifest (see gpufeed scrub)",
+                                    bucket=bucket, key=key)
+            last = info.blob_id
         raise InternalError(f"{bucket}/{key} kept changing while being opened")
 
     def open_info(self, info: ObjectInfo) -> ObjectHandle | None:
@@ -88,7 +96,8 @@ class ObjectReads:
         """Data-file descriptors the engine holds open now (cached or in use)."""
         return self._files.open_files.open_count()
 
-    def open_mappable(self, bucket: str, key: str, version_id: str | None = None) -> ObjectHandle:
+    def open_mappable(self, bucket: str, key: str, version_id: str | None = None, *,
+                      snapshot: str | None = None) -> ObjectHandle:
         """Open a version for a zero-copy map: check all of its data first, then
         hand out its data files (see :meth:`ObjectHandle.file_extents`).
 
@@ -107,7 +116,7 @@ class ObjectReads:
             InvalidRequestError: the data is compressed or cut in chunks whose
                 sizes are not page multiples (content-defined): read it instead.
         """
-        h = self.open_version(bucket, key, version_id)
+        h = self.open_version(bucket, key, version_id, snapshot=snapshot)
         try:
             if not h.manifest.mappable:
                 raise InvalidRequestError(f"{bucket}/{key} is stored compressed or in content-defined chunks "
@@ -120,13 +129,14 @@ class ObjectReads:
             raise
 
     def get_object(self, bucket: str, key: str, byte_range: ByteRequest | None = None,
-                   version_id: str | None = None) -> bytes:
+                   version_id: str | None = None, *, snapshot: str | None = None) -> bytes:
         """Read an object (or a range) into memory, checked. Large reads should
         use :meth:`open_version` and read into a buffer instead.
 
         Args:
             byte_range: ``None`` for all of it, else a :mod:`gpufeed.store` byte request.
             version_id: a version, or ``None`` for the current one.
+            snapshot: read the version snapshot ``snapshot`` recorded.
 
         Returns:
             The bytes.
@@ -136,7 +146,7 @@ class ObjectReads:
             InvalidRange: the range is unsatisfiable (see :func:`gpufeed.store.resolve_range`).
             DamagedObject: the data failed its check.
         """
-        with self.open_version(bucket, key, version_id) as h:
+        with self.open_version(bucket, key, version_id, snapshot=snapshot) as h:
             start, length = resolve_range(byte_range, h.info.size)
             buf = bytearray(length)
             h.read_into(buf, start)

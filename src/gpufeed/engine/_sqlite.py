@@ -30,6 +30,7 @@ from ..errors import InternalError, InvalidArgument
 from ._catalogcheck import require_healthy
 from ._private import create_private_file
 from ._schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, add_columns
+from ._sqlite_snapshots import SnapshotReads, SnapshotWrites
 from ._sqlitechunks import ChunkReads, ChunkWrites
 from .catalog import Catalog, CatalogReader, CatalogWriter, CompletedUpload, LiveFiles, ObjectUse, PartRecord
 from .types import (
@@ -121,7 +122,7 @@ def _version_values(info: ObjectInfo) -> tuple:
             info.lock_mode, info.lock_until, int(info.legal_hold), _dumps(info.tags))
 
 
-class _Reads(ChunkReads, CatalogReader):
+class _Reads(ChunkReads, SnapshotReads, CatalogReader):
     """The read operations as SQL over :meth:`_conn` (one connection or this thread's)."""
 
     _blob_path: Callable[[str], str]
@@ -224,6 +225,7 @@ class _Reads(ChunkReads, CatalogReader):
         c = self._conn()
         blobs = {r[0] for r in c.execute("SELECT blob_id FROM objects")}
         blobs.update(r[0] for r in c.execute("SELECT blob_id FROM versions WHERE delete_marker=0"))
+        blobs.update(r[0] for r in c.execute("SELECT blob_id FROM snapshot_blobs"))
         parts: dict[str, set[str]] = {r[0]: set() for r in c.execute("SELECT upload_id FROM uploads")}
         for upload_id, file in c.execute("SELECT upload_id, file FROM parts"):
             parts.setdefault(upload_id, set()).add(file)
@@ -342,7 +344,7 @@ class _View(_Reads):
         return self._c
 
 
-class _Writer(ChunkWrites, _View, CatalogWriter):
+class _Writer(ChunkWrites, SnapshotWrites, _View, CatalogWriter):
     """The open write transaction of a :class:`SqliteCatalog`."""
 
     def __init__(self, conn: sqlite3.Connection, blob_path: Callable[[str], str], hooks: list) -> None:

@@ -48,19 +48,23 @@ class ChunkReads:
     def blob_referenced(self, blob_id: str) -> bool:
         c = self._conn()
         return bool(c.execute("SELECT 1 FROM objects WHERE blob_id=? LIMIT 1", (blob_id,)).fetchall()
-                    or c.execute("SELECT 1 FROM versions WHERE blob_id=? LIMIT 1", (blob_id,)).fetchall())
+                    or c.execute("SELECT 1 FROM versions WHERE blob_id=? LIMIT 1", (blob_id,)).fetchall()
+                    or c.execute("SELECT 1 FROM snapshot_blobs WHERE blob_id=?", (blob_id,)).fetchall())
 
     def unmanifested_blobs(self) -> list[tuple[str, int, str]]:
         return [(r[0], r[1], r[2]) for r in self._conn().execute(
             "SELECT blob_id, size, bucket FROM objects WHERE blob_id != ''"
             " AND blob_id NOT IN (SELECT blob_id FROM manifests)"
             " UNION SELECT blob_id, size, bucket FROM versions WHERE blob_id != ''"
+            " AND blob_id NOT IN (SELECT blob_id FROM manifests)"
+            " UNION SELECT blob_id, size, bucket FROM snapshot_objects WHERE blob_id != ''"
             " AND blob_id NOT IN (SELECT blob_id FROM manifests)")]
 
     def orphan_manifests(self) -> list[str]:
         return [r[0] for r in self._conn().execute(
             "SELECT blob_id FROM manifests WHERE blob_id NOT IN (SELECT blob_id FROM objects)"
-            " AND blob_id NOT IN (SELECT blob_id FROM versions)")]
+            " AND blob_id NOT IN (SELECT blob_id FROM versions)"
+            " AND blob_id NOT IN (SELECT blob_id FROM snapshot_blobs)")]
 
     def data_files(self) -> set[str]:
         return {r[0] for r in self._conn().execute("SELECT DISTINCT file FROM chunks")}

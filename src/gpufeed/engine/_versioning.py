@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 from ..errors import (
     AccessDenied,
@@ -27,6 +28,7 @@ from ..errors import (
 from ._blobs import BlobFiles
 from ._kvpolicy import KVBucketPolicy
 from ._names import MAX_KEY_BYTES
+from ._release import releasable
 from ._versions import check_retention, check_tags, check_version_id, delete_version, list_versions
 from .catalog import Catalog, CatalogReader, require_bucket
 from .types import LOCK_MODES, BucketInfo, DeleteConditions, DeleteResult, ObjectInfo, VersionListResult
@@ -62,9 +64,13 @@ class VersionedObjects:
     _cat: Catalog
     _files: BlobFiles
     _kv: KVBucketPolicy
+    if TYPE_CHECKING:
+        def _head_snapshot(self, bucket: str, key: str, snapshot: str) -> ObjectInfo:
+            """:class:`~gpufeed.engine._snapshots.SnapshotCalls`' lookup."""
 
     # lookups -------------------------------------------------------------------
-    def head_object(self, bucket: str, key: str, version_id: str | None = None) -> ObjectInfo:
+    def head_object(self, bucket: str, key: str, version_id: str | None = None, *,
+                    snapshot: str | None = None) -> ObjectInfo:
         """Look an object version up (one indexed catalog read; the hot path).
 
         Every read path calls this, so in a kv bucket it is the "use" that
@@ -77,6 +83,7 @@ class VersionedObjects:
             bucket, key: the object.
             version_id: a version (``"null"`` or an id this node gave), or
                 ``None`` for the current one.
+            snapshot: the version snapshot ``snapshot`` recorded (no ``version_id`` then).
 
         Raises:
             NoSuchBucket: the bucket does not exist.
@@ -87,7 +94,13 @@ class VersionedObjects:
             MethodNotAllowed: ``version_id`` names a delete marker (details
                 ``delete_marker=True``, ``version_id``, ``last_modified``).
             InvalidArgument: the key is not valid UTF-8, or a malformed version id.
+            NoSuchSnapshot: no snapshot ``snapshot`` of the bucket.
         """
+        if snapshot is not None:
+            if version_id is not None:
+                raise InvalidArgument("a read names a version id or a snapshot, not both",
+                                      argument_name="snapshot", argument_value=snapshot)
+            return self._head_snapshot(bucket, key, snapshot)
         if version_id is not None:
             return self._head_version(bucket, key, version_id)
         info = self._cat.object(bucket, key)
@@ -151,6 +164,7 @@ class VersionedObjects:
             result, freed = delete_version(w, b, key, version_id, bypass_governance, now, conditions)
             if freed and w.object(bucket, key) is None:
                 self._kv.on_delete(w, bucket, key)
+            freed = releasable(w, freed)
         self._files.remove_blobs(freed)
         return result
 

@@ -44,6 +44,7 @@ from ._chunkreads import SUM_BLOCK
 from ._chunks import ChunkStore
 from ._kvpolicy import KVBucketPolicy
 from ._names import check_str_map
+from ._release import releasable
 from ._tenants import check_quota
 from ._versions import check_tags, place_version
 from .catalog import Catalog, CatalogWriter, require_bucket
@@ -188,11 +189,12 @@ class WritePath:
                 info, freed = place_version(w, b, info, old, retention)
                 w.put_object(info)
                 check_quota(w, b)
+                freed = releasable(w, freed + evicted)
         except BaseException:
             self._chunks.discard(staged)
             raise
         self._chunks.finish(staged)
-        self.files.remove_blobs(freed + evicted)
+        self.files.remove_blobs(freed)
         return info
 
 

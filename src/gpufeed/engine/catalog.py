@@ -35,7 +35,17 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from ..errors import NoSuchBucket
-from .types import AccessKeyInfo, BucketInfo, ChunkRecord, LifecycleRule, ObjectInfo, PartInfo, TenantInfo, UploadInfo
+from .types import (
+    AccessKeyInfo,
+    BucketInfo,
+    ChunkRecord,
+    LifecycleRule,
+    ObjectInfo,
+    PartInfo,
+    SnapshotInfo,
+    TenantInfo,
+    UploadInfo,
+)
 
 __all__ = [
     "Catalog", "CatalogReader", "CatalogWriter", "PartRecord", "CompletedUpload", "ObjectUse", "LiveFiles",
@@ -99,7 +109,7 @@ class LiveFiles:
     """Every data file a catalog row names, for the start-up sweep.
 
     Attributes:
-        blobs: blob ids of all object versions.
+        blobs: blob ids of all object versions and snapshot entries.
         parts: ``upload_id -> part file names``; every open upload is a key,
             with an empty set when it has no parts.
     """
@@ -180,7 +190,30 @@ class CatalogReader(ABC):
 
     @abstractmethod
     def live_files(self) -> LiveFiles:
-        """Every blob id and part file a row names."""
+        """Every blob id and part file a row names (snapshot entries included)."""
+
+    # snapshots -------------------------------------------------------------
+    @abstractmethod
+    def bucket_snapshot(self, bucket: str, name: str) -> SnapshotInfo | None:
+        """The snapshot ``name`` of ``bucket``, or ``None``."""
+
+    @abstractmethod
+    def bucket_snapshots(self, bucket: str) -> list[SnapshotInfo]:
+        """The bucket's snapshots, oldest first (ties by name)."""
+
+    @abstractmethod
+    def snapshot_object(self, bucket: str, snapshot: str, key: str) -> ObjectInfo | None:
+        """The version of ``key`` that snapshot ``snapshot`` of ``bucket`` recorded
+        (every field as it was then, ``path`` filled), or ``None``.
+
+        Raises:
+            InvalidArgument: ``key`` is not valid UTF-8.
+        """
+
+    @abstractmethod
+    def scan_snapshot(self, bucket: str, snapshot: str, start: str, *, inclusive: bool, end: str | None,
+                      limit: int) -> Generator[ObjectInfo, None, None]:
+        """Like :meth:`scan_objects` over the entries of one snapshot; lazy."""
 
     # multipart -------------------------------------------------------------
     @abstractmethod
@@ -279,7 +312,7 @@ class CatalogReader(ABC):
 
     @abstractmethod
     def blob_referenced(self, blob_id: str) -> bool:
-        """Whether a current object or a noncurrent version names ``blob_id``."""
+        """Whether a current object, a noncurrent version or a snapshot entry names ``blob_id``."""
 
     @abstractmethod
     def unmanifested_blobs(self) -> list[tuple[str, int, str]]:
@@ -288,8 +321,8 @@ class CatalogReader(ABC):
 
     @abstractmethod
     def orphan_manifests(self) -> list[str]:
-        """Manifests that no object version names (left by a crash between a
-        version's removal and the release of its data)."""
+        """Manifests that no object version nor snapshot entry names (left by a
+        crash between a version's removal and the release of its data)."""
 
     @abstractmethod
     def data_files(self) -> set[str]:
@@ -487,6 +520,31 @@ class CatalogWriter(CatalogReader):
     @abstractmethod
     def set_last_used(self, bucket: str, times: dict[str, float]) -> None:
         """Record read times, ``key -> Unix s``, of objects of ``bucket`` (missing keys are skipped)."""
+
+    # snapshots -------------------------------------------------------------
+    @abstractmethod
+    def insert_snapshot(self, info: SnapshotInfo) -> SnapshotInfo:
+        """Record the bucket's current objects (every row :meth:`scan_objects`
+        reads, with all their fields) as snapshot ``info.name``, in this
+        transaction (the caller checked the bucket exists and the name is free).
+
+        Returns:
+            ``info`` with its ``objects`` and ``bytes`` counted.
+        """
+
+    @abstractmethod
+    def delete_snapshot(self, bucket: str, name: str) -> list[str]:
+        """Remove a snapshot and its entries.
+
+        Returns:
+            The distinct blob ids its entries named (the caller frees those no
+            other row names, :meth:`referenced_blobs`).
+        """
+
+    @abstractmethod
+    def referenced_blobs(self, blob_ids: list[str]) -> set[str]:
+        """Those of ``blob_ids`` that some row still names: a current object, a
+        noncurrent version or a snapshot entry, of any bucket."""
 
     # multipart -------------------------------------------------------------
     @abstractmethod

@@ -20,12 +20,14 @@ are reported in :attr:`Engine.permission_warnings`).
 Write protocol (atomic, durable): data goes to a file in ``tmp/``, is fsynced,
 renamed into ``blobs/``, the directory is fsynced, then the catalog row is
 committed (``synchronous=FULL``). Only the commit makes an object visible. On
-start, ``tmp/`` is emptied and blob files that no catalog row references are
-deleted, so a crash at any point leaves no visible partial object and no
-leaked file. Object keys never become file names, so no key can escape
-the data folder. The old blob of an overwritten or deleted object is unlinked
-after the commit (a crash in between leaves it unreferenced, so the next start
-deletes it). Multipart part files follow the same protocol under ``uploads/``.
+start, ``tmp/`` is emptied and blob files that no catalog row references
+(object versions and snapshot entries alike) are deleted, so a crash at any
+point leaves no visible partial object and no leaked file. Object keys never
+become file names, so no key can escape the data folder. The old blob of an
+overwritten or deleted object is unlinked after the commit when no other row
+(a snapshot entry, a restored version) still names it (:mod:`._release`; a
+crash in between leaves it unreferenced, so the next start deletes it).
+Multipart part files follow the same protocol under ``uploads/``.
 
 Why our own engine rather than a library: this is the product core. The fast
 path needs what generic object stores hide: one immutable file per version
@@ -48,6 +50,8 @@ the fronts call, which delegates to:
   into :class:`Engine`.
 - :mod:`._multipart`: uploads, parts and their completion.
 - :mod:`._lifecycle`: bucket lifecycle rules and the pass that applies them.
+- :mod:`._snapshots` (with :mod:`._restore`, :mod:`._snapshot_schedule`):
+  bucket snapshots; :mod:`._release`: the test every path that frees data asks.
 - :mod:`._listing`: paging through keys.
 - :mod:`._names`: S3 naming rules, key-space arithmetic.
 """
@@ -84,6 +88,8 @@ from ._names import MAX_KEY_BYTES, check_key, check_text
 from ._private import FILE_MODE, check_private, make_private_dirs
 from ._reads import ObjectReads
 from ._scrub import ScrubRunner
+from ._snapshot_schedule import ScheduledSnapshots
+from ._snapshots import SnapshotCalls
 from ._sqlite import SqliteCatalog
 from ._tenants import MasterKey, TenantAdmin, check_tenant_name, owner_of
 from ._versioning import VersionedObjects
@@ -103,7 +109,8 @@ from .types import (
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
 
-class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, ObjectReads):
+class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, ObjectReads, SnapshotCalls,
+             ScheduledSnapshots):
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
@@ -329,10 +336,11 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         Raises:
             NoSuchBucket: it does not exist.
             BucketNotEmpty: it holds objects, versions (delete markers
-                included) or open multipart uploads.
+                included), open multipart uploads or snapshots.
         """
         with self._cat.write() as w:
             require_bucket(w, name)
+            self._check_no_snapshots(w, name)
             if w.bucket_has_objects(name):
                 raise BucketNotEmpty(f"bucket {name!r} holds objects", bucket=name)
             if w.bucket_has_uploads(name):
@@ -509,6 +517,7 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         start_after: str = "",
         continuation_token: str | None = None,
         max_keys: int = 1000,
+        snapshot: str | None = None,
     ) -> ListResult:
         """List keys in UTF-8 byte order (S3 ListObjectsV2 semantics).
 
@@ -530,6 +539,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
                 precedence over ``start_after``.
             max_keys: page size, 0..1000 (larger values are clipped to 1000; 0
                 returns an empty, non-truncated page).
+            snapshot: list the keys snapshot ``snapshot`` recorded instead
+                (NoSuchSnapshot when it has none of that name).
 
         Returns:
             One :class:`ListResult` page.
@@ -549,6 +560,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
             raise InvalidArgument(f"max_keys must be an int >= 0, not {max_keys!r}")
         max_keys = min(max_keys, 1000)
         pos = start_position(prefix, delimiter, start_after, continuation_token)
+        if snapshot is not None:
+            return self._list_snapshot(bucket, snapshot, pos, prefix=prefix, delimiter=delimiter, max_keys=max_keys)
         hidden_before = self._kv.hidden_before(bucket, time.time())
         with self._cat.snapshot() as c:
             require_bucket(c, bucket)

@@ -8,7 +8,7 @@ __all__ = [
     "BucketInfo", "ObjectInfo", "ListResult", "UploadInfo", "PartInfo", "LifecycleRule", "LifecycleResult",
     "DeleteResult", "VersionListResult", "Retention", "VERSIONING_STATES", "LOCK_MODES", "TenantInfo",
     "AccessKeyInfo", "DEFAULT_TENANT", "ETAG_POLICIES", "DeleteConditions", "ChunkRecord",
-    "DataPolicy", "DEFAULT_CHUNK_BYTES",
+    "DataPolicy", "DEFAULT_CHUNK_BYTES", "SnapshotInfo", "SnapshotDiff", "RestoreResult", "SNAPSHOT_KINDS",
 ]
 
 #: The tenant that owns buckets made without one, and the node's configured key.
@@ -19,6 +19,8 @@ DEFAULT_TENANT = "default"
 VERSIONING_STATES = ("", "Enabled", "Suspended")
 #: ETag policies of a bucket (see :attr:`BucketInfo.etag_policy`).
 ETAG_POLICIES = ("md5", "fast", "none")
+#: How a snapshot was made: by a call (``"manual"``) or by a bucket's schedule.
+SNAPSHOT_KINDS = ("manual", "hourly", "daily")
 #: Object lock retention modes (S3 ``ObjectLockRetentionMode``).
 LOCK_MODES = ("GOVERNANCE", "COMPLIANCE")
 
@@ -408,3 +410,57 @@ class DataPolicy:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     digest: str = "blake3"
     verify: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotInfo:
+    """A read-only record of a bucket's current objects at one instant.
+
+    Attributes:
+        bucket: the bucket.
+        name: the snapshot's name (unique within the bucket).
+        created: Unix s of the instant it records.
+        kind: one of :data:`SNAPSHOT_KINDS` (scheduled ones are pruned by their schedule).
+        objects: how many objects it holds.
+        bytes: their summed sizes (logical bytes; their data is shared with
+            every other row naming the same blob).
+    """
+
+    bucket: str
+    name: str
+    created: float
+    kind: str = "manual"
+    objects: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotDiff:
+    """Keys that differ between a base (a snapshot) and a target (a snapshot or
+    the live bucket), each list in UTF-8 byte order of key.
+
+    Attributes:
+        added: keys in the target only.
+        changed: keys in both whose data differs (another blob or ETag).
+        removed: keys in the base only.
+    """
+
+    added: list[str]
+    changed: list[str]
+    removed: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreResult:
+    """What a restore did.
+
+    Attributes:
+        restored: keys made current again from the snapshot.
+        deleted: keys deleted (delete markers in a versioned bucket) because the
+            snapshot does not hold them.
+        unchanged: keys whose current version already was the snapshot's.
+    """
+
+    restored: int
+    deleted: int
+    unchanged: int

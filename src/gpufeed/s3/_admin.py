@@ -27,6 +27,10 @@ GET    ``scrub``                                the scrub status (``ScrubRunner.
 POST   ``scrub`` ``{"rate"}`` (bytes/s, 0 none)  starts a scrub unless one runs; ``{"started", ...status}``
 ====== ======================================== =====================================
 
+Bucket snapshots (``buckets/NAME/snapshots...``, ``buckets/NAME/snapshot-schedule``)
+are in :mod:`._admin_snapshots`; those calls also take the key of the
+tenant that owns the bucket.
+
 Errors answer ``{"error": code, "message": text}`` with the error's status.
 """
 
@@ -39,6 +43,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from ..errors import AccessDenied, GpufeedError, InvalidArgument, MalformedXML, MethodNotAllowed, NoSuchKey
+from ._admin_snapshots import is_snapshot_call, snapshot_call
 from ._auth import AuthResult
 from ._context import Services
 from ._router import Target
@@ -82,7 +87,13 @@ async def handle_admin(s: Services, request: web.BaseRequest, target: Target, au
     """Answer one admin request (see the module docstring); never raises a
     :class:`GpufeedError` (a refusal's code is recorded for the access log)."""
     try:
-        if auth.access_key != s.config.access_key:
+        parts = target.path[len(ADMIN_PREFIX):].strip("/").split("/")
+        admin = auth.access_key == s.config.access_key
+        if is_snapshot_call(parts):
+            body = await _body(request) if request.method in ("POST", "PUT", "DELETE") else {}
+            return _json(await s.call(snapshot_call, s.engine, request.method, parts, target.query, lambda: body,
+                                      admin=admin, tenant=s.credentials.keys.tenant_of(auth.access_key)))
+        if not admin:
             raise AccessDenied("the admin API needs the node's admin key")
         return await _dispatch(s, request, target)
     except GpufeedError as exc:

@@ -67,6 +67,7 @@ from ._server import (
     error_response,
     new_request_id,
 )
+from ._snapshots import check_snapshot_request
 from ._tenancy import BUCKET_OWNER, CURRENT_TENANT
 from ._xml import http_date
 
@@ -252,6 +253,7 @@ class S3Front(Services):
             request[OP] = type(endpoint).__name__
             _express.check_session(self, target, request.headers, auth, endpoint)
             self._authorize(request, auth, endpoint)
+            check_snapshot_request(endpoint, target.query)
             _express.check_directory(target, request.headers, endpoint)
             check_request_headers(request.headers)
             handler = HANDLERS[type(endpoint)]

@@ -176,9 +176,9 @@ class Services:
         reads are checked; the caller closes it."""
         return await self.call(self.open_dup, bucket, key, version_id)
 
-    def open_dup(self, bucket: str, key: str, version_id: str | None = None):
+    def open_dup(self, bucket: str, key: str, version_id: str | None = None, snapshot: str | None = None):
         """:meth:`open_object`, blocking (for code already on the worker pool)."""
-        h = self.engine.open_version(bucket, key, version_id)
+        h = self.engine.open_version(bucket, key, version_id, snapshot=snapshot)
         return h.info, h
 
     # upload bodies ---------------------------------------------------------------

@@ -23,6 +23,7 @@ from ..errors import InvalidArgument
 from ._context import HandlerTable, S3Request, Services
 from ._headers import quote_etag
 from ._router import ListObjects
+from ._snapshots import snapshot_arg
 from ._xml import element, iso8601, sub
 
 __all__ = ["HANDLERS", "url_encoder"]
@@ -41,7 +42,8 @@ def url_encoder(encoding: str | None):
 async def list_objects(s: Services, req: S3Request, ep: ListObjects) -> web.Response:
     """ListObjects / ListObjectsV2: one page of keys and common prefixes.
 
-    An empty ``continuation-token`` starts from the beginning (as S3 does).
+    An empty ``continuation-token`` starts from the beginning (as S3 does);
+    ``snapshot`` lists the keys a snapshot recorded (:mod:`._snapshots`).
 
     Raises:
         InvalidArgument: a bad ``encoding-type`` or ``max-keys``, a token we did not make.
@@ -57,13 +59,14 @@ async def list_objects(s: Services, req: S3Request, ep: ListObjects) -> web.Resp
     start_after = q.get("start-after", "") if v2 else q.get("marker", "")
     # A v1 NextMarker that is a common prefix ("b/") skips everything under it:
     # the engine's list_objects does that for any start_after.
-    if max_keys == 0:
+    snapshot = snapshot_arg(q)
+    if max_keys == 0 and snapshot is None:
         await s.call(s.engine.head_bucket, ep.bucket)
         objects, prefixes, truncated, next_token, next_marker = [], [], False, None, None
     else:
         res = await s.call(
             s.engine.list_objects, ep.bucket, prefix=prefix, delimiter=delimiter,
-            start_after=start_after, continuation_token=token, max_keys=max_keys,
+            start_after=start_after, continuation_token=token, max_keys=max_keys, snapshot=snapshot,
         )
         objects, prefixes = res.objects, res.common_prefixes
         truncated, next_token, next_marker = res.is_truncated, res.next_token, res.next_marker

@@ -58,6 +58,7 @@ from ._router import (
     HeadObject,
     PutObject,
 )
+from ._snapshots import snapshot_arg
 from ._tagging import copy_tags, tag_count_headers, tagging_header
 from ._tenancy import CURRENT_TENANT
 from ._versions import (
@@ -201,7 +202,7 @@ async def _get(s: Services, req: S3Request, ep: GetObject | HeadObject, *, head:
     part = req.query.get("partNumber")
     part_number = parse_part_number(part) if part is not None else None
     info, fobj, versions = await s.call(read_version, s, ep.bucket, ep.key, version_arg(req.query),
-                                        open_file=not head)
+                                        open_file=not head, snapshot=snapshot_arg(req.query))
     try:
         check_conditions(h, info)
         if part_number is not None and "Range" in h:

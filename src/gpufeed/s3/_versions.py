@@ -86,7 +86,7 @@ def read_headers(engine: Engine, info: ObjectInfo) -> dict[str, str]:
 
 
 def read_version(s: Services, bucket: str, key: str, version_id: str | None, *,
-                 open_file: bool):
+                 open_file: bool, snapshot: str | None = None):
     """Look a version up (and open it for reading) with its :func:`read_headers`,
     in one blocking call for the worker pool.
 
@@ -95,13 +95,14 @@ def read_version(s: Services, bucket: str, key: str, version_id: str | None, *,
         :class:`~gpufeed.engine.ObjectHandle`.
 
     Raises:
-        NoSuchBucket, NoSuchKey, NoSuchVersion, MethodNotAllowed, InvalidArgument:
-            as :meth:`gpufeed.engine.Engine.head_object` raises them.
+        NoSuchBucket, NoSuchKey, NoSuchVersion, MethodNotAllowed, InvalidArgument,
+            NoSuchSnapshot: as :meth:`gpufeed.engine.Engine.head_object` raises them
+            (``snapshot``: the version that snapshot recorded).
     """
     if open_file:
-        info, fobj = s.open_dup(bucket, key, version_id)
+        info, fobj = s.open_dup(bucket, key, version_id, snapshot)
     else:
-        info, fobj = s.engine.head_object(bucket, key, version_id), None
+        info, fobj = s.engine.head_object(bucket, key, version_id, snapshot=snapshot), None
     try:
         return info, fobj, read_headers(s.engine, info)
     except BaseException:

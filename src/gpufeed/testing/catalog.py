@@ -16,8 +16,9 @@ The tests use only the interface (no SQL), each in a few dozen operations,
 and cover what the engine relies on: UTF-8 byte order of keys (S3 listing
 order, which a database collation easily breaks), replace-on-put, lazy range
 scans, commit hooks, rollback, isolation of plain reads and snapshots
-from an open write, idle uploads, and lifecycle rules (round trip, replace,
-dropped with their bucket).
+from an open write, idle uploads, lifecycle rules (round trip, replace,
+dropped with their bucket), and bucket snapshots (their entries, and which
+blobs any row still names).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from ..engine.types import (
     UploadInfo,
 )
 from ..errors import InternalError, InvalidArgument
+from ._catalog_snapshots import SnapshotCatalogTests
 from .catalog_chunks import ChunkCatalogTests
 
 __all__ = ["CatalogTests", "BYTE_ORDER_KEYS"]
@@ -101,8 +103,10 @@ def _keys(reader: CatalogReader, bucket: str, start: str = "", *, inclusive: boo
         return [o.key for o in rows]
 
 
-class CatalogTests(ChunkCatalogTests):
-    """Behavioural tests for a :class:`~gpufeed.engine.catalog.Catalog`.
+class CatalogTests(ChunkCatalogTests, SnapshotCatalogTests):
+    """Behavioural tests for a :class:`~gpufeed.engine.catalog.Catalog` (the
+    chunk store's cases come from :class:`ChunkCatalogTests`, the snapshot
+    cases from :class:`SnapshotCatalogTests`).
 
     Subclasses provide a ``catalog`` fixture: a fresh, empty, open catalog made
     with ``blob_path=CatalogTests.blob_path``. They may add their own tests.

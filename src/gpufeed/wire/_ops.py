@@ -87,8 +87,8 @@ class Ops:
     # --- session and memory --------------------------------------------------------
     def hello(self, conn: Connection, rid: int, req: p.Hello) -> None:
         """Name the server, its protocol version, transport and optional features."""
-        features = (["alloc_region", "auth", "map", "map_extents", "versions"]
-                    if conn.transport == "shm" else ["auth", "versions"])
+        features = (["alloc_region", "auth", "map", "map_extents", "versions", "snapshots"]
+                    if conn.transport == "shm" else ["auth", "versions", "snapshots"])
         conn.reply(p.Op.HELLO, rid, p.HelloReply(self.server_name, p.VERSION, conn.transport,
                                                  features, conn.server_nonce))
 
@@ -139,9 +139,11 @@ class Ops:
 
     # --- objects -------------------------------------------------------------------
     def head(self, conn: Connection, rid: int, req: p.Head) -> None:
-        """An object version's metadata (the current one unless the request names one)."""
+        """An object version's metadata (the current one unless the request names
+        a version or a snapshot)."""
         self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
-        conn.reply(p.Op.HEAD, rid, _meta(self.engine.head_object(req.bucket, req.key, req.version_id)))
+        conn.reply(p.Op.HEAD, rid, _meta(self.engine.head_object(req.bucket, req.key, req.version_id,
+                                                                 snapshot=req.snapshot)))
 
     def map(self, conn: Connection, rid: int, req: p.Head) -> None:
         """MAP: check all of the version's data (the current one unless the
@@ -160,7 +162,7 @@ class Ops:
         if conn.transport != "shm":
             raise InvalidArgument("MAP needs the shm transport (a descriptor cannot cross TCP)")
         self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
-        h = self.engine.open_mappable(req.bucket, req.key, req.version_id)
+        h = self.engine.open_mappable(req.bucket, req.key, req.version_id, snapshot=req.snapshot)
         try:
             send_map(conn, op, rid, h.info.size, h.info.etag, h.file_extents())
         finally:
@@ -171,7 +173,7 @@ class Ops:
         the reply says it is good: sent by ``sendfile`` (TCP) or read into a
         region (shm). Damage is an error reply; the connection stays usable."""
         self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
-        h = self.engine.open_version(req.bucket, req.key, req.version_id)
+        h = self.engine.open_version(req.bucket, req.key, req.version_id, snapshot=req.snapshot)
         info = h.info
         try:
             start, n = _extent(req, info.size)
@@ -211,11 +213,11 @@ class Ops:
         """Open item ``i`` of a GETV (once per object version in the batch) and plan
         its read: checked TCP pieces, or region read steps (an item that asks for
         digests gets them over what landed)."""
-        name = (item.bucket, item.key, item.version_id)
+        name = (item.bucket, item.key, item.version_id, item.snapshot)
         h = batch.opened.get(name)
         if h is None:  # authorized and acquired once for the whole batch
             self.allow(conn, READ if item.version_id is None else READ_VERSION, item.bucket, item.key)
-            h = batch.opened[name] = self.engine.open_version(*name)
+            h = batch.opened[name] = self.engine.open_version(*name[:3], snapshot=item.snapshot)
         start, n = _extent(item, h.info.size)
         if item.region == -1:
             batch.extents += h.extents(start, n)
@@ -303,7 +305,7 @@ class Ops:
         self.allow(conn, LIST, req.bucket, prefix=req.prefix)
         res = self.engine.list_objects(
             req.bucket, prefix=req.prefix, delimiter=req.delimiter, start_after=req.start_after,
-            continuation_token=req.token, max_keys=req.max_keys)
+            continuation_token=req.token, max_keys=req.max_keys, snapshot=req.snapshot)
         entries = [p.ListEntry(o.key, o.size, o.etag, o.last_modified) for o in res.objects]
         conn.reply(p.Op.LIST, rid, p.ListReply(entries, list(res.common_prefixes),
                                                 res.is_truncated, res.next_token))
@@ -358,8 +360,8 @@ class _Batch:
         #: region items: (index, handle, read steps, digest piece bytes, destination)
         self.items: list[tuple[int, ObjectHandle, list, int, memoryview]] = []
         self.views: list[memoryview] = []
-        #: (bucket, key, version_id) -> what the batch opened (each released once at the end)
-        self.opened: dict[tuple[str, str, str | None], ObjectHandle] = {}
+        #: (bucket, key, version_id, snapshot) -> what the batch opened (each released once at the end)
+        self.opened: dict[tuple[str, str, str | None, str | None], ObjectHandle] = {}
 
     def release_views(self) -> None:
         """Release every region view (a released region must not stay exported)."""

@@ -21,7 +21,8 @@ Metadata structs only ever grow at their end, each added field with a default
 that keeps the earlier meaning, and a receiver ignores trailing fields it does
 not know (msgspec's array decoding does), so the version byte stays 1. A
 request whose added field an older node would ignore (an object version) is
-sent only to a node whose HELLO lists the feature (``"versions"``).
+sent only to a node whose HELLO lists the feature (``"versions"``,
+``"snapshots"``).
 
 A connection authenticates once, right after HELLO: the HELLO reply carries a
 fresh server nonce, the client answers with AUTH (its access key id, its own
@@ -160,11 +161,13 @@ class AllocRegionReply(msgspec.Struct, array_like=True, frozen=True):
 
 class Head(msgspec.Struct, array_like=True, frozen=True):
     """HEAD (and MAP) of the current version of ``bucket/key``, or of version
-    ``version_id`` (``"null"`` or an id the node gave; ``None``: the current one)."""
+    ``version_id`` (``"null"`` or an id the node gave; ``None``: the current one),
+    or of the version bucket snapshot ``snapshot`` recorded (``None``: live)."""
 
     bucket: str
     key: str
     version_id: str | None = None
+    snapshot: str | None = None
 
 
 class MapReply(msgspec.Struct, array_like=True, frozen=True):
@@ -202,7 +205,8 @@ class Get(msgspec.Struct, array_like=True, frozen=True):
     (``region`` -1) reads, whose bytes the client hashes as they arrive.
 
     ``version_id``: read that version (``"null"`` or an id the node gave);
-    ``None``: the current one.
+    ``None``: the current one. ``snapshot``: read the version that bucket
+    snapshot recorded (``None``: the live bucket).
     """
 
     bucket: str
@@ -213,6 +217,7 @@ class Get(msgspec.Struct, array_like=True, frozen=True):
     region_offset: int = 0
     digest: int = 0
     version_id: str | None = None
+    snapshot: str | None = None
 
 
 class GetV(msgspec.Struct, array_like=True, frozen=True):
@@ -257,12 +262,15 @@ class DeleteResult(msgspec.Struct, array_like=True, frozen=True):
 
 
 class List(msgspec.Struct, array_like=True, frozen=True):
+    """One page of keys; ``snapshot``: of that bucket snapshot (``None``: live)."""
+
     bucket: str
     prefix: str = ""
     delimiter: str = ""
     token: str | None = None
     max_keys: int = 1000
     start_after: str = ""
+    snapshot: str | None = None
 
 
 class BucketReq(msgspec.Struct, array_like=True, frozen=True):
@@ -383,7 +391,7 @@ REPLY_TYPES: dict[int, type] = {
 #: Messages that gained trailing fields after their first form: type -> number
 #: of fields of that form. :func:`encode` leaves the added fields out while they
 #: hold their defaults, so such a frame is the first form byte for byte.
-FIRST_FORM_FIELDS: dict[type, int] = {Head: 2, Get: 7, Delete: 2, ErrorReply: 2}
+FIRST_FORM_FIELDS: dict[type, int] = {Head: 2, Get: 7, Delete: 2, ErrorReply: 2, List: 6}
 
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type, msgspec.msgpack.Decoder] = {}

@@ -118,6 +118,10 @@ class PooledTransport(Transport):
         return "versions" in self.features
 
     @property
+    def supports_snapshots(self) -> bool:
+        return "snapshots" in self.features
+
+    @property
     def lost_connection(self) -> bool:
         """A connection failed (timeout, node gone): requests of it got no reply, so
         the node may still write into memory they named; pooled memory is then not

@@ -191,20 +191,20 @@ class ShmTransport(PooledTransport):
         return thread
 
     def map_object(self, bucket: str, key: str, populate: bool,
-                   version_id: str | None = None) -> memoryview:
+                   version_id: str | None = None, snapshot: str | None = None) -> memoryview:
         if not self.supports_map:
             raise InvalidArgument("map_object needs gpufeed+shm:// to a node that supports MAP")
         if "map_extents" in self.features:
-            view = self._map_extents(bucket, key, version_id)
+            view = self._map_extents(bucket, key, version_id, snapshot)
         else:
-            view = self._map_one_file(bucket, key, version_id)
+            view = self._map_one_file(bucket, key, version_id, snapshot)
         if populate and len(view):
             prefetch_range(address_of(view)[0], len(view))
         return view
 
-    def _map_extents(self, bucket: str, key: str, version_id: str | None) -> memoryview:
+    def _map_extents(self, bucket: str, key: str, version_id: str | None, snapshot: str | None) -> memoryview:
         """MAP_EXTENTS: the object's data files, mapped side by side copy-on-write."""
-        reply, fds = self.conn().call(p.Op.MAP_EXTENTS, p.Head(bucket, key, version_id))
+        reply, fds = self.conn().call(p.Op.MAP_EXTENTS, p.Head(bucket, key, version_id, snapshot))
         try:
             if not all(0 <= f < len(fds) for f, _o, _n in reply.extents) \
                     or sum(n for _f, _o, n in reply.extents) != reply.size:
@@ -220,9 +220,9 @@ class ShmTransport(PooledTransport):
             p.close_fds(fds)
         return mapped.view  # the mapping lives as long as this view and its slices
 
-    def _map_one_file(self, bucket: str, key: str, version_id: str | None) -> memoryview:
+    def _map_one_file(self, bucket: str, key: str, version_id: str | None, snapshot: str | None) -> memoryview:
         """MAP (a node without MAP_EXTENTS): one data file, mapped copy-on-write."""
-        reply, fd = self.conn().call(p.Op.MAP, p.Head(bucket, key, version_id))
+        reply, fd = self.conn().call(p.Op.MAP, p.Head(bucket, key, version_id, snapshot))
         try:
             if reply.size == 0:
                 return memoryview(bytearray(0))
@@ -237,42 +237,42 @@ class ShmTransport(PooledTransport):
 
     # --- reads -------------------------------------------------------------------------
     def submit_get(self, bucket: str, key: str, offset: int, length: int | None,
-                   version_id: str | None = None) -> Future:
-        return self.executor_submit(self.get, bucket, key, offset, length, version_id)
+                   version_id: str | None = None, snapshot: str | None = None) -> Future:
+        return self.executor_submit(self.get, bucket, key, offset, length, version_id, snapshot)
 
     def get(self, bucket: str, key: str, offset: int, length: int | None,
-            version_id: str | None = None) -> memoryview:
+            version_id: str | None = None, snapshot: str | None = None) -> memoryview:
         """Head (without ``length``), then a staged read into a new ``bytearray``,
         on the calling thread."""
         self.conn()  # TransportError when closed or in a forked child
         if length is None:
-            size = self.conn().call(p.Op.HEAD, p.Head(bucket, key, version_id)).size
+            size = self.conn().call(p.Op.HEAD, p.Head(bucket, key, version_id, snapshot)).size
             if offset >= size and not offset == size == 0:
                 raise InvalidRange(f"offset {offset} is past the end of {bucket}/{key} ({size} bytes)")
             length = size - offset
         buf = bytearray(length)  # never in a region: staged, on this thread
-        n = self.get_staged(bucket, key, memoryview(buf), offset, version_id)
+        n = self.get_staged(bucket, key, memoryview(buf), offset, version_id, snapshot)
         return memoryview(buf)[:n]
 
     def submit_get_into(self, bucket: str, key: str, dest: memoryview, offset: int,
-                        version_id: str | None = None) -> Future:
+                        version_id: str | None = None, snapshot: str | None = None) -> Future:
         found = self.find_region(dest)
         if found is not None:
             region, off = found
-            fut = self.conn().request(p.Op.GET, p.Get(bucket, key, offset, len(dest),
-                                                      region.region_id, off, version_id=version_id))
+            fut = self.conn().request(p.Op.GET, p.Get(bucket, key, offset, len(dest), region.region_id, off,
+                                                      version_id=version_id, snapshot=snapshot))
             return then(fut, lambda r: r.n)
-        return self.executor_submit(self.get_staged, bucket, key, dest, offset, version_id)
+        return self.executor_submit(self.get_staged, bucket, key, dest, offset, version_id, snapshot)
 
     def get_staged(self, bucket: str, key: str, dest: memoryview, offset: int,
-                   version_id: str | None = None) -> int:
+                   version_id: str | None = None, snapshot: str | None = None) -> int:
         """A read into memory outside the regions, slot by slot through staging, up
         to half the slots in flight (on the executor, or the caller's thread for
         :meth:`get`; never holds a slot while it blocks for another)."""
         pool = self.staging_pool()
         if len(dest) == 0:
-            return self.conn().request(p.Op.GET, p.Get(bucket, key, offset, 0,
-                                                       version_id=version_id)).result().n
+            return self.conn().request(p.Op.GET, p.Get(bucket, key, offset, 0, version_id=version_id,
+                                                       snapshot=snapshot)).result().n
         depth = max(1, pool.nslots // 2)  # slots in flight
         window: list[tuple[int, int, int, Future]] = []  # (dest_off, slot, length, fut)
         total = pos = 0
@@ -288,7 +288,7 @@ class ShmTransport(PooledTransport):
                     try:
                         fut = self.conn().request(p.Op.GET, p.Get(
                             bucket, key, offset + pos, length, pool.region.region_id, slot,
-                            version_id=version_id))
+                            version_id=version_id, snapshot=snapshot))
                     except BaseException:
                         pool.release(slot)
                         raise

@@ -53,7 +53,7 @@ def _plan(t: ShmTransport, reqs: list[ReadRequest], dests: list[memoryview]) -> 
         if found is not None:
             region, off = found
             plan.items[i] = p.Get(r.bucket, r.key, r.offset, len(dest), region.region_id, off,
-                                  r.digest, r.version_id)
+                                  r.digest, r.version_id, r.snapshot)
             continue
         if plan.pool is None:
             plan.pool = t.staging_pool()
@@ -83,7 +83,7 @@ def _stage(plan: _Plan, reqs: list[ReadRequest], dests: list[memoryview]) -> Non
         for i, at in members:
             r = reqs[i]
             plan.items[i] = p.Get(r.bucket, r.key, r.offset, len(dests[i]), pool.region.region_id,
-                                  slot + at, r.digest, r.version_id)
+                                  slot + at, r.digest, r.version_id, r.snapshot)
             plan.staged.append((i, slot + at))
 
 
@@ -98,7 +98,7 @@ def submit_batch(t: ShmTransport, reqs: list[ReadRequest], dests: list[memoryvie
     try:
         fut = t.conn().request(p.Op.GETV, p.GetV(batch)) if batch else None
         side = [t.executor_submit(t.get_staged, reqs[i].bucket, reqs[i].key, dests[i],
-                                  reqs[i].offset, reqs[i].version_id) for i in plan.side]
+                                  reqs[i].offset, reqs[i].version_id, reqs[i].snapshot) for i in plan.side]
     except BaseException:
         _release_slots(plan)
         raise

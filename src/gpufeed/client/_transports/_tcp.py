@@ -60,41 +60,42 @@ class TcpTransport(PooledTransport):
             raise InvalidArgument(f"cannot allocate {nbytes} bytes: {exc}") from exc
 
     def submit_get(self, bucket: str, key: str, offset: int, length: int | None,
-                   version_id: str | None = None) -> Future:
+                   version_id: str | None = None, snapshot: str | None = None) -> Future:
         want = -1 if length is None else length
-        fut = self.conn().request(p.Op.GET, p.Get(bucket, key, offset, want, version_id=version_id),
+        fut = self.conn().request(p.Op.GET, p.Get(bucket, key, offset, want, version_id=version_id,
+                                                  snapshot=snapshot),
                                   alloc=True)
         return then(fut, lambda reply_buf: memoryview(reply_buf[1]))
 
     def submit_get_into(self, bucket: str, key: str, dest: memoryview, offset: int,
-                        version_id: str | None = None) -> Future:
+                        version_id: str | None = None, snapshot: str | None = None) -> Future:
         if len(dest) < SPLIT_BYTES or len(self.conns) == 1:
             fut = self.conn().request(p.Op.GET, p.Get(bucket, key, offset, len(dest),
-                                                      version_id=version_id), dests=[dest])
+                                                      version_id=version_id, snapshot=snapshot), dests=[dest])
             return then(fut, lambda r: r.n)
-        return self.executor_submit(self._get_split, bucket, key, dest, offset, version_id)
+        return self.executor_submit(self._get_split, bucket, key, dest, offset, version_id, snapshot)
 
     def _get_split(self, bucket: str, key: str, dest: memoryview, offset: int,
-                   version_id: str | None) -> int:
+                   version_id: str | None, snapshot: str | None = None) -> int:
         """A large read split over the connections (runs on the executor)."""
-        size = self.conn().call(p.Op.HEAD, p.Head(bucket, key, version_id)).size
+        size = self.conn().call(p.Op.HEAD, p.Head(bucket, key, version_id, snapshot)).size
         want = max(0, min(len(dest), size - offset))
         if offset > size or (offset == size and size and len(dest)):
             # let the server produce the typed error
             return self.conn().request(p.Op.GET, p.Get(bucket, key, offset, len(dest),
-                                                       version_id=version_id),
+                                                       version_id=version_id, snapshot=snapshot),
                                        dests=[dest]).result().n
         step = -(-want // len(self.conns))
         step = max(step, 1 << 20)
         futs = [conn.request(p.Op.GET, p.Get(bucket, key, offset + o, min(step, want - o),
-                                             version_id=version_id),
+                                             version_id=version_id, snapshot=snapshot),
                              dests=[dest[o:o + step]])
                 for conn, o in zip(itertools.cycle(self.conns), range(0, want, step))]
         return sum(f.result().n for f in futs)
 
     def submit_get_many_into(self, reqs: Sequence[ReadRequest], dests: Sequence[memoryview],
                              digests_out: list | None, errors_out: list | None) -> Future:
-        items = [p.Get(r.bucket, r.key, r.offset, len(d), version_id=r.version_id)
+        items = [p.Get(r.bucket, r.key, r.offset, len(d), version_id=r.version_id, snapshot=r.snapshot)
                  for r, d in zip(reqs, dests)]
         fut = self.conn().request(p.Op.GETV, p.GetV(items), dests=list(dests))
         return then(fut, lambda reply: batch_result(reqs, reply, errors_out))

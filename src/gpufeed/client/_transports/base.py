@@ -113,6 +113,11 @@ class Transport(ABC):
         return False
 
     @property
+    def supports_snapshots(self) -> bool:
+        """Reads, heads, maps and listings can name a bucket snapshot (``snapshot``)."""
+        return False
+
+    @property
     def max_batch_item_bytes(self) -> int | None:
         """Largest destination outside :meth:`alloc` memory that a batch read serves
         inside its one round trip; larger ones are still read, with extra round
@@ -143,19 +148,21 @@ class Transport(ABC):
 
     @abstractmethod
     def submit_get(self, bucket: str, key: str, offset: int, length: int | None,
-                   version_id: str | None = None) -> Future:
+                   version_id: str | None = None, snapshot: str | None = None) -> Future:
         """Read into new memory; the Future resolves to a ``memoryview``.
         ``version_id``: that version (``None``: the current one); only passed
-        when :attr:`supports_versions`, like every ``version_id`` here."""
+        when :attr:`supports_versions`, like every ``version_id`` here;
+        ``snapshot``: as recorded by that bucket snapshot, only passed when
+        :attr:`supports_snapshots`, like every ``snapshot`` here."""
 
     def get(self, bucket: str, key: str, offset: int, length: int | None,
-            version_id: str | None = None) -> memoryview:
+            version_id: str | None = None, snapshot: str | None = None) -> memoryview:
         """Blocking :meth:`submit_get` (a transport may do it on the caller's thread)."""
-        return self.submit_get(bucket, key, offset, length, version_id).result()
+        return self.submit_get(bucket, key, offset, length, version_id, snapshot).result()
 
     @abstractmethod
     def submit_get_into(self, bucket: str, key: str, dest: memoryview, offset: int,
-                        version_id: str | None = None) -> Future:
+                        version_id: str | None = None, snapshot: str | None = None) -> Future:
         """Read up to ``len(dest)`` bytes from ``offset``; resolves to the count."""
 
     @abstractmethod
@@ -179,7 +186,7 @@ class Transport(ABC):
         return None
 
     def map_object(self, bucket: str, key: str, populate: bool,
-                   version_id: str | None = None) -> memoryview:
+                   version_id: str | None = None, snapshot: str | None = None) -> memoryview:
         """Map an object version's stored bytes (see ``Client.map_object``).
 
         Raises:

@@ -1,0 +1,138 @@
+"""``gpufeed snapshot``: bucket snapshots on a running node (its admin API on the
+S3 port, ``--endpoint``) or on a stopped node's data folder (``--data-dir``)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+
+import click
+
+from .admin import Admin, LocalAdmin, RemoteAdmin
+
+__all__ = ["snapshot"]
+
+
+def _when(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@click.group()
+@click.option("--endpoint", "--url", "url", default=None,
+              help="S3 endpoint of a running node (env GPUFEED_S3_URL; default http://127.0.0.1:9000).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Work on a stopped node's data folder instead of a running node.")
+@click.option("--access-key", default=None,
+              help="The admin key id, or a key of the bucket's tenant (env GPUFEED_ACCESS_KEY).")
+@click.option("--secret-key", default=None, help="Its secret (env GPUFEED_SECRET_KEY).")
+@click.pass_context
+def snapshot(ctx, url, data_dir, access_key, secret_key) -> None:
+    """Bucket snapshots: instant, read-only, pinning their data (no copy).
+
+    Read one with S3 '?snapshot=NAME' or the SDK's snapshot= argument.
+    """
+    from .config import DEFAULT_ACCESS_KEY, DEFAULT_SECRET_KEY, NodeConfig
+
+    def open_admin() -> Admin:
+        if data_dir is not None:
+            return LocalAdmin(data_dir, master_key=NodeConfig.from_env().master_key)
+        return RemoteAdmin(url or os.environ.get("GPUFEED_S3_URL") or "http://127.0.0.1:9000",
+                           access_key or os.environ.get("GPUFEED_ACCESS_KEY") or DEFAULT_ACCESS_KEY,
+                           secret_key or os.environ.get("GPUFEED_SECRET_KEY") or DEFAULT_SECRET_KEY)
+
+    ctx.obj = open_admin
+
+
+def _run(ctx, call, as_json: bool, show) -> None:
+    a = ctx.obj()
+    try:
+        result = call(a)
+    finally:
+        a.close()
+    click.echo(json.dumps(result) if as_json else show(result))
+
+
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
+
+
+def _line(s: dict) -> str:
+    return f"{s['name']}\t{_when(s['created'])}\t{s['kind']}\t{s['objects']} objects\t{s['bytes']} bytes"
+
+
+@snapshot.command("create")
+@click.argument("bucket")
+@click.argument("name")
+@JSON_OPTION
+@click.pass_context
+def snapshot_create(ctx, bucket, name, as_json) -> None:
+    """Snapshot BUCKET as NAME (letters, digits, '.', '_', '-'; at most 128)."""
+    _run(ctx, lambda a: a.snapshot_create(bucket, name), as_json,
+         lambda r: f"snapshot {r['name']} of {r['bucket']}: {r['objects']} objects, {r['bytes']} bytes")
+
+
+@snapshot.command("list")
+@click.argument("bucket")
+@JSON_OPTION
+@click.pass_context
+def snapshot_list(ctx, bucket, as_json) -> None:
+    """List BUCKET's snapshots, oldest first: name, created (UTC), kind, objects, logical bytes."""
+    _run(ctx, lambda a: a.snapshot_list(bucket), as_json,
+         lambda r: "\n".join(_line(s) for s in r["snapshots"]) or "(no snapshots)")
+
+
+@snapshot.command("delete")
+@click.argument("bucket")
+@click.argument("name")
+@click.option("--bypass-governance", is_flag=True,
+              help="Delete even if it holds versions under GOVERNANCE retention.")
+@JSON_OPTION
+@click.pass_context
+def snapshot_delete(ctx, bucket, name, bypass_governance, as_json) -> None:
+    """Delete snapshot NAME of BUCKET (the data only it held is freed)."""
+    _run(ctx, lambda a: a.snapshot_delete(bucket, name, bypass_governance=bypass_governance), as_json,
+         lambda r: f"snapshot {name} of {bucket} deleted")
+
+
+@snapshot.command("restore")
+@click.argument("bucket")
+@click.argument("name")
+@click.option("--prefix", default="", help="Restore only the keys under this prefix.")
+@JSON_OPTION
+@click.pass_context
+def snapshot_restore(ctx, bucket, name, prefix, as_json) -> None:
+    """Roll BUCKET (or --prefix) back to snapshot NAME: its keys become current
+    again (same data, no copy); keys it lacks are deleted (delete markers when
+    versioned). Refused whole when a version to replace is locked."""
+    _run(ctx, lambda a: a.snapshot_restore(bucket, name, prefix=prefix), as_json,
+         lambda r: f"restored {r['restored']}, deleted {r['deleted']}, unchanged {r['unchanged']}")
+
+
+@snapshot.command("diff")
+@click.argument("bucket")
+@click.argument("name")
+@click.argument("target", required=False)
+@click.option("--prefix", default="", help="Compare only the keys under this prefix.")
+@JSON_OPTION
+@click.pass_context
+def snapshot_diff(ctx, bucket, name, target, prefix, as_json) -> None:
+    """Keys added (+), changed (~) and removed (-) from snapshot NAME to snapshot
+    TARGET (default: the live bucket)."""
+    def show(r: dict) -> str:
+        lines = [f"+ {k}" for k in r["added"]] + [f"~ {k}" for k in r["changed"]] + [f"- {k}" for k in r["removed"]]
+        return "\n".join(lines) or "(no differences)"
+
+    _run(ctx, lambda a: a.snapshot_diff(bucket, name, target, prefix=prefix), as_json, show)
+
+
+@snapshot.command("schedule")
+@click.argument("bucket")
+@click.option("--hourly", type=click.IntRange(0), default=None, help="Keep this many hourly snapshots (0: none).")
+@click.option("--daily", type=click.IntRange(0), default=None, help="Keep this many daily snapshots (0: none).")
+@JSON_OPTION
+@click.pass_context
+def snapshot_schedule(ctx, bucket, hourly, daily, as_json) -> None:
+    """Show, or set with --hourly/--daily, BUCKET's schedule; the node makes
+    auto-hourly-YYYY-MM-DDTHH / auto-daily-YYYY-MM-DD snapshots and prunes the oldest."""
+    _run(ctx, lambda a: a.snapshot_schedule(bucket, hourly=hourly, daily=daily), as_json,
+         lambda r: f"hourly: keep {r['hourly']}, daily: keep {r['daily']}")
