@@ -365,3 +365,50 @@ def test_a_growing_write_past_capacity_stops_early(tmp_path):
         assert pw.size <= 64 << 20
         assert os.listdir(tmp_path / "tmp") == []
         e.put_object("bkt", "small", piece)  # room is still there for what fits
+
+
+@pytest.mark.parametrize("harm", ["delete", "truncate", "flip"])
+def test_a_write_of_the_same_data_repairs_a_damaged_shared_chunk(tmp_path, harm):
+    with Engine(tmp_path, fsync=False) as e:
+        e.create_bucket("bkt")
+        e.set_bucket_data("bkt", dedup=True, chunk_bytes=256 << 10)
+        data = _random(1 << 20, 11)
+        info = e.put_object("bkt", "a", data)
+        c = e._chunks.manifest(info.blob_id).chunks[2]
+        path = e._chunks.file_path(c.file)
+        if harm == "delete":
+            os.unlink(path)
+        elif harm == "truncate":
+            os.truncate(path, 10)
+        else:
+            _flip(path, 100)
+        e._files.open_files.close()
+        with pytest.raises(DamagedObject):
+            e.get_object("bkt", "a")  # marks the chunk
+        e.put_object("bkt", "b", data)  # the same bytes: stored afresh for the damaged chunk
+        assert e.get_object("bkt", "b") == data
+        assert e.get_object("bkt", "a") == data  # the shared chunk was repaired for both
+        assert e.damaged_chunks() == []
+        e.delete_object("bkt", "a")
+        e.delete_object("bkt", "b")
+        assert _data_files(tmp_path) == {} and e._chunks.stored_bytes == 0
+
+
+def test_dedup_write_past_capacity_is_storage_full(tmp_path):
+    with Engine(tmp_path, fsync=False, capacity_bytes=2 << 20) as e:
+        e.create_bucket("bkt")
+        e.set_bucket_data("bkt", dedup=True, chunk_bytes=256 << 10)
+        e.put_object("bkt", "a", _random(1 << 20, 1))
+        with pytest.raises(StorageFull):
+            e.put_object("bkt", "b", _random(3 << 20, 2))
+        assert os.listdir(tmp_path / "tmp") == []
+        assert sum(_data_files(tmp_path).values()) == 1 << 20 == e._chunks.stored_bytes
+
+
+def test_freeing_damaged_data_keeps_the_accounting_exact(tmp_path):
+    with Engine(tmp_path, fsync=False) as e:
+        e.create_bucket("bkt")
+        info = e.put_object("bkt", "k", _random(500_000))
+        os.truncate(info.path, 1000)  # the file now holds less than the catalog says
+        e.delete_object("bkt", "k")
+        assert e._chunks.stored_bytes == 0 == e.node_data_stats()["stored_bytes"]

@@ -123,6 +123,11 @@ class ManifestCache:
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
+    def clear(self) -> None:
+        """Forget every manifest (a chunk they name was repaired)."""
+        with self._lock:
+            self._items.clear()
+
     def forget(self, blob_ids) -> None:
         with self._lock:
             for b in blob_ids:

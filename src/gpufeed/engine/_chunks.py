@@ -116,6 +116,8 @@ class Staged:
         reused: shared chunks found before the commit: ``chunk_id -> references``.
         spans: where each reused chunk's bytes are in ``tmp`` (to write it again
             if it was freed before the commit): ``chunk_id -> (offset, length)``.
+        repairs: reused chunks found damaged or missing, and the good copy this
+            write stored for each (the chunk is pointed at it in the commit).
         paths: data files written (removed if the write is abandoned).
         tmp: the temp file still kept (dedup), removed after the commit.
         domain: dedup domain.
@@ -129,6 +131,7 @@ class Staged:
     new: dict[str, tuple[ChunkRecord, int]] = field(default_factory=dict)
     reused: Counter = field(default_factory=Counter)
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)
+    repairs: dict[str, ChunkRecord] = field(default_factory=dict)
     paths: list[str] = field(default_factory=list)
     tmp: str | None = None
     domain: str | None = None
@@ -290,27 +293,26 @@ class ChunkStore:
         remove_quietly(tmp)
 
     def _stage_dedup(self, st: Staged, tmp: str) -> None:
-        """Shared chunks: each found by digest, or written to a data file of its own."""
-        import mmap
+        """Shared chunks: each found by digest, or written to a data file of its own.
+        Cuts are found over a mapping of the temp file (closed before any chunk
+        is stored); each chunk is then read into one reused buffer."""
         p = st.policy
         st.tmp = tmp
         fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            with mmap.mmap(fd, st.size, prot=mmap.PROT_READ) as mm:
-                whole = memoryview(mm)
-                try:
-                    if p.chunking == "cdc":
-                        cuts = cdc_cuts(whole, max(_MIN_CHUNK // 4, p.chunk_bytes // 4), p.chunk_bytes,
-                                        p.chunk_bytes * 4)
-                    else:
-                        cuts = list(range(p.chunk_bytes, st.size, p.chunk_bytes)) + [st.size]
-                    pos = 0
-                    local: dict[bytes, str] = {}
-                    for cut in cuts:
-                        self._stage_shared(st, whole[pos:cut], pos, local)
-                        pos = cut
-                finally:
-                    whole.release()
+            if p.chunking == "cdc":
+                cuts = _cdc_cuts_of_file(fd, st.size, p.chunk_bytes)
+            else:
+                cuts = list(range(p.chunk_bytes, st.size, p.chunk_bytes)) + [st.size]
+            buf = memoryview(bytearray(max(b - a for a, b in zip([0, *cuts], cuts))))
+            pos = 0
+            local: dict[bytes, str] = {}
+            for cut in cuts:
+                view = buf[:cut - pos]
+                if pread_full(fd, view, pos) < len(view):
+                    raise InternalError("temp file is shorter than the bytes written")
+                self._stage_shared(st, view, pos, local)
+                pos = cut
         finally:
             os.close(fd)
 
@@ -324,6 +326,8 @@ class ChunkStore:
             if found is not None:
                 cid = found.chunk_id
                 st.spans[cid] = (pos, len(view))
+                if not self._sound(found):  # never link to data known bad: store a good copy for it
+                    st.repairs[cid] = self._write_chunk(st, view, digest)
             else:
                 rec = self._write_chunk(st, view, digest)
                 cid = rec.chunk_id
@@ -335,6 +339,16 @@ class ChunkStore:
         else:
             st.reused[cid] += 1
         st.chunk_ids.append(cid)
+
+    def _sound(self, c: ChunkRecord) -> bool:
+        """A shared chunk a new write may link to: not marked damaged, and its
+        data file is there and long enough (a stat, not a read)."""
+        if c.chunk_id in self.damaged:
+            return False
+        try:
+            return os.stat(self.file_path(c.file)).st_size >= c.file_offset + c.stored
+        except OSError:
+            return False
 
     def _write_chunk(self, st: Staged, view: memoryview, digest: bytes) -> ChunkRecord:
         """Write one shared chunk to a new data file of its own."""
@@ -374,11 +388,14 @@ class ChunkStore:
             w.insert_chunk(rec, refs, st.bucket)
             added += rec.stored
         for cid, n in st.reused.items():
+            fresh = st.repairs.get(cid)
             if not w.add_chunk_refs(cid, n):  # freed since it was found: store it again
-                rec = self._rewrite(st, cid)
+                rec = fresh if fresh is not None else self._rewrite(st, cid)
                 w.insert_chunk(rec, n, st.bucket)
                 added += rec.stored
                 st.chunk_ids = [rec.chunk_id if c == cid else c for c in st.chunk_ids]
+            elif fresh is not None:
+                added += self._repair(w, cid, fresh)
         self.check_room(added)
         w.insert_manifest(st.blob_id, st.size, st.chunk_ids)
 
@@ -386,6 +403,22 @@ class ChunkStore:
             with self._lock:
                 self.stored_bytes += added
         w.on_commit(done)
+
+    def _repair(self, w: CatalogWriter, cid: str, fresh: ChunkRecord) -> int:
+        """Point damaged shared chunk ``cid`` at the good copy a write just stored;
+        returns the stored bytes added."""
+        before = w.chunk(cid)
+        old_file = w.repair_chunk(cid, fresh)
+
+        def done() -> None:
+            with self._lock:
+                self.damaged.discard(cid)
+            self.manifests.clear()  # cached manifests hold the old record
+            if old_file is not None and old_file != fresh.file:
+                self._unlink([old_file])
+            log.warning("chunk %s repaired from a write of the same data", cid)
+        w.on_commit(done)
+        return fresh.stored - (before.stored if before is not None else 0)
 
     def _rewrite(self, st: Staged, cid: str) -> ChunkRecord:
         off, n = st.spans[cid]
@@ -422,27 +455,25 @@ class ChunkStore:
         with self._cat.write() as w:
             files: list[str] = []
             gone: list[str] = []
+            freed = 0
             for b in blob_ids:
                 if b and not w.blob_referenced(b):
-                    files += w.release_manifest(b)
+                    f, n = w.release_manifest(b)
+                    files += f
+                    freed += n
                     gone.append(b)
+
             def done() -> None:
                 self.manifests.forget(gone)
                 self._unlink(files)
+                with self._lock:
+                    self.stored_bytes = max(0, self.stored_bytes - freed)
             w.on_commit(done)
 
     def _unlink(self, files: list[str]) -> None:
-        freed = 0
         for f in files:
-            path = self.file_path(f)
-            try:
-                freed += os.stat(path).st_size
-            except OSError:
-                pass
-            remove_quietly(path)
+            remove_quietly(self.file_path(f))
         self.files.open_files.forget(files)
-        with self._lock:
-            self.stored_bytes = max(0, self.stored_bytes - freed)
 
     def report_damage(self, chunk_id: str, reason: str, *, counted: bool = True) -> None:
         """Mark a chunk damaged in the catalog, count the failed read
@@ -548,3 +579,15 @@ def _file_sums(fd: int, offset: int, size: int) -> bytes:
         pos += n
     return b"".join(out)
 
+
+def _cdc_cuts_of_file(fd: int, size: int, avg: int) -> list[int]:
+    """Content-defined cut points (end offsets) of a file, over a read-only
+    mapping closed before returning."""
+    import mmap
+
+    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm:
+        whole = memoryview(mm)
+        try:
+            return cdc_cuts(whole, max(_MIN_CHUNK // 4, avg // 4), avg, avg * 4)
+        finally:
+            whole.release()

@@ -40,6 +40,10 @@ class ChunkReads:
             return None
         return rows[0][0], [_chunk(r[1:]) for r in rows if r[1] is not None]
 
+    def chunk(self, chunk_id: str) -> ChunkRecord | None:
+        rows = self._conn().execute(f"SELECT {_CHUNK_COLS} FROM chunks WHERE chunk_id=?", (chunk_id,)).fetchall()
+        return _chunk(rows[0]) if rows else None
+
     def find_chunk(self, domain: str, digest: bytes) -> ChunkRecord | None:
         rows = self._conn().execute(f"SELECT {_CHUNK_COLS} FROM chunks WHERE domain=? AND digest=?",
                                     (domain, digest)).fetchall()
@@ -123,20 +127,33 @@ class ChunkWrites:
         self._c.executemany("INSERT INTO manifest_chunks (blob_id, seq, chunk_id) VALUES (?, ?, ?)",
                             [(blob_id, i, cid) for i, cid in enumerate(chunk_ids)])
 
-    def release_manifest(self, blob_id: str) -> list[str]:
+    def release_manifest(self, blob_id: str) -> tuple[list[str], int]:
         c = self._c
         uses = Counter(r[0] for r in c.execute("SELECT chunk_id FROM manifest_chunks WHERE blob_id=?", (blob_id,)))
         c.execute("DELETE FROM manifest_chunks WHERE blob_id=?", (blob_id,))
         c.execute("DELETE FROM manifests WHERE blob_id=?", (blob_id,))
         files: set[str] = set()
+        freed = 0
         for cid, n in uses.items():
             c.execute("UPDATE chunks SET refs = refs - ? WHERE chunk_id=?", (n, cid))
-            rows = c.execute("SELECT file FROM chunks WHERE chunk_id=? AND refs <= 0", (cid,)).fetchall()
+            rows = c.execute("SELECT file, stored FROM chunks WHERE chunk_id=? AND refs <= 0", (cid,)).fetchall()
             if rows:
                 c.execute("DELETE FROM chunks WHERE chunk_id=?", (cid,))
                 c.execute("DELETE FROM damaged_chunks WHERE chunk_id=?", (cid,))
                 files.add(rows[0][0])
-        return [f for f in files if not c.execute("SELECT 1 FROM chunks WHERE file=? LIMIT 1", (f,)).fetchall()]
+                freed += rows[0][1]
+        return [f for f in files if not c.execute("SELECT 1 FROM chunks WHERE file=? LIMIT 1", (f,)).fetchall()], freed
+
+    def repair_chunk(self, chunk_id: str, record: ChunkRecord) -> str | None:
+        c = self._c
+        rows = c.execute("SELECT file FROM chunks WHERE chunk_id=?", (chunk_id,)).fetchall()
+        if not rows:
+            return None
+        r = record
+        c.execute("UPDATE chunks SET file=?, file_offset=?, stored=?, codec=?, sums=? WHERE chunk_id=?",
+                  (r.file, r.file_offset, r.stored, r.codec, r.sums, chunk_id))
+        c.execute("DELETE FROM damaged_chunks WHERE chunk_id=?", (chunk_id,))
+        return rows[0][0]
 
     def mark_damaged(self, chunk_id: str, reason: str, when: float) -> None:
         self._c.execute("INSERT OR IGNORE INTO damaged_chunks (chunk_id, reason, found) VALUES (?, ?, ?)",

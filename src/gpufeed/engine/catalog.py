@@ -307,6 +307,10 @@ class CatalogReader(ABC):
         or ``None`` when no manifest has that id."""
 
     @abstractmethod
+    def chunk(self, chunk_id: str) -> ChunkRecord | None:
+        """The chunk ``chunk_id``, if it exists."""
+
+    @abstractmethod
     def find_chunk(self, domain: str, digest: bytes) -> ChunkRecord | None:
         """The shared chunk of dedup ``domain`` whose data has ``digest``, if any."""
 
@@ -375,12 +379,24 @@ class CatalogWriter(CatalogReader):
         took one reference on each chunk per appearance)."""
 
     @abstractmethod
-    def release_manifest(self, blob_id: str) -> list[str]:
+    def release_manifest(self, blob_id: str) -> tuple[list[str], int]:
         """Drop the manifest of ``blob_id`` and one reference per appearance of
         each of its chunks; chunks left without references are deleted.
 
         Returns:
-            Ids of data files no chunk lives in any more (to unlink after the commit).
+            ``(files, stored)``: ids of data files no chunk lives in any more (to
+            unlink after the commit) and the stored bytes of the chunks deleted.
+        """
+
+    @abstractmethod
+    def repair_chunk(self, chunk_id: str, record: ChunkRecord) -> str | None:
+        """Point chunk ``chunk_id`` at a fresh, good copy of its data (``record``'s
+        file, offset, stored length, codec and sums; its id, digest and
+        references stay) and clear its damage mark.
+
+        Returns:
+            The data file it lived in before (to unlink after the commit when no
+            other chunk uses it), or ``None`` when the chunk no longer exists.
         """
 
     @abstractmethod

@@ -44,15 +44,15 @@ class ChunkCatalogTests:
             w.insert_manifest("v1", 300, ["shared", "own1", "own2"])
             w.insert_manifest("v2", 100, ["shared"])
         with catalog.write() as w:
-            assert w.release_manifest("v1") == ["pack"]  # both chunks of the pack went
+            assert w.release_manifest("v1") == (["pack"], 200)  # both chunks of the pack went
         assert catalog.manifest("v1") is None
         assert catalog.find_chunk("t", b"d" * 32) is not None  # v2 still holds it
         with catalog.write() as w:
-            assert w.release_manifest("v2") == ["shared"]
+            assert w.release_manifest("v2") == (["shared"], 100)
         assert catalog.find_chunk("t", b"d" * 32) is None
         assert catalog.chunk_totals() == (0, 0, 0)
         with catalog.write() as w:
-            assert w.release_manifest("v2") == []  # already gone: nothing
+            assert w.release_manifest("v2") == ([], 0)  # already gone: nothing
 
     def test_shared_chunks_are_found_per_domain(self, catalog: Catalog, bucket: str) -> None:
         with catalog.write() as w:
@@ -78,6 +78,24 @@ class ChunkCatalogTests:
         assert catalog.unmanifested_blobs() == [("legacy", 5, bucket)]
         assert catalog.chunk_users("c1") == [(bucket, "k", "null")]
         assert catalog.bucket_data_usage(bucket) == (105, 100, 1)
+
+    def test_repair_points_a_chunk_at_a_good_copy(self, catalog: Catalog, bucket: str) -> None:
+        old = _chunk("c9", "oldfile", domain="t", digest=b"q" * 32)
+        with catalog.write() as w:
+            w.insert_chunk(old, 2)
+            w.insert_manifest("m", 100, ["c9"])
+            w.mark_damaged("c9", "data file is missing", 1.0)
+        fresh = ChunkRecord("other-id", "newfile", 0, 60, 100, "zstd", b"q" * 32, bytes(8), "t")
+        with catalog.write() as w:
+            assert w.repair_chunk("c9", fresh) == "oldfile"
+            assert w.repair_chunk("nope", fresh) is None
+        got = catalog.manifest("m")
+        assert got is not None and got[1] == [ChunkRecord("c9", "newfile", 0, 60, 100, "zstd", b"q" * 32,
+                                                          bytes(8), "t")]
+        assert catalog.damaged_chunks() == {} and catalog.data_files() == {"newfile"}
+        assert catalog.chunk("c9") == got[1][0] and catalog.chunk("nope") is None
+        with catalog.write() as w:
+            assert w.add_chunk_refs("c9", 1)
 
     def test_damage_marks(self, catalog: Catalog, bucket: str) -> None:
         with catalog.write() as w:
