@@ -76,8 +76,8 @@ def test_compression_shrinks_text_and_skips_random(engine):
     assert stats["compression"] == "zstd:3"
     assert stats["stored_bytes"] < (4 << 20) + (2 << 20)  # the text shrank by more than half
     assert stats["ratio"] > 1.3
-    codecs = {c.codec for c in engine._chunks.manifest(engine.head_object("bkt", "random").blob_id).chunks}
-    assert codecs == {""}  # random data is kept raw
+    m = engine._chunks.manifest(engine.head_object("bkt", "random").blob_id)
+    assert m.single_file  # random data: no chunk pays, so the object is one raw file (no rewrite)
 
 
 def test_dedup_stores_identical_chunks_once_per_tenant(engine):
@@ -281,7 +281,8 @@ def test_capacity_refuses_writes_keeps_reads(tmp_path):
 
 @pytest.mark.parametrize("bad", [
     {"compression": "gzip"}, {"level": 0}, {"level": 20}, {"chunking": "rabin"}, {"chunk_bytes": 1000},
-    {"chunk_bytes": 1 << 30}, {"chunking": "cdc", "chunk_bytes": 4 << 20}, {"digest": "md5"},
+    {"chunk_bytes": 1 << 30}, {"chunking": "cdc", "chunk_bytes": 4 << 20, "dedup": True}, {"digest": "md5"},
+    {"chunking": "cdc"},
     {"dedup": "yes"}, {"colour": "red"},
 ])
 def test_bad_policies_are_refused(engine, bad):
@@ -412,3 +413,24 @@ def test_freeing_damaged_data_keeps_the_accounting_exact(tmp_path):
         os.truncate(info.path, 1000)  # the file now holds less than the catalog says
         e.delete_object("bkt", "k")
         assert e._chunks.stored_bytes == 0 == e.node_data_stats()["stored_bytes"]
+
+
+def test_parts_of_uploads_in_progress_count_against_capacity(tmp_path):
+    with Engine(tmp_path, fsync=False, capacity_bytes=3 << 20) as e:
+        e.create_bucket("bkt")
+        up = e.create_multipart_upload("bkt", "big")
+        for n in (1, 2):
+            e.upload_part("bkt", "big", up.upload_id, n, _random(1 << 20, n))
+        with pytest.raises(StorageFull):
+            e.upload_part("bkt", "big", up.upload_id, 3, _random(1536 << 10, 3))
+        with pytest.raises(StorageFull):
+            e.put_object("bkt", "other", _random(1536 << 10, 4))
+        assert os.listdir(tmp_path / "tmp") == []
+        e.abort_multipart_upload("bkt", "big", up.upload_id)
+        e.put_object("bkt", "other", _random(1536 << 10, 4))  # room again
+
+
+def test_cdc_gets_its_own_default_chunk_size(engine):
+    engine.create_bucket("bkt")
+    p = engine.set_bucket_data("bkt", dedup=True, chunking="cdc")
+    assert p.chunk_bytes == 256 << 10

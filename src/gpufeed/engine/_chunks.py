@@ -13,7 +13,8 @@ How a version is cut into chunks depends on its bucket's
   named after the blob id: the file is the object, byte for byte, so reads
   are one ``preadv`` and the zero-copy map is one mapping;
 - compressed, no dedup: fixed-size chunks, each compressed (or kept raw when
-  it does not shrink), back to back in one data file per version;
+  it does not shrink), back to back in one data file per version; when a
+  probe of every chunk says none would shrink, the version is stored raw;
 - dedup: fixed-size or content-defined (FastCDC) chunks, each found by
   ``(domain, digest)`` (the domain is the bucket's tenant, so no tenant learns
   another's content) and stored once, one data file per chunk.
@@ -50,17 +51,19 @@ import xxhash
 from ..errors import InternalError, InvalidArgument, StorageFull
 from ._blobs import BlobFiles, new_id, pread_full, remove_quietly, write_all
 from ._chunkreads import SUM_BLOCK, Manifest, ManifestCache
-from ._codecs import block_sums, cdc_cuts, chunk_digest, compress_chunk
+from ._codecs import PROBE_BYTES, block_sums, cdc_cuts, chunk_digest, compress_chunk, probe_pays
 from .catalog import Catalog, CatalogWriter
 from .types import ChunkRecord, DataPolicy
 
-__all__ = ["ChunkStore", "Staged", "parse_policy", "policy_json"]
+__all__ = ["ChunkStore", "Staged", "parse_policy", "policy_json", "CDC_DEFAULT_BYTES", "POLICY_CONFIG"]
 
 log = logging.getLogger("gpufeed.engine")
 
 _READ_BYTES = 8 << 20  # read size when summing or cutting a temp file
 _MIN_CHUNK, _MAX_CHUNK = 64 << 10, 64 << 20
 _MAX_CDC_AVG = 1 << 20
+#: Average chunk size of content-defined chunking when none is given, bytes.
+CDC_DEFAULT_BYTES = 256 << 10
 #: Name of the bucket configuration that holds a bucket's DataPolicy (JSON).
 POLICY_CONFIG = "data"
 
@@ -82,6 +85,9 @@ def parse_policy(doc: dict) -> DataPolicy:
         raise InvalidArgument("zstd level must be 1-19")
     if p.chunking not in ("fixed", "cdc"):
         raise InvalidArgument(f"chunking must be fixed or cdc, not {p.chunking!r}")
+    if p.chunking == "cdc" and not p.dedup:
+        raise InvalidArgument("content-defined chunking only applies to a bucket that deduplicates "
+                              "(set dedup too)")
     hi = _MAX_CDC_AVG if p.chunking == "cdc" else _MAX_CHUNK
     if not isinstance(p.chunk_bytes, int) or not _MIN_CHUNK <= p.chunk_bytes <= hi:
         raise InvalidArgument(f"chunk size must be {_MIN_CHUNK} to {hi} bytes for {p.chunking} chunking")
@@ -200,14 +206,18 @@ class ChunkStore:
 
     # writing --------------------------------------------------------------------
     def check_room(self, nbytes: int) -> None:
-        """Refuse a write of ``nbytes`` more bytes when it would pass the capacity.
+        """Refuse a write of ``nbytes`` more bytes when it would pass the capacity
+        (chunks stored plus the parts of multipart uploads in progress).
 
         Raises:
             StorageFull: it would.
         """
-        if self.capacity_bytes and self.stored_bytes + nbytes > self.capacity_bytes:
-            raise StorageFull(f"the data folder is full: {self.stored_bytes} of {self.capacity_bytes} bytes "
-                              f"used, {nbytes} more needed")
+        if not self.capacity_bytes:
+            return
+        used = self.stored_bytes + self._cat.parts_total()
+        if used + nbytes > self.capacity_bytes:
+            raise StorageFull(f"the data folder is full: {used} of {self.capacity_bytes} bytes used "
+                              f"(multipart parts included), {nbytes} more needed")
 
     def stage(self, tmp: str, size: int, policy: DataPolicy, domain: str, *, sums: bytes | None = None,
               bucket: str = "") -> Staged:
@@ -229,7 +239,7 @@ class ChunkStore:
                 remove_quietly(tmp)
             elif policy.dedup:
                 self._stage_dedup(st, tmp)
-            elif policy.compression != "off":
+            elif policy.compression != "off" and self._any_chunk_pays(tmp, size, policy):
                 self._stage_packed(st, tmp)
             else:
                 self._stage_raw(st, tmp, sums)
@@ -257,6 +267,24 @@ class ChunkStore:
         rec = ChunkRecord(st.blob_id, st.blob_id, 0, st.size, st.size, "", _sums_digest(sums), sums)
         st.new[rec.chunk_id] = (rec, 1)
         st.chunk_ids.append(rec.chunk_id)
+
+    @staticmethod
+    def _any_chunk_pays(tmp: str, size: int, p: DataPolicy) -> bool:
+        """Whether compressing any chunk of the file pays, by the codec's probe of
+        a sample from each chunk's middle. When none does (random bf16 weights,
+        JPEGs) the object is stored raw, as one file, without a second write."""
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            buf = memoryview(bytearray(PROBE_BYTES))
+            for pos in range(0, size, p.chunk_bytes):
+                n = min(p.chunk_bytes, size - pos)
+                k = min(n, PROBE_BYTES)
+                got = pread_full(fd, buf[:k], pos + (n - k) // 2)
+                if probe_pays(buf[:got], p.compression, p.level):
+                    return True
+            return False
+        finally:
+            os.close(fd)
 
     def _stage_packed(self, st: Staged, tmp: str) -> None:
         """Compressed chunks back to back in one data file named after the blob id."""

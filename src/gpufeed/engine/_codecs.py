@@ -54,6 +54,8 @@ __all__ = [
     "parse_compression",
     "format_compression",
     "compress_chunk",
+    "probe_pays",
+    "PROBE_BYTES",
     "decompress_chunk",
     "chunk_digest",
     "digest_size",
@@ -74,7 +76,9 @@ CDC_MAX_LIMIT = 8 << 20  # 8 MiB: no content-defined chunk is larger
 
 _MIN_SAVING = 0.03  # a stored chunk must be at least 3 % smaller than its raw bytes
 _PROBE_BYTES = 64 << 10  # 64 KiB sample compressed first; chunks under 2 x this skip the probe
-_PROBE_ZSTD_LEVEL = 1  # zstd's fastest level predicts whether any level pays
+_PROBE_ZSTD_LEVEL = 1
+#: Bytes of the sample :func:`probe_pays` is given (from the middle of a chunk).
+PROBE_BYTES = _PROBE_BYTES  # zstd's fastest level predicts whether any level pays
 _BLAKE3_THREADS_FROM = 1 << 20  # 1 MiB: multi-threaded BLAKE3 measured ~1.7 x faster from here
 
 _local = threading.local()  # per-thread zstd contexts (ZstdCompressor/Decompressor are not thread-safe)
@@ -180,14 +184,26 @@ def compress_chunk(view: memoryview, codec: str, level: int = ZSTD_DEFAULT_LEVEL
     n = len(data)
     if codec == "off" or n == 0:
         return None
-    if n >= 2 * _PROBE_BYTES:
-        start = (n - _PROBE_BYTES) // 2
-        sample = data[start:start + _PROBE_BYTES]
-        probe = _encode(sample, codec, min(level, _PROBE_ZSTD_LEVEL))
-        if len(probe) > _PROBE_BYTES * (1 - _MIN_SAVING):
-            return None
+    if n >= 2 * _PROBE_BYTES and not probe_pays(data[(n - _PROBE_BYTES) // 2:][:_PROBE_BYTES], codec, level):
+        return None
     out = _encode(data, codec, level)
     return out if len(out) <= n * (1 - _MIN_SAVING) else None
+
+
+def probe_pays(sample: memoryview, codec: str, level: int = ZSTD_DEFAULT_LEVEL) -> bool:
+    """Whether a sample of a chunk (:data:`PROBE_BYTES` from its middle, as
+    :func:`compress_chunk` takes it) shrinks by 3 % under ``codec`` (zstd at
+    level 1 for any level): the cheap test that decides whether a chunk is
+    compressed at all.
+
+    Raises:
+        InvalidArgument: an unknown codec or a zstd level outside 1..19.
+    """
+    _check_codec(codec, level)
+    if codec == "off" or len(sample) == 0:
+        return False
+    probe = _encode(_bytes(sample), codec, min(level, _PROBE_ZSTD_LEVEL))
+    return len(probe) <= len(sample) * (1 - _MIN_SAVING)
 
 
 def decompress_chunk(stored: object, codec: str, size: int, out: memoryview | None = None) -> bytes | None:

@@ -9,7 +9,7 @@ import dataclasses
 import threading
 from collections.abc import Callable
 
-from ._chunks import POLICY_CONFIG, ChunkStore, parse_policy, policy_json
+from ._chunks import CDC_DEFAULT_BYTES, POLICY_CONFIG, ChunkStore, parse_policy, policy_json
 from ._scrub import ScrubReport, ScrubRunner, scrub
 from .catalog import Catalog, require_bucket
 from .types import DataPolicy
@@ -44,6 +44,8 @@ class DataServices:
         base = policy if policy is not None else self.bucket_data(bucket)
         doc = dataclasses.asdict(base)
         doc.update(changes)
+        if doc.get("chunking") == "cdc" and "chunk_bytes" not in changes and doc["chunk_bytes"] > CDC_DEFAULT_BYTES:
+            doc["chunk_bytes"] = CDC_DEFAULT_BYTES  # the fixed default is too large an average for cdc
         new = parse_policy(doc)
         with self._cat.write() as w:
             require_bucket(w, bucket)
@@ -92,7 +94,7 @@ class DataServices:
         """
         n, stored, size = self._cat.chunk_totals()
         return {"chunks": n, "stored_bytes": stored, "data_bytes": size,
-                "capacity_bytes": self._chunks.capacity_bytes, "damaged_chunks": len(self._chunks.damaged),
+                "capacity_bytes": self._chunks.capacity_bytes, "damaged_chunks": len(self._cat.damaged_chunks()),
                 "damaged_reads": self._chunks.damaged_reads}
 
     def damaged_chunks(self) -> list[dict]:

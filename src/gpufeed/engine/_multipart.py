@@ -28,6 +28,7 @@ from ..errors import (
     InvalidPartOrder,
     MalformedXML,
     NoSuchUpload,
+    StorageFull,
 )
 from ._blobs import BlobFiles, new_id, remove_quietly
 from ._names import check_key, check_str_map, check_text
@@ -174,6 +175,7 @@ class Multipart:
         if not isinstance(part_number, int) or not 1 <= part_number <= MAX_PARTS:
             raise InvalidArgument(f"part number must be 1..{MAX_PARTS}, not {part_number!r}")
         get_upload(self._cat, bucket, key, upload_id)
+        self._writes.chunks.check_room(0)  # full already: refuse before any data arrives
 
         def finish(pw, tmp, etag, md5_digest, *, checksums, **_kw):
             return self._publish_part(bucket, key, upload_id, part_number, tmp, pw.size, etag, checksums)
@@ -183,6 +185,11 @@ class Multipart:
     def _publish_part(self, bucket: str, key: str, upload_id: str, part_number: int, tmp: str,
                       size: int, etag: str, checksums: dict[str, str] | None) -> PartInfo:
         check_str_map(checksums)
+        try:
+            self._writes.chunks.check_room(size)
+        except StorageFull:
+            remove_quietly(tmp)
+            raise
         file = f"{part_number:05d}.{new_id()}"
         try:
             path = self._files.publish_part(tmp, upload_id, file)

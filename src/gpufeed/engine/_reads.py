@@ -123,6 +123,9 @@ class ObjectReads:
                                           "and cannot be mapped; read it instead")
             if h.verify and h.manifest.chunks:
                 check_all(h)
+            elif any(c.chunk_id in self._chunks.damaged for c in h.manifest.chunks):
+                raise h.damaged(next(ChunkDamage(c, "the chunk is marked damaged (see gpufeed scrub)")
+                                     for c in h.manifest.chunks if c.chunk_id in self._chunks.damaged))
             return h
         except BaseException:
             h.close()

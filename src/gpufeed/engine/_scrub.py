@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from ._chunkreads import SUM_BLOCK, check_stored, chunk_sums
 from ._chunks import ChunkStore
 from ._codecs import chunk_digest, decompress_chunk
+from ._private import FILE_MODE
 from .catalog import Catalog
 from .types import ChunkRecord
 
@@ -215,7 +216,9 @@ class ScrubRunner:
         self.last = out
         try:
             tmp = self._path + ".tmp"
-            with open(tmp, "w") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+            os.fchmod(fd, FILE_MODE)
+            with os.fdopen(fd, "w") as f:  # private: it names damaged objects
                 json.dump(out, f)
             os.replace(tmp, self._path)
         except OSError as exc:

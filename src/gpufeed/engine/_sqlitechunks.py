@@ -77,6 +77,9 @@ class ChunkReads:
         return [r[0] for r in self._conn().execute("SELECT chunk_id FROM chunks WHERE file=? ORDER BY chunk_id",
                                                    (file,))]
 
+    def parts_total(self) -> int:
+        return self._conn().execute("SELECT COALESCE(SUM(size), 0) FROM parts").fetchone()[0]
+
     def chunk_totals(self) -> tuple[int, int, int]:
         n, stored, size = self._conn().execute(
             "SELECT COUNT(*), COALESCE(SUM(stored), 0), COALESCE(SUM(size), 0) FROM chunks").fetchone()

@@ -337,6 +337,10 @@ class CatalogReader(ABC):
         """Ids of the chunks that live in data file ``file``."""
 
     @abstractmethod
+    def parts_total(self) -> int:
+        """Bytes of every part of every multipart upload in progress."""
+
+    @abstractmethod
     def chunk_totals(self) -> tuple[int, int, int]:
         """``(chunks, stored bytes, data bytes)`` over every chunk."""
 

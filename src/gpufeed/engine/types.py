@@ -390,7 +390,8 @@ class DataPolicy:
         dedup: store identical chunks once across every object and version of
             the buckets of the same tenant that also deduplicate.
         chunking: ``"fixed"`` (``chunk_bytes`` each) or ``"cdc"`` (content-defined,
-            FastCDC, average ``chunk_bytes``, for dedup across shifted data).
+            FastCDC, average ``chunk_bytes``, default 256 KiB, for dedup across
+            shifted data; only with ``dedup``).
         chunk_bytes: chunk size (fixed) or average chunk size (cdc), bytes;
             64 KiB-64 MiB (cdc: 64 KiB-1 MiB).
         digest: ``"blake3"`` or ``"xxh3"`` (xxh3-128, faster, not cryptographic):
