@@ -90,6 +90,21 @@ def test_bucket_data_policy_scrub_and_damage_report(node):
     assert "gpufeed_damaged_chunks 1.0" in metrics and "gpufeed_scrub_last_damaged_chunks 1.0" in metrics
 
 
+def test_scrub_stop_and_a_scrub_already_running(node):
+    s3 = node.boto3_client()
+    s3.create_bucket(Bucket="slow")
+    for i in range(4):
+        s3.put_object(Bucket="slow", Key=f"k{i}", Body=os.urandom(1 << 20))
+    args = ("--endpoint", node.s3_url, "--access-key", node.access_key, "--secret-key", node.secret_key)
+    r = _cli("scrub", *args, "--rate", "256KiB", "--no-wait", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["started"] is True, r.stderr
+    again = json.loads(_cli("scrub", *args, "--no-wait", "--json").stdout)
+    assert again["started"] is False and again["running"] is True  # not started twice
+    r = _cli("scrub", *args, "--stop")
+    assert r.returncode == 0 and "scrub stopped" in r.stdout, r.stdout + r.stderr
+    assert "no scrub was running" in _cli("scrub", *args, "--stop").stdout
+
+
 def test_capacity_refuses_writes_with_507(tmp_path):
     node = start_node(tmp_path / "data", extra_args=["--capacity", "1MiB"])
     try:
@@ -112,8 +127,12 @@ def test_scrub_of_a_stopped_nodes_folder(tmp_path):
     s3.create_bucket(Bucket="bkt1")
     s3.put_object(Bucket="bkt1", Key="k", Body=b"z" * 100_000)
     assert node.stop() == 0
+    stray = tmp_path / "data" / "blobs" / "ab" / "cd" / ("abcd" + "0" * 28)
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_bytes(b"left by a crash")
     r = _cli("scrub", "--data-dir", str(tmp_path / "data"))
     assert r.returncode == 0 and "1 chunks" in r.stdout, r.stdout + r.stderr
+    assert "1 orphaned data files removed" in r.stdout and not stray.exists()  # said, not silent
     r = _cli("scrub", "--data-dir", str(tmp_path / "nope"))
     assert r.returncode != 0 and "Traceback" not in r.stderr
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import time
 
 import click
 
@@ -287,29 +288,61 @@ def damaged(ctx, as_json) -> None:
 @click.option("--secret-key", default=None, help="The node's admin secret (env GPUFEED_SECRET_KEY).")
 @click.option("--rate", type=SizeType(), default="0", help="Most bytes read per second (0: no limit).")
 @click.option("--no-wait", is_flag=True, help="Start the scrub on the node and return at once.")
+@click.option("--stop", "stop", is_flag=True, help="End the scrub running on the node.")
 @JSON_OPTION
-def scrub(url, data_dir, access_key, secret_key, rate, no_wait, as_json) -> None:
+def scrub(url, data_dir, access_key, secret_key, rate, no_wait, stop, as_json) -> None:
     """Read and check every stored chunk; report damaged, missing and orphaned ones.
 
     Damaged chunks are marked (reads of them fail with DamagedObject) until a
-    later scrub finds them good again. Exits 1 when damage was found.
+    later scrub finds them good again. A scrub already running on the node is
+    waited for (with progress on stderr), not started twice; ``--stop`` ends
+    it. Exits 1 when damage was found.
     """
     a = _opener(url, data_dir, access_key, secret_key)()
+    shown = [0.0]
+
+    def progress(st: dict) -> None:
+        if not as_json and time.monotonic() - shown[0] >= 5.0:
+            shown[0] = time.monotonic()
+            who = "a scrub started earlier" if not st["started"] else "scrub"
+            click.echo(f"{who}: {st['chunks']} chunks, {st['bytes']} bytes checked so far", err=True)
     try:
-        status = a.scrub(rate, wait=not no_wait)
+        if stop:
+            status = a.scrub_stop()
+        else:
+            status = a.scrub(rate, wait=not no_wait, progress=progress)
     finally:
         a.close()
+    _print_scrub(status, as_json, stop)
+    if not status["running"] and not stop and (status["last"] or {}).get("damaged"):
+        raise SystemExit(1)
+
+
+#: Words for the counts of :attr:`gpufeed.engine.Engine.recovered`.
+_RECOVERED = {"tmp": "temp files removed", "blobs": "orphaned data files removed",
+              "uploads": "orphaned upload folders removed", "parts": "orphaned part files removed",
+              "adopted": "versions given manifests", "missing": "versions without data",
+              "orphan_manifests": "unused manifests released", "missing_files": "data files missing"}
+
+
+def _print_scrub(status: dict, as_json: bool, stop: bool) -> None:
     if as_json:
         click.echo(json.dumps(status))
-    elif status["running"]:
+        return
+    if stop:
+        click.echo("scrub stopped" if status["stopped"] else "no scrub was running")
+        return
+    swept = {k: v for k, v in (status.get("recovered") or {}).items() if v}
+    if swept:  # a stopped node's folder: opening it ran the start-up recovery first
+        click.echo("start-up recovery first: " + ", ".join(f"{v} {_RECOVERED.get(k, k)}"
+                                                           for k, v in sorted(swept.items())))
+    if status["running"]:
         click.echo(f"scrub running: {status['chunks']} chunks, {status['bytes']} bytes checked so far")
-    else:
-        rep = status["last"] or {}
-        click.echo(f"scrub: {rep.get('chunks', 0)} chunks, {rep.get('bytes', 0)} bytes checked in "
-                   f"{rep.get('seconds', 0)} s; {len(rep.get('damaged', []))} damaged, "
-                   f"{len(rep.get('cleared', []))} cleared, {len(rep.get('orphan_files', []))} orphaned files")
-        for d in rep.get("damaged", []):
-            users = ", ".join("/".join(o[:2]) for o in d["objects"]) or "no object"
-            click.echo(f"  damaged {d['chunk']}: {d['reason']} (used by {users})")
-    if not status["running"] and (status["last"] or {}).get("damaged"):
-        raise SystemExit(1)
+        return
+    rep = status["last"] or {}
+    click.echo(f"scrub: {rep.get('chunks', 0)} chunks, {rep.get('bytes', 0)} bytes checked in "
+               f"{rep.get('seconds', 0)} s; {len(rep.get('damaged', []))} damaged, "
+               f"{len(rep.get('cleared', []))} cleared, {len(rep.get('orphan_files', []))} orphaned files")
+    for d in rep.get("damaged", []):
+        users = ", ".join("/".join(o[:2]) for o in d["objects"]) or "no object"
+        click.echo(f"  damaged {d['chunk']}: {d['reason']} (used by {users})")

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import GpufeedError, error_from_code
@@ -109,11 +110,20 @@ class Admin:
         """``{"chunks": [{"chunk", "reason", "found", "objects"}, ...]}``: chunks marked damaged."""
         raise NotImplementedError
 
-    def scrub(self, rate_bytes_s: float = 0, *, wait: bool = True, poll_s: float = 0.5) -> dict:
+    def scrub(self, rate_bytes_s: float = 0, *, wait: bool = True, poll_s: float = 0.5,
+              progress: Callable[[dict], None] | None = None) -> dict:
         """Check every stored chunk (see :mod:`gpufeed.engine._scrub`); with
-        ``wait``, until it ends. Returns the scrub status ``{"running",
-        "chunks", "bytes", "started", "last"}`` (``last``: the last complete
-        report: ``damaged``, ``cleared``, ``orphan_files``, ...)."""
+        ``wait``, until it ends (``progress(status)`` after each poll). A scrub
+        already running is waited for, not started again (``"started"``: False).
+        Returns the scrub status ``{"started", "running", "chunks", "bytes",
+        "started_at", "last"}`` (``last``: the last complete report:
+        ``damaged``, ``cleared``, ``orphan_files``, ...); a stopped node's adds
+        ``"recovered"``, what opening its folder cleaned up first
+        (:attr:`gpufeed.engine.Engine.recovered`)."""
+        raise NotImplementedError
+
+    def scrub_stop(self) -> dict:
+        """End the scrub in progress: ``{"stopped", ...status}``."""
         raise NotImplementedError
 
     # snapshots (gpufeed.s3._admin_snapshots; the engine's snapshot calls) ------------
@@ -227,12 +237,19 @@ class RemoteAdmin(Admin):
     def damaged(self) -> dict:
         return self._call("GET", "damaged")
 
-    def scrub(self, rate_bytes_s: float = 0, *, wait: bool = True, poll_s: float = 0.5) -> dict:
+    def scrub(self, rate_bytes_s: float = 0, *, wait: bool = True, poll_s: float = 0.5,
+              progress: Callable[[dict], None] | None = None) -> dict:
         status = self._call("POST", "scrub", {"rate": rate_bytes_s})
+        started = status["started"]
         while wait and status["running"]:
+            if progress is not None:
+                progress({**status, "started": started})
             time.sleep(poll_s)
             status = self._call("GET", "scrub")
-        return status
+        return {**status, "started": started}
+
+    def scrub_stop(self) -> dict:
+        return self._call("DELETE", "scrub")
 
     def _snap(self, bucket: str, name: str | None = None) -> str:
         path = f"buckets/{urllib.parse.quote(bucket, safe='')}/snapshots"
@@ -331,11 +348,17 @@ class LocalAdmin(Admin):
     def damaged(self) -> dict:
         return {"chunks": self._engine.damaged_chunks()}
 
-    def scrub(self, rate_bytes_s: float = 0, *, wait: bool = True, poll_s: float = 0.5) -> dict:
+    def scrub(self, rate_bytes_s: float = 0, *, wait: bool = True, poll_s: float = 0.5,
+              progress: Callable[[dict], None] | None = None) -> dict:
         runner = self._engine.scrubber
-        runner.start(rate_bytes_s)
-        runner.wait()
-        return runner.status()
+        started = runner.start(rate_bytes_s)
+        while not runner.wait(poll_s):
+            if progress is not None:
+                progress({**runner.status(), "started": started})
+        return {**runner.status(), "started": started, "recovered": self._engine.recovered}
+
+    def scrub_stop(self) -> dict:
+        return {"stopped": self._engine.scrubber.cancel(), **self._engine.scrubber.status()}
 
     def snapshot_create(self, bucket: str, name: str) -> dict:
         return dataclasses.asdict(self._engine.create_snapshot(bucket, name))

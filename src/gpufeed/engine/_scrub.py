@@ -181,6 +181,7 @@ class ScrubRunner:
         self._timer: threading.Thread | None = None
         self._progress = (0, 0)
         self._started = 0.0
+        self._cancel = threading.Event()  # ends the scrub in progress (stop() ends the schedule too)
         self.last: dict | None = self._load()
 
     def _load(self) -> dict | None:
@@ -197,17 +198,26 @@ class ScrubRunner:
             if self._thread is not None and self._thread.is_alive():
                 return False
             self._progress, self._started = (0, 0), time.time()
-            self._thread = threading.Thread(target=self._scrub, args=(rate_bytes_s,), name="gpufeed-scrub",
-                                            daemon=True)
+            self._cancel = threading.Event()
+            self._thread = threading.Thread(target=self._scrub, args=(rate_bytes_s, self._cancel),
+                                            name="gpufeed-scrub", daemon=True)
             self._thread.start()
             return True
 
-    def _scrub(self, rate: float) -> None:
+    def cancel(self) -> bool:
+        """End the scrub in progress (its report is not kept). Returns whether one ran."""
+        with self._lock:
+            running = self._thread is not None and self._thread.is_alive()
+            self._cancel.set()
+        self.wait(10.0)
+        return running
+
+    def _scrub(self, rate: float, cancel: threading.Event) -> None:
         try:
-            rep = self._run(rate_bytes_s=rate, stop=self._stop,
+            rep = self._run(rate_bytes_s=rate, stop=cancel,
                             progress=lambda n, b: setattr(self, "_progress", (n, b)))
         except Exception:  # noqa: BLE001 - the engine closed under it, or the disk failed: logged
-            if not self._stop.is_set():
+            if not cancel.is_set():
                 log.exception("scrub failed")
             return
         if not rep.complete:
@@ -225,12 +235,13 @@ class ScrubRunner:
             log.error("could not keep the scrub report: %s", exc)
 
     def status(self) -> dict:
-        """``{"running", "chunks", "bytes", "started", "last"}``: the scrub in
-        progress (chunks and bytes checked so far) and the last complete report."""
+        """``{"running", "chunks", "bytes", "started_at", "last"}``: the scrub in
+        progress (chunks and bytes checked so far, Unix s it started) and the
+        last complete report."""
         running = self._thread is not None and self._thread.is_alive()
         n, b = self._progress
         return {"running": running, "chunks": n if running else 0, "bytes": b if running else 0,
-                "started": self._started if running else 0.0, "last": self.last}
+                "started_at": self._started if running else 0.0, "last": self.last}
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait for the scrub in progress; True when none runs any more."""
@@ -261,6 +272,7 @@ class ScrubRunner:
     def stop(self, timeout_s: float = 10.0) -> None:
         """End the scrub in progress and the schedule."""
         self._stop.set()
+        self._cancel.set()
         for t in (self._thread, self._timer):
             if t is not None and t.is_alive():
                 t.join(timeout_s)

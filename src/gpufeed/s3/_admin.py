@@ -23,8 +23,10 @@ GET    ``buckets/NAME/data``                    the bucket's data policy (``Data
 PUT    ``buckets/NAME/data`` ``{field: value}`` the same, after the change (fields left out are kept)
 GET    ``data``                                 :meth:`~gpufeed.engine.Engine.node_data_stats`
 GET    ``damaged``                              ``{"chunks": Engine.damaged_chunks()}``
-GET    ``scrub``                                the scrub status (``ScrubRunner.status``)
+GET    ``scrub``                                the scrub status (``ScrubRunner.status``: ``running``,
+                                                ``chunks``, ``bytes``, ``started_at``, ``last``)
 POST   ``scrub`` ``{"rate"}`` (bytes/s, 0 none)  starts a scrub unless one runs; ``{"started", ...status}``
+DELETE ``scrub``                                ends the scrub in progress; ``{"stopped", ...status}``
 ====== ======================================== =====================================
 
 Bucket snapshots (``buckets/NAME/snapshots...``, ``buckets/NAME/snapshot-schedule``)
@@ -155,6 +157,9 @@ async def _dispatch(s: Services, request: web.BaseRequest, target: Target) -> we
             return _json({"chunks": await s.call(e.damaged_chunks)})
         case ["scrub"] if method == "GET":
             return _json(e.scrubber.status())
+        case ["scrub"] if method == "DELETE":
+            stopped = await s.call(e.scrubber.cancel)
+            return _json({"stopped": stopped, **e.scrubber.status()})
         case ["scrub"] if method == "POST":
             rate = (await _body(request)).get("rate", 0)
             if not isinstance(rate, (int, float)) or rate < 0:
