@@ -412,8 +412,12 @@ def _salvage(source: str, dest: str) -> tuple[bool, str | None, list[TableSalvag
         src = sqlite3.connect(source, isolation_level=None)
         try:
             have = {r[0] for r in src.execute("SELECT name FROM sqlite_schema WHERE type='table'")}
-        except sqlite3.DatabaseError as exc:
-            have, schema_error = set(), str(exc)
+        except sqlite3.DatabaseError:
+            try:  # a damaged schema entry: read the table list without parsing every entry
+                src.execute("PRAGMA writable_schema=ON")
+                have = {r[0] for r in src.execute("SELECT name FROM sqlite_schema WHERE type='table'")}
+            except sqlite3.DatabaseError as exc:
+                have, schema_error = set(), str(exc)
         dst.execute("BEGIN IMMEDIATE")
         for t in tables:
             results.append(_salvage_table(src, dst, t) if t in have else TableSalvage(t, 0, None, False))
@@ -532,6 +536,13 @@ def recover_catalog(data_dir: str | Path, *, force: bool = False) -> CatalogReco
             rebuilt, schema_error, tables, recreated, fixes = _salvage(_copy_source(path, work), new)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        if schema_error is not None:  # nothing was read: change nothing, move no data file
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(new + suffix):
+                    os.unlink(new + suffix)
+            raise CatalogDamaged(f"catalog {path}: not even its table list can be read ({schema_error}); "
+                                 "nothing was changed. A page-level reader may still save rows: "
+                                 f"sqlite3 {path} .recover | sqlite3 recovered.sqlite3")
         kept = _keep_damaged(path, stamp)
         os.replace(new, path)
         fsync_dir(str(root))
