@@ -113,8 +113,9 @@ def test_s3_requests_bytes_latency_and_errors_are_counted(mnode, s3):
     assert 2 * SIZE <= sent < 2 * SIZE + 4 * 1000  # the four error documents are small
 
 
-def test_unauthenticated_requests_are_counted_by_code(mnode):
+def test_unauthenticated_requests_are_counted_by_code(mnode, s3):
     _, ep = mnode
+    s3.put_object(Bucket="mbkt", Key="s3/0", Body=b"x")  # there, so the refusal is about the signature
     before = _scrape(ep.metrics)
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(f"{ep.s3}/mbkt/s3/0", timeout=10)
