@@ -44,6 +44,7 @@ import os
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import xxhash
@@ -60,6 +61,8 @@ __all__ = ["ChunkStore", "Staged", "parse_policy", "policy_json", "CDC_DEFAULT_B
 log = logging.getLogger("gpufeed.engine")
 
 _READ_BYTES = 8 << 20  # read size when summing or cutting a temp file
+#: Chunks compressed at once when a version is packed (on as many threads).
+_PACK_THREADS = max(2, min(4, os.cpu_count() or 2))
 _MIN_CHUNK, _MAX_CHUNK = 64 << 10, 64 << 20
 _MAX_CDC_AVG = 1 << 20
 #: Average chunk size of content-defined chunking when none is given, bytes.
@@ -165,10 +168,23 @@ class ChunkStore:
         _, stored, _ = catalog.chunk_totals()
         #: Bytes of data files the catalog's chunks occupy (kept current by writes and frees).
         self.stored_bytes = stored
+        self._compress_pool: ThreadPoolExecutor | None = None
         #: Reads that failed their check since start (a metric).
         self.damaged_reads = 0
         #: Ids of chunks marked damaged (reads of them fail without reading).
         self.damaged: set[str] = set(catalog.damaged_chunks())
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """Threads that compress chunks (made on first use)."""
+        with self._lock:
+            if self._compress_pool is None:
+                self._compress_pool = ThreadPoolExecutor(_PACK_THREADS, thread_name_prefix="gpufeed-compress")
+            return self._compress_pool
+
+    def close(self) -> None:
+        """Stop the compression threads."""
+        if self._compress_pool is not None:
+            self._compress_pool.shutdown(wait=True)
 
     # policies -------------------------------------------------------------------
     def policy(self, bucket: str) -> DataPolicy:
@@ -293,25 +309,32 @@ class ChunkStore:
         out_fd, out_tmp = self.files.new_temp()
         st.paths.append(out_tmp)
         try:
-            buf = memoryview(bytearray(p.chunk_bytes))
+            # a few chunks at a time, compressed on the pool (the codecs release the GIL)
+            bufs = [memoryview(bytearray(p.chunk_bytes)) for _ in range(min(_PACK_THREADS, -(-st.size //
+                                                                                             p.chunk_bytes)))]
             pos = written = 0
             while pos < st.size:
-                n = min(p.chunk_bytes, st.size - pos)
-                view = buf[:n]
-                if pread_full(src, view, pos) < n:
-                    raise InternalError("temp file is shorter than the bytes written")
-                packed = compress_chunk(view, p.compression, p.level)
-                stored = memoryview(packed) if packed is not None else view
-                self.check_room(written + len(stored))
-                write_all(out_fd, stored, written)
-                sums = block_sums(stored, SUM_BLOCK)
-                cid = f"{st.blob_id}.{len(st.chunk_ids)}"
-                rec = ChunkRecord(cid, st.blob_id, written, len(stored), n, p.compression if packed else "",
-                                  _sums_digest(sums), sums)
-                st.new[cid] = (rec, 1)
-                st.chunk_ids.append(cid)
-                written += len(stored)
-                pos += n
+                views = []
+                for buf in bufs:
+                    n = min(p.chunk_bytes, st.size - pos)
+                    if n <= 0:
+                        break
+                    if pread_full(src, buf[:n], pos) < n:
+                        raise InternalError("temp file is shorter than the bytes written")
+                    views.append(buf[:n])
+                    pos += n
+                packed_all = self._pool().map(lambda v: compress_chunk(v, p.compression, p.level), views)
+                for view, packed in zip(views, packed_all):
+                    stored = memoryview(packed) if packed is not None else view
+                    self.check_room(written + len(stored))
+                    write_all(out_fd, stored, written)
+                    sums = block_sums(stored, SUM_BLOCK)
+                    cid = f"{st.blob_id}.{len(st.chunk_ids)}"
+                    rec = ChunkRecord(cid, st.blob_id, written, len(stored), len(view),
+                                      p.compression if packed else "", _sums_digest(sums), sums)
+                    st.new[cid] = (rec, 1)
+                    st.chunk_ids.append(cid)
+                    written += len(stored)
             if self.files.fsync:
                 os.fsync(out_fd)
         finally:

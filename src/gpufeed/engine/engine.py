@@ -211,6 +211,7 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         self._kv.flush()
         self._cat.close()
         self._writes.close()
+        self._chunks.close()
         self._files.open_files.close()
         os.close(self._lock_fd)
 
