@@ -123,10 +123,12 @@ def test_capacity_refuses_writes_with_507(tmp_path):
 
 def test_scrub_of_a_stopped_nodes_folder(tmp_path):
     node = start_node(tmp_path / "data")
-    s3 = node.boto3_client()
-    s3.create_bucket(Bucket="bkt1")
-    s3.put_object(Bucket="bkt1", Key="k", Body=b"z" * 100_000)
-    assert node.stop() == 0
+    try:
+        s3 = node.boto3_client()
+        s3.create_bucket(Bucket="bkt1")
+        s3.put_object(Bucket="bkt1", Key="k", Body=b"z" * 100_000)
+    finally:
+        assert node.stop() == 0
     stray = tmp_path / "data" / "blobs" / "ab" / "cd" / ("abcd" + "0" * 28)
     stray.parent.mkdir(parents=True, exist_ok=True)
     stray.write_bytes(b"left by a crash")
