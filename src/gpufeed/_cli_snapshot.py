@@ -119,7 +119,8 @@ def snapshot_diff(ctx, bucket, name, target, prefix, as_json) -> None:
     """Keys added (+), changed (~) and removed (-) from snapshot NAME to snapshot
     TARGET (default: the live bucket)."""
     def show(r: dict) -> str:
-        lines = [f"+ {k}" for k in r["added"]] + [f"~ {k}" for k in r["changed"]] + [f"- {k}" for k in r["removed"]]
+        lines = ([f"+ {_shown(k)}" for k in r["added"]] + [f"~ {_shown(k)}" for k in r["changed"]]
+                 + [f"- {_shown(k)}" for k in r["removed"]])
         return "\n".join(lines) or "(no differences)"
 
     _run(ctx, lambda a: a.snapshot_diff(bucket, name, target, prefix=prefix), as_json, show)
@@ -136,3 +137,9 @@ def snapshot_schedule(ctx, bucket, hourly, daily, as_json) -> None:
     auto-hourly-YYYY-MM-DDTHH / auto-daily-YYYY-MM-DD snapshots and prunes the oldest."""
     _run(ctx, lambda a: a.snapshot_schedule(bucket, hourly=hourly, daily=daily), as_json,
          lambda r: f"hourly: keep {r['hourly']}, daily: keep {r['daily']}")
+
+
+def _shown(key: str) -> str:
+    """A key on one line: one with control characters (a newline, a tab) is
+    printed as a quoted Python string literal."""
+    return repr(key) if any(c < " " or c == "\x7f" for c in key) else key

@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import GpufeedError, error_from_code
+from .errors import GpufeedError, InvalidArgument, error_from_code
 
 __all__ = ["Admin", "RemoteAdmin", "LocalAdmin"]
 
@@ -168,6 +168,9 @@ class RemoteAdmin(Admin):
 
     def __init__(self, url: str, access_key: str, secret_key: str, *, region: str = "us-east-1",
                  timeout_s: float = 30.0) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.path.strip("/"):
+            raise InvalidArgument(f"{url!r} is not a node's S3 endpoint: give http://HOST:PORT")
         self._url = url.rstrip("/")
         self._creds = (access_key, secret_key)
         self._region = region

@@ -12,7 +12,7 @@ POST   ``buckets/B/snapshots/S/restore`` ``{"prefix"}``  ``{"restored", "deleted
 GET    ``buckets/B/snapshots/S/diff`` (``?target=T&prefix=P``) ``{"added", "changed", "removed"}``
                                                          (no ``target``: against the live bucket)
 GET    ``buckets/B/snapshot-schedule``                   ``{"hourly", "daily"}`` (keep counts, 0 = off)
-PUT    ``buckets/B/snapshot-schedule`` ``{"hourly", "daily"}`` the schedule after the change
+PUT    ``buckets/B/snapshot-schedule`` ``{"hourly", "daily"}`` the schedule after the change (a count left out is kept)
 ====== ================================================= ==========================================
 
 Who may call: the node's admin key, for any bucket; any other access key
@@ -91,7 +91,12 @@ def snapshot_call(engine: Engine, method: str, parts: list[str], query: Mapping[
             return engine.snapshot_schedule(bucket)
         case ["snapshot-schedule"] if method == "PUT":
             b = body()
-            return engine.set_snapshot_schedule(bucket, hourly=b.get("hourly", 0), daily=b.get("daily", 0))
+            unknown = set(b) - {"hourly", "daily"}
+            if unknown:
+                raise InvalidArgument(f"unknown schedule fields: {', '.join(sorted(unknown))} (hourly, daily)")
+            now = engine.snapshot_schedule(bucket)  # a count left out is kept, as the CLI does
+            return engine.set_snapshot_schedule(bucket, hourly=b.get("hourly", now["hourly"]),
+                                                daily=b.get("daily", now["daily"]))
         case ["snapshots"] | ["snapshots", _] | ["snapshots", _, "restore" | "diff"] | ["snapshot-schedule"]:
             raise MethodNotAllowed(f"{method} is not allowed on this snapshot call")
     raise InvalidArgument(f"no snapshot admin call {'/'.join(parts)}")

@@ -149,7 +149,14 @@ def _verify_v2(*, method, raw_path, raw_query, query, headers, credentials, now_
     still what boto3's ``generate_presigned_url`` makes unless told ``signature_version="s3v4"``.
 
     Source: "Signing and authenticating REST requests" (legacy), Amazon S3 User Guide.
+
+    A request naming a bucket snapshot (``?snapshot=``) is refused: SigV2 signs
+    only the subresources AWS lists, so the parameter could be added to (or
+    removed from) a signed URL without breaking its signature.
     """
+    if "snapshot" in query:
+        raise AccessDenied("a request that names a snapshot must be signed with Signature Version 4 "
+                           "(SigV2 does not sign the snapshot parameter)")
     auth = headers.get("Authorization")
     if auth is not None:
         access_key, _, signature = auth[4:].strip().rpartition(":")

@@ -35,8 +35,11 @@ def snapshot_arg(query: Mapping[str, str]) -> str | None:
     """The ``snapshot`` query parameter, or ``None``; the engine checks its form.
 
     Raises:
-        InvalidArgument: an empty value.
+        InvalidArgument: an empty value, or the parameter given more than once.
     """
+    getall = getattr(query, "getall", None)
+    if getall is not None and len(getall(SNAPSHOT_PARAM, [])) > 1:
+        raise InvalidArgument("the snapshot parameter may be given once", argument_name=SNAPSHOT_PARAM)
     name = query.get(SNAPSHOT_PARAM)
     if name == "":
         raise InvalidArgument("snapshot name cannot be the empty string", argument_name=SNAPSHOT_PARAM)
