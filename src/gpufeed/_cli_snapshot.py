@@ -3,19 +3,11 @@ S3 port, ``--endpoint``) or on a stopped node's data folder (``--data-dir``)."""
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-
 import click
 
-from .admin import Admin, LocalAdmin, RemoteAdmin
+from ._cli_admin import JSON_OPTION, _opener, _run, _when
 
 __all__ = ["snapshot"]
-
-
-def _when(t: float) -> str:
-    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @click.group()
@@ -32,28 +24,9 @@ def snapshot(ctx, url, data_dir, access_key, secret_key) -> None:
 
     Read one with S3 '?snapshot=NAME' or the SDK's snapshot= argument.
     """
-    from .config import DEFAULT_ACCESS_KEY, DEFAULT_SECRET_KEY, NodeConfig
-
-    def open_admin() -> Admin:
-        if data_dir is not None:
-            return LocalAdmin(data_dir, master_key=NodeConfig.from_env().master_key)
-        return RemoteAdmin(url or os.environ.get("GPUFEED_S3_URL") or "http://127.0.0.1:9000",
-                           access_key or os.environ.get("GPUFEED_ACCESS_KEY") or DEFAULT_ACCESS_KEY,
-                           secret_key or os.environ.get("GPUFEED_SECRET_KEY") or DEFAULT_SECRET_KEY)
-
-    ctx.obj = open_admin
+    ctx.obj = _opener(url, data_dir, access_key, secret_key)
 
 
-def _run(ctx, call, as_json: bool, show) -> None:
-    a = ctx.obj()
-    try:
-        result = call(a)
-    finally:
-        a.close()
-    click.echo(json.dumps(result) if as_json else show(result))
-
-
-JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 
 
 def _line(s: dict) -> str:
