@@ -112,3 +112,16 @@ def test_recover_prints_a_readable_report(damaged):
 def test_the_check_level_is_validated():
     out = _gf("serve", "--catalog-check", "sometimes")
     assert out.returncode == 2 and "quick" in out.stderr
+
+
+def test_recover_of_an_unreadable_catalog_fails_loudly(damaged):
+    """Nothing readable: a fresh catalog, every data file kept in lost+found,
+    and exit 1 with a message saying so (never a quiet success)."""
+    (damaged / "catalog.sqlite3").write_bytes(b"not a database at all\n" * 500)
+    for p in damaged.glob("catalog.sqlite3-*"):
+        p.unlink()
+    out = _gf("catalog", "recover", "--data-dir", str(damaged))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "nothing could be read" in out.stderr and "lost+found" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert any((damaged / "lost+found").rglob("*"))

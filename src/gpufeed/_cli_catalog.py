@@ -90,11 +90,18 @@ def catalog_recover(data_dir, force, as_json) -> None:
 
     The damaged file is kept beside it, renamed with the time; data files no saved
     row names are moved to lost+found/ in the data folder. Exit 1 if the rebuilt
-    catalog does not pass its check.
+    catalog does not pass its check, or if nothing at all could be read (the
+    node would start empty; every data file is then in lost+found/).
     """
     from .engine import recover_catalog
 
     report = recover_catalog(_data_dir(data_dir), force=force)
     click.echo(json.dumps(report.as_dict()) if as_json else _show_recovery(report))
     if report.recovered and not (report.after is not None and report.after.ok):
+        sys.exit(1)
+    if report.schema_error is not None:  # a fresh, empty catalog: say so loudly, and fail
+        click.echo(f"error: nothing could be read from the damaged catalog ({report.schema_error}); the node "
+                   f"would start empty. Every data file is kept in {report.lost_found or 'lost+found/'} and the "
+                   f"damaged catalog as {', '.join(report.kept) or '(none)'}; a page-level reader may still save "
+                   "rows from it: sqlite3 DAMAGED .recover | sqlite3 recovered.sqlite3", err=True)
         sys.exit(1)

@@ -392,21 +392,3 @@ def test_lost_chunk_rows_never_serve_wrong_bytes(tmp_path, btree):
         assert 0 < damaged < len(packed)
         for i in range(300):
             assert e.get_object(PLAIN, f"k/{i:06d}") == body(PLAIN, f"k/{i:06d}")
-
-
-def test_a_catalog_whose_table_list_cannot_be_read_is_left_as_it_is(tmp_path):
-    """Recovery that could read nothing changes nothing: no new catalog, no data
-    file moved to lost+found, and an error that names a page-level reader."""
-    d = tmp_path / "data"
-    with Engine(d, fsync=False) as e:
-        e.create_bucket("bkt")
-        for i in range(300):
-            e.put_object("bkt", f"k{i}", b"x" * 1000)
-    cat = d / "catalog.sqlite3"
-    os.truncate(cat, cat.stat().st_size // 4096 // 5 * 4096)
-    before = sorted(p.name for p in (d / "blobs").rglob("*") if p.is_file())
-    with pytest.raises(CatalogDamaged, match=r"\.recover"):
-        recover_catalog(d)
-    assert not (d / "lost+found").exists()
-    assert sorted(p.name for p in (d / "blobs").rglob("*") if p.is_file()) == before
-    assert not list(d.glob("catalog.sqlite3.damaged-*"))

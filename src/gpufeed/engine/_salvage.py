@@ -536,13 +536,6 @@ def recover_catalog(data_dir: str | Path, *, force: bool = False) -> CatalogReco
             rebuilt, schema_error, tables, recreated, fixes = _salvage(_copy_source(path, work), new)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        if schema_error is not None:  # nothing was read: change nothing, move no data file
-            for suffix in ("", "-wal", "-shm"):
-                if os.path.exists(new + suffix):
-                    os.unlink(new + suffix)
-            raise CatalogDamaged(f"catalog {path}: not even its table list can be read ({schema_error}); "
-                                 "nothing was changed. A page-level reader may still save rows: "
-                                 f"sqlite3 {path} .recover | sqlite3 recovered.sqlite3")
         kept = _keep_damaged(path, stamp)
         os.replace(new, path)
         fsync_dir(str(root))
