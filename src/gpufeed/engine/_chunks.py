@@ -61,6 +61,8 @@ __all__ = ["ChunkStore", "Staged", "parse_policy", "policy_json", "CDC_DEFAULT_B
 log = logging.getLogger("gpufeed.engine")
 
 _READ_BYTES = 8 << 20  # read size when summing or cutting a temp file
+#: Most chunk ids remembered as checked for maps.
+_MAPPED_OK_MAX = 1 << 20
 #: Chunks compressed at once when a version is packed (on as many threads).
 _PACK_THREADS = max(2, min(4, os.cpu_count() or 2))
 _MIN_CHUNK, _MAX_CHUNK = 64 << 10, 64 << 20
@@ -173,6 +175,9 @@ class ChunkStore:
         self.damaged_reads = 0
         #: Ids of chunks marked damaged (reads of them fail without reading).
         self.damaged: set[str] = set(catalog.damaged_chunks())
+        #: Ids of chunks checked whole for a zero-copy map since start (later maps
+        #: trust that check; a chunk found damaged leaves it). Bounded.
+        self.mapped_ok = _BoundedSet(_MAPPED_OK_MAX)
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads that compress chunks (made on first use)."""
@@ -534,6 +539,7 @@ class ChunkStore:
                 self.damaged_reads += 1
             first = chunk_id not in self.damaged
             self.damaged.add(chunk_id)
+            self.mapped_ok.discard(chunk_id)
         if first:
             if counted:  # scrub logs one summary of what it found
                 log.error("chunk %s is damaged: %s", chunk_id, reason)
@@ -642,3 +648,25 @@ def _cdc_cuts_of_file(fd: int, size: int, avg: int) -> list[int]:
             return cdc_cuts(whole, max(_MIN_CHUNK // 4, avg // 4), avg, avg * 4)
         finally:
             whole.release()
+
+
+class _BoundedSet:
+    """A set of strings that forgets its oldest members past ``capacity`` (thread-safe)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._items: dict[str, None] = {}
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def __contains__(self, item: str) -> bool:
+        return item in self._items
+
+    def add(self, item: str) -> None:
+        with self._lock:
+            self._items[item] = None
+            while len(self._items) > self._capacity:
+                del self._items[next(iter(self._items))]
+
+    def discard(self, item: str) -> None:
+        with self._lock:
+            self._items.pop(item, None)

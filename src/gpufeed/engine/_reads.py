@@ -101,10 +101,12 @@ class ObjectReads:
         """Open a version for a zero-copy map: check all of its data first, then
         hand out its data files (see :meth:`ObjectHandle.file_extents`).
 
-        What a map cannot check: the mapping shows the page cache, so a page
-        the kernel drops and reads back later from a disk that changed
-        meanwhile is not checked again (reads through :meth:`ObjectHandle.read_into`
-        always are).
+        Each chunk is checked the first time this node maps it after it
+        started; later maps of it trust that check. What a map cannot check:
+        the mapping shows the page cache, so a page the kernel drops and reads
+        back later from a disk that changed meanwhile is not checked again
+        (scrub finds such damage; reads through :meth:`ObjectHandle.read_into`
+        always check).
 
         Returns:
             An open :class:`ObjectHandle` (the caller closes it once the
@@ -122,7 +124,7 @@ class ObjectReads:
                 raise InvalidRequestError(f"{bucket}/{key} is stored compressed or in content-defined chunks "
                                           "and cannot be mapped; read it instead")
             if h.verify and h.manifest.chunks:
-                check_all(h)
+                self._check_for_map(h)
             elif any(c.chunk_id in self._chunks.damaged for c in h.manifest.chunks):
                 raise h.damaged(next(ChunkDamage(c, "the chunk is marked damaged (see gpufeed scrub)")
                                      for c in h.manifest.chunks if c.chunk_id in self._chunks.damaged))
@@ -130,6 +132,16 @@ class ObjectReads:
         except BaseException:
             h.close()
             raise
+
+    def _check_for_map(self, h: ObjectHandle) -> None:
+        """Check the chunks of a version about to be mapped that this node has
+        not checked for a map since it started (each whole chunk, through
+        scratch); remember the ones that pass."""
+        store, m = self._chunks, h.manifest
+        for i, c in enumerate(m.chunks):
+            if c.chunk_id not in store.mapped_ok:
+                h.extents(m.starts[i], c.size)
+                store.mapped_ok.add(c.chunk_id)
 
     def get_object(self, bucket: str, key: str, byte_range: ByteRequest | None = None,
                    version_id: str | None = None, *, snapshot: str | None = None) -> bytes:
@@ -179,12 +191,3 @@ class ObjectReads:
                             bucket=info.bucket, key=info.key)
         with h:
             return h.read_into(as_bytes_view(buffer), offset)
-
-
-def check_all(h: ObjectHandle) -> None:
-    """Check every byte of an open version (in 8 MiB pieces through scratch).
-
-    Raises:
-        DamagedObject: a chunk failed its check.
-    """
-    h.extents(0, h.info.size)
