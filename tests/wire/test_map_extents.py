@@ -7,6 +7,7 @@ from __future__ import annotations
 import mmap
 import os
 import socket
+import time
 
 import msgspec
 import numpy as np
@@ -252,6 +253,9 @@ def test_a_reply_whose_descriptors_do_not_match_fails_the_connection(pair, tmp_p
         server._send_with_fds(frame + b"\0" * payload_len, fds[:sent])
         with pytest.raises(ProtocolError):
             fut.result(timeout=20)
+        deadline = time.monotonic() + 10  # the reader fails the request, then closes the connection
+        while not client.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert client.closed
     finally:
         p.close_fds(fds)
