@@ -98,8 +98,9 @@ class ObjectReads:
 
     def open_mappable(self, bucket: str, key: str, version_id: str | None = None, *,
                       snapshot: str | None = None) -> ObjectHandle:
-        """Open a version for a zero-copy map: check all of its data first, then
-        hand out its data files (see :meth:`ObjectHandle.file_extents`).
+        """Open a version for a zero-copy map: check its data (each chunk the
+        first time this node maps it), then hand out its data files (see
+        :meth:`ObjectHandle.file_extents`).
 
         Each chunk is checked the first time this node maps it after it
         started; later maps of it trust that check. What a map cannot check:

@@ -146,7 +146,7 @@ class Ops:
                                                                  snapshot=req.snapshot)))
 
     def map(self, conn: Connection, rid: int, req: p.Head) -> None:
-        """MAP: check all of the version's data (the current one unless the
+        """MAP: check the version's data (each chunk on its first map; the current one unless the
         request names one), then send its data file, read-only, for the client
         to map (zero-copy: its pages are the page cache's). Data files are
         immutable and never truncated (a new version is a new file), so a
