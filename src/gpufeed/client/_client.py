@@ -370,9 +370,10 @@ class Client:
         space is freed when the last mapping goes. The pages stay page cache:
         under memory pressure the kernel may drop clean ones and read them back
         from disk on the next touch (a copy from :meth:`get_into` into
-        :meth:`alloc` memory never goes back to disk). The node checks every
-        byte against its stored block sums before it sends the files; a page
-        the kernel drops and reads back later is not checked again
+        :meth:`alloc` memory never goes back to disk). The node checks each
+        chunk against its stored block sums the first time it maps it after
+        it started, before it sends the files; later maps, and a page the
+        kernel drops and reads back later, are not checked again
         (:meth:`get_into` always checks). Objects stored compressed or in
         content-defined chunks cannot be mapped (``InvalidRequest``: read them).
 
