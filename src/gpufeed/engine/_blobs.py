@@ -285,7 +285,7 @@ class BlobFiles:
 
     # recovery -----------------------------------------------------------
     def sweep(self, live_blobs: set[str], live_parts: dict[str, set[str]], *,
-              lost_found: str | None = None) -> dict[str, int]:
+              lost_found: str | None = None, present: set[str] | None = None) -> dict[str, int]:
         """Delete every file the catalog does not reference (run on start only).
 
         Args:
@@ -297,6 +297,8 @@ class BlobFiles:
                 ``uploads/<upload_id>/...``) instead of deleted (a recovered
                 catalog may have lost the rows that named them); ``tmp/`` is
                 emptied either way.
+            present: when given, filled with the live blobs found on disk (so
+                the caller learns which are missing without a second walk).
 
         Returns:
             Counts of what was removed (or moved): ``{"tmp": n, "blobs": n, "uploads": n, "parts": n}``.
@@ -316,6 +318,8 @@ class BlobFiles:
                         if e.name not in live_blobs:
                             _discard(e.path, lost_found, "blobs", e.name)
                             removed["blobs"] += 1
+                        elif present is not None:
+                            present.add(e.name)
         with os.scandir(self.uploads) as it:
             for e in it:
                 parts = live_parts.get(e.name)

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ._chunkreads import SUM_BLOCK, check_stored, chunk_sums
+from ._chunkreads import ChunkDamage, ReadStep, chunk_sums, run_step
 from ._chunks import ChunkStore
-from ._codecs import chunk_digest, decompress_chunk
+from ._codecs import chunk_digest
 from ._private import FILE_MODE
 from .catalog import Catalog
 from .types import ChunkRecord
@@ -66,10 +66,11 @@ class ScrubReport:
 
 
 def check_chunk(store: ChunkStore, c: ChunkRecord) -> str | None:
-    """Read and check one chunk; ``None`` when good, else the reason."""
-    path = store.file_path(c.file)
+    """Read and check one chunk the way a read does (:func:`._chunkreads.run_step`,
+    raw data in 8 MiB steps through one buffer); a shared chunk's data must also
+    match its digest. Returns ``None`` when good, else the reason."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(store.file_path(c.file), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return "data file is missing"
     try:
@@ -79,28 +80,15 @@ def check_chunk(store: ChunkStore, c: ChunkRecord) -> str | None:
         if not c.sums and c.stored:
             return "the chunk has no block sums"
         sums = chunk_sums(c)
-        whole = c.codec or c.domain is not None
-        buf = memoryview(bytearray(c.stored if whole else min(c.stored, _STEP)))
-        pos = 0
-        while pos < c.stored:
-            n = min(len(buf), c.stored - pos)
-            view = buf[:n]
-            got = os.preadv(fd, [view], c.file_offset + pos)
-            if got < n:
-                return "data file ended early"
-            bad = check_stored(view, sums, pos // SUM_BLOCK)
-            if bad >= 0:
-                return f"block {bad} does not match its sum"
-            pos += n
-        data: object = buf
-        if c.codec:
-            try:
-                data = decompress_chunk(buf, c.codec, c.size)
-            except Exception as exc:  # noqa: BLE001 - any codec failure is damage
-                return f"{c.codec} data does not decompress: {exc}"
-        if c.domain is not None and chunk_digest(data, "blake3" if len(c.digest) == 32 else "xxh3") != c.digest:
+        whole = bool(c.codec) or c.domain is not None  # decoded at once, or digested whole
+        buf = memoryview(bytearray(c.size if whole else min(c.size, _STEP)))
+        for rel in range(0, c.size, len(buf) or 1):
+            run_step(ReadStep(fd, c, sums, rel, buf[:min(len(buf), c.size - rel)], True))
+        if c.domain is not None and chunk_digest(buf, "blake3" if len(c.digest) == 32 else "xxh3") != c.digest:
             return "data does not match its digest"
         return None
+    except ChunkDamage as exc:
+        return exc.reason
     except OSError as exc:
         return f"read failed: {exc}"
     finally:

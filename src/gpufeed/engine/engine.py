@@ -195,8 +195,9 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         counts = self._chunks.recover()
         live = self._cat.live_files()
         data = self._cat.data_files()
-        counts["missing_files"] = self._chunks.mark_missing(data - set(self._files.list_data_files()))
-        counts.update(self._files.sweep(data, live.parts))
+        present: set[str] = set()
+        counts.update(self._files.sweep(data, live.parts, present=present))
+        counts["missing_files"] = self._chunks.mark_missing(data - present)
         return counts
 
     def close(self) -> None:
