@@ -3,7 +3,7 @@
 Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``checkpoint ls|scrub``,
 ``catalog check|recover``, ``admin ...``, ``scrub``, ``snapshot create|list|delete|restore|diff|schedule``,
 ``bench io``, ``bench kv``, ``bench list``, ``bench codecs``, ``bench data``, ``bench integrity``,
-``bench crash``, ``bench checkpoint``, ``bench model``, ``bench gpu``, ``demo``.
+``bench crash``, ``bench checkpoint``, ``bench model``, ``bench gpu``, ``bench train``, ``demo``.
 """
 
 from __future__ import annotations
@@ -455,6 +455,35 @@ def bench_gpu(device, allow_cpu, size, workdir, json_path, paths, repeat, kv_tok
                            paths=paths.split(",") if paths else None, checkpoint=not no_checkpoint)
     if report["failures"]:
         raise click.ClickException(f"{len(report['failures'])} failed: {'; '.join(report['failures'])}")
+
+
+@bench.command("train")
+@click.option("--workloads", default="unet3d,resnet50,cosmoflow", help="Comma-separated MLPerf Storage workloads.")
+@click.option("--paths", default="gpufeed,local,s3_boto3,s3fs,s3torchconnector", help="Comma-separated paths.")
+@click.option("--scale", default="0.05,resnet50=0.25",
+              help="Sample-size factor: one number, or workload=factor entries (e.g. 0.05,resnet50=1).")
+@click.option("--compute-scale", default="1",
+              help="Compute-time factor, same syntax (default 1: H100 times; 'same' follows --scale).")
+@click.option("--steps", type=int, default=10, help="Window = max(--min-window, steps x compute time).")
+@click.option("--warmup-steps", type=int, default=2, help="Steps per accelerator before the window opens.")
+@click.option("--min-window", type=float, default=1.0, help="Shortest measurement window, seconds.")
+@click.option("--workers", type=int, default=1, help="DataLoader workers per accelerator.")
+@click.option("--prefetch", type=int, default=2, help="Batches prefetched per worker.")
+@click.option("--max-accelerators", type=int, default=32, help="Largest number of accelerators tried.")
+@click.option("--dataset-size", type=SizeType(), default="256MiB", help="Bytes of samples per workload.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Node data and local files (default: a temp dir).")
+def bench_train(workloads, paths, scale, compute_scale, steps, warmup_steps, min_window, workers, prefetch,
+                max_accelerators, dataset_size, json_path, data_dir) -> None:
+    """MLPerf-Storage-style training: largest number of emulated accelerators kept busy, per path."""
+    from .bench.train import run_train_bench
+
+    run_train_bench(workloads=workloads.split(","), paths=paths.split(","), scale=scale,
+                    compute_scale=None if compute_scale == "same" else compute_scale, steps=steps,
+                    warmup_steps=warmup_steps, min_window_s=min_window, workers=workers, prefetch=prefetch,
+                    max_accelerators=max_accelerators, dataset_bytes=dataset_size, json_path=json_path,
+                    data_dir=data_dir)
 
 
 @main.command()
