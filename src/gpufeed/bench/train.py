@@ -66,8 +66,8 @@ from dataclasses import asdict, dataclass, replace
 
 import psutil
 
-__all__ = ["Workload", "WORKLOADS", "parse_scale", "accelerator_utilization", "search_max_accelerators",
-           "measure", "TreeCpu"]
+__all__ = ["run_train_bench", "summary_line", "Workload", "WORKLOADS", "parse_scale", "accelerator_utilization",
+           "search_max_accelerators", "measure", "TreeCpu"]
 
 GB = 1e9
 
@@ -310,12 +310,12 @@ def measure(loaders: Sequence, compute_s: float, *, warmup_steps: int = 2, windo
 
 # --- the whole run (node, data set, every path) -----------------------------------------------
 
-def workload_json(w: Workload) -> dict:
+def _workload_json(w: Workload) -> dict:
     """A workload's settings for the JSON (with the GB/s one accelerator asks for)."""
     return {**asdict(w), "demand_gbps_per_accelerator": round(w.demand_gbps, 4)}
 
 
-def command_line(p: dict) -> str:
+def _command_line(p: dict) -> str:
     """The ``gpufeed bench train`` command that repeats a run with these parameters."""
     cs = "same" if p["compute_scale"] is None else p["compute_scale"]
     return (f"gpufeed bench train --workloads {','.join(p['workloads'])} --paths {','.join(p['paths'])} "
@@ -325,7 +325,7 @@ def command_line(p: dict) -> str:
             f"--dataset-size {p['dataset_bytes']}" + (f" --json {p['json']}" if p.get("json") else ""))
 
 
-def load_avg() -> float:
+def _load_avg() -> float:
     """The machine's 1-minute load average (other work sharing the cores)."""
     return round(os.getloadavg()[0], 2)
 
@@ -410,10 +410,10 @@ def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmof
     params = {"workloads": list(workloads), "paths": paths, "scale": scale, "compute_scale": compute_scale,
               "steps": steps, "warmup_steps": warmup_steps, "min_window_s": min_window_s, "workers": workers,
               "prefetch": prefetch, "max_accelerators": max_accelerators, "memory_budget_bytes": memory_budget,
-              "dataset_bytes": dataset_bytes, "node_fsync": False, "load_avg_1m": [load_avg()]}
-    out: dict = {"benchmark": "train", "command": command or command_line({**params, "json": json_path}),
+              "dataset_bytes": dataset_bytes, "node_fsync": False, "load_avg_1m": [_load_avg()]}
+    out: dict = {"benchmark": "train", "command": command or _command_line({**params, "json": json_path}),
                  "machine": machine_info(), "params": params,
-                 "workloads": {w.name: workload_json(w) for w in wls}, "results": [], "summary": [],
+                 "workloads": {w.name: _workload_json(w) for w in wls}, "results": [], "summary": [],
                  "skipped": skipped}
     console.print(f"[bold]gpufeed bench train[/]: workloads {[w.name for w in wls]}, paths {run_paths}; "
                   f"scale {scale} (compute {compute_scale if compute_scale is not None else 'same'})")
@@ -452,7 +452,7 @@ def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmof
             out["results"].append({"workload": w.name, "path": s["path"], "accelerators": None, "au": None,
                                    "max_accelerators_au_ok": None, "gbps": None, "cpu_s_per_gb": None,
                                    "skipped": s["reason"]})
-    out["params"]["load_avg_1m"].append(load_avg())
+    out["params"]["load_avg_1m"].append(_load_avg())
     out["targets"] = _targets(out)
     _print(console, out)
     _write_json(out, json_path)
