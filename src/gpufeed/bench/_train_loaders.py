@@ -12,7 +12,8 @@ as ``default_collate`` does), so what differs is only how bytes reach the worker
 * ``s3fs``: ``S3FileSystem.cat_file`` / ``open`` against the same endpoint;
 * ``s3torchconnector``: Amazon's ``S3MapDataset`` (one reader per object)
   against the same endpoint;
-* ``gpufeed``: the fast path (shared memory): see :data:`LOADERS`.
+* ``gpufeed``: :class:`gpufeed.ai.data.ObjectDataset` / ``ShardDataset`` over
+  the node's fast path (shared memory); see :func:`gpufeed_loader`.
 
 Workloads with one sample per file are read map-style (a cyclic sampler per
 emulated accelerator, starting at its own place in the data set); workloads
@@ -41,8 +42,8 @@ import torch
 import torch.utils.data as tud
 
 __all__ = ["Source", "LOADERS", "PATHS", "write_dataset", "tar_samples", "collate_samples", "LoaderFactory",
-           "s3_environment", "unavailable", "data_loader", "reader_loader", "SampleDataset", "ShardStream",
-           "CyclicSampler"]
+           "s3_environment", "unavailable", "data_loader", "reader_loader", "gpufeed_loader", "SampleDataset",
+           "ShardStream", "CyclicSampler"]
 
 #: The paths every run measures, in this order.
 PATHS = ("gpufeed", "local", "s3_boto3", "s3fs", "s3torchconnector")
@@ -313,27 +314,8 @@ class _S3TorchReader:
         return self.ds[self.index[key]]
 
 
-class _GpufeedReader:
-    """The fast path with the SDK alone: whole objects with ``get_into``."""
-
-    def __init__(self, src: Source) -> None:
-        from ..client import Client
-
-        self.bucket = src.bucket
-        self.client = Client(src.fast_url, src.access_key, src.secret_key)
-        self.buf = self.client.alloc(src.file_bytes)
-
-    def read(self, key: str) -> bytes:
-        n = self.client.get_into(self.bucket, key, self.buf)
-        return bytes(self.buf[:n])
-
-    def open(self, key: str):
-        n = self.client.get_into(self.bucket, key, self.buf)
-        return io.BytesIO(self.buf[:n])
-
-
 _READERS: dict[str, type] = {"local": _LocalReader, "s3_boto3": _Boto3Reader, "s3fs": _S3fsReader,
-                             "s3torchconnector": _S3TorchReader, "gpufeed_sdk": _GpufeedReader}
+                             "s3torchconnector": _S3TorchReader}
 
 
 # --- datasets and samplers ------------------------------------------------------------------
@@ -424,11 +406,53 @@ def reader_loader(kind: str) -> LoaderFactory:
     return make
 
 
+def _bin(sample: dict) -> bytes:
+    """A WebDataset sample's ``.bin`` member."""
+    return sample["bin"]
+
+
+class _Endless(tud.IterableDataset):
+    """Epoch after epoch of an iterable dataset (a run stops when it has measured enough)."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self):
+        while True:
+            n = 0
+            for n, sample in enumerate(self.dataset, 1):  # noqa: B007 (n counts the samples)
+                yield sample
+            if n == 0:
+                raise RuntimeError("the dataset yields no samples for this worker")
+
+
+def gpufeed_loader(src: Source, rank: int, world: int) -> tud.DataLoader:
+    """The gpufeed path: :class:`gpufeed.ai.data.ObjectDataset` (one object per
+    sample, each batch read with batched ``get_many_into`` in ``__getitems__``)
+    or :class:`gpufeed.ai.data.ShardDataset` (tar shards read whole), over the
+    node's fast path (``src.fast_url``), in the same DataLoader as the other paths.
+
+    Every accelerator's shard stream reads all shards (``rank`` 0 of 1, as the
+    baselines' streams do), in an order of its own (shard order shuffled with
+    seed ``rank``, no sample buffer)."""
+    from ..ai.data import ObjectDataset, ShardDataset
+
+    url = f"{src.fast_url}/{src.bucket}"
+    prefix = src.keys[0].rpartition("/")[0] + "/"
+    creds = {"access_key": src.access_key, "secret_key": src.secret_key}
+    if src.samples_per_file == 1:
+        ds = ObjectDataset(url, prefix, **creds)
+        return data_loader(ds, src, sampler=CyclicSampler(len(ds), rank * len(ds) // world))
+    shards = ShardDataset(url, prefix, decode=_bin, format="tar", shuffle=True, shuffle_buffer=0, seed=rank,
+                          rank=0, world_size=1, **creds)
+    return data_loader(_Endless(shards), src)
+
+
 #: Path name -> loader factory.
 LOADERS: dict[str, LoaderFactory] = {
     "local": reader_loader("local"),
     "s3_boto3": reader_loader("s3_boto3"),
     "s3fs": reader_loader("s3fs"),
     "s3torchconnector": reader_loader("s3torchconnector"),
-    "gpufeed": reader_loader("gpufeed_sdk"),
+    "gpufeed": gpufeed_loader,
 }
