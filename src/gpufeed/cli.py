@@ -471,19 +471,21 @@ def bench_gpu(device, allow_cpu, size, workdir, json_path, paths, repeat, kv_tok
 @click.option("--prefetch", type=int, default=2, help="Batches prefetched per worker.")
 @click.option("--max-accelerators", type=int, default=32, help="Largest number of accelerators tried.")
 @click.option("--dataset-size", type=SizeType(), default="256MiB", help="Bytes of samples per workload.")
+@click.option("--retries", type=int, default=1, help="Extra tries of an N that falls below the AU threshold.")
+@click.option("--no-ceiling", is_flag=True, help="Skip the samples-from-memory (DataLoader ceiling) search.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Node data and local files (default: a temp dir).")
 def bench_train(workloads, paths, scale, compute_scale, steps, warmup_steps, min_window, workers, prefetch,
-                max_accelerators, dataset_size, json_path, data_dir) -> None:
+                max_accelerators, dataset_size, retries, no_ceiling, json_path, data_dir) -> None:
     """MLPerf-Storage-style training: largest number of emulated accelerators kept busy, per path."""
     from .bench.train import run_train_bench
 
     run_train_bench(workloads=workloads.split(","), paths=paths.split(","), scale=scale,
                     compute_scale=None if compute_scale == "same" else compute_scale, steps=steps,
                     warmup_steps=warmup_steps, min_window_s=min_window, workers=workers, prefetch=prefetch,
-                    max_accelerators=max_accelerators, dataset_bytes=dataset_size, json_path=json_path,
-                    data_dir=data_dir)
+                    max_accelerators=max_accelerators, dataset_bytes=dataset_size, retries=retries,
+                    ceiling=not no_ceiling, json_path=json_path, data_dir=data_dir)
 
 
 @main.command()

@@ -133,7 +133,7 @@ def test_tiny_run_end_to_end(tmp_path):
     json_path = tmp_path / "train.json"
     out = run_train_bench(scale="0.0002,resnet50=0.005", compute_scale="0.01", steps=2, warmup_steps=1,
                           min_window_s=0.15, max_accelerators=2, dataset_bytes=1 << 20, json_path=str(json_path),
-                          data_dir=str(tmp_path / "data"), quiet=True)
+                          data_dir=str(tmp_path / "data"), quiet=True, retries=0)
     assert json.loads(json_path.read_text()) == out
     assert out["benchmark"] == "train"
     assert out["command"].startswith("gpufeed bench train --workloads unet3d,resnet50,cosmoflow ")
@@ -164,6 +164,9 @@ def test_tiny_run_end_to_end(tmp_path):
                 best = ok[0]["max_accelerators_au_ok"]
                 assert best == 0 or any(r["accelerators"] == best and r["au"] >= r["au_threshold"] for r in ok)
     assert {s["workload"] for s in out["summary"]} == set(WORKLOADS)
+    # the DataLoader's own ceiling (samples from memory), apart from the paths
+    assert {(s["workload"], s["path"]) for s in out["ceiling_summary"]} == {(w, "memory") for w in WORKLOADS}
+    assert all(ROW_KEYS <= set(r) and r["path"] == "memory" for r in out["ceiling"])
     assert isinstance(out["targets"], list)
 
 

@@ -314,8 +314,24 @@ class _S3TorchReader:
         return self.ds[self.index[key]]
 
 
+class _MemoryReader:
+    """Samples (or one shard) made in memory: the DataLoader's own ceiling, no storage."""
+
+    def __init__(self, src: Source) -> None:
+        rng = np.random.default_rng(1)
+        self.sample = rng.bytes(src.sample_bytes) if src.samples_per_file == 1 else b""
+        self.shard = b"" if src.samples_per_file == 1 else _file_bytes(rng, src.sample_bytes,
+                                                                       src.samples_per_file, 0)
+
+    def read(self, key: str) -> bytes:
+        return self.sample
+
+    def open(self, key: str):
+        return io.BytesIO(self.shard)
+
+
 _READERS: dict[str, type] = {"local": _LocalReader, "s3_boto3": _Boto3Reader, "s3fs": _S3fsReader,
-                             "s3torchconnector": _S3TorchReader}
+                             "s3torchconnector": _S3TorchReader, "memory": _MemoryReader}
 
 
 # --- datasets and samplers ------------------------------------------------------------------
@@ -439,12 +455,11 @@ def gpufeed_loader(src: Source, rank: int, world: int) -> tud.DataLoader:
 
     url = f"{src.fast_url}/{src.bucket}"
     prefix = src.keys[0].rpartition("/")[0] + "/"
-    creds = {"access_key": src.access_key, "secret_key": src.secret_key}
     if src.samples_per_file == 1:
-        ds = ObjectDataset(url, prefix, **creds)
+        ds = ObjectDataset(url, prefix, access_key=src.access_key, secret_key=src.secret_key)
         return data_loader(ds, src, sampler=CyclicSampler(len(ds), rank * len(ds) // world))
     shards = ShardDataset(url, prefix, decode=_bin, format="tar", shuffle=True, shuffle_buffer=0, seed=rank,
-                          rank=0, world_size=1, **creds)
+                          rank=0, world_size=1, access_key=src.access_key, secret_key=src.secret_key)
     return data_loader(_Endless(shards), src)
 
 
@@ -455,4 +470,5 @@ LOADERS: dict[str, LoaderFactory] = {
     "s3fs": reader_loader("s3fs"),
     "s3torchconnector": reader_loader("s3torchconnector"),
     "gpufeed": gpufeed_loader,
+    "memory": reader_loader("memory"),  # the harness's ceiling (not a storage path)
 }

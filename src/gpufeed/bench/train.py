@@ -47,7 +47,15 @@ JSON::
      "results": [{"workload", "path", "accelerators", "au", "max_accelerators_au_ok", "gbps",
                   "cpu_s_per_gb", "samples_per_s", "au_min", "at_max", ...}],
      "summary": [{"workload", "path", "max_accelerators_au_ok", "gbps", "cpu_s_per_gb", ...}],
+     "ceiling": [rows of path "memory"], "ceiling_summary": [...],
      "skipped": [{"path", "reason"}], "targets": [...]}
+
+Before the paths, the same search runs with samples served from memory (the
+``memory`` loader: same DataLoader, collate and tar parsing, no storage):
+``ceiling`` / ``ceiling_summary``, the most this machine's DataLoader
+processes carry, which no path can pass. An ``N`` that falls below the
+threshold is measured once more (``retries``) before the search moves on, so a
+load spike from other work on the machine does not end it early.
 
 GB/s are 10^9 bytes per second. Sources: MLPerf Storage v1.0 rules and the
 DLIO workload configs (``unet3d_h100.yaml``, ``resnet50_h100.yaml``,
@@ -322,7 +330,8 @@ def _command_line(p: dict) -> str:
             f"--scale {p['scale']} --compute-scale {cs} --steps {p['steps']} "
             f"--warmup-steps {p['warmup_steps']} --min-window {p['min_window_s']:g} --workers {p['workers']} "
             f"--prefetch {p['prefetch']} --max-accelerators {p['max_accelerators']} "
-            f"--dataset-size {p['dataset_bytes']}" + (f" --json {p['json']}" if p.get("json") else ""))
+            f"--dataset-size {p['dataset_bytes']} --retries {p['retries']}"
+            + ("" if p["ceiling"] else " --no-ceiling") + (f" --json {p['json']}" if p.get("json") else ""))
 
 
 def _load_avg() -> float:
@@ -357,7 +366,7 @@ def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmof
                     compute_scale: str | float | None = "1", steps: int = 10, warmup_steps: int = 2,
                     min_window_s: float = 1.0, workers: int = 1, prefetch: int = 2, max_accelerators: int = 32,
                     memory_budget: int = 4 << 30, dataset_bytes: int = 256 << 20, json_path: str | None = None,
-                    data_dir: str | None = None, quiet: bool = False,
+                    data_dir: str | None = None, quiet: bool = False, retries: int = 1, ceiling: bool = True,
                     loaders: dict[str, Callable] | None = None, command: str | None = None) -> dict:
     """Run the benchmark (see the module docstring); print tables and a one-line
     summary, and return (and optionally write) the JSON.
@@ -379,6 +388,12 @@ def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmof
         dataset_bytes: about this many bytes of samples per workload.
         json_path: write the JSON here.
         data_dir: node data and local files (default: a temporary folder).
+        retries: extra measurements of an ``N`` that falls below the threshold
+            (the best is kept).
+        ceiling: first search ``N`` for samples served from memory (the
+            ``memory`` loader: the same DataLoader, collate and tar parsing, no
+            storage), reported apart as ``ceiling`` / ``ceiling_summary``: the
+            most this machine's DataLoader processes carry.
         loaders: path -> factory, replacing or adding to the built-in ones.
         command: the command recorded in the JSON (default: the ``gpufeed bench
             train`` command with these parameters).
@@ -410,11 +425,12 @@ def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmof
     params = {"workloads": list(workloads), "paths": paths, "scale": scale, "compute_scale": compute_scale,
               "steps": steps, "warmup_steps": warmup_steps, "min_window_s": min_window_s, "workers": workers,
               "prefetch": prefetch, "max_accelerators": max_accelerators, "memory_budget_bytes": memory_budget,
-              "dataset_bytes": dataset_bytes, "node_fsync": False, "load_avg_1m": [_load_avg()]}
+              "dataset_bytes": dataset_bytes, "retries": retries, "ceiling": ceiling, "node_fsync": False,
+              "load_avg_1m": [_load_avg()]}
     out: dict = {"benchmark": "train", "command": command or _command_line({**params, "json": json_path}),
                  "machine": machine_info(), "params": params,
                  "workloads": {w.name: _workload_json(w) for w in wls}, "results": [], "summary": [],
-                 "skipped": skipped}
+                 "ceiling": [], "ceiling_summary": [], "skipped": skipped}
     console.print(f"[bold]gpufeed bench train[/]: workloads {[w.name for w in wls]}, paths {run_paths}; "
                   f"scale {scale} (compute {compute_scale if compute_scale is not None else 'same'})")
     for s in skipped:
@@ -440,9 +456,9 @@ def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmof
                 console.print(f"[bold]{w.name}[/]: {w.sample_bytes:,} B samples x {w.samples_per_file} per file, "
                               f"batch {w.batch}, compute {w.compute_s * 1e3:.2f} ms, AU >= {w.au_min:.0%}, "
                               f"{w.demand_gbps:.3f} GB/s per accelerator; N <= {cap}, window {window_s:.2f} s")
-                for path in run_paths:
+                for path in (["memory"] if ceiling else []) + run_paths:
                     _search_path(out, console, w, path, registry[path], sources[w.name], cap, window_s,
-                                 warmup_steps, TreeCpu(node.pid))
+                                 warmup_steps, TreeCpu(node.pid), retries)
     finally:
         node.stop()
         if tmp is not None:
@@ -474,22 +490,39 @@ def _upload(console, client, w: Workload, files: int, local_root, write_dataset)
     return keys
 
 
-def _search_path(out: dict, console, w: Workload, path: str, factory, src, cap: int, window_s: float,
-                 warmup_steps: int, cpu: TreeCpu) -> None:
-    """Measure one path of one workload over ``N`` (see :func:`search_max_accelerators`)."""
+def _search(console, w: Workload, label: str, factory, src, cap: int, window_s: float, warmup_steps: int,
+            cpu: TreeCpu, retries: int) -> tuple[int, list[int], dict[int, dict]]:
+    """:func:`search_max_accelerators` over ``measure``; an ``N`` below the
+    threshold is measured up to ``retries`` more times (the best kept: a load
+    spike from other work on the machine should not end the search)."""
     rows: dict[int, dict] = {}
 
     def au_of(n: int) -> float:
-        row = measure([factory(src, r, n) for r in range(n)], w.compute_s, warmup_steps=warmup_steps,
-                      window_s=window_s, cpu=cpu, warmup_timeout_s=max(60.0, 10 * window_s))
+        row: dict | None = None
+        for attempt in range(1 + retries):
+            got = measure([factory(src, r, n) for r in range(n)], w.compute_s, warmup_steps=warmup_steps,
+                          window_s=window_s, cpu=cpu, warmup_timeout_s=max(60.0, 10 * window_s))
+            cpu_txt = "—" if got["cpu_s_per_gb"] is None else f"{got['cpu_s_per_gb']:.2f}"
+            console.print(f"  {w.name} {label:<16} N={n:<3d} AU {got['au']:6.1%} (min {got['au_min']:6.1%})  "
+                          f"{got['gbps']:7.3f} GB/s  {got['samples_per_s']:9,.0f} samples/s  CPU {cpu_txt} s/GB")
+            if row is None or got["au"] > row["au"]:
+                row = got
+            row["tries"] = attempt + 1
+            if row["au"] >= w.au_min:
+                break
+        assert row is not None  # 1 + retries >= 1 tries
         rows[n] = row
-        cpu_txt = "—" if row["cpu_s_per_gb"] is None else f"{row['cpu_s_per_gb']:.2f}"
-        console.print(f"  {w.name} {path:<16} N={n:<3d} AU {row['au']:6.1%} (min {row['au_min']:6.1%})  "
-                      f"{row['gbps']:7.3f} GB/s  {row['samples_per_s']:9,.0f} samples/s  CPU {cpu_txt} s/GB")
         return row["au"]
 
+    best, order = search_max_accelerators(au_of, w.au_min, cap)
+    return best, order, rows
+
+
+def _search_path(out: dict, console, w: Workload, path: str, factory, src, cap: int, window_s: float,
+                 warmup_steps: int, cpu: TreeCpu, retries: int) -> None:
+    """Measure one path of one workload over ``N``; rows into ``out``."""
     try:
-        best, order = search_max_accelerators(au_of, w.au_min, cap)
+        best, order, rows = _search(console, w, path, factory, src, cap, window_s, warmup_steps, cpu, retries)
     except Exception as exc:  # a baseline that breaks must not lose the other paths' results
         lines = str(exc).strip().splitlines() or [""]
         reason = f"{type(exc).__name__}: {lines[-1]}"  # a worker's error: the last line of its traceback
@@ -499,15 +532,16 @@ def _search_path(out: dict, console, w: Workload, path: str, factory, src, cap: 
                                "max_accelerators_au_ok": None, "gbps": None, "cpu_s_per_gb": None,
                                "skipped": reason})
         return
+    key = "ceiling" if path == "memory" else "results"
     for n in order:
-        out["results"].append({"workload": w.name, "path": path, **rows[n], "max_accelerators_au_ok": best,
-                               "at_max": n == best, "au_threshold": w.au_min})
+        out[key].append({"workload": w.name, "path": path, **rows[n], "max_accelerators_au_ok": best,
+                         "at_max": n == best, "au_threshold": w.au_min})
     at = rows.get(best) or rows[1]
-    out["summary"].append({"workload": w.name, "path": path, "max_accelerators_au_ok": best,
-                           "accelerators_cap": cap, "au": at["au"], "gbps": at["gbps"],
-                           "samples_per_s": at["samples_per_s"], "cpu_s_per_gb": at["cpu_s_per_gb"],
-                           "client_cpu_s_per_gb": at["client_cpu_s_per_gb"], "at_accelerators": at["accelerators"],
-                           "measured": order})
+    out["summary" if key == "results" else "ceiling_summary"].append(
+        {"workload": w.name, "path": path, "max_accelerators_au_ok": best, "accelerators_cap": cap,
+         "au": at["au"], "gbps": at["gbps"], "samples_per_s": at["samples_per_s"],
+         "cpu_s_per_gb": at["cpu_s_per_gb"], "client_cpu_s_per_gb": at["client_cpu_s_per_gb"],
+         "at_accelerators": at["accelerators"], "measured": order})
 
 
 def _targets(out: dict) -> list[dict]:
@@ -550,11 +584,12 @@ def _print(console, out: dict) -> None:
     def f(v, spec):
         return "—" if v is None else format(v, spec)
 
-    for s in out["summary"]:
+    for s in sorted(out["ceiling_summary"] + out["summary"], key=lambda s: list(out["workloads"]).index(s["workload"])):
         base = by.get((s["workload"], "s3_boto3"))
         ratio = (s["max_accelerators_au_ok"] / base["max_accelerators_au_ok"]
                  if base and base["max_accelerators_au_ok"] else None)
-        table.add_row(s["workload"], s["path"], str(s["max_accelerators_au_ok"]), f(ratio, ".1f"),
+        label = "memory (ceiling)" if s["path"] == "memory" else s["path"]
+        table.add_row(s["workload"], label, str(s["max_accelerators_au_ok"]), f(ratio, ".1f"),
                       f(s["au"], ".1%"), f(s["gbps"], ".3f"), f(s["samples_per_s"], ",.0f"),
                       f(s["cpu_s_per_gb"], ".2f"), f(s["client_cpu_s_per_gb"], ".2f"))
     console.print(table)
