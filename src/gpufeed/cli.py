@@ -460,10 +460,10 @@ def bench_gpu(device, allow_cpu, size, workdir, json_path, paths, repeat, kv_tok
 @bench.command("train")
 @click.option("--workloads", default="unet3d,resnet50,cosmoflow", help="Comma-separated MLPerf Storage workloads.")
 @click.option("--paths", default="gpufeed,local,s3_boto3,s3fs,s3torchconnector", help="Comma-separated paths.")
-@click.option("--scale", default="0.05,resnet50=0.25",
+@click.option("--scale", default="0.025,resnet50=0.25",
               help="Sample-size factor: one number, or workload=factor entries (e.g. 0.05,resnet50=1).")
-@click.option("--compute-scale", default="1",
-              help="Compute-time factor, same syntax (default 1: H100 times; 'same' follows --scale).")
+@click.option("--compute-scale", default="1,cosmoflow=4",
+              help="Compute-time factor, same syntax (1: H100 times; 'same': follow --scale, an H100's GB/s).")
 @click.option("--steps", type=int, default=10, help="Window = max(--min-window, steps x compute time).")
 @click.option("--warmup-steps", type=int, default=2, help="Steps per accelerator before the window opens.")
 @click.option("--min-window", type=float, default=1.0, help="Shortest measurement window, seconds.")

@@ -362,8 +362,8 @@ def _accelerator_cap(w: Workload, workers: int, prefetch: int, n_max: int, memor
 
 
 def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmoflow"),
-                    paths: Sequence[str] | None = None, scale: str | float | None = "0.05,resnet50=0.25",
-                    compute_scale: str | float | None = "1", steps: int = 10, warmup_steps: int = 2,
+                    paths: Sequence[str] | None = None, scale: str | float | None = "0.025,resnet50=0.25",
+                    compute_scale: str | float | None = "1,cosmoflow=4", steps: int = 10, warmup_steps: int = 2,
                     min_window_s: float = 1.0, workers: int = 1, prefetch: int = 2, max_accelerators: int = 32,
                     memory_budget: int = 4 << 30, dataset_bytes: int = 256 << 20, json_path: str | None = None,
                     data_dir: str | None = None, quiet: bool = False, retries: int = 1, ceiling: bool = True,
