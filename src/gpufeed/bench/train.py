@@ -527,7 +527,7 @@ def _search_path(out: dict, console, w: Workload, path: str, factory, src, cap: 
         lines = str(exc).strip().splitlines() or [""]
         reason = f"{type(exc).__name__}: {lines[-1]}"  # a worker's error: the last line of its traceback
         console.print(f"  [red]{path} failed[/]: {reason}")
-        out["skipped"].append({"path": path, "workload": w.name, "reason": reason})
+        out["skipped"].append({"path": path, "workload": w.name, "reason": reason, "detail": str(exc)[-4000:]})
         out["results"].append({"workload": w.name, "path": path, "accelerators": None, "au": None,
                                "max_accelerators_au_ok": None, "gbps": None, "cpu_s_per_gb": None,
                                "skipped": reason})

@@ -103,9 +103,18 @@ def submit_batch(t: ShmTransport, reqs: list[ReadRequest], dests: list[memoryvie
         _release_slots(plan)
         raise
     batch_out: list = []  # [list of n] (or the exception) once the batch reply is in
+    # The batch's part is done once its reply is copied out, not when the reply
+    # arrives: a reply that lands while _when_all registers its callbacks would
+    # otherwise let finish() run (in this thread) before the copy has filled batch_out.
+    copied: Future | None = None
     if fut is not None:
-        fut.add_done_callback(lambda f: batch_out.append(
-            _batch_done(f, plan, reqs, dests, index, digests_out, errors_out)))
+        copied = Future()
+
+        def on_reply(f: Future, copied: Future = copied) -> None:
+            batch_out.append(_batch_done(f, plan, reqs, dests, index, digests_out, errors_out))
+            copied.set_result(None)
+
+        fut.add_done_callback(on_reply)
 
     def finish() -> list[int]:
         out = [0] * len(reqs)
@@ -131,7 +140,7 @@ def submit_batch(t: ShmTransport, reqs: list[ReadRequest], dests: list[memoryvie
         batch_out.clear()
         plan.staged.clear()
 
-    return _when_all(([fut] if fut is not None else []) + side, finish, release)
+    return _when_all(([copied] if copied is not None else []) + side, finish, release)
 
 
 def _batch_done(f: Future, plan: _Plan, reqs: list[ReadRequest], dests: list[memoryview],
