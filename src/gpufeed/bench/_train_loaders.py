@@ -422,6 +422,12 @@ def reader_loader(kind: str) -> LoaderFactory:
     return make
 
 
+def _view(data: memoryview) -> memoryview:
+    """The object's bytes as read (the collate copies them into the batch; a
+    dataset's views are not reused, so keeping one unchanged is allowed)."""
+    return data
+
+
 def _bin(sample: dict) -> bytes:
     """A WebDataset sample's ``.bin`` member."""
     return sample["bin"]
@@ -444,7 +450,8 @@ class _Endless(tud.IterableDataset):
 
 def gpufeed_loader(src: Source, rank: int, world: int) -> tud.DataLoader:
     """The gpufeed path: :class:`gpufeed.ai.data.ObjectDataset` (one object per
-    sample, each batch read with batched ``get_many_into`` in ``__getitems__``)
+    sample, each batch read with batched ``get_many_into`` in ``__getitems__``;
+    the samples handed to the collate as the views read, without a ``bytes`` copy)
     or :class:`gpufeed.ai.data.ShardDataset` (tar shards read whole), over the
     node's fast path (``src.fast_url``), in the same DataLoader as the other paths.
 
@@ -456,7 +463,7 @@ def gpufeed_loader(src: Source, rank: int, world: int) -> tud.DataLoader:
     url = f"{src.fast_url}/{src.bucket}"
     prefix = src.keys[0].rpartition("/")[0] + "/"
     if src.samples_per_file == 1:
-        ds = ObjectDataset(url, prefix, access_key=src.access_key, secret_key=src.secret_key)
+        ds = ObjectDataset(url, prefix, decode=_view, access_key=src.access_key, secret_key=src.secret_key)
         return data_loader(ds, src, sampler=CyclicSampler(len(ds), rank * len(ds) // world))
     shards = ShardDataset(url, prefix, decode=_bin, format="tar", shuffle=True, shuffle_buffer=0, seed=rank,
                           rank=0, world_size=1, access_key=src.access_key, secret_key=src.secret_key)
