@@ -177,3 +177,14 @@ def test_shard_file_bytes_matches_tarfile():
         src = Source("b", ("k",), "/nowhere", sample, 37, 4)
         got = len(_file_bytes(np.random.default_rng(0), sample, 37, 0))
         assert got == src.file_bytes, sample
+
+
+def test_cli_help_names_the_scales():
+    from click.testing import CliRunner
+
+    from gpufeed.cli import main
+
+    res = CliRunner().invoke(main, ["bench", "train", "--help"])
+    assert res.exit_code == 0, res.output
+    for opt in ("--scale", "--compute-scale", "--max-accelerators", "--json", "--paths"):
+        assert opt in res.output
