@@ -133,7 +133,7 @@ def run_integrity(*, objects: int = 1000, seed: int = 0, json_path: str | None =
                        for c in _chunks(catalog, b, k)):
                     damaged.add(i)
             chunk_files = {c[0]: c[1] for b, k, _ in plan for c in _chunks(catalog, b, k)}
-            s3 = node.boto3_client(retries={"max_attempts": 1})  # a 500 is final here: count it once
+            s3 = node.boto3_client(retries={"total_max_attempts": 1})  # a 500 is final here: count it once
             paths = {
                 "s3": lambda b, k, n: s3.get_object(Bucket=b, Key=k)["Body"].read(),
                 "tcp": lambda b, k, n: bytes(tcp.get(b, k)),
