@@ -485,13 +485,14 @@ def bench_gpu(device, allow_cpu, size, workdir, json_path, paths, repeat, kv_tok
 @click.option("--workdir", type=click.Path(file_okay=False), default=".gpufeed-demo",
               help="Where the model files and node data go.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+@click.option("--repeat", type=int, default=3, show_default=True, help="Runs per path (the fastest is kept).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
               help="The HTML page of this run and docs/bench/*.json (default WORKDIR/report.html; '' skips).")
-def demo(size, workdir, json_path, report_path) -> None:
+def demo(size, workdir, json_path, repeat, report_path) -> None:
     """Build a Llama model, store it in gpufeed, load it every way and compare; end with the HTML report."""
     from .bench.demo import run_demo
 
-    result = run_demo(size=size, workdir=workdir, json_path=json_path)
+    result = run_demo(size=size, workdir=workdir, json_path=json_path, repeat=repeat)
     if report_path == "":
         return
     from .bench.report import Source, write_report
@@ -508,7 +509,7 @@ def demo(size, workdir, json_path, report_path) -> None:
 @bench.command("report")
 @click.option("--in", "in_dir", type=click.Path(file_okay=False), default="docs/bench", show_default=True,
               help="Folder of benchmark JSON files.")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="bench-report.html",
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="bench-out/report.html",
               show_default=True, help="The HTML page to write.")
 def bench_report(in_dir, out_path) -> None:
     """Every benchmark's JSON on one self-contained HTML page: plots, ratios to baselines, commands."""

@@ -61,8 +61,8 @@ class BenchProgress:
         name: the benchmark, shown before each phase (``"kv"``).
         quiet: True draws nothing and prints no summary; None (default)
             follows :func:`is_quiet`.
-        enabled: force drawing on or off; None (default) draws only when
-            stderr is a terminal and the run is not quiet.
+        enabled: draw (True) or not (False) whatever stderr is; None
+            (default) draws only when stderr is a terminal. A quiet run never draws.
 
     Rich's live display also carries what the benchmark prints to stdout
     meanwhile, above the progress lines, so tables and phases do not tear.
@@ -71,7 +71,7 @@ class BenchProgress:
     def __init__(self, name: str, *, quiet: bool | None = None, enabled: bool | None = None) -> None:
         self.name = name
         self.quiet = is_quiet() if quiet is None else quiet
-        self.enabled = (not self.quiet and sys.stderr.isatty()) if enabled is None else enabled
+        self.enabled = not self.quiet and (sys.stderr.isatty() if enabled is None else enabled)
         self._started = time.perf_counter()
         self._summary: str | None = None
         self._progress: Any = None
