@@ -146,6 +146,7 @@ def _set_quiet(ctx, param, value) -> None:
         from .bench._output import set_quiet
 
         set_quiet(True)
+        ctx.call_on_close(lambda: set_quiet(False))  # for this command only
 
 
 QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, expose_value=False, is_eager=True,

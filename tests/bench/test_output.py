@@ -101,6 +101,7 @@ def test_bench_cli_summary_on_stderr_and_quiet(tmp_path):
     assert json.loads(out.read_text())["benchmark"] == "codecs"
     quiet = CliRunner().invoke(main, [*args, "--quiet"])
     assert quiet.exit_code == 0 and quiet.stderr == ""
+    assert not _output.is_quiet()  # --quiet held for that command only
 
 
 @pytest.mark.slow

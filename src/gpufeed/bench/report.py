@@ -33,7 +33,7 @@ from typing import Any
 
 from ._report_kinds import Section, Table, build_section
 
-__all__ = ["Source", "load_sources", "render_page", "write_report"]
+__all__ = ["Source", "load_sources", "render_page", "write_report", "command_of"]
 
 
 @dataclass
