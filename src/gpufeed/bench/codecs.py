@@ -38,7 +38,6 @@ JSON shape (as the other benches)::
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import statistics
@@ -61,6 +60,7 @@ from ..engine._codecs import (
     decompress_chunk,
     parse_compression,
 )
+from ._output import BenchProgress, summary_line, write_json
 from .io import machine_info
 
 __all__ = ["run_codecs", "token_corpus", "bf16_weights"]
@@ -272,16 +272,18 @@ def run_codecs(size_bytes: int = 256 << 20, *, chunk: int = 4 << 20,
     console = console or Console()
     load_avg = os.getloadavg()[0]  # other work on the machine skews every row alike: recorded
     results: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="gpufeed-bench-codecs-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gpufeed-bench-codecs-") as tmp, BenchProgress("codecs") as progress:
         for data in _DATASETS:
+            progress.step(f"{data}: build and write raw")
             buf = _dataset(data, size_bytes).data.cast("B")
             chunks = [buf[i:i + chunk] for i in range(0, len(buf), chunk)]
             raw_write_s = _raw_write_s(chunks, tmp, repeat)
             if data == "bf16_random":
+                progress.step("memcpy, digests, content-defined cuts")
                 baseline = _baseline(buf, raw_write_s, chunk)
                 digests = _digest_rows(chunks, repeat)
                 cdc = _cdc_rows(buf, repeat)
-            for setting in codecs:
+            for setting in progress.track(codecs, f"{data}: codecs"):
                 results.append(_codec_row(data, setting, chunks, repeat, raw_write_s))
                 console.print(f"{data} {setting}: done")
             del chunks, buf
@@ -303,9 +305,9 @@ def run_codecs(size_bytes: int = 256 << 20, *, chunk: int = 4 << 20,
     }
     _print(console, out)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(out, indent=2))
+        write_json(json_path, out)
         console.print(f"wrote {json_path}")
+    progress.done(summary_line("codecs", out, json_path))
     return out
 
 
