@@ -29,7 +29,6 @@ GB/s are 10^9 bytes per second.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import random
@@ -41,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+
+from ._output import summary_line, write_json
 
 __all__ = ["run_io_bench", "machine_info", "CpuMeter", "drop_cache"]
 
@@ -418,9 +419,8 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
     if write_out is not None:
         _print_writes(console, write_out)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(out, indent=2))
-        console.print(f"wrote {json_path}")
+        write_json(json_path, out)
+    console.print(summary_line("io", out, json_path))
     return out
 
 
