@@ -200,7 +200,7 @@ def check_blocks(views: object, expected_sums: bytes, first_block: int, block: i
         InvalidArgument: a bad block size.
     """
     _check_block(block)
-    pieces = [memoryview(v).cast("B") for v in (views if isinstance(views, (list, tuple)) else [views])]
+    pieces = [memoryview(v).cast("B") for v in (views if isinstance(views, (list, tuple)) else [views])]  # type: ignore[arg-type]
     total = sum(len(p) for p in pieces)
     count = -(-total // block)
     if len(expected_sums) % 4 or first_block < 0 or first_block + count > len(expected_sums) // 4:
