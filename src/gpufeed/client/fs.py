@@ -5,15 +5,15 @@ fsspec URL read and write a gpufeed node through this class, with no S3 client
 in between. fsspec finds it through the ``fsspec.specs`` entry point that
 gpufeed's ``pyproject.toml`` declares, so after ``pip install gpufeed``::
 
-    fs = fsspec.filesystem("gpufeed", url="gpufeed+shm:///data/gpufeed.sock")
+    fs = fsspec.filesystem("gpufeed", endpoint="gpufeed+shm:///data/gpufeed.sock")
     df = pandas.read_parquet("gpufeed://bucket/table.parquet",
-                             storage_options={"url": "gpufeed+tcp://10.0.0.5:9400"})
+                             storage_options={"endpoint": "gpufeed+tcp://10.0.0.5:9400"})
 
 work without importing gpufeed first.
 
 URL form: ``gpufeed://BUCKET/KEY``. The node is not part of the URL (a Unix
-socket path does not fit in one): it is the ``url`` storage option, else the
-``GPUFEED_URL`` environment variable (the one the CLI reads), as
+socket path does not fit in one): it is the ``endpoint`` storage option, else
+the ``GPUFEED_URL`` environment variable (the one the CLI reads), as
 ``gpufeed+tcp://HOST:PORT`` or ``gpufeed+shm:///path/gpufeed.sock``. The key
 is ``access_key`` / ``secret_key``, else the environment as
 :class:`~gpufeed.client.Client` reads it (``GPUFEED_ACCESS_KEY`` /
@@ -47,6 +47,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fsspec.callbacks import DEFAULT_CALLBACK
+from fsspec.registry import register_implementation
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from ..errors import (
@@ -61,7 +62,7 @@ from ._client import Client, ListEntry, ObjectMeta, ReadRequest, parse_url
 
 __all__ = ["GpufeedFileSystem", "GpufeedFile", "gopen"]
 
-#: The environment variable naming the node when no ``url`` is given.
+#: The environment variable naming the node when no ``endpoint`` is given.
 URL_ENV = "GPUFEED_URL"
 #: Reads at least this large go into the client's registered memory on shm.
 _REGISTERED_MIN_BYTES = 256 << 10  # 256 KiB
@@ -119,7 +120,7 @@ class GpufeedFileSystem(AbstractFileSystem):
     the node went away.
 
     Args:
-        url: the node, ``gpufeed+tcp://HOST:PORT`` or
+        endpoint: the node, ``gpufeed+tcp://HOST:PORT`` or
             ``gpufeed+shm:///path/gpufeed.sock``; default ``$GPUFEED_URL``.
         access_key, secret_key: the key (both or neither; neither: the
             environment, as :class:`~gpufeed.client.Client`).
@@ -130,23 +131,23 @@ class GpufeedFileSystem(AbstractFileSystem):
             ``listings_expiry_time``, ``skip_instance_cache``, ...).
 
     Raises:
-        ValueError: no node named (neither ``url`` nor ``$GPUFEED_URL``), or a
+        ValueError: no node named (neither ``endpoint`` nor ``$GPUFEED_URL``), or a
             malformed one.
     """
 
     protocol = "gpufeed"
     root_marker = ""
 
-    def __init__(self, url: str | None = None, access_key: str | None = None,
+    def __init__(self, endpoint: str | None = None, access_key: str | None = None,
                  secret_key: str | None = None, *, connections: int | None = None,
                  request_timeout_s: float | None = 60.0, **kwargs) -> None:
         super().__init__(**kwargs)
-        url = url or os.environ.get(URL_ENV)
-        if not url:
-            raise ValueError(f"gpufeed:// needs the node: pass url= (storage_options={{'url': ...}}) or set "
-                             f"{URL_ENV} (gpufeed+tcp://HOST:PORT or gpufeed+shm:///path/gpufeed.sock)")
-        parse_url(url)  # InvalidArgument (a ValueError) for a malformed one
-        self.url = url
+        endpoint = endpoint or os.environ.get(URL_ENV)
+        if not endpoint:
+            raise ValueError(f"gpufeed:// needs the node: pass endpoint= (storage_options={{'endpoint': ...}}) "
+                             f"or set {URL_ENV} (gpufeed+tcp://HOST:PORT or gpufeed+shm:///path/gpufeed.sock)")
+        parse_url(endpoint)  # InvalidArgument (a ValueError) for a malformed one
+        self.endpoint = endpoint
         self._client_args: dict[str, Any] = {"access_key": access_key, "secret_key": secret_key,
                                              "connections": connections, "request_timeout_s": request_timeout_s}
         self._conn: Client | None = None
@@ -174,8 +175,8 @@ class GpufeedFileSystem(AbstractFileSystem):
             if conn is None or conn.closed or conn.lost_connection:
                 if conn is not None:
                     conn.close()
-                with _oserrors(self.url):
-                    conn = self._conn = Client(self.url, **self._client_args)
+                with _oserrors(self.endpoint):
+                    conn = self._conn = Client(self.endpoint, **self._client_args)
             return conn
 
     def close(self) -> None:
@@ -406,13 +407,14 @@ class GpufeedFileSystem(AbstractFileSystem):
     def get_file(self, rpath: str, lpath: str, callback=DEFAULT_CALLBACK, outfile=None, **kwargs) -> None:
         """Download one object into a local file: the bytes land straight in
         the file's pages (the file is mapped and read into with ``get_into``)."""
-        if outfile is not None:
+        if outfile is not None or not isinstance(lpath, (str, os.PathLike)):  # a file object
             return super().get_file(rpath, lpath, callback=callback, outfile=outfile, **kwargs)
         rpath = self._strip_protocol(rpath)
         if self.isdir(rpath):
             os.makedirs(lpath, exist_ok=True)
             return None
         size = self._size(rpath)
+        os.makedirs(os.path.dirname(os.path.abspath(lpath)), exist_ok=True)
         callback.set_size(size)
         bucket, key = self.split_path(rpath)
         with open(lpath, "wb+") as f:
@@ -466,8 +468,11 @@ class GpufeedFileSystem(AbstractFileSystem):
         self.invalidate_cache(rpath)
 
     def cp_file(self, path1: str, path2: str, **kwargs) -> None:
-        """Copy an object (read, then put: the fast path has no server-side copy)."""
+        """Copy an object (read, then put: the fast path has no server-side copy);
+        a directory needs nothing (it is implied by the keys copied under it)."""
         path1, path2 = self._strip_protocol(path1), self._strip_protocol(path2)
+        if self.info(path1)["type"] == "directory":
+            return
         self.pipe_file(path2, self.cat_file(path1))
 
     def _open(self, path: str, mode: str = "rb", block_size=None, autocommit: bool = True,
@@ -642,6 +647,11 @@ class GpufeedFile(AbstractBufferedFile):
         with self.buffer.getbuffer() as data, _oserrors(self.path):
             self.fs.client.put(self.bucket, self.key, data)
         return True
+
+
+# the entry point finds the class in a process that never imported gpufeed; this
+# registers it in one that imported gpufeed from a tree not installed with it
+register_implementation(GpufeedFileSystem.protocol, GpufeedFileSystem, clobber=True)
 
 
 def gopen(url: str, mode: str = "rb", bufsize: int = 8192, **storage_options):
