@@ -41,24 +41,16 @@ import errno
 import mmap
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.registry import register_implementation
-from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+from fsspec.spec import AbstractFileSystem
 
-from ..errors import (
-    AccessError,
-    BucketAlreadyExists,
-    BucketAlreadyOwnedByYou,
-    BucketNotEmpty,
-    InvalidRange,
-    NotFoundError,
-)
+from ..errors import InvalidArgument, InvalidRange, NotFoundError
 from ._client import Client, ListEntry, ObjectMeta, ReadRequest, parse_url
+from ._fsfile import GpufeedFile, fs_error, oserrors
 
 __all__ = ["GpufeedFileSystem", "GpufeedFile", "gopen"]
 
@@ -69,30 +61,6 @@ _REGISTERED_MIN_BYTES = 256 << 10  # 256 KiB
 #: Items and bytes per batch read of :meth:`GpufeedFileSystem.cat_ranges`.
 _BATCH_ITEMS = 512
 _BATCH_BYTES = 64 << 20  # 64 MiB
-
-
-@contextmanager
-def _oserrors(path: str) -> Iterator[None]:
-    """Translate gpufeed's errors into the ``OSError`` family, naming ``path``."""
-    try:
-        yield
-    except NotFoundError as exc:
-        raise FileNotFoundError(errno.ENOENT, f"{exc}", path) from exc
-    except AccessError as exc:
-        raise PermissionError(errno.EACCES, f"{exc}", path) from exc
-    except (BucketAlreadyOwnedByYou, BucketAlreadyExists) as exc:
-        raise FileExistsError(errno.EEXIST, f"{exc}", path) from exc
-    except BucketNotEmpty as exc:
-        raise OSError(errno.ENOTEMPTY, f"{exc}", path) from exc
-
-
-def _fs_error(exc: BaseException, path: str) -> BaseException:
-    """The exception :func:`_oserrors` would raise for ``exc`` (for per-item results)."""
-    try:
-        with _oserrors(path):
-            raise exc
-    except BaseException as out:  # noqa: B036 - returned, never swallowed
-        return out
 
 
 def _file_info(bucket: str, key: str, size: int, etag: str, last_modified: float,
@@ -175,7 +143,7 @@ class GpufeedFileSystem(AbstractFileSystem):
             if conn is None or conn.closed or conn.lost_connection:
                 if conn is not None:
                     conn.close()
-                with _oserrors(self.endpoint):
+                with oserrors(self.endpoint):
                     conn = self._conn = Client(self.endpoint, **self._client_args)
             return conn
 
@@ -205,7 +173,7 @@ class GpufeedFileSystem(AbstractFileSystem):
         entries = None if refresh else self.dircache.get(path)
         if entries is None:
             bucket, key = self.split_path(path)
-            with _oserrors(path):
+            with oserrors(path):
                 if not bucket:
                     entries = [_dir_info(b) for b in self.client.list_buckets()]
                 else:
@@ -243,7 +211,7 @@ class GpufeedFileSystem(AbstractFileSystem):
             cached = self._ls_from_cache(path)  # FileNotFoundError: the cached parent lacks it
             if cached:
                 return cached[0]
-        with _oserrors(path):
+        with oserrors(path):
             if not key:  # NoSuchBucket / AccessDenied from the listing
                 next(iter(self.client.list(bucket, page_size=1)), None)
                 return _dir_info(bucket)
@@ -264,7 +232,7 @@ class GpufeedFileSystem(AbstractFileSystem):
             return super().find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
         prefix = f"{key}/" if key else ""
         out: dict[str, dict] = {}
-        with _oserrors(path):
+        with oserrors(path):
             for e in self.client.list(bucket, prefix):
                 if withdirs:
                     parts = e.key[len(prefix):].split("/")[:-1]
@@ -304,7 +272,10 @@ class GpufeedFileSystem(AbstractFileSystem):
         (the node writes into it: one copy, file to buffer), else a ``bytearray``."""
         client = self.client
         if nbytes >= _REGISTERED_MIN_BYTES and client.supports_registered_alloc:
-            return client.alloc(nbytes)
+            try:
+                return client.alloc(nbytes)
+            except InvalidArgument:  # the node's (or kernel's) shared memory is spent: read staged
+                pass
         return memoryview(bytearray(nbytes))
 
     def _size(self, path: str) -> int:
@@ -330,7 +301,7 @@ class GpufeedFileSystem(AbstractFileSystem):
             return b""
         bucket, key = self.split_path(path)
         buf = self._scratch(length)
-        with _oserrors(path):
+        with oserrors(path):
             try:
                 got = self.client.get_into(bucket, key, buf, offset=offset, length=length)
             except InvalidRange:  # offset at or past the end: an empty slice, as Python's
@@ -392,7 +363,7 @@ class GpufeedFileSystem(AbstractFileSystem):
         reqs = [ReadRequest(*self.split_path(p), buf, offset, n)
                 for (_, p, offset, n), buf in zip(batch, bufs)]
         errors: list = []
-        with _oserrors(batch[0][1]):
+        with oserrors(batch[0][1]):
             got = self.client.get_many_into(reqs, errors_out=errors)
         for (i, path, _, _), buf, n, err in zip(batch, bufs, got, errors):
             if err is None:
@@ -400,9 +371,9 @@ class GpufeedFileSystem(AbstractFileSystem):
             elif isinstance(err, InvalidRange):
                 out[i] = b""
             elif on_error == "return":
-                out[i] = _fs_error(err, path)
+                out[i] = fs_error(err, path)
             else:
-                raise _fs_error(err, path)
+                raise fs_error(err, path)
 
     def get_file(self, rpath: str, lpath: str, callback=DEFAULT_CALLBACK, outfile=None, **kwargs) -> None:
         """Download one object into a local file: the bytes land straight in
@@ -422,7 +393,7 @@ class GpufeedFileSystem(AbstractFileSystem):
                 return None
             f.truncate(size)
             with mmap.mmap(f.fileno(), size) as m:
-                with memoryview(m) as mv, _oserrors(rpath):
+                with memoryview(m) as mv, oserrors(rpath):
                     got = self.client.get_into(bucket, key, mv)
             if got < size:  # the object shrank meanwhile
                 f.truncate(got)
@@ -441,7 +412,7 @@ class GpufeedFileSystem(AbstractFileSystem):
         if mode == "create" and self.exists(path):
             raise FileExistsError(errno.EEXIST, "the object exists", path)
         bucket, key = self.split_path(path)
-        with _oserrors(path):
+        with oserrors(path):
             self.client.put(bucket, key, value, content_type=kwargs.get("content_type"))
         self.invalidate_cache(path)
 
@@ -458,7 +429,7 @@ class GpufeedFileSystem(AbstractFileSystem):
         size = os.path.getsize(lpath)
         callback.set_size(size)
         bucket, key = self.split_path(rpath)
-        with open(lpath, "rb") as f, _oserrors(rpath):
+        with open(lpath, "rb") as f, oserrors(rpath):
             if size == 0:
                 self.client.put(bucket, key, b"")
             else:
@@ -501,7 +472,7 @@ class GpufeedFileSystem(AbstractFileSystem):
             raise FileExistsError(errno.EEXIST, "the root exists", path)
         if not key or create_parents:
             try:
-                with _oserrors(bucket):
+                with oserrors(bucket):
                     self.client.create_bucket(bucket)
             except FileExistsError:
                 if not key:
@@ -527,7 +498,7 @@ class GpufeedFileSystem(AbstractFileSystem):
         """
         path = self._strip_protocol(path)
         bucket, key = self.split_path(path)
-        with _oserrors(path):
+        with oserrors(path):
             if not key:
                 self.client.delete_bucket(bucket)
             elif next(iter(self.client.list(bucket, f"{key}/", page_size=1)), None) is not None:
@@ -538,7 +509,7 @@ class GpufeedFileSystem(AbstractFileSystem):
         """Delete one object (a missing one is no error, as S3's DeleteObject)."""
         path = self._strip_protocol(path)
         bucket, key = self.split_path(path)
-        with _oserrors(path):
+        with oserrors(path):
             self.client.delete(bucket, key)
         self.invalidate_cache(path)
 
@@ -554,11 +525,11 @@ class GpufeedFileSystem(AbstractFileSystem):
         keys = [self.split_path(p) for p in paths]
         futures = [(f"{b}/{k}", self.client.submit_delete(b, k)) for b, k in keys if k]
         for name, fut in futures:
-            with _oserrors(name):
+            with oserrors(name):
                 fut.result()
             self.invalidate_cache(name)
         for bucket in sorted({b for b, k in keys if not k}):
-            with _oserrors(bucket):
+            with oserrors(bucket):
                 self.client.delete_bucket(bucket)
             self.invalidate_cache(bucket)
 
@@ -587,66 +558,6 @@ def _next_batch(todo: list) -> tuple[list, list]:
         total += todo[n][3]
         n += 1
     return todo[:n], todo[n:]
-
-
-class GpufeedFile(AbstractBufferedFile):
-    """A file of :class:`GpufeedFileSystem` (made by ``fs.open``).
-
-    Reading: fsspec's block caches (``cache_type``, default ``"readahead"``)
-    serve small reads; a read of at least ``block_size`` bytes skips the cache
-    and lands in the caller's buffer (``readinto``) or a new one (``read``).
-    Writing (``"wb"``, ``"ab"``, ``"xb"``): the bytes are buffered and written
-    with one atomic put at :meth:`close`.
-    """
-
-    def __init__(self, fs: GpufeedFileSystem, path: str, mode: str = "rb", **kwargs) -> None:
-        existing = b""
-        if mode == "ab":
-            try:
-                existing = fs.cat_file(path)
-            except FileNotFoundError:
-                pass
-        super().__init__(fs, path, mode, **kwargs)
-        self.bucket, self.key = fs.split_path(path)
-        if existing:
-            self.buffer.write(existing)
-            self.loc = len(existing)
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        return self.fs._read_range(self.path, start, min(end, self.size) - start)
-
-    def readinto(self, b) -> int:
-        """Read into ``b``; one of at least ``block_size`` bytes lands there
-        straight from the node, without the cache."""
-        out = memoryview(b).cast("B")
-        n = min(len(out), max(0, self.size - self.loc)) if self.mode == "rb" else 0
-        if n < self.blocksize or self.closed:
-            return super().readinto(b)
-        with _oserrors(self.path):
-            got = self.fs.client.get_into(self.bucket, self.key, out[:n], offset=self.loc)
-        self.loc += got
-        return got
-
-    def read(self, length: int = -1) -> bytes:
-        """Read ``length`` bytes (all that is left when negative)."""
-        if self.mode == "rb" and not self.closed:
-            n = max(0, self.size - self.loc) if length is None or length < 0 else length
-            n = min(n, max(0, self.size - self.loc))
-            if n >= self.blocksize:
-                buf = self.fs._scratch(n)
-                got = self.readinto(buf)
-                return bytes(buf[:got])
-        return super().read(length)
-
-    def _initiate_upload(self) -> None:
-        """Nothing to start: the object is written whole at close."""
-
-    def _upload_chunk(self, final: bool = False) -> bool:
-        if not final:
-            return False  # keep buffering: one atomic put at close
-        with self.buffer.getbuffer() as data, _oserrors(self.path):
-            self.fs.client.put(self.bucket, self.key, data)
-        return True
 
 
 # the entry point finds the class in a process that never imported gpufeed; this
