@@ -184,6 +184,14 @@ def test_cat_ranges_batches_many_ranges_and_returns_errors(fs, bucket):
     with pytest.raises(FileNotFoundError):
         fs.cat_ranges([f"{bucket}/s/missing"], 0, 10, on_error="raise")
     assert fs.cat([paths[0], paths[1]]) == {paths[0]: blobs[paths[0]], paths[1]: blobs[paths[1]]}
+    assert fs.cat(f"{bucket}/s/000*") == {p: blobs[p] for p in paths[:10]}
+    assert fs.cat(f"{bucket}/s", recursive=True) == blobs
+    assert fs.cat_ranges(paths[:3], -5, None) == [blobs[p][-5:] for p in paths[:3]]  # sizes: heads in flight
+    with pytest.raises(FileNotFoundError):
+        fs.cat([paths[0], f"{bucket}/s/missing"])
+    got = fs.cat([paths[0], f"{bucket}/s/missing"], on_error="return")
+    assert isinstance(got[f"{bucket}/s/missing"], FileNotFoundError)
+    assert fs.cat([paths[0], f"{bucket}/s/missing"], on_error="omit") == {paths[0]: blobs[paths[0]]}
 
 
 def test_open_read_seek_readinto_and_large_reads(fs, bucket):

@@ -284,13 +284,14 @@ class GpufeedFileSystem(AbstractFileSystem):
             raise IsADirectoryError(errno.EISDIR, "a directory has no bytes", path)
         return info["size"]
 
-    def _span(self, path: str, start: int | None, end: int | None) -> tuple[int, int]:
+    def _span(self, path: str, start: int | None, end: int | None,
+              size: int | None = None) -> tuple[int, int]:
         """``(offset, length)`` of the slice ``[start:end]`` of an object; looks
-        its size up only for a negative or missing bound."""
+        its size up (unless given) only for a negative or missing bound."""
         start = start or 0
         if start >= 0 and end is not None and end >= 0:
             return start, max(0, end - start)
-        size = self._size(path)
+        size = self._size(path) if size is None else size
         start = max(0, size + start) if start < 0 else min(start, size)
         end = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
         return start, max(0, end - start)
@@ -342,10 +343,15 @@ class GpufeedFileSystem(AbstractFileSystem):
             raise ValueError("paths, starts and ends differ in length")
         out: list = [b""] * len(paths)
         todo: list[tuple[int, str, int, int]] = []
+        paths = [self._strip_protocol(p) for p in paths]
+        sizes = self._sizes([p for p, s, e in zip(paths, starts, ends)
+                             if e is None or e < 0 or (s is not None and s < 0)])
         for i, (path, start, end) in enumerate(zip(paths, starts, ends)):
-            path = self._strip_protocol(path)
             try:
-                offset, length = self._span(path, start, end)
+                size = sizes.get(path)
+                if isinstance(size, BaseException):
+                    raise size
+                offset, length = self._span(path, start, end, size)
             except Exception as exc:
                 if on_error != "return":
                     raise
@@ -357,6 +363,41 @@ class GpufeedFileSystem(AbstractFileSystem):
             batch, todo = _next_batch(todo)
             self._read_batch(batch, out, on_error)
         return out
+
+    def _sizes(self, paths: list[str]) -> dict[str, int | BaseException]:
+        """Sizes of objects, from the listing cache or heads all in flight at once
+        (an entry is the error for an object that cannot be had)."""
+        out: dict[str, int | BaseException] = {}
+        futures = {}
+        for path in dict.fromkeys(paths):
+            try:
+                cached = self._ls_from_cache(path) if self.split_path(path)[1] else None
+            except FileNotFoundError as exc:
+                out[path] = exc
+                continue
+            if cached and len(cached) == 1 and cached[0]["name"] == path and cached[0]["type"] == "file":
+                out[path] = cached[0]["size"]
+            else:
+                futures[path] = self.client.submit_head(*self.split_path(path))
+        for path, fut in futures.items():
+            try:
+                out[path] = fut.result().size
+            except Exception as exc:
+                out[path] = fs_error(exc, path)
+        return out
+
+    def cat(self, path, recursive: bool = False, on_error: str = "raise", **kwargs):
+        """Whole objects: one, or ``{path: bytes}`` of many (a list, a glob,
+        ``recursive``), the many read with :meth:`cat_ranges` (heads in flight
+        together, then batched reads)."""
+        paths = self.expand_path(path, recursive=recursive)
+        if len(paths) == 1 and not isinstance(path, list) and paths[0] == self._strip_protocol(path):
+            return self.cat_file(paths[0], **kwargs)
+        if recursive:  # the expansion holds directories too: each is the parent of something in it
+            parents = {p.rpartition("/")[0] for p in paths}
+            paths = [p for p in paths if p not in parents]
+        data = self.cat_ranges(paths, None, None, on_error="return" if on_error != "raise" else "raise")
+        return {p: d for p, d in zip(paths, data) if on_error != "omit" or not isinstance(d, BaseException)}
 
     def _read_batch(self, batch: list[tuple[int, str, int, int]], out: list, on_error: str) -> None:
         bufs = [memoryview(bytearray(n)) for _, _, _, n in batch]
