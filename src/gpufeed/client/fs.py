@@ -56,8 +56,8 @@ __all__ = ["GpufeedFileSystem", "GpufeedFile", "gopen"]
 
 #: The environment variable naming the node when no ``endpoint`` is given.
 URL_ENV = "GPUFEED_URL"
-#: Reads at least this large go into the client's registered memory on shm.
-_REGISTERED_MIN_BYTES = 256 << 10  # 256 KiB
+#: Reads at least this large go into the client's pooled memory (``Client.alloc``).
+_POOLED_MIN_BYTES = 256 << 10  # 256 KiB
 #: Items and bytes per batch read of :meth:`GpufeedFileSystem.cat_ranges`.
 _BATCH_ITEMS = 512
 _BATCH_BYTES = 64 << 20  # 64 MiB
@@ -268,12 +268,13 @@ class GpufeedFileSystem(AbstractFileSystem):
 
     # --- reads -------------------------------------------------------------------------
     def _scratch(self, nbytes: int) -> memoryview:
-        """Memory for an ``nbytes`` read: the client's registered memory on shm
-        (the node writes into it: one copy, file to buffer), else a ``bytearray``."""
-        client = self.client
-        if nbytes >= _REGISTERED_MIN_BYTES and client.supports_registered_alloc:
+        """Memory for an ``nbytes`` read. From 256 KiB it is the client's pooled
+        memory (:meth:`Client.alloc`): already faulted in when reused (fresh
+        pages cost about as much as the read on small VMs), and on shm the node
+        writes into it directly (one copy, file to buffer). Smaller: a ``bytearray``."""
+        if nbytes >= _POOLED_MIN_BYTES:
             try:
-                return client.alloc(nbytes)
+                return self.client.alloc(nbytes)
             except InvalidArgument:  # the node's (or kernel's) shared memory is spent: read staged
                 pass
         return memoryview(bytearray(nbytes))
@@ -359,9 +360,12 @@ class GpufeedFileSystem(AbstractFileSystem):
                 continue
             if length > 0:
                 todo.append((i, path, offset, length))
-        while todo:
+        batches = []
+        while todo:  # every batch in flight at once; each lands in one buffer
             batch, todo = _next_batch(todo)
-            self._read_batch(batch, out, on_error)
+            batches.append(self._submit_batch(batch))
+        for batch, scratch, fut, errors in batches:
+            self._finish_batch(batch, scratch, fut, errors, out, on_error)
         return out
 
     def _sizes(self, paths: list[str]) -> dict[str, int | BaseException]:
@@ -399,14 +403,24 @@ class GpufeedFileSystem(AbstractFileSystem):
         data = self.cat_ranges(paths, None, None, on_error="return" if on_error != "raise" else "raise")
         return {p: d for p, d in zip(paths, data) if on_error != "omit" or not isinstance(d, BaseException)}
 
-    def _read_batch(self, batch: list[tuple[int, str, int, int]], out: list, on_error: str) -> None:
-        bufs = [memoryview(bytearray(n)) for _, _, _, n in batch]
-        reqs = [ReadRequest(*self.split_path(p), buf, offset, n)
-                for (_, p, offset, n), buf in zip(batch, bufs)]
+    def _submit_batch(self, batch: list[tuple[int, str, int, int]]) -> tuple:
+        """Start one batch read; every range lands in its slice of one buffer."""
+        scratch = self._scratch(sum(n for _, _, _, n in batch))
+        reqs, at = [], 0
+        for _, path, offset, n in batch:
+            reqs.append(ReadRequest(*self.split_path(path), scratch[at:at + n], offset, n))
+            at += n
         errors: list = []
         with oserrors(batch[0][1]):
-            got = self.client.get_many_into(reqs, errors_out=errors)
-        for (i, path, _, _), buf, n, err in zip(batch, bufs, got, errors):
+            return batch, scratch, self.client.submit_get_many_into(reqs, errors_out=errors), errors
+
+    def _finish_batch(self, batch: list, scratch: memoryview, fut, errors: list, out: list,
+                      on_error: str) -> None:
+        with oserrors(batch[0][1]):
+            got = fut.result()
+        at = 0
+        for (i, path, _, want), n, err in zip(batch, got, errors):
+            buf, at = scratch[at:at + want], at + want
             if err is None:
                 out[i] = bytes(buf[:n])
             elif isinstance(err, InvalidRange):
