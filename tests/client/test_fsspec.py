@@ -141,6 +141,14 @@ def test_missing_things_are_file_not_found(fs, bucket):
             fs.open(path, "rb")
     with pytest.raises(FileNotFoundError):
         fs.ls(f"{bucket}/nope")
+    fs.pipe(f"{bucket}/dir/k", b"v")
+    with pytest.raises(IsADirectoryError):
+        fs.open(f"{bucket}/dir", "rb")
+    with pytest.raises(IsADirectoryError):
+        fs.cat_file(f"{bucket}/dir")
+    with pytest.raises(FileNotFoundError):
+        fs.pipe({f"{bucket}/ok": b"1", f"{bucket}-missing/k": b"2"})
+    assert fs.cat_file(f"{bucket}/ok") == b"1"
     with pytest.raises(FileNotFoundError):
         fs.ls(f"{bucket}-missing")
     fs.rm(f"{bucket}/nope")  # as S3's DeleteObject (and s3fs): a missing key is no error

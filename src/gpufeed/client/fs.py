@@ -456,6 +456,23 @@ class GpufeedFileSystem(AbstractFileSystem):
         return None
 
     # --- writes ------------------------------------------------------------------------
+    def pipe(self, path, value=None, **kwargs) -> None:
+        """Write one object (``path``, ``value``) or many (``{path: bytes}``, all
+        puts in flight at once; each is atomic, the set is not)."""
+        if not isinstance(path, dict):
+            return super().pipe(path, value, **kwargs)
+        if kwargs.get("mode") == "create":
+            return super().pipe(path, **kwargs)
+        futures = []
+        for name, data in path.items():
+            name = self._strip_protocol(name)
+            futures.append((name, self.client.submit_put(*self.split_path(name), data)))
+        for name, fut in futures:
+            with oserrors(name):
+                fut.result()
+            self.invalidate_cache(name)
+        return None
+
     def pipe_file(self, path: str, value, mode: str = "overwrite", **kwargs) -> None:
         """Write ``value`` (any buffer) as the whole object, atomically.
 
@@ -508,6 +525,11 @@ class GpufeedFileSystem(AbstractFileSystem):
             if self.exists(path):
                 raise FileExistsError(errno.EEXIST, "the object exists", path)
             mode = "wb"
+        if mode == "rb" and kwargs.get("size") is None:
+            info = self.info(path)
+            if info["type"] != "file":
+                raise IsADirectoryError(errno.EISDIR, "a directory cannot be opened", path)
+            kwargs["size"] = info["size"]
         return GpufeedFile(self, path, mode, block_size=block_size, autocommit=autocommit,
                            cache_options=cache_options, **kwargs)
 
