@@ -112,7 +112,7 @@ def test_ls_info_find_glob(fs, bucket):
                                               f"{bucket}/a/x.bin", f"{bucket}/top.txt"]
     assert fs.find(f"{bucket}/a", maxdepth=1) == [f"{bucket}/a/x.bin"]
     assert fs.find(f"{bucket}/a/x.bin") == [f"{bucket}/a/x.bin"]
-    assert fs.find(f"{bucket}/nothing") == []
+    assert fs.find(f"{bucket}/nothing") == [] and fs.find(f"{bucket}-missing") == []
     assert fs.glob(f"{bucket}/**/*.bin") == [f"{bucket}/a/b/y.bin", f"{bucket}/a/x.bin"]
     assert fs.glob(f"gpufeed://{bucket}/*.txt") == [f"{bucket}/top.txt"]
     assert fs.du(bucket) == 14

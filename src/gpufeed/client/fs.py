@@ -225,23 +225,28 @@ class GpufeedFileSystem(AbstractFileSystem):
     def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False,
              detail: bool = False, **kwargs):
         """Every object under ``path`` (and its directories with ``withdirs``),
-        from one flat listing of the bucket's prefix rather than a walk."""
+        from one flat listing of the bucket's prefix rather than a walk; none
+        for a missing bucket or path, as fsspec's ``find``."""
         path = self._strip_protocol(path)
         bucket, key = self.split_path(path)
         if maxdepth is not None or not bucket:
             return super().find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
         prefix = f"{key}/" if key else ""
         out: dict[str, dict] = {}
-        with oserrors(path):
-            for e in self.client.list(bucket, prefix):
-                if withdirs:
-                    parts = e.key[len(prefix):].split("/")[:-1]
-                    for i in range(1, len(parts) + 1):
-                        name = "/".join([path, *parts[:i]])
-                        out.setdefault(name, _dir_info(name))
-                if not e.key.endswith("/"):
-                    info = _entry_info(bucket, e)
-                    out[info["name"]] = info
+        try:
+            with oserrors(path):
+                entries = list(self.client.list(bucket, prefix))
+        except FileNotFoundError:
+            return {} if detail else []
+        for e in entries:
+            if withdirs:
+                parts = e.key[len(prefix):].split("/")[:-1]
+                for i in range(1, len(parts) + 1):
+                    name = "/".join([path, *parts[:i]])
+                    out.setdefault(name, _dir_info(name))
+            if not e.key.endswith("/"):
+                info = _entry_info(bucket, e)
+                out[info["name"]] = info
         if out or not key:
             if withdirs:
                 out[path] = _dir_info(path)
