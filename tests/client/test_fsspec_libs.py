@@ -1,6 +1,7 @@
 """Data libraries read and write a real node by ``gpufeed://`` URL through the
 fsspec filesystem: pandas (parquet, CSV), pyarrow (parquet, datasets), zarr v3,
-Hugging Face ``datasets`` (downloaded and streaming) and webdataset shards."""
+Hugging Face ``datasets`` (downloaded and streaming), webdataset shards, and a
+torch DataLoader whose forked workers read through it."""
 
 from __future__ import annotations
 
@@ -114,3 +115,26 @@ def test_webdataset_reads_tar_shards_by_url(options, fs, bucket, monkeypatch):
     samples = list(wds.WebDataset(urls, shardshuffle=False).decode())
     assert [s["__key__"] for s in samples] == [f"s{a}-{i}" for a in range(2) for i in range(4)]
     assert samples[5]["txt"] == "sample 1-1" and samples[5]["cls"] == 1
+
+
+class _Objects:
+    """A map-style dataset of whole objects, read through the filesystem it holds."""
+
+    def __init__(self, fs: GpufeedFileSystem, paths: list[str]) -> None:
+        self.fs, self.paths = fs, paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> bytes:
+        return self.fs.cat_file(self.paths[i])
+
+
+def test_torch_dataloader_workers_read_through_the_filesystem(fs, bucket):
+    torch_data = pytest.importorskip("torch.utils.data")
+    blobs = {f"{bucket}/samples/{i:03d}": bytes([i]) * (100 + i) for i in range(24)}
+    fs.pipe(blobs)
+    fs.cat_file(next(iter(blobs)))  # the parent's connection is open before the workers fork
+    loader = torch_data.DataLoader(_Objects(fs, sorted(blobs)), batch_size=4, num_workers=2,
+                                   collate_fn=list, persistent_workers=False)
+    assert [b for batch in loader for b in batch] == [blobs[p] for p in sorted(blobs)]

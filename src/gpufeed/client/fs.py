@@ -44,9 +44,13 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
-from fsspec.callbacks import DEFAULT_CALLBACK
-from fsspec.registry import register_implementation
-from fsspec.spec import AbstractFileSystem
+try:
+    from fsspec.callbacks import DEFAULT_CALLBACK
+    from fsspec.registry import register_implementation
+    from fsspec.spec import AbstractFileSystem
+except ModuleNotFoundError as exc:  # pragma: no cover - the extra is missing
+    raise ModuleNotFoundError(f"gpufeed:// URLs need fsspec ({exc}): pip install 'gpufeed[fsspec]'",
+                              name=exc.name) from exc
 
 from ..errors import InvalidArgument, InvalidRange, NotFoundError
 from ._client import Client, ListEntry, ObjectMeta, ReadRequest, parse_url
