@@ -271,9 +271,13 @@ def test_failed_write_leaves_nothing(fs, bucket):
         with fs.open(path, "wb") as f:
             f.write(b"partial")
             raise RuntimeError("boom")
-    # fsspec still flushes on close after an exception in the with-body (its design);
-    # what must hold is that the object is either whole or absent, never partial
-    assert not fs.exists(path) or fs.cat_file(path) == b"partial"
+    assert not fs.exists(path)
+    fs.pipe_file(path, b"old")
+    with pytest.raises(RuntimeError):
+        with fs.open(path, "ab") as f:
+            f.write(b" and new")
+            raise RuntimeError("boom")
+    assert fs.cat_file(path) == b"old"
 
 
 def test_put_get_copy_move(fs, bucket, tmp_path):

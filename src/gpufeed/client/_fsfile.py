@@ -49,7 +49,8 @@ class GpufeedFile(AbstractBufferedFile):
     serve small reads; a read of at least ``block_size`` bytes skips the cache
     and lands in the caller's buffer (``readinto``) or a new one (``read``).
     Writing (``"wb"``, ``"ab"``, ``"xb"``): the bytes are buffered and written
-    with one atomic put at :meth:`close`.
+    with one atomic put at :meth:`close`; a ``with`` block that raises writes
+    nothing.
     """
 
     def __init__(self, fs: GpufeedFileSystem, path: str, mode: str = "rb", **kwargs) -> None:
@@ -90,6 +91,13 @@ class GpufeedFile(AbstractBufferedFile):
                 got = self.readinto(buf)
                 return bytes(buf[:got])
         return super().read(length)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Close; a file being written whose ``with`` body raised is discarded
+        (nothing is written) rather than put half-written."""
+        if exc_type is not None and self.mode != "rb":
+            self.forced = True  # close() then skips the final flush, the one put
+        self.close()
 
     def _initiate_upload(self) -> None:
         """Nothing to start: the object is written whole at close."""
