@@ -49,7 +49,7 @@ __all__ = ["SqliteCatalog", "SCHEMA_VERSION"]
 
 _MMAP_BYTES = 256 << 20  # 256 MiB of the catalog file mapped per connection
 _BUSY_TIMEOUT_S = 30.0
-_OBJECT_CACHE_ROWS = 4096  # rows each reading thread keeps in SqliteCatalog.object's cache
+_OBJECT_CACHE_ROWS = 1024  # rows each reading thread keeps in SqliteCatalog.object's cache (about 1 MB)
 
 _BUCKET_COLS = ("SELECT name, created, kind, capacity_bytes, ttl_s, versioning, object_lock, lock_mode,"
                 " lock_days, lock_years, owner, etag_policy FROM buckets")
