@@ -5,10 +5,13 @@ Each batch leaves its DataLoader worker tagged with the worker's id and the
 position, in that worker's sample stream, of the batch's last sample (the
 collate function is wrapped; the tag is stripped before the batch is
 yielded, after ``pin_memory``). The loader keeps the latest position per
-worker; :meth:`ResumableLoader.state_dict` saves them with the epoch, and a
-loader restored from it makes each worker skip exactly the samples it had
-delivered. With a map-style dataset the position is the number of indices
-of the sampler consumed.
+worker and which worker it would ask next; :meth:`ResumableLoader.state_dict`
+saves them with the epoch, and a loader restored from it makes each worker
+skip exactly the samples it had delivered, its workers taking the roles
+rotated so that the round-robin continues where it stopped (DataLoader asks
+its workers in a fixed cycle, and a worker with no more samples is passed
+over, so the order of batches depends only on each worker's stream). With a
+map-style dataset the position is the number of sampler indices consumed.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ class _TagCollate:
         self.collate, self.uid = collate, uid
 
     def __call__(self, samples):
-        pos = stream_positions.get(self.uid, -1) if self.uid is not None else -1
-        return _Tagged(self.collate(samples), worker()[0], pos)
+        wid, pos = stream_positions.get(self.uid, (worker()[0], -1)) if self.uid is not None else (0, -1)
+        return _Tagged(self.collate(samples), wid, pos)
 
 
 class ResumableLoader(torch.utils.data.DataLoader):
@@ -90,6 +93,7 @@ class ResumableLoader(torch.utils.data.DataLoader):
         collate = kwargs.pop("collate_fn", None) or (default_collate if batched else default_convert)
         super().__init__(dataset, collate_fn=_TagCollate(collate, uid), **kwargs)
         self._positions: list[int] = []
+        self._next_worker = 0
         self._consumed = 0
         self._pending: dict | None = None
 
@@ -113,7 +117,8 @@ class ResumableLoader(torch.utils.data.DataLoader):
         pending, self._pending = self._pending, None
         if self._shards is not None:
             self._positions = list(pending["positions"]) if pending else [0] * max(1, self.num_workers)
-            self._shards.set_resume(self._positions if pending else None)
+            self._next_worker = pending["next_worker"] if pending else 0
+            self._shards.set_resume(self._positions if pending else None, self._next_worker)
         else:
             assert self._rsampler is not None
             self._consumed = pending["consumed"] if pending else 0
@@ -122,6 +127,7 @@ class ResumableLoader(torch.utils.data.DataLoader):
         for tagged in super().__iter__():
             if self._shards is not None:
                 self._positions[tagged.worker] = max(self._positions[tagged.worker], tagged.position)
+                self._next_worker = (tagged.worker + 1) % len(self._positions)
             else:
                 self._consumed += per_batch
             yield tagged.batch
@@ -137,8 +143,8 @@ class ResumableLoader(torch.utils.data.DataLoader):
         "dataset": the dataset's state}``; all plain values (picklable, savable
         with :func:`gpufeed.ai.save`)."""
         if self._shards is not None:
-            return {"epoch": self.epoch, "num_workers": self.num_workers,
-                    "dataset": self._shards.state_dict(), "positions": list(self._positions)}
+            return {"epoch": self.epoch, "num_workers": self.num_workers, "dataset": self._shards.state_dict(),
+                    "positions": list(self._positions), "next_worker": self._next_worker}
         assert self._objects is not None
         return {"epoch": self.epoch, "num_workers": self.num_workers, "dataset": self._objects.state_dict(),
                 "consumed": self._consumed, "sampler": self._sampler_settings()}

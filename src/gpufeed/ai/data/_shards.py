@@ -25,11 +25,13 @@ __all__ = ["ShardDataset", "MAX_WORKERS", "stream_positions"]
 
 #: DataLoader workers a :class:`ShardDataset` can resume (the shared position table's size).
 MAX_WORKERS = 256
-_EPOCH, _RESUME = 0, 1  # slots of the shared table; worker w's resume position is at 2 + w
+# slots of the shared table; logical worker w's resume position is at _POSITIONS + w
+_EPOCH, _RESUME, _FIRST, _POSITIONS = 0, 1, 2, 3
 
-#: Raw-stream position of the sample each dataset (by uid) yielded last in this
-#: process; the loader's collate wrapper reads it (same worker process, right after).
-stream_positions: dict[str, int] = {}
+#: ``(logical worker, raw-stream position)`` of the sample each dataset (by uid)
+#: yielded last in this process; the loader's collate wrapper reads it (same
+#: worker process, right after).
+stream_positions: dict[str, tuple[int, int]] = {}
 
 
 class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
@@ -106,7 +108,7 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
         self.units = [[it] for it in listed] if format == "tar" else _sample_groups(listed)
         self._fingerprint = fingerprint(listed)
         self._uid = uuid.uuid4().hex
-        self._shared = torch.zeros(2 + MAX_WORKERS, dtype=torch.int64).share_memory_()
+        self._shared = torch.zeros(_POSITIONS + MAX_WORKERS, dtype=torch.int64).share_memory_()
 
     # --- epochs and positions -----------------------------------------------------------
     @property
@@ -122,30 +124,41 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
         self._shared[_EPOCH] = epoch
         self.set_resume(None)
 
-    def set_resume(self, positions: list[int] | None) -> None:
-        """Start the next iteration part-way: worker ``k`` skips the first
-        ``positions[k]`` samples of its stream (``None``: start at the beginning).
-        :class:`~gpufeed.ai.data.ResumableLoader` calls this from its saved state.
+    def set_resume(self, positions: list[int] | None, first: int = 0) -> None:
+        """Start the next iteration part-way: logical worker ``k`` skips the
+        first ``positions[k]`` samples of its stream, and DataLoader worker
+        ``j`` plays logical worker ``(j + first) % len(positions)`` (DataLoader
+        asks its workers for batches round-robin from worker 0, so ``first`` is
+        the worker the interrupted run would have asked next). ``None``: start
+        at the beginning. :class:`~gpufeed.ai.data.ResumableLoader` calls this
+        from its saved state.
 
         Raises:
-            InvalidArgument: more than :data:`MAX_WORKERS` positions, or a negative one.
+            InvalidArgument: more than :data:`MAX_WORKERS` positions, a negative
+                one, or ``first`` not a worker.
         """
         if positions is None:
             self._shared[_RESUME] = 0
             return
         if len(positions) > MAX_WORKERS or any(type(p) is not int or p < 0 for p in positions):
             raise InvalidArgument(f"need at most {MAX_WORKERS} positions, each an int >= 0")
-        self._shared[2:2 + len(positions)] = torch.tensor(positions, dtype=torch.int64)
+        if type(first) is not int or not 0 <= first < max(1, len(positions)):
+            raise InvalidArgument(f"first must be a worker index: {first!r}")
+        self._shared[_POSITIONS:_POSITIONS + len(positions)] = torch.tensor(positions, dtype=torch.int64)
+        self._shared[_FIRST] = first
         self._shared[_RESUME] = len(positions)
 
-    def _resume_position(self, wid: int, nworkers: int) -> int:
+    def _logical_worker(self) -> tuple[int, int, int]:
+        """``(logical worker, workers, samples to skip)`` for the iteration starting here."""
+        wid, nworkers = worker()
         saved = int(self._shared[_RESUME])
         if saved == 0:
-            return 0
+            return wid, nworkers, 0
         if saved != nworkers:
             raise InvalidArgument(f"the saved position is for {saved} DataLoader workers, "
                                   f"this loader has {nworkers}: resume with the same num_workers")
-        return int(self._shared[2 + wid])
+        wid = (wid + int(self._shared[_FIRST])) % nworkers
+        return wid, nworkers, int(self._shared[_POSITIONS + wid])
 
     def state_dict(self) -> dict:
         """The dataset's part of a saved position: its epoch, order settings and
@@ -176,9 +189,8 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
         return split(split(order, self.rank, self.world_size, even=self.even), wid, nworkers)
 
     def __iter__(self) -> Iterator[Any]:
-        wid, nworkers = worker()
+        wid, nworkers, skip = self._logical_worker()
         epoch = self.epoch
-        skip = self._resume_position(wid, nworkers)
         mine = self.my_units(epoch, wid, nworkers)
         if self.format == "tar":
             gen = rng(self.seed, epoch, self.rank, wid)
@@ -191,7 +203,7 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
             if pos <= skip:
                 continue
             sample = self.decode_or_skip(self.decode, raw, unit[0].key, functools.partial(self._reread, unit, raw))
-            stream_positions[self._uid] = pos
+            stream_positions[self._uid] = (wid, pos)
             if sample is not SKIP:
                 yield sample
 

@@ -1,0 +1,305 @@
+"""gpufeed.ai.data against a live node: ObjectDataset and ShardDataset through
+real DataLoaders with workers, distributed sampling, batched reads, bounded
+read-ahead and mid-epoch resume through the checkpoint API (docs/training-data.md)."""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import uuid
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from gpufeed.ai import checkpoint as ck
+from gpufeed.ai.data import ObjectDataset, ReadLimits, ResumableLoader, ShardDataset, write_shard
+from gpufeed.ai.data._fetch import Reader
+from gpufeed.client import Client
+from gpufeed.errors import InvalidArgument
+
+BUCKET = "data-tests"
+N_OBJECTS = 48
+N_SHARDS, PER_SHARD = 9, 7
+
+# a DataLoader with pin_memory=True on a machine without an accelerator warns and skips pinning
+no_accel_warning = pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
+# more workers than this 2-core machine's CPUs is what these tests mean to check
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+def payload(i: int, size: int = 200) -> bytes:
+    return i.to_bytes(4, "little") * (size // 4)
+
+
+@pytest.fixture(scope="module")
+def data(node):
+    """One prefix of sample objects and one of tar shards: ``(objects_url, shards_url, raw_url)``."""
+    prefix = uuid.uuid4().hex[:8]
+    with Client(node.tcp_url) as c:
+        try:
+            c.create_bucket(BUCKET)
+        except Exception:  # noqa: BLE001 - made by an earlier module of the session
+            pass
+        for i in range(N_OBJECTS):
+            c.put(BUCKET, f"{prefix}/objs/{i:05d}.bin", payload(i, 100 + 4 * i))
+        for s in range(N_SHARDS):
+            samples = [{"__key__": f"s{s:02d}/{j:03d}", "cls": str(s * PER_SHARD + j),
+                        "bin": payload(s * PER_SHARD + j, 1000)} for j in range(PER_SHARD)]
+            c.put(BUCKET, f"{prefix}/shards/{s:05d}.tar", write_shard(samples))
+        for i in range(20):  # raw sample objects: two files per sample
+            c.put(BUCKET, f"{prefix}/raw/{i:04d}.cls", str(i).encode())
+            c.put(BUCKET, f"{prefix}/raw/{i:04d}.bin", payload(i, 64))
+    base = f"{node.tcp_url}/{BUCKET}/{prefix}"
+    return f"{base}/objs/", f"{base}/shards/", f"{base}/raw/"
+
+
+def cls_of(sample: dict) -> int:
+    return int(sample["cls"])
+
+
+def all_cls() -> list[int]:
+    return list(range(N_SHARDS * PER_SHARD))
+
+
+# --- ObjectDataset -----------------------------------------------------------------------
+def test_object_dataset_lists_once_in_key_order_and_reads(data, node):
+    ds = ObjectDataset(data[0], decode=lambda mv: int.from_bytes(mv[:4], "little"))
+    assert len(ds) == N_OBJECTS
+    assert ds.keys == sorted(ds.keys) and ds.keys[0].endswith("objs/00000.bin")
+    assert [ds[i] for i in (0, 5, -1)] == [0, 5, N_OBJECTS - 1]
+    with pytest.raises(IndexError):
+        ds[N_OBJECTS]
+    raw = ObjectDataset(f"{node.shm_url}/{BUCKET}", data[0].split(f"/{BUCKET}/", 1)[1])
+    assert raw[7] == payload(7, 128) and len(raw) == N_OBJECTS
+
+
+def test_object_dataset_batches_small_reads_into_get_many_into(data):
+    ds = ObjectDataset(data[0], limits=ReadLimits(batch_bytes=2048, batch_items=8))
+    client = ds.source.client()
+    calls = collections.Counter()
+    for name in ("submit_get_many_into", "submit_get_into"):
+        real = getattr(client, name)
+
+        def spy(*a, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+        setattr(client, name, spy)
+    got = ds.__getitems__(list(range(16)))
+    assert got == [payload(i, 100 + 4 * i) for i in range(16)]
+    # 16 objects of 100-160 bytes, at most 8 per group: two round trips, no single reads
+    assert calls == {"submit_get_many_into": 2}
+
+
+@no_accel_warning
+def test_object_dataset_through_dataloader_workers_epochs(data):
+    ds = ObjectDataset(data[0], decode=lambda mv: int.from_bytes(mv[:4], "little"))
+    sampler = ds.sampler(shuffle=True, seed=7)
+    dl = DataLoader(ds, batch_size=5, sampler=sampler, num_workers=2, persistent_workers=True,
+                    pin_memory=True)
+    orders = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        got = [int(x) for b in dl for x in b]
+        assert sorted(got) == list(range(N_OBJECTS))
+        orders.append(got)
+    assert orders[0] != orders[1]
+    again = ds.sampler(shuffle=True, seed=7)
+    assert [int(x) for b in DataLoader(ds, batch_size=5, sampler=again) for x in b] == orders[0]
+
+
+def test_resumable_sampler_splits_ranks_disjointly_with_one_permutation(data):
+    ds = ObjectDataset(data[0])
+    for world in (1, 3, 5):
+        parts = [ds.sampler(seed=3, rank=r, world_size=world) for r in range(world)]
+        for p in parts:
+            p.set_epoch(2)
+        idx = [list(p) for p in parts]
+        flat = [i for part in idx for i in part]
+        assert sorted(flat) == list(range(N_OBJECTS))  # no gaps, no duplicates
+        whole = ds.sampler(seed=3, rank=0, world_size=1)
+        whole.set_epoch(2)
+        assert [idx[k % world][k // world] for k in range(N_OBJECTS)] == list(whole)
+        assert [len(p) for p in parts] == [len(i) for i in idx]
+    even = [list(ds.sampler(rank=r, world_size=5, drop_last=True)) for r in range(5)]
+    assert {len(e) for e in even} == {N_OBJECTS // 5}
+
+
+# --- ShardDataset --------------------------------------------------------------------------
+def test_shard_dataset_reads_every_sample_once(data):
+    ds = ShardDataset(data[1], shuffle_buffer=10)
+    assert ds.format == "tar" and len(ds.units) == N_SHARDS
+    got = [cls_of(s) for s in ds]
+    assert sorted(got) == all_cls() and got != all_cls()
+    s = next(iter(ShardDataset(data[1], shuffle=False)))
+    assert s["__key__"] == "s00/000" and s["bin"] == payload(0, 1000) and s["__url__"].endswith("00000.tar")
+
+
+def test_shard_dataset_over_raw_sample_objects(data):
+    ds = ShardDataset(data[2], decode=lambda s: (int(s["cls"]), s["bin"]))
+    assert ds.format == "objects" and len(ds.units) == 20
+    got = sorted(ds)
+    assert got == [(i, payload(i, 64)) for i in range(20)]
+
+
+@no_accel_warning
+@pytest.mark.parametrize("kind", [1, 2])
+def test_shard_dataset_dataloader_persistent_workers_see_set_epoch(data, kind):
+    url = data[kind]
+    ds = ShardDataset(url, decode=cls_of, shuffle_buffer=5, seed=11)
+    dl = DataLoader(ds, batch_size=4, num_workers=3, persistent_workers=True, pin_memory=True)
+    total = N_SHARDS * PER_SHARD if kind == 1 else 20
+    orders = []
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        got = [int(x) for b in dl for x in b]
+        assert sorted(got) == list(range(total))
+        orders.append(got)
+    assert len({tuple(o) for o in orders}) == 3  # each epoch its own order: the workers saw set_epoch
+    ds.set_epoch(1)
+    assert [int(x) for b in dl for x in b] == orders[1]  # and the order is a function of the epoch
+
+
+@pytest.mark.parametrize("kind", [1, 2])
+@pytest.mark.parametrize("world,workers", [(1, 4), (2, 3), (4, 2), (3, 5)])
+def test_ranks_and_workers_split_without_duplicates_or_gaps(data, kind, world, workers):
+    url = data[kind]
+    seen: list[str] = []
+    for rank in range(world):
+        ds = ShardDataset(url, rank=rank, world_size=world, seed=5, shuffle_buffer=4)
+        ds.set_epoch(3)
+        for w in range(workers):
+            for i in ds.my_units(3, w, workers):
+                seen += [it.key for it in ds.units[i]]
+    keys = [it.key for u in ShardDataset(url).units for it in u]
+    assert sorted(seen) == sorted(keys)
+
+
+def test_every_rank_computes_the_same_shard_permutation(data, monkeypatch):
+    world = 3
+    parts = [ShardDataset(data[1], rank=r, world_size=world, seed=9).my_units(4) for r in range(world)]
+    order = [parts[k % world][k // world] for k in range(N_SHARDS)]
+    assert sorted(order) == list(range(N_SHARDS)) and order != list(range(N_SHARDS))
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    from_env = ShardDataset(data[1], seed=9)
+    assert (from_env.rank, from_env.world_size) == (2, 3) and from_env.my_units(4) == parts[2]
+    with pytest.raises(InvalidArgument):
+        ShardDataset(data[1], rank=3, world_size=3)
+
+
+def test_a_real_dataloader_over_ranks_reads_each_sample_once(data):
+    got = []
+    for rank in range(2):
+        ds = ShardDataset(data[1], decode=cls_of, rank=rank, world_size=2)
+        got += [int(x) for b in DataLoader(ds, batch_size=3, num_workers=2) for x in b]
+    assert sorted(got) == all_cls()
+
+
+def test_more_workers_than_shards(data):
+    ds = ShardDataset(data[1], decode=cls_of, rank=1, world_size=4)
+    got = [int(x) for b in DataLoader(ds, batch_size=2, num_workers=4) for x in b]
+    expect = sorted(cls_of(s) for s in ShardDataset(data[1], rank=1, world_size=4))
+    assert sorted(got) == expect and len(expect) in (2 * PER_SHARD, 3 * PER_SHARD)
+
+
+def test_pickling_carries_no_connection(data):
+    ds = ShardDataset(data[1])
+    next(iter(ds))  # this process now holds a client
+    assert ds.source._session is not None
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy.source._session is None and copy._reader is None
+    assert sorted(cls_of(s) for s in copy) == all_cls()
+    obj = ObjectDataset(data[0])
+    obj[0]
+    assert pickle.loads(pickle.dumps(obj)).source._session is None
+
+
+def test_spawned_workers_open_their_own_clients(data):
+    ds = ShardDataset(data[2], decode=cls_of)  # spawn pickles the dataset: a module-level decode
+    dl = DataLoader(ds, batch_size=5, num_workers=1, multiprocessing_context="spawn")
+    assert sorted(int(x) for b in dl for x in b) == list(range(20))
+
+
+def test_read_ahead_stays_within_its_bounds(data):
+    ds = ShardDataset(data[1], shuffle=False)
+    reader = Reader(ds.source, ds.policy, ReadLimits(max_inflight=3, batch_bytes=1024))
+    client = ds.source.client()
+    submitted = []
+    real = client.submit_get_into
+
+    def spy(*a, **kw):
+        submitted.append(a[1])
+        return real(*a, **kw)
+    client.submit_get_into = spy
+    shards = [u[0] for u in ds.units]
+    for n, (item, data_) in enumerate(reader.read(shards), start=1):
+        assert data_ is not None and len(data_) == item.size
+        assert len(submitted) - n <= 2  # at most 3 in flight: this one and two more
+    assert submitted == [s.key for s in shards]
+
+
+# --- resume ---------------------------------------------------------------------------------
+def _keys_collate(samples):
+    return [s["__key__"] if isinstance(s, dict) else s for s in samples]
+
+
+@pytest.mark.parametrize("kind,workers,stop", [(1, 2, 5), (1, 3, 1), (1, 0, 7), (2, 2, 3), (1, 3, 17), (1, 2, 22)])
+def test_shard_loader_resumes_mid_epoch_where_it_stopped(data, node, kind, workers, stop):
+    def make():
+        ds = ShardDataset(data[kind], seed=4, shuffle_buffer=6)
+        return ResumableLoader(ds, batch_size=3, num_workers=workers, collate_fn=_keys_collate)
+
+    full_loader = make()
+    full_loader.set_epoch(1)
+    full = [k for b in full_loader for k in b]
+    first = make()
+    first.set_epoch(1)
+    got = []
+    for i, b in enumerate(first):
+        got += b
+        if i + 1 == stop:
+            break
+    url = f"{node.tcp_url}/{BUCKET}/ckpt-{uuid.uuid4().hex[:8]}"
+    ck.save({"model": {"w": torch.ones(3)}, "data": first.state_dict(), "step": stop}, url, async_=False)
+    state = ck.load(url)
+    second = make()
+    second.load_state_dict(state["data"])
+    assert second.epoch == 1
+    rest = [k for b in second for k in b]
+    assert got + rest == full  # exactly the remaining samples, in the same order
+    assert sorted(full) == sorted(set(full))
+    second.set_epoch(2)  # the next epoch starts from its beginning
+    assert len([k for b in second for k in b]) == len(full)
+
+
+def test_object_loader_resumes_mid_epoch(data, node):
+    def make():
+        ds = ObjectDataset(data[0], decode=lambda mv: int.from_bytes(mv[:4], "little"))
+        return ResumableLoader(ds, batch_size=4, num_workers=2, sampler=ds.sampler(seed=1))
+
+    full_loader = make()
+    full_loader.set_epoch(3)
+    full = [int(x) for b in full_loader for x in b]
+    first = make()
+    first.set_epoch(3)
+    it = iter(first)
+    got = [int(x) for _ in range(5) for x in next(it)]
+    url = f"{node.tcp_url}/{BUCKET}/ckpt-{uuid.uuid4().hex[:8]}"
+    ck.save({"data": first.state_dict()}, url, async_=False)
+    second = make()
+    second.load_state_dict(ck.load(url)["data"])
+    assert got + [int(x) for b in second for x in b] == full
+
+
+def test_resume_refuses_another_listing_or_worker_count(data):
+    loader = ResumableLoader(ShardDataset(data[1]), batch_size=2, num_workers=2)
+    state = loader.state_dict()
+    with pytest.raises(InvalidArgument, match="num_workers"):
+        ResumableLoader(ShardDataset(data[1]), batch_size=2, num_workers=3).load_state_dict(state)
+    with pytest.raises(InvalidArgument, match="does not match"):
+        ResumableLoader(ShardDataset(data[2]), batch_size=2, num_workers=2).load_state_dict(state)
+    with pytest.raises(InvalidArgument, match="does not match"):
+        ResumableLoader(ShardDataset(data[1], seed=1), batch_size=2, num_workers=2).load_state_dict(state)
+    with pytest.raises(InvalidArgument):
+        ResumableLoader(torch.utils.data.TensorDataset(torch.zeros(3)))
