@@ -146,14 +146,16 @@ class Reader:
 
     def _submit(self, group: list[Listed]) -> _Pending:
         nbytes = _need(group)
-        buf = memoryview(bytearray(nbytes))
-        views, pos = [], 0
-        for it in group:
-            views.append(buf[pos:pos + it.size + 1])
-            pos += it.size + 1
         errors: list | None = None
+        views: list[memoryview] = []
         try:
             client = self.source.client()
+            # memory the node writes into directly (shm), pooled and already faulted in
+            buf = client.alloc(nbytes)
+            pos = 0
+            for it in group:
+                views.append(buf[pos:pos + it.size + 1])
+                pos += it.size + 1
             if len(group) == 1 and group[0].size + 1 > self.limits.batch_bytes:
                 fut = client.submit_get_into(self.source.bucket, group[0].key, views[0])
             else:
