@@ -196,4 +196,5 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         return iter(self.indices()[start:])
 
     def __len__(self) -> int:
-        return len(self.indices()) - self.start
+        n = self.n - self.n % self.world_size if self.drop_last else self.n
+        return max(0, len(range(self.rank, n, self.world_size)) - self.start)
