@@ -303,3 +303,73 @@ def test_resume_refuses_another_listing_or_worker_count(data):
         ResumableLoader(ShardDataset(data[1], seed=1), batch_size=2, num_workers=2).load_state_dict(state)
     with pytest.raises(InvalidArgument):
         ResumableLoader(torch.utils.data.TensorDataset(torch.zeros(3)))
+
+
+def _spy_reads(client) -> list[str]:
+    """Keys the client is asked to read from now on (a wrapper: the reads still happen)."""
+    keys: list[str] = []
+    real_many, real_one = client.submit_get_many_into, client.submit_get_into
+
+    def many(reqs, **kw):
+        keys.extend(r.key for r in reqs)
+        return real_many(reqs, **kw)
+
+    def one(bucket, key, *a, **kw):
+        keys.append(key)
+        return real_one(bucket, key, *a, **kw)
+    client.submit_get_many_into, client.submit_get_into = many, one
+    return keys
+
+
+def test_tar_resume_at_every_batch_and_reads_only_the_shards_it_needs(data):
+    def make():
+        ds = ShardDataset(data[1], seed=8, shuffle_buffer=5)
+        loader = ResumableLoader(ds, batch_size=3, collate_fn=_keys_collate)
+        loader.set_epoch(2)
+        return loader
+
+    full = [k for b in make() for k in b]
+    for stop in range(1, len(full) // 3 + 1):
+        first = make()
+        it = iter(first)
+        got = [k for _ in range(stop) for k in next(it)]
+        state = first.state_dict()
+        second = make()
+        second.load_state_dict(state)
+        reads = _spy_reads(second.dataset.source.client())
+        rest = [k for b in second for k in b]
+        assert got + rest == full, stop
+        shards_left = {k.split("/")[0] for k in rest}
+        # the shards holding what is left, and no other (the buffer spans at most two of 7 samples)
+        assert len(reads) == len(set(reads)) == len(shards_left), (stop, reads, shards_left)
+
+
+def test_tar_resume_without_sample_counts_replays(data):
+    def make():
+        return ResumableLoader(ShardDataset(data[1], seed=2, shuffle_buffer=4), batch_size=4, num_workers=2,
+                               collate_fn=_keys_collate)
+
+    full = [k for b in make() for k in b]
+    first = make()
+    it = iter(first)
+    got = [k for _ in range(6) for k in next(it)]
+    state = first.state_dict()
+    assert len(state["shard_samples"]) >= 2
+    del state["shard_samples"]  # a state written by hand, say: the workers replay their streams
+    second = make()
+    second.load_state_dict(state)
+    assert got + [k for b in second for k in b] == full
+
+
+def test_tar_resume_refuses_a_shard_whose_sample_count_changed(data):
+    from gpufeed.ai.data import SampleChanged
+
+    loader = ResumableLoader(ShardDataset(data[1], seed=2), batch_size=4, collate_fn=_keys_collate)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    state["shard_samples"] = [[u, n + 1] for u, n in state["shard_samples"]]
+    again = ResumableLoader(ShardDataset(data[1], seed=2), batch_size=4, collate_fn=_keys_collate)
+    again.load_state_dict(state)
+    with pytest.raises(SampleChanged, match="samples"):
+        list(again)

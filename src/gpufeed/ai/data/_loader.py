@@ -34,17 +34,21 @@ class _Tagged(NamedTuple):
     batch: Any
     worker: int
     position: int
+    parsed: list  # (unit, samples) of shards parsed since the last batch
 
 
 class _TagCollate:
-    """Collate, then tag the batch with the worker and its stream position."""
+    """Collate, then tag the batch with the worker, its stream position and
+    the sample counts of the shards it parsed."""
 
     def __init__(self, collate, uid: str | None) -> None:
         self.collate, self.uid = collate, uid
 
     def __call__(self, samples):
-        wid, pos = stream_positions.get(self.uid, (worker()[0], -1)) if self.uid is not None else (0, -1)
-        return _Tagged(self.collate(samples), wid, pos)
+        progress = stream_positions.get(self.uid) if self.uid is not None else None
+        if progress is None:
+            return _Tagged(self.collate(samples), worker()[0], -1, [])
+        return _Tagged(self.collate(samples), progress.worker, progress.position, progress.parsed())
 
 
 class ResumableLoader(torch.utils.data.DataLoader):
@@ -94,6 +98,7 @@ class ResumableLoader(torch.utils.data.DataLoader):
         super().__init__(dataset, collate_fn=_TagCollate(collate, uid), **kwargs)
         self._positions: list[int] = []
         self._next_worker = 0
+        self._counts: dict[int, int] = {}
         self._consumed = 0
         self._pending: dict | None = None
 
@@ -118,7 +123,8 @@ class ResumableLoader(torch.utils.data.DataLoader):
         if self._shards is not None:
             self._positions = list(pending["positions"]) if pending else [0] * max(1, self.num_workers)
             self._next_worker = pending["next_worker"] if pending else 0
-            self._shards.set_resume(self._positions if pending else None, self._next_worker)
+            self._counts = {u: n for u, n in pending.get("shard_samples", [])} if pending else {}
+            self._shards.set_resume(self._positions if pending else None, self._next_worker, self._counts)
         else:
             assert self._rsampler is not None
             self._consumed = pending["consumed"] if pending else 0
@@ -128,6 +134,7 @@ class ResumableLoader(torch.utils.data.DataLoader):
             if self._shards is not None:
                 self._positions[tagged.worker] = max(self._positions[tagged.worker], tagged.position)
                 self._next_worker = (tagged.worker + 1) % len(self._positions)
+                self._counts.update((int(u), int(n)) for u, n in tagged.parsed)
             else:
                 self._consumed += per_batch
             yield tagged.batch
@@ -144,7 +151,8 @@ class ResumableLoader(torch.utils.data.DataLoader):
         with :func:`gpufeed.ai.save`)."""
         if self._shards is not None:
             return {"epoch": self.epoch, "num_workers": self.num_workers, "dataset": self._shards.state_dict(),
-                    "positions": list(self._positions), "next_worker": self._next_worker}
+                    "positions": list(self._positions), "next_worker": self._next_worker,
+                    "shard_samples": sorted([u, n] for u, n in self._counts.items())}
         assert self._objects is not None
         return {"epoch": self.epoch, "num_workers": self.num_workers, "dataset": self._objects.state_dict(),
                 "consumed": self._consumed, "sampler": self._sampler_settings()}
