@@ -188,6 +188,26 @@ def test_every_rank_computes_the_same_shard_permutation(data, monkeypatch):
         ShardDataset(data[1], rank=3, world_size=3)
 
 
+def test_rank_comes_from_an_initialised_process_group_before_the_environment(data, monkeypatch):
+    import socket
+
+    import torch.distributed as dist
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        ds = ShardDataset(data[1])
+        assert (ds.rank, ds.world_size) == (0, 1)
+        assert ObjectDataset(data[0]).sampler().rank == 0
+    finally:
+        dist.destroy_process_group()
+    assert ShardDataset(data[1]).rank == 1  # no process group: the environment
+
+
 def test_a_real_dataloader_over_ranks_reads_each_sample_once(data):
     got = []
     for rank in range(2):

@@ -194,14 +194,20 @@ def test_node_restart_mid_epoch_retry_completes_exactly(tmp_path):
         with Client(node.shm_url) as c:
             c.create_bucket(BUCKET)
             put_shards(c, "p/", 6)
+            put_objects(c, "o/", 40)
         url = f"{node.shm_url}/{BUCKET}/p/"
         ds = ShardDataset(url, decode=cls_of, shuffle=False, on_error="retry", max_retries=6,
                           retry_backoff_s=0.2, limits=_one_at_a_time())
+        objs = ObjectDataset(f"{node.shm_url}/{BUCKET}/o/", on_error="retry", max_retries=6, retry_backoff_s=0.5)
+        assert objs.__getitems__(range(5)) == [bytes([i]) * 50 for i in range(5)]
         it = iter(ds)
         got = [next(it) for _ in range(6)]
         node = _restart(node)  # same data folder, same socket path
         got += list(it)
         assert got == [s * 10 + j for s in range(6) for j in range(4)]
+        t0 = time.monotonic()  # one group of 35 reads failed with its connection: one wait, not 35
+        assert objs.__getitems__(range(5, 40)) == [bytes([i]) * 50 for i in range(5, 40)]
+        assert time.monotonic() - t0 < 5
         raising = ShardDataset(url, decode=cls_of, shuffle=False, limits=_one_at_a_time())
         it = iter(raising)
         next(it)

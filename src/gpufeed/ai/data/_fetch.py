@@ -85,6 +85,7 @@ class Reader:
     def __init__(self, source: Source, policy: ErrorPolicy, limits: ReadLimits) -> None:
         self.source, self.policy, self.limits = source, policy, limits
         self.skipped = 0
+        self._retry_worked = False
 
     def read(self, items: Iterable[Listed]) -> Iterator[tuple[Listed, memoryview | None]]:
         """Yield ``(item, data)`` for each item, in order; ``data`` is exactly
@@ -194,8 +195,12 @@ class Reader:
         err = self.typed(item, exc)
         if self.policy.on_error == "retry":
             for attempt in range(self.policy.max_retries):
-                time.sleep(self.policy.retry_backoff_s * (2 ** attempt))
+                # the other reads of a group that failed with its connection: once one retry
+                # worked, the node is back, and the next one goes without waiting
+                if attempt or not self._retry_worked:
+                    time.sleep(self.policy.retry_backoff_s * (2 ** attempt))
                 data = self._read_alone(item)
+                self._retry_worked = not isinstance(data, BaseException)
                 if not isinstance(data, BaseException):
                     return data
                 err = self.typed(item, data)
