@@ -19,6 +19,7 @@ padded.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
@@ -163,6 +164,10 @@ class Reader:
                 errors = []
                 reqs = [ReadRequest(self.source.bucket, it.key, v) for it, v in zip(group, views)]
                 fut = client.submit_get_many_into(reqs, errors_out=errors)
+            # the node writes into alloc memory by region id, so nothing else holds the buffer:
+            # keep it until the read is done, even if this reader is dropped before then
+            # (else the pool could lend it again while the node still writes into it)
+            fut.add_done_callback(functools.partial(_keep, buf))
         except (GpufeedError, OSError) as exc:  # could not even send: fail the group
             fut = Future()
             fut.set_exception(exc)
@@ -241,6 +246,10 @@ class Reader:
         """Count and log a sample left out under ``on_error="skip"``."""
         self.skipped += 1
         log.warning("skipping %s: %s", self.source.where(err.key) if err.key else "a sample", err)
+
+
+def _keep(_buf: memoryview, _fut: Future) -> None:
+    """A done-callback whose only job is to hold ``_buf`` as long as the Future lives."""
 
 
 def _lost(exc: BaseException) -> bool:

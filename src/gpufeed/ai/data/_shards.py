@@ -52,8 +52,9 @@ stream_positions: dict[str, Progress] = {}
 class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
     """Iterable dataset over WebDataset tar shards, or over raw sample objects.
 
-    ``format="tar"``: each object under the prefix ending in ``.tar`` is a
-    shard in the ``webdataset`` package's format (shards written by
+    ``format="tar"``: each object under the prefix ending in ``.tar`` is an
+    (uncompressed) shard in the ``webdataset`` package's format (other objects
+    are left out) (shards written by
     ``webdataset.TarWriter`` or :func:`~gpufeed.ai.data.write_shard`); a
     sample is ``{"__key__", "__url__", ext: bytes, ...}``. Each shard is
     read whole (large reads, several shards in flight within
@@ -119,6 +120,8 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
         listed = self.source.list()
         if format == "auto":
             format = "tar" if listed and all(it.key.endswith(".tar") for it in listed) else "objects"
+        if format == "tar":
+            listed = [it for it in listed if it.key.endswith(".tar")]
         self.format = format
         self.units = [[it] for it in listed] if format == "tar" else _sample_groups(listed)
         self._fingerprint = fingerprint(listed)

@@ -106,6 +106,8 @@ class Source:
         Raises:
             TransportError, OSError: the node cannot be reached.
         """
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()  # a forked child: the parent's lock may have been held
         with self._lock:
             if self._session is None or self._pid != os.getpid():
                 self._session = NodeSession(self.node_url, connect_kw=self.client_kw, replace_lost=True)
