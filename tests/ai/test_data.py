@@ -393,3 +393,38 @@ def test_tar_resume_refuses_a_shard_whose_sample_count_changed(data):
     again.load_state_dict(state)
     with pytest.raises(SampleChanged, match="samples"):
         list(again)
+
+
+def test_shards_from_webdataset_shardwriter_through_the_node(data, node, tmp_path):
+    import webdataset as wds
+
+    pattern = str(tmp_path / "train-%06d.tar")
+    with wds.ShardWriter(pattern, maxcount=5, verbose=0) as sink:
+        for i in range(23):
+            sink.write({"__key__": f"sample{i:05d}", "txt": f"caption {i}", "cls": i, "npy.bin": bytes([i]) * i})
+    prefix = f"wds-{uuid.uuid4().hex[:8]}/"
+    files = sorted(tmp_path.glob("train-*.tar"))
+    with Client(node.tcp_url) as c:
+        for f in files:
+            c.put(BUCKET, prefix + f.name, f.read_bytes())
+    ours = {s["__key__"]: s for s in ShardDataset(f"{node.tcp_url}/{BUCKET}/{prefix}")}
+    from webdataset.tariterators import group_by_keys, tar_file_iterator
+
+    theirs = {}
+    for f in files:  # webdataset's own reader (wds.WebDataset leaves its files open for the GC)
+        with open(f, "rb") as fh:
+            theirs.update((s["__key__"], s) for s in group_by_keys({**m, "__url__": str(f)}
+                                                                     for m in tar_file_iterator(fh)))
+    assert len(ours) == len(theirs) == 23
+    for key, s in theirs.items():
+        assert {k: v for k, v in ours[key].items() if not k.startswith("__")} == \
+            {k: v for k, v in s.items() if not k.startswith("__")}
+
+
+def test_empty_objects_are_samples_too(data, node):
+    prefix = f"empty-{uuid.uuid4().hex[:8]}/"
+    with Client(node.tcp_url) as c:
+        for i in range(3):
+            c.put(BUCKET, f"{prefix}{i}.bin", b"" if i != 1 else b"x")
+    ds = ObjectDataset(f"{node.tcp_url}/{BUCKET}/{prefix}")
+    assert ds.__getitems__([0, 1, 2]) == [b"", b"x", b""]
