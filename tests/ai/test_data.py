@@ -323,6 +323,17 @@ def test_resume_refuses_another_listing_or_worker_count(data):
         ResumableLoader(ShardDataset(data[1], seed=1), batch_size=2, num_workers=2).load_state_dict(state)
     with pytest.raises(InvalidArgument):
         ResumableLoader(torch.utils.data.TensorDataset(torch.zeros(3)))
+    with pytest.raises(InvalidArgument, match="ResumableSampler"):
+        ResumableLoader(ObjectDataset(data[0]), sampler=range(3))
+
+
+def test_object_loader_shuffle_argument_makes_its_sampler(data):
+    ds = ObjectDataset(data[0], decode=lambda mv: int.from_bytes(mv[:4], "little"))
+    plain = [int(x) for b in ResumableLoader(ds, batch_size=8) for x in b]
+    shuffled = ResumableLoader(ds, batch_size=8, shuffle=True)
+    got = [int(x) for b in shuffled for x in b]
+    assert plain == list(range(N_OBJECTS)) and sorted(got) == plain and got != plain
+    assert shuffled.sampler.shuffle and shuffled.state_dict()["sampler"]["shuffle"]
 
 
 def _spy_reads(client) -> list[str]:

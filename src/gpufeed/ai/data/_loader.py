@@ -69,7 +69,8 @@ class ResumableLoader(torch.utils.data.DataLoader):
         dataset: a :class:`ShardDataset` or :class:`ObjectDataset`.
         **kwargs: ``DataLoader``'s. With an :class:`ObjectDataset`,
             ``sampler`` must be a :class:`ResumableSampler` (default: the
-            dataset's ``sampler(shuffle=False)``).
+            dataset's ``sampler(shuffle=shuffle)``, seed 0, ranks as
+            :class:`ResumableSampler` finds them).
 
     Raises:
         InvalidArgument: another kind of dataset or sampler.
@@ -83,7 +84,9 @@ class ResumableLoader(torch.utils.data.DataLoader):
             if kwargs.get("batch_sampler") is not None:
                 raise InvalidArgument("ResumableLoader counts positions through its sampler: "
                                       "pass sampler=, not batch_sampler=")
-            sampler = kwargs.setdefault("sampler", dataset.sampler(shuffle=False))
+            if kwargs.get("sampler") is None:
+                kwargs["sampler"] = dataset.sampler(shuffle=bool(kwargs.pop("shuffle", False)))
+            sampler = kwargs["sampler"]
             if not isinstance(sampler, ResumableSampler):
                 raise InvalidArgument("an ObjectDataset's sampler must be a ResumableSampler "
                                       "(dataset.sampler(...))")
