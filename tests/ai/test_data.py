@@ -437,5 +437,17 @@ def test_empty_objects_are_samples_too(data, node):
     with Client(node.tcp_url) as c:
         for i in range(3):
             c.put(BUCKET, f"{prefix}{i}.bin", b"" if i != 1 else b"x")
+        c.put(BUCKET, f"{prefix}sub/", b"")  # a folder marker is not a sample
     ds = ObjectDataset(f"{node.tcp_url}/{BUCKET}/{prefix}")
-    assert ds.__getitems__([0, 1, 2]) == [b"", b"x", b""]
+    assert len(ds) == 3 and ds.__getitems__([0, 1, 2]) == [b"", b"x", b""]
+
+
+def test_zero_copy_decoded_samples_stay_valid_while_held(data, node):
+    # torch.frombuffer keeps the read pool's memory: it must not be lent to a later read meanwhile
+    ds = ObjectDataset(f"{node.shm_url}/{BUCKET}/" + data[0].split(f"/{BUCKET}/", 1)[1],
+                       decode=lambda mv: torch.frombuffer(mv, dtype=torch.uint8),
+                       limits=ReadLimits(batch_bytes=1024, batch_items=4))
+    held = [t for start in range(0, N_OBJECTS, 8) for t in ds.__getitems__(range(start, start + 8))]
+    for _ in range(3):
+        ds.__getitems__(range(N_OBJECTS))  # churn the pool
+    assert [bytes(t.numpy()) for t in held] == [payload(i, 100 + 4 * i) for i in range(N_OBJECTS)]

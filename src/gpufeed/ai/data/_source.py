@@ -122,14 +122,15 @@ class Source:
             session.failed(exc)
 
     def list(self) -> list[Listed]:
-        """Every object under the prefix, in key order (UTF-8 bytes).
+        """Every object under the prefix, in key order (UTF-8 bytes); keys
+        ending in ``/`` (folder markers some tools write) are left out.
 
         Raises:
             NoSuchBucket: no such bucket.
             TransportError: the node cannot be reached.
         """
         entries = self.client().list(self.bucket, self.prefix)
-        return [Listed(e.key, e.size) for e in entries if not e.is_prefix]
+        return [Listed(e.key, e.size) for e in entries if not e.is_prefix and not e.key.endswith("/")]
 
     def close(self) -> None:
         """Close this process's client (a later use opens a new one)."""
