@@ -117,7 +117,12 @@ class ResumableLoader(torch.utils.data.DataLoader):
         return self._epoch_owner.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` next, from its beginning (on the dataset or the sampler)."""
+        """Read epoch ``epoch`` next (on the dataset or the sampler): from its
+        beginning, or from the position :meth:`load_state_dict` loaded when
+        that position is in epoch ``epoch`` (so a training loop that calls
+        ``set_epoch`` at the top of every epoch resumes as it should)."""
+        if self._pending is not None and self._pending["epoch"] == epoch:
+            return
         self._epoch_owner.set_epoch(epoch)
         self._pending = None
 
@@ -178,5 +183,6 @@ class ResumableLoader(torch.utils.data.DataLoader):
             if state.get("sampler") != self._sampler_settings():
                 raise InvalidArgument(f"the saved sampler settings {state.get('sampler')} differ "
                                       f"from {self._sampler_settings()}")
+        self._pending = None
         self.set_epoch(int(state["epoch"]))
         self._pending = state
