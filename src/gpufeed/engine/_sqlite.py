@@ -54,6 +54,10 @@ _BUSY_TIMEOUT_S = 30.0
 _BUCKET_COLS = ("SELECT name, created, kind, capacity_bytes, ttl_s, versioning, object_lock, lock_mode,"
                 " lock_days, lock_years, owner, etag_policy FROM buckets")
 #: The columns of a version after its key, in :meth:`_Reads._object_info` order.
+#: Rows each reading thread keeps in its answer cache of :meth:`SqliteCatalog.object`.
+_OBJECT_CACHE_ROWS = 4096
+_MISSING = object()
+
 _VERSION_COLS = ("size, etag, last_modified, content_type, metadata, checksums, blob_id, headers,"
                  " version_id, seq, lock_mode, lock_until, legal_hold, tags")
 _SQL_HEAD = f"SELECT {_VERSION_COLS} FROM objects WHERE bucket=? AND key=?"
@@ -619,11 +623,30 @@ class SqliteCatalog(_Reads, Catalog):
         return self.reader()
 
     def object(self, bucket: str, key: str) -> ObjectInfo | None:
+        """The current version's row of ``bucket/key`` (``None``: none).
+
+        Answers repeat from a per-thread cache while the database is unchanged:
+        ``PRAGMA data_version`` on this thread's connection changes whenever
+        any other connection (this node's writer, or another process) commits,
+        and the cache is dropped then, so an answer is never older than the
+        last commit this connection can see.
+        """
+        cur = self.lookup_cursor()
+        local = self._local
+        version = cur.execute("PRAGMA data_version").fetchall()[0][0]
+        cache = getattr(local, "objects", None)
+        if cache is None or local.objects_version != version or len(cache) >= _OBJECT_CACHE_ROWS:
+            cache = local.objects = {}
+            local.objects_version = version
+        hit = cache.get((bucket, key), _MISSING)
+        if hit is not _MISSING:
+            return hit
         try:
-            rows = self.lookup_cursor().execute(_SQL_HEAD, (bucket, key)).fetchall()
+            rows = cur.execute(_SQL_HEAD, (bucket, key)).fetchall()
         except UnicodeEncodeError as exc:
             raise InvalidArgument(f"object key {key!r} is not valid UTF-8") from exc
-        return self._object_info(bucket, key, rows[0]) if rows else None
+        info = cache[(bucket, key)] = self._object_info(bucket, key, rows[0]) if rows else None
+        return info
 
     @contextmanager
     def snapshot(self) -> Iterator[CatalogReader]:
