@@ -452,3 +452,15 @@ def test_zero_copy_decoded_samples_stay_valid_while_held(data, node):
     for _ in range(3):
         ds.__getitems__(range(N_OBJECTS))  # churn the pool
     assert [bytes(t.numpy()) for t in held] == [payload(i, 100 + 4 * i) for i in range(N_OBJECTS)]
+
+
+def test_a_dropped_dataset_lets_its_client_go(data):
+    import weakref
+
+    for kind in (0, 1, 2):
+        ds = (ObjectDataset if kind == 0 else ShardDataset)(data[kind])
+        loader = ResumableLoader(ds, batch_size=4)
+        assert sum(len(b) for b in loader) > 0
+        client = weakref.ref(ds.source.client())
+        del ds, loader
+        assert client() is None  # no table or cycle keeps it (and its connections) open

@@ -48,7 +48,7 @@ class _TagCollate:
         progress = stream_positions.get(self.uid) if self.uid is not None else None
         if progress is None:
             return _Tagged(self.collate(samples), worker()[0], -1, [])
-        return _Tagged(self.collate(samples), progress.worker, progress.position, progress.parsed())
+        return _Tagged(self.collate(samples), progress.worker, progress.position, progress.take_parsed())
 
 
 class ResumableLoader(torch.utils.data.DataLoader):

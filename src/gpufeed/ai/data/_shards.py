@@ -37,11 +37,19 @@ _COUNTS = _POSITIONS + MAX_WORKERS
 class Progress:
     """Where one worker's stream is: its logical worker id, the raw-stream
     position of the sample it yielded last, and the ``(unit, samples)`` counts
-    of the shards it parsed since the loader's collate wrapper last took them."""
+    of the shards it parsed since the loader's collate wrapper last took them
+    (plain values only: a module-level table must not keep a reader, and its
+    client, alive)."""
 
     worker: int
     position: int
-    parsed: Callable[[], list[tuple[int, int]]]
+    parsed: list[tuple[int, int]]
+
+    def take_parsed(self) -> list[tuple[int, int]]:
+        """A copy of :attr:`parsed`, which is emptied in place."""
+        out = list(self.parsed)
+        self.parsed.clear()
+        return out
 
 
 #: The :class:`Progress` of each dataset (by uid) iterating in this process; the
@@ -228,9 +236,9 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
                             self.source.bucket)
             counts = self._shared[_COUNTS:].tolist() if skip else []
             pos, stream = tar.start(skip, counts.__getitem__)
-            parsed = tar.take_parsed
+            parsed = tar.parsed  # the stream appends to this list; Progress.take_parsed empties it
         else:  # raw objects: the order is known from the listing, so a resume reads nothing it skips
-            pos, stream, parsed = skip, self._object_samples(mine, skip), list
+            pos, stream, parsed = skip, self._object_samples(mine, skip), []
         for raw, unit in stream:
             pos += 1
             if pos <= skip:

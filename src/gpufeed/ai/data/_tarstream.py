@@ -50,8 +50,9 @@ class TarStream:
         self._held: dict[int, list[dict]] = {}
 
     def take_parsed(self) -> list[tuple[int, int]]:
-        """:attr:`parsed`, emptied."""
-        out, self.parsed = self.parsed, []
+        """A copy of :attr:`parsed`, which is emptied (the same list object stays)."""
+        out = list(self.parsed)
+        self.parsed.clear()
         return out
 
     def start(self, skip: int, counts: Callable[[int], int]) -> tuple[int, Iterator[Item]]:
