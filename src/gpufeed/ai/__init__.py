@@ -9,7 +9,9 @@
   deduplicated across steps) and ``gpufeed.ai.dcp.Writer`` / ``Reader`` for
   ``torch.distributed.checkpoint``;
 * the KV-cache tier: ``gpufeed.ai.kvcache`` (:class:`KVCacheStore`,
-  :func:`generate_with_cache`).
+  :func:`generate_with_cache`);
+* training data: ``gpufeed.ai.data`` (``ObjectDataset``, ``ShardDataset``
+  over WebDataset tar shards, ``ResumableLoader``).
 
 Each module here uses :mod:`gpufeed.client`; none reaches into the engine.
 """
@@ -75,9 +77,10 @@ __all__ = [
     "generate_with_cache",
     "dcp",
     "kvcache",
+    "data",
 ]
 
-_LAZY_MODULES = {"dcp", "kvcache"}  # dcp imports torch.distributed; load on first use
+_LAZY_MODULES = {"dcp", "kvcache", "data"}  # dcp imports torch.distributed; load on first use
 _LAZY_NAMES = {"KVCacheStore": "kvcache", "generate_with_cache": "kvcache"}
 
 

@@ -1,0 +1,188 @@
+"""A ``torch.utils.data.DataLoader`` that knows how far it got, so training
+resumes mid-epoch at the step it saved.
+
+Each batch leaves its DataLoader worker tagged with the worker's id and the
+position, in that worker's sample stream, of the batch's last sample (the
+collate function is wrapped; the tag is stripped before the batch is
+yielded, after ``pin_memory``). The loader keeps the latest position per
+worker and which worker it would ask next; :meth:`ResumableLoader.state_dict`
+saves them with the epoch, and a loader restored from it makes each worker
+skip exactly the samples it had delivered, its workers taking the roles
+rotated so that the round-robin continues where it stopped (DataLoader asks
+its workers in a fixed cycle, and a worker with no more samples is passed
+over, so the order of batches depends only on each worker's stream). With a
+map-style dataset the position is the number of sampler indices consumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import torch.utils.data
+from torch.utils.data._utils.collate import default_collate, default_convert
+
+from ...errors import InvalidArgument
+from ._objects import ObjectDataset, ResumableSampler
+from ._sampling import worker
+from ._shards import ShardDataset, stream_positions
+
+__all__ = ["ResumableLoader"]
+
+
+class _Tagged(NamedTuple):
+    batch: Any
+    worker: int
+    position: int
+    parsed: list  # (unit, samples) of shards parsed since the last batch
+
+
+class _TagCollate:
+    """Collate, then tag the batch with the worker, its stream position and
+    the sample counts of the shards it parsed."""
+
+    def __init__(self, collate, uid: str | None) -> None:
+        self.collate, self.uid = collate, uid
+
+    def __call__(self, samples):
+        progress = stream_positions.get(self.uid) if self.uid is not None else None
+        if progress is None:
+            return _Tagged(self.collate(samples), worker()[0], -1, [])
+        return _Tagged(self.collate(samples), progress.worker, progress.position, progress.take_parsed())
+
+
+class ResumableLoader(torch.utils.data.DataLoader):
+    """``torch.utils.data.DataLoader`` with ``state_dict()`` / ``load_state_dict()``
+    for a :class:`ShardDataset`, or an :class:`ObjectDataset` read through a
+    :class:`ResumableSampler`.
+
+    Takes every ``DataLoader`` keyword argument (``batch_size``,
+    ``num_workers``, ``persistent_workers``, ``pin_memory``, ``collate_fn``,
+    ...). Save ``loader.state_dict()`` with the model (it is plain ints,
+    strings and lists, so :func:`gpufeed.ai.save` stores it); a new loader
+    over a dataset made with the same arguments, given
+    ``load_state_dict(state)``, continues the saved epoch with the next batch
+    the old one would have delivered. The number of workers must be the same
+    (with a :class:`ShardDataset`: each worker resumes its own stream).
+
+    Args:
+        dataset: a :class:`ShardDataset` or :class:`ObjectDataset`.
+        **kwargs: ``DataLoader``'s. With an :class:`ObjectDataset`,
+            ``sampler`` must be a :class:`ResumableSampler` (default: the
+            dataset's ``sampler(shuffle=shuffle)``, seed 0, ranks as
+            :class:`ResumableSampler` finds them).
+
+    Raises:
+        InvalidArgument: another kind of dataset or sampler.
+    """
+
+    def __init__(self, dataset, **kwargs) -> None:
+        self._shards: ShardDataset | None = None
+        self._objects: ObjectDataset | None = None
+        self._rsampler: ResumableSampler | None = None
+        if isinstance(dataset, ObjectDataset):
+            if kwargs.get("batch_sampler") is not None:
+                raise InvalidArgument("ResumableLoader counts positions through its sampler: "
+                                      "pass sampler=, not batch_sampler=")
+            if kwargs.get("sampler") is None:
+                kwargs["sampler"] = dataset.sampler(shuffle=bool(kwargs.pop("shuffle", False)))
+            sampler = kwargs["sampler"]
+            if not isinstance(sampler, ResumableSampler):
+                raise InvalidArgument("an ObjectDataset's sampler must be a ResumableSampler "
+                                      "(dataset.sampler(...))")
+            self._objects, self._rsampler, uid = dataset, sampler, None
+        elif isinstance(dataset, ShardDataset):
+            self._shards, uid = dataset, dataset._uid
+        else:
+            raise InvalidArgument(f"ResumableLoader reads a ShardDataset or an ObjectDataset, "
+                                  f"not {type(dataset).__name__}")
+        batched = kwargs.get("batch_size", 1) is not None
+        collate = kwargs.pop("collate_fn", None) or (default_collate if batched else default_convert)
+        super().__init__(dataset, collate_fn=_TagCollate(collate, uid), **kwargs)
+        self._positions: list[int] = []
+        self._next_worker = 0
+        self._counts: dict[int, int] = {}
+        self._consumed = 0
+        self._pending: dict | None = None
+
+    @property
+    def _epoch_owner(self) -> ShardDataset | ResumableSampler:
+        owner = self._shards if self._shards is not None else self._rsampler
+        assert owner is not None  # __init__ set one of them
+        return owner
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the dataset (or sampler) reads next."""
+        return self._epoch_owner.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next (on the dataset or the sampler): from its
+        beginning, or from the position :meth:`load_state_dict` loaded when
+        that position is in epoch ``epoch`` (so a training loop that calls
+        ``set_epoch`` at the top of every epoch resumes as it should)."""
+        if self._pending is not None and self._pending["epoch"] == epoch:
+            return
+        self._epoch_owner.set_epoch(epoch)
+        self._pending = None
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # yields batches, untagged
+        pending, self._pending = self._pending, None
+        if self._shards is not None:
+            self._positions = list(pending["positions"]) if pending else [0] * max(1, self.num_workers)
+            self._next_worker = pending["next_worker"] if pending else 0
+            self._counts = {u: n for u, n in pending.get("shard_samples", [])} if pending else {}
+            self._shards.set_resume(self._positions if pending else None, self._next_worker, self._counts)
+        else:
+            assert self._rsampler is not None
+            self._consumed = pending["consumed"] if pending else 0
+            self._rsampler.skip(self._consumed)
+        per_batch = self.batch_size if self.batch_size is not None else 1
+        for tagged in super().__iter__():
+            if self._shards is not None:
+                self._positions[tagged.worker] = max(self._positions[tagged.worker], tagged.position)
+                self._next_worker = (tagged.worker + 1) % len(self._positions)
+                self._counts.update((int(u), int(n)) for u, n in tagged.parsed)
+            else:
+                self._consumed += per_batch
+            yield tagged.batch
+
+    def _sampler_settings(self) -> dict:
+        s = self._rsampler
+        assert s is not None
+        return {"seed": s.seed, "shuffle": s.shuffle, "rank": s.rank, "world_size": s.world_size}
+
+    def state_dict(self) -> dict:
+        """Where the loader is: ``{"epoch", "num_workers", "positions" (per worker)
+        or "consumed" and "sampler" (sampler indices consumed, its settings),
+        "dataset": the dataset's state}``; all plain values (picklable, savable
+        with :func:`gpufeed.ai.save`)."""
+        if self._shards is not None:
+            return {"epoch": self.epoch, "num_workers": self.num_workers, "dataset": self._shards.state_dict(),
+                    "positions": list(self._positions), "next_worker": self._next_worker,
+                    "shard_samples": sorted([u, n] for u, n in self._counts.items())}
+        assert self._objects is not None
+        return {"epoch": self.epoch, "num_workers": self.num_workers, "dataset": self._objects.state_dict(),
+                "consumed": self._consumed, "sampler": self._sampler_settings()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`) at the next iteration.
+
+        Raises:
+            InvalidArgument: the state is of another listing, dataset settings,
+                sampler settings or number of workers.
+        """
+        if state.get("num_workers") != self.num_workers:
+            raise InvalidArgument(f"the saved position is for num_workers={state.get('num_workers')}, "
+                                  f"this loader has {self.num_workers}")
+        if self._shards is not None:
+            self._shards.load_state_dict(state["dataset"])
+        else:
+            assert self._objects is not None
+            self._objects.load_state_dict(state["dataset"])
+            if state.get("sampler") != self._sampler_settings():
+                raise InvalidArgument(f"the saved sampler settings {state.get('sampler')} differ "
+                                      f"from {self._sampler_settings()}")
+        self._pending = None
+        self.set_epoch(int(state["epoch"]))
+        self._pending = state
