@@ -3,7 +3,7 @@
 Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``checkpoint ls|scrub``,
 ``catalog check|recover``, ``admin ...``, ``scrub``, ``snapshot create|list|delete|restore|diff|schedule``,
 ``bench io``, ``bench kv``, ``bench list``, ``bench codecs``, ``bench data``, ``bench integrity``,
-``bench crash``, ``bench checkpoint``, ``bench model``, ``bench gpu``, ``bench train``, ``demo``.
+``bench crash``, ``bench checkpoint``, ``bench model``, ``bench gpu``, ``bench report``, ``bench train``, ``demo``.
 """
 
 from __future__ import annotations
@@ -141,6 +141,18 @@ def _split(path: str) -> tuple[str, str]:
     return bucket, key
 
 
+def _set_quiet(ctx, param, value) -> None:
+    if value:
+        from .bench._output import set_quiet
+
+        set_quiet(True)
+        ctx.call_on_close(lambda: set_quiet(False))  # for this command only
+
+
+QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, expose_value=False, is_eager=True,
+                            callback=_set_quiet,
+                            help="No progress bars or summary line on stderr (they are off anyway "
+                                 "when stderr is not a terminal).")
 URL_OPTION = click.option("--url", default=None,
                           help="Node URL (gpufeed+tcp://... or gpufeed+shm://...; env GPUFEED_URL).")
 
@@ -272,6 +284,7 @@ def bench() -> None:
 
 
 @bench.command("io")
+@QUIET_OPTION
 @click.option("--size", type=SizeType(), default="1GiB", help="Object size (e.g. 256MiB, 1GiB).")
 @click.option("--cold", is_flag=True, help="Also measure with the object's pages dropped (posix_fadvise).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
@@ -288,6 +301,7 @@ def bench_io(size, cold, json_path, paths, repeat, data_dir) -> None:
 
 
 @bench.command("list")
+@QUIET_OPTION
 @click.option("--dirs", type=int, default=1000, help="Directories in the big buckets.")
 @click.option("--per-dir", type=int, default=1000, help="Objects per directory (the listed page).")
 @click.option("--repeat", type=int, default=20, help="Timed listings per row (the median is kept).")
@@ -302,6 +316,7 @@ def bench_list(dirs, per_dir, repeat, json_path, data_dir) -> None:
 
 
 @bench.command("integrity")
+@QUIET_OPTION
 @click.option("--objects", type=int, default=1000, help="Objects written, then three quarters harmed.")
 @click.option("--seed", type=int, default=0, help="Seed of sizes and harms.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
@@ -317,6 +332,7 @@ def bench_integrity(objects, seed, json_path, data_dir) -> None:
 
 
 @bench.command("crash")
+@QUIET_OPTION
 @click.option("--cycles", type=int, default=100, help="kill -9 cycles.")
 @click.option("--writers", type=int, default=4, help="Concurrent writer threads (tcp and shm).")
 @click.option("--keys", type=int, default=40, help="Keys per bucket.")
@@ -334,6 +350,7 @@ def bench_crash(cycles, writers, keys, seed, json_path, data_dir) -> None:
 
 
 @bench.command("data")
+@QUIET_OPTION
 @click.option("--size", type=SizeType(), default="1GiB",
               help="Object and model size (compression rows: 256 MiB at most).")
 @click.option("--versions", type=int, default=10, help="Checkpoint versions written into the dedup bucket.")
@@ -349,6 +366,7 @@ def bench_data(size, versions, repeat, json_path, data_dir) -> None:
 
 
 @bench.command("codecs")
+@QUIET_OPTION
 @click.option("--size", type=SizeType(), default="256MiB", help="Bytes per data set (e.g. 64MiB, 256MiB).")
 @click.option("--chunk", type=SizeType(), default="4MiB", help="Chunk size.")
 @click.option("--codecs", default="lz4,zstd:1,zstd:3,zstd:9", help="Comma-separated compression settings.")
@@ -362,6 +380,7 @@ def bench_codecs(size, chunk, codecs, repeat, json_path) -> None:
 
 
 @bench.command("kv")
+@QUIET_OPTION
 @click.option("--tokens", type=int, default=8192, help="Prompt length.")
 @click.option("--cached", type=int, default=None, help="Tokens cached first (default: tokens - 256, whole chunks).")
 @click.option("--layers", type=int, default=8, help="Llama layers.")
@@ -388,6 +407,7 @@ def bench_kv(tokens, cached, layers, hidden, heads, kv_heads, dtype, new_tokens,
 
 
 @bench.command("checkpoint")
+@QUIET_OPTION
 @click.option("--size", type=SizeType(), default="1GiB", help="State-dict bytes incl. AdamW state (e.g. 256MiB, 1GiB).")
 @click.option("--versions", type=int, default=10, help="LoRA-style versions saved for the dedup figures.")
 @click.option("--lora-rank", type=int, default=4, help="Adapter rank of the LoRA versions.")
@@ -405,6 +425,7 @@ def bench_checkpoint(size, versions, lora_rank, repeat, json_path, paths, data_d
 
 
 @bench.command("model")
+@QUIET_OPTION
 @click.option("--size", type=click.Choice(["small", "1gb"]), default="1gb",
               help="The demo's model: 1gb (~1 GB bf16 Llama) or small (~60 MB).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=".gpufeed-demo",
@@ -427,6 +448,7 @@ def bench_model(size, workdir, json_path, paths, repeat, cold_repeat, no_cold, f
 
 
 @bench.command("gpu")
+@QUIET_OPTION
 @click.option("--device", default=None, help="cuda:N or cpu (default cuda:0; without CUDA: a message and exit 0).")
 @click.option("--allow-cpu", is_flag=True, help="Without a CUDA device, run the CPU fallback instead.")
 @click.option("--size", type=click.Choice(["small", "1gb"]), default="1gb",
@@ -489,16 +511,47 @@ def bench_train(workloads, paths, scale, compute_scale, steps, warmup_steps, min
 
 
 @main.command()
+@QUIET_OPTION
 @click.option("--size", type=click.Choice(["small", "1gb"]), default="1gb",
               help="Model size: 1gb (~1 GB bf16 Llama) or small (~60 MB, quick look).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=".gpufeed-demo",
               help="Where the model files and node data go.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
-def demo(size, workdir, json_path) -> None:
-    """Build a Llama model, store it in gpufeed, load it every way and compare."""
+@click.option("--repeat", type=int, default=3, show_default=True, help="Runs per path (the fastest is kept).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="The HTML page of this run and docs/bench/*.json (default WORKDIR/report.html; '' skips).")
+def demo(size, workdir, json_path, repeat, report_path) -> None:
+    """Build a Llama model, store it in gpufeed, load it every way and compare; end with the HTML report."""
     from .bench.demo import run_demo
 
-    run_demo(size=size, workdir=workdir, json_path=json_path)
+    result = run_demo(size=size, workdir=workdir, json_path=json_path, repeat=repeat)
+    if report_path == "":
+        return
+    from .bench.report import Source, write_report
+
+    try:
+        out = write_report(report_path or Path(workdir) / "report.html", "docs/bench",
+                           extra=[Source("demo (this run)", result)])
+    except ImportError as exc:
+        click.echo(f"report: skipped ({exc})", err=True)
+        return
+    click.echo(f"report: {out.resolve()}")
+
+
+@bench.command("report")
+@click.option("--in", "in_dir", type=click.Path(file_okay=False), default="docs/bench", show_default=True,
+              help="Folder of benchmark JSON files.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="bench-out/report.html",
+              show_default=True, help="The HTML page to write.")
+def bench_report(in_dir, out_path) -> None:
+    """Every benchmark's JSON on one self-contained HTML page: plots, ratios to baselines, commands."""
+    from .bench.report import write_report
+
+    try:
+        out = write_report(out_path, in_dir)
+    except ImportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"report: {out.resolve()}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -90,3 +90,33 @@ def test_newer_catalog_is_refused(tmp_path):
     db.close()
     with pytest.raises(InternalError, match="newer than this gpufeed"):
         SqliteCatalog(path, fsync=False)
+
+
+def test_object_answers_follow_every_commit(tmp_path):
+    """The per-thread answer cache of SqliteCatalog.object never serves a row older
+    than the last commit: by this node's writer, or by another connection."""
+    import threading
+
+    from gpufeed.engine import Engine
+    from gpufeed.errors import NoSuchKey
+
+    with Engine(tmp_path, fsync=False) as e:
+        e.create_bucket("bkt")
+        e.put_object("bkt", "k", b"one")
+        assert e.head_object("bkt", "k").size == 3
+        assert e.head_object("bkt", "k").size == 3  # a repeat, from the cache
+        e.put_object("bkt", "k", b"three")
+        assert e.head_object("bkt", "k").size == 5
+        db = sqlite3.connect(tmp_path / "catalog.sqlite3")
+        with db:
+            db.execute("UPDATE objects SET etag='\"x\"' WHERE bucket='bkt' AND key='k'")
+        db.close()
+        assert e.head_object("bkt", "k").etag == '"x"'
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(e.head_object("bkt", "k").size))
+        t.start()
+        t.join()
+        e.delete_object("bkt", "k")
+        with pytest.raises(NoSuchKey):
+            e.head_object("bkt", "k")
+        assert seen == [5]

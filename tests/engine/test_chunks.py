@@ -305,8 +305,7 @@ def test_policy_survives_restart_and_bucket_stats_show_it(tmp_path):
 def test_block_sums_computed_while_writing_match_the_file(tmp_path):
     import random
 
-    from gpufeed.engine._blocksums import BlockSummer
-    from gpufeed.engine._codecs import block_sums
+    from gpufeed.engine._blocksums import BlockSummer, block_sums
 
     data = _random(1_000_003, 9)
     rng = random.Random(4)
@@ -331,7 +330,7 @@ def test_block_sums_computed_while_writing_match_the_file(tmp_path):
                         pw.write(src[pos:pos + n])
                     pos += n
                 pw.commit()
-            assert pw.block_sums == block_sums(src, 64 << 10)
+            assert pw.block_sums == block_sums(src)
             assert e.get_object("bkt", "k") == src
         with e.begin_put("bkt", "k2") as pw:
             pw.write(b"abc")
@@ -434,3 +433,56 @@ def test_cdc_gets_its_own_default_chunk_size(engine):
     engine.create_bucket("bkt")
     p = engine.set_bucket_data("bkt", dedup=True, chunking="cdc")
     assert p.chunk_bytes == 256 << 10
+
+
+@pytest.mark.parametrize("name", ["raw", "zstd", "dedup"])
+def test_reads_at_every_block_edge(engine, name):
+    engine.create_bucket("bkt")
+    engine.set_bucket_data("bkt", **POLICIES[name])
+    data = _text(300_001) if name == "zstd" else _random(300_001, 5)
+    engine.put_object("bkt", "k", data)
+    n = len(data)
+    for a, b in [(0, 4096), (1, 5), (100, 4000), (4095, 4097), (4096, 8192), (4095, 12289), (8191, 70000),
+                 (n - 4097, n), (n - 1, n), (0, n)]:
+        assert engine.get_object("bkt", "k", RangeByteRequest(a, b)) == data[a:b], (a, b)
+
+
+def _to_legacy_sums(tmp_path, e) -> None:
+    """Rewrite every chunk's sums in the legacy format (xxh3-64 per 64 KiB, kind 0)."""
+    import xxhash
+
+    db = sqlite3.connect(tmp_path / "catalog.sqlite3")
+    with db:
+        for cid, file, off, stored in db.execute("SELECT chunk_id, file, file_offset, stored FROM chunks").fetchall():
+            with open(e._chunks.file_path(file), "rb") as f:
+                f.seek(off)
+                raw = f.read(stored)
+            sums = b"".join(xxhash.xxh3_64_intdigest(raw[i:i + 65536]).to_bytes(8, "little")
+                            for i in range(0, len(raw), 65536))
+            db.execute("UPDATE chunks SET sums=?, sum_kind=0 WHERE chunk_id=?", (sums, cid))
+    db.close()
+
+
+def test_chunks_with_legacy_sums_are_read_and_checked(tmp_path):
+    raw, text = _random(1_000_003, 3), _text(900_001)
+    with Engine(tmp_path, fsync=False) as e:
+        e.create_bucket("bkt")
+        e.create_bucket("zbkt")
+        e.set_bucket_data("zbkt", compression="zstd", chunk_bytes=256 << 10)
+        e.put_object("bkt", "k", raw)
+        e.put_object("zbkt", "k", text)
+        _to_legacy_sums(tmp_path, e)
+    with Engine(tmp_path, fsync=False) as e:
+        for bucket, data in (("bkt", raw), ("zbkt", text)):
+            assert e.get_object(bucket, "k") == data
+            for a, b in [(1, 5), (65535, 65537), (70000, 300000), (len(data) - 3, len(data))]:
+                assert e.get_object(bucket, "k", RangeByteRequest(a, b)) == data[a:b]
+        c = e._chunks.manifest(e.head_object("bkt", "k").blob_id).chunks[0]
+        assert c.sum_kind == 0
+        with open(e._chunks.file_path(c.file), "r+b") as f:
+            f.seek(200_000)
+            f.write(bytes([raw[200_000] ^ 1]))
+        assert e.get_object("bkt", "k", RangeByteRequest(0, 131072)) == raw[:131072]  # blocks 0-1 are good
+        with pytest.raises(DamagedObject):
+            e.get_object("bkt", "k", RangeByteRequest(199_000, 199_100))  # block 3 is not
+        assert [d["chunk"] for d in e.scrub().damaged] == [c.chunk_id]

@@ -1,11 +1,10 @@
-"""The chunk store's pure functions (engine/_codecs.py): codecs, digests, block sums, CDC cuts.
+"""The chunk store's pure functions (engine/_codecs.py): codecs, digests, CDC cuts.
 
 Real data: a tokenized text corpus made from the standard library's ``.py``
 files and bf16 weights made with numpy (gpufeed.bench.codecs builds both)."""
 
 from __future__ import annotations
 
-import struct
 import threading
 import time
 
@@ -17,10 +16,7 @@ import xxhash
 from gpufeed.bench.codecs import bf16_weights, token_corpus
 from gpufeed.engine import _codecs as codecs
 from gpufeed.engine._codecs import (
-    block_count,
-    block_sums,
     cdc_cuts,
-    check_blocks,
     chunk_digest,
     compress_chunk,
     decompress_chunk,
@@ -246,72 +242,6 @@ def test_digests_match_references(corpus, random_bf16, size):
 def test_unknown_digest():
     with pytest.raises(InvalidArgument):
         chunk_digest(b"x", "sha1")
-
-
-@pytest.mark.parametrize("size", [0, 1, 64 * KiB - 1, 64 * KiB, 64 * KiB + 1, 4 * MiB, 4 * MiB - 100])
-def test_block_sums_match_xxhash(random_bf16, size):
-    data = memoryview(random_bf16).cast("B")[:size]
-    sums = block_sums(data)
-    assert len(sums) == 8 * block_count(size) == 8 * -(-size // (64 * KiB))
-    want = [xxhash.xxh3_64_intdigest(bytes(data[i:i + 64 * KiB])) for i in range(0, size, 64 * KiB)]
-    assert list(struct.unpack(f"<{len(want)}Q", sums)) == want
-    if size:
-        assert block_sums(data, 4096)[:8] == struct.pack("<Q", xxhash.xxh3_64_intdigest(bytes(data[:4096])))
-
-
-@pytest.mark.parametrize("block", [0, 1000, 65535, 64 * KiB + 1, -1])
-def test_bad_block_size(block):
-    with pytest.raises(InvalidArgument):
-        block_sums(b"x" * 10, block)
-    with pytest.raises(InvalidArgument):
-        check_blocks(b"x" * 10, b"\x00" * 8, 0, block)
-
-
-def _split(data: memoryview, at: list[int]) -> list[memoryview]:
-    edges = [0, *at, len(data)]
-    return [data[a:b] for a, b in zip(edges, edges[1:])]
-
-
-SIZE = 4 * MiB - 1000  # 64 blocks, the last one 1000 bytes short
-
-
-@pytest.mark.parametrize("where", ["first", "middle", "last_short"])
-@pytest.mark.parametrize("split", [[], [1000, SIZE - 5000], [64 * KiB, 128 * KiB], [1, 2, 3, 64 * KiB + 7]])
-def test_check_blocks_finds_a_flipped_bit(random_bf16, where, split):
-    data = bytearray(memoryview(random_bf16).cast("B")[:SIZE])
-    sums = block_sums(data)
-    n = block_count(SIZE)
-    assert check_blocks(_split(memoryview(data), split) if split else memoryview(data), sums, 0) == -1
-    pos = {"first": 5, "middle": 31 * 64 * KiB + 12345, "last_short": SIZE - 1}[where]
-    data[pos] ^= 0x10
-    bad = pos // (64 * KiB)
-    assert bad == {"first": 0, "middle": 31, "last_short": n - 1}[where]
-    view = memoryview(data)
-    assert check_blocks(_split(view, split) if split else view, sums, 0) == bad
-    assert check_blocks(tuple(_split(view, split)), sums, 0) == bad
-    # a run that starts at the damaged block, or after it
-    run = view[bad * 64 * KiB:]
-    assert check_blocks([run[:100], run[100:]], sums, bad) == bad
-    if bad + 1 < n:
-        assert check_blocks(view[(bad + 1) * 64 * KiB:], sums, bad + 1) == -1
-    if bad > 0:  # a run ending before it
-        assert check_blocks(view[:bad * 64 * KiB], sums, 0) == -1
-
-
-def test_check_blocks_refuses_runs_that_do_not_fit(random_bf16):
-    data = memoryview(random_bf16).cast("B")[:SIZE]
-    sums = block_sums(data)
-    with pytest.raises(ValueError):
-        check_blocks(data[:64 * KiB + 1], sums, 0)  # ends mid-block, not at the chunk's end
-    with pytest.raises(ValueError):
-        check_blocks(data[:128 * KiB], sums, 63)  # past the last block
-    with pytest.raises(ValueError):
-        check_blocks(data[:64 * KiB], sums, -1)
-    with pytest.raises(ValueError):
-        check_blocks(data[:64 * KiB], sums[:-1], 0)
-    assert check_blocks([], sums, 0) == -1
-    assert check_blocks(data[63 * 64 * KiB:], sums, 63) == -1  # the short last block alone
-    assert check_blocks(data[-1000:], sums, 63) == 63  # a short run is hashed as the block it claims to be
 
 
 # --- content-defined cuts ----------------------------------------------------------------------------

@@ -65,7 +65,6 @@ GB/s are 10^9 bytes per second.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -73,6 +72,7 @@ import time
 import warnings
 from pathlib import Path
 
+from ._output import BenchProgress, summary_line, write_json
 from .io import machine_info
 
 __all__ = ["run_checkpoint_bench", "build_state", "FS_THREAD_COUNTS"]
@@ -167,6 +167,8 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
         data_dir = tmp.name
     root = Path(data_dir)
     root.mkdir(parents=True, exist_ok=True)
+    progress = BenchProgress("checkpoint", quiet=quiet or None).start()
+    progress.step("start node")
     node = start_node(root / "node")
     results: list[dict] = []
     dedup: dict = {}
@@ -176,12 +178,14 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
                    "gpufeed_tcp": Client(node.tcp_url, **node.credentials)}
         clients["gpufeed"].create_bucket(BUCKET)
         console.print(f"[bold]gpufeed bench checkpoint[/]: building a {size / GB:.2f} GB state dict ...")
+        progress.step("build the state dict")
         model, opt = build_state(size)
         sd = {"model": model.state_dict(), "optim": opt.state_dict()}
         total = _nbytes(sd)
         memcpy_gbps = _memcpy_gbps()
         x = torch.randn(8, model[0].in_features, generator=torch.Generator().manual_seed(2))
         bench = _Saves(root, node, clients, sd, model, opt, x, repeat, console)
+        bench.step = progress.step
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             for path in paths:
@@ -195,11 +199,13 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
                                          threads=t_best, stager=True))
 
             console.print(f"  LoRA: {versions} versions, rank {lora_rank} ...")
+            progress.step(f"LoRA: {versions} versions")
             dedup = _lora_versions(model, versions, lora_rank, f"{node.tcp_url}/{BUCKET}/lora",
                                    clients["gpufeed"])
         for c in clients.values():
             c.close()
     finally:
+        progress.close()
         node.stop()
         if tmp is not None:
             tmp.cleanup()
@@ -221,9 +227,9 @@ def run_checkpoint_bench(*, size: int = 1 << 30, versions: int = 10, lora_rank: 
            "results": results, "peer_best": peer_best, "dedup": dedup}
     _print(console, out, memcpy_gbps, repeat)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(out, indent=2))
+        write_json(json_path, out)
         console.print(f"wrote {json_path}")
+    progress.done(summary_line("checkpoint", out, json_path))
     return out
 
 
@@ -236,6 +242,7 @@ class _Saves:
         self.root, self.node, self.clients, self.sd = root, node, clients, sd
         self.model, self.opt, self.x, self.repeat, self.say = model, opt, x, repeat, console.print
         self.counter = iter(range(1 << 30))
+        self.step = BenchProgress("checkpoint", enabled=False).step  # the run's progress, when it has one
 
     def writer(self, path: str, background: bool = False, threads: int = 1):
         """A fresh storage writer for ``path`` and a function that removes what it wrote."""
@@ -267,13 +274,16 @@ class _Saves:
         sync: list[float] = []
         if not stager:
             self.say(f"  {path} ({setting}): synchronous saves ...")
+            advance = self.step(f"{path} ({setting}): synchronous saves", total=self.repeat)
             for _ in range(self.repeat):
                 w, cleanup = self.writer(path, threads=threads)
                 t0 = time.perf_counter()
                 dcp.save(self.sd, storage_writer=w, no_dist=True)
                 sync.append(time.perf_counter() - t0)
                 cleanup()
+                advance(1)
         self.say(f"  {path} ({setting}): async saves inside training steps ...")
+        self.step(f"{path} ({setting}): async saves in training steps")
         steps = []
         dcp_stager = _async_stager() if stager else None
         w, cleanup = self.writer(path, background=True, threads=threads)

@@ -38,7 +38,6 @@ JSON shape (as the other benches)::
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import statistics
@@ -53,15 +52,15 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from ..engine._blocksums import block_sums, check_blocks
 from ..engine._codecs import (
-    block_sums,
     cdc_cuts,
-    check_blocks,
     chunk_digest,
     compress_chunk,
     decompress_chunk,
     parse_compression,
 )
+from ._output import BenchProgress, summary_line, write_json
 from .io import machine_info
 
 __all__ = ["run_codecs", "token_corpus", "bf16_weights"]
@@ -222,7 +221,7 @@ def _digest_rows(chunks: Sequence[memoryview], repeat: int) -> list[dict]:
         "blake3 (1 thread)": lambda c, s: blake3.blake3(c, max_threads=1).digest(),
         "blake3 (chunk_digest, threads from 1 MiB)": lambda c, s: chunk_digest(c, "blake3"),
         "xxh3-128 (chunk_digest)": lambda c, s: chunk_digest(c, "xxh3"),
-        "block_sums (xxh3-64 per 64 KiB)": lambda c, s: block_sums(c),
+        "block_sums (running CRC32C per 4 KiB)": lambda c, s: block_sums(c),
         "check_blocks (one view)": lambda c, s: check_blocks(c, s, 0),
         "check_blocks (3 pieces)": lambda c, s: check_blocks(pieces(c), s, 0),
     }
@@ -273,16 +272,18 @@ def run_codecs(size_bytes: int = 256 << 20, *, chunk: int = 4 << 20,
     console = console or Console()
     load_avg = os.getloadavg()[0]  # other work on the machine skews every row alike: recorded
     results: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="gpufeed-bench-codecs-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gpufeed-bench-codecs-") as tmp, BenchProgress("codecs") as progress:
         for data in _DATASETS:
+            progress.step(f"{data}: build and write raw")
             buf = _dataset(data, size_bytes).data.cast("B")
             chunks = [buf[i:i + chunk] for i in range(0, len(buf), chunk)]
             raw_write_s = _raw_write_s(chunks, tmp, repeat)
             if data == "bf16_random":
+                progress.step("memcpy, digests, content-defined cuts")
                 baseline = _baseline(buf, raw_write_s, chunk)
                 digests = _digest_rows(chunks, repeat)
                 cdc = _cdc_rows(buf, repeat)
-            for setting in codecs:
+            for setting in progress.track(codecs, f"{data}: codecs"):
                 results.append(_codec_row(data, setting, chunks, repeat, raw_write_s))
                 console.print(f"{data} {setting}: done")
             del chunks, buf
@@ -304,9 +305,9 @@ def run_codecs(size_bytes: int = 256 << 20, *, chunk: int = 4 << 20,
     }
     _print(console, out)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(out, indent=2))
+        write_json(json_path, out)
         console.print(f"wrote {json_path}")
+    progress.done(summary_line("codecs", out, json_path))
     return out
 
 

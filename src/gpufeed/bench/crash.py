@@ -29,7 +29,6 @@ JSON shape::
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -45,6 +44,7 @@ from ..client import Client
 from ..engine import Engine
 from ..errors import GpufeedError, NoSuchKey
 from ..testing.node import start_node
+from ._output import BenchProgress, summary_line, write_json
 from .io import machine_info
 
 __all__ = ["run_crash", "object_value"]
@@ -204,7 +204,8 @@ def run_crash(*, cycles: int = 100, writers: int = 4, keys: int = 40, seed: int 
            "leaked_bytes_max": 0, "recovery_s_max": 0.0, "checked_keys": 0, "snapshot_ops": 0,
            "snapshot_reads": 0}
     problems: list[str] = []
-    for cycle in range(cycles):
+    progress = BenchProgress("crash").start()
+    for cycle in progress.track(range(cycles), f"kill -9 cycles ({writers} writers)"):
         t0 = time.perf_counter()
         node = start_node(root)
         res["recovery_s_max"] = max(res["recovery_s_max"], time.perf_counter() - t0)
@@ -231,11 +232,13 @@ def run_crash(*, cycles: int = 100, writers: int = 4, keys: int = 40, seed: int 
             problems.append(f"cycle {cycle}: {leaked} bytes on disk that no chunk accounts for")
         console.print(f"  cycle {cycle + 1}/{cycles}: {ledger.writes} writes acknowledged so far, "
                       f"{len(ledger.pending)} in flight at the kill", soft_wrap=True)
+    progress.step("final check")
     node = start_node(root)
     try:
         _check(node, dict(node.credentials), ledger, res, problems)
         _check_snapshots(node, dict(node.credentials), ledger, res, problems)
     finally:
+        progress.close()
         node.stop()
     res["acknowledged_writes"] = ledger.writes
     res["snapshot_ops"] = ledger.snapshot_ops
@@ -255,9 +258,10 @@ def run_crash(*, cycles: int = 100, writers: int = 4, keys: int = 40, seed: int 
                   f"{res['snapshot_reads']} snapshot reads checked, leaked bytes max {res['leaked_bytes_max']}, "
                   f"restart max {res['recovery_s_max']:.2f} s")
     if json_path:
-        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(json_path, out)
     if tmp is not None:
         tmp.cleanup()
+    progress.done(summary_line("crash", out, json_path))
     return out
 
 

@@ -28,7 +28,6 @@ JSON shape::
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from rich.table import Table
 from ..admin import RemoteAdmin
 from ..client import Client
 from ..testing.node import start_node
+from ._output import BenchProgress, summary_line, write_json
 from .codecs import bf16_weights, token_corpus
 from .io import machine_info
 
@@ -61,6 +61,8 @@ def run_data_bench(*, size: int = 1 << 30, versions: int = 10, repeat: int = 3, 
     console = console or Console()
     tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="gpufeed-data-")
     root = Path(data_dir or tmp.name)  # type: ignore[union-attr]
+    progress = BenchProgress("data").start()
+    progress.step("start node")
     node = start_node(root / "data", extra_args=["--no-fsync", "--scrub-interval", "0"])
     out: dict = {"benchmark": "data", "command": " ".join(["gpufeed", "bench", "data", *sys.argv[3:]]),
                  "machine": machine_info(), "params": {"size_bytes": size, "versions": versions, "repeat": repeat,
@@ -68,18 +70,23 @@ def run_data_bench(*, size: int = 1 << 30, versions: int = 10, repeat: int = 3, 
     try:
         admin = RemoteAdmin(node.s3_url, node.access_key, node.secret_key)
         with Client(node.shm_url, **node.credentials) as c:
+            progress.step("checked and unchecked reads")
             out["verify"] = _verify_rows(c, admin, size, repeat, console)
+            progress.step("compression: 3 data sets x 3 codecs")
             out["compression"] = _compression_rows(c, admin, min(size, 256 << 20), repeat, console)
+            progress.step(f"dedup: {versions} checkpoint versions")
             out["dedup"] = _dedup_row(c, admin, size, versions, console)
         admin.close()
     finally:
+        progress.close()
         node.stop()
         if tmp is not None:
             tmp.cleanup()
     out["targets"] = _targets(out)
     _print(out, console)
     if json_path:
-        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(json_path, out)
+    progress.done(summary_line("data", out, json_path))
     return out
 
 

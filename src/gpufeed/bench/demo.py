@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from ._device import same_tensors
+from ._output import BenchProgress, summary_line, write_json
 from .io import CpuMeter, machine_info
 
 __all__ = ["run_demo", "MODEL_SIZES", "PathResult"]
@@ -204,8 +205,8 @@ def _shard_files(model_dir: Path) -> list[Path]:
     return [model_dir / f for f in dict.fromkeys(index["weight_map"].values())]
 
 
-def _upload(client, model_dir: Path, prefix: str) -> float:
-    """Put every file of ``model_dir`` under ``prefix``; returns seconds."""
+def _upload(client, model_dir: Path, prefix: str, progress: BenchProgress | None = None) -> float:
+    """Put every file of ``model_dir`` under ``prefix`` (a byte bar on ``progress``); returns seconds."""
     files = sorted(p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith("."))
     try:
         client.create_bucket(BUCKET)
@@ -213,6 +214,8 @@ def _upload(client, model_dir: Path, prefix: str) -> float:
         if getattr(exc, "code", "") != "BucketAlreadyOwnedByYou":
             raise
     buf = client.alloc(max(p.stat().st_size for p in files))
+    advance = (progress or BenchProgress("demo", enabled=False)).step(
+        f"upload {len(files)} files", total=sum(p.stat().st_size for p in files), bytes_=True)
     t0 = time.perf_counter()
     for p in files:
         n = p.stat().st_size
@@ -220,6 +223,7 @@ def _upload(client, model_dir: Path, prefix: str) -> float:
             got = f.readinto(buf[:n])
         assert got == n, f"{p}: read {got} of {n} bytes"
         client.put(BUCKET, prefix + p.name, buf[:n])
+        advance(n)
     return time.perf_counter() - t0
 
 
@@ -364,8 +368,13 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir = workdir / f"model-{size}"
     say = console.print
-
-    spec = _build_model(size, model_dir, say)
+    progress = BenchProgress("demo").start()
+    try:
+        progress.step(f"model ({size})")
+        spec = _build_model(size, model_dir, say)
+    except BaseException:
+        progress.close()
+        raise
     files = _shard_files(model_dir)
     from safetensors.torch import load_file
 
@@ -383,16 +392,18 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
     if data_dir.exists():
         shutil.rmtree(data_dir)
     say(f"node: starting on {data_dir}")
+    progress.step("start node")
     node = start_node(data_dir)
     results: list[PathResult] = []
     try:
         prefix = f"llama-{size}/"
         with Client(node.shm_url, **node.credentials) as up:
-            upload_s = _upload(up, model_dir, prefix)
+            upload_s = _upload(up, model_dir, prefix, progress)
         say(f"upload: {file_bytes / 1e9:.2f} GB through gpufeed+shm in {upload_s:.1f} s "
             f"({file_bytes / 1e9 / upload_s:.2f} GB/s)")
 
         # warm-up: local files and the node's copies into the page cache
+        progress.step("warm the page cache")
         scratch = memoryview(bytearray(file_bytes))
         _readinto(files, scratch)
         with Client(node.tcp_url, **node.credentials) as c:
@@ -415,6 +426,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
             client = Client(url, **node.credentials)
             try:
                 say(f"measuring {path} ...")
+                progress.step(f"measure {path}")
                 results.append(meter.measure(
                     path, f"gpufeed.ai.load_safetensors over gpufeed+{path}, one client "
                           f"(first run includes registering fresh memory)", nbytes, repeat,
@@ -428,6 +440,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
         client = Client(node.shm_url, **node.credentials)
         try:
             say("measuring shm_map (zero-copy) ...")
+            progress.step("measure shm_map")
             results.append(meter.measure(
                 "shm_map", "gpufeed.ai.load_safetensors(zero_copy=True) over gpufeed+shm: "
                            "tensors map the node's page cache copy-on-write", nbytes, repeat,
@@ -437,6 +450,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
             client.close()
 
         say("measuring s3 ...")
+        progress.step("measure s3")
         s3 = node.boto3_client()
         try:
             results.append(meter.measure(
@@ -447,6 +461,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
             s3.close()
 
         say("measuring local load_file ...")
+        progress.step("measure local load_file")
         pread = meter.measure("local_load_file", 'safetensors load_file(backend="pread")', nbytes,
                               repeat, lambda: _load_local_pread(files), check=check)
         clone = meter.measure("local_load_file", "safetensors load_file (mmap) + .clone()", nbytes,
@@ -458,6 +473,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
         results.append(local)
 
         say("measuring raw readinto ...")
+        progress.step("measure raw readinto")
         # scratch was filled by the warm-up, so its pages are already touched
         results.append(meter.measure(
             "readinto", f"readinto of the files into one preallocated buffer, "
@@ -465,6 +481,7 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
             file_bytes, repeat, lambda: _readinto(files, scratch)))
         scratch = memoryview(b"")  # release the buffer (the loaders that used it are done)
     finally:
+        progress.close()
         code = node.stop()
         if code != 0:
             console.print(f"[yellow]node exited with {code}; log: {node.log_path}[/]")
@@ -494,9 +511,9 @@ def run_demo(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
         "targets": targets,
     }
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(json_path, report)
         say(f"wrote {json_path}")
+    progress.done(summary_line("demo", report, json_path))
     return report
 
 

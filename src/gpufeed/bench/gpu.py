@@ -60,7 +60,6 @@ GB means 10**9 bytes.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import shutil
 import tempfile
@@ -70,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from ._device import bits_equal, device_info, pinned, resolve_device, same_tensors, sync
+from ._output import BenchProgress, summary_line, write_json
 from .demo import (  # the demo's model, upload and loaders: one definition of each
     BUCKET,
     MODEL_SIZES,
@@ -486,9 +486,16 @@ def run_gpu_bench(device: str = "cuda:0", size: str = "1gb",
     failures: list[str] = []
     paths = _skipped_paths(asked, notes)
     kv_tokens = kv_tokens // 256 * 256
-    model, files, reference = _model(size, workdir, dev, console.print)
-    rows = _measure(model, files, reference, dev, workdir, paths, repeat, kv_tokens, checkpoint,
-                    notes, failures, console.print)
+    progress = BenchProgress("gpu").start()
+    say = progress.announcing(console.print)  # each "  <row> ..." line is a phase
+    try:
+        progress.step(f"model ({size})")
+        model, files, reference = _model(size, workdir, dev, say)
+        progress.step("start node, upload, warm the page cache")
+        rows = _measure(model, files, reference, dev, workdir, paths, repeat, kv_tokens, checkpoint,
+                        notes, failures, say)
+    finally:
+        progress.close()
     del reference
     base = next((r["gbps"] for r in rows if r["path"] == "load_file"), None)
     for r in rows:
@@ -514,9 +521,9 @@ def run_gpu_bench(device: str = "cuda:0", size: str = "1gb",
     }
     _print_report(console, report)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(json_path, report)
         console.print(f"wrote {json_path}")
+    progress.done(summary_line("gpu", report, json_path) + (f", {len(failures)} failed" if failures else ""))
     return report
 
 

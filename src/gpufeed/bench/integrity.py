@@ -28,7 +28,6 @@ JSON shape::
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sqlite3
@@ -45,6 +44,7 @@ from ..client import Client
 from ..engine import Engine
 from ..errors import DamagedObject, GpufeedError
 from ..testing.node import start_node
+from ._output import BenchProgress, summary_line, write_json
 from .io import machine_info
 
 __all__ = ["run_integrity"]
@@ -107,14 +107,17 @@ def run_integrity(*, objects: int = 1000, seed: int = 0, json_path: str | None =
             if policy:
                 e.set_bucket_data(b, **policy)
     plan = [(list(BUCKETS)[i % 3], f"obj-{i:05d}", rng.randrange(1 << 10, 512 << 10)) for i in range(objects)]
+    progress = BenchProgress("integrity").start()
+    progress.step("start node")
     node = start_node(root)
     results: list[dict] = []
     harmed_chunks: set[str] = set()
     harmed_files: set[str] = set()
     try:
         with Client(node.tcp_url) as tcp, Client(node.shm_url) as shm:
-            for i, (b, k, size) in enumerate(plan):
+            for i, (b, k, size) in enumerate(progress.track(plan, f"write {objects} objects")):
                 tcp.put(b, k, _data(b, i, size))
+            progress.step("damage three quarters of them")
             good_key = "known-good"
             tcp.put("int-raw", good_key, b"still fine")
             damaged: set[int] = set()
@@ -133,7 +136,7 @@ def run_integrity(*, objects: int = 1000, seed: int = 0, json_path: str | None =
                        for c in _chunks(catalog, b, k)):
                     damaged.add(i)
             chunk_files = {c[0]: c[1] for b, k, _ in plan for c in _chunks(catalog, b, k)}
-            s3 = node.boto3_client(retries={"max_attempts": 1})  # a 500 is final here: count it once
+            s3 = node.boto3_client(retries={"total_max_attempts": 1})  # a 500 is final here: count it once
             paths = {
                 "s3": lambda b, k, n: s3.get_object(Bucket=b, Key=k)["Body"].read(),
                 "tcp": lambda b, k, n: bytes(tcp.get(b, k)),
@@ -142,11 +145,13 @@ def run_integrity(*, objects: int = 1000, seed: int = 0, json_path: str | None =
                 "zero_copy_map": lambda b, k, n: bytes(shm.map_object(b, k)),
             }
             for name, read in paths.items():
+                progress.step(f"read every object back via {name}")
                 results.append(_read_all(name, read, plan, damaged, tcp if name == "tcp" else shm, good_key))
     finally:
         code = node.stop()
     if code != 0:
         raise RuntimeError(f"node exited with {code}: {node.log_path.read_text()[-2000:]}")
+    progress.step("scrub")
     t0 = time.perf_counter()
     with Engine(root, fsync=False) as e:
         report = e.scrub()
@@ -158,9 +163,10 @@ def run_integrity(*, objects: int = 1000, seed: int = 0, json_path: str | None =
              "seconds": round(scrub_s, 3)}
     out = _report(objects, seed, results, scrub, console)
     if json_path:
-        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(json_path, out)
     if tmp is not None:
         tmp.cleanup()
+    progress.done(summary_line("integrity", out, json_path))
     return out
 
 

@@ -9,7 +9,10 @@ call: 16 threads of ranged GETs). Every read is checked against the stored
 block sums (the default); the ``shm_unchecked`` row reads the same object from
 a bucket with checks off, in turns with the checked ``shm`` read (its
 ``gbps_side_by_side``): ``checked_vs_unchecked`` is the price of checking
-(target ≥ 0.8). With ``--cold`` the object's pages are dropped
+(target ≥ 0.8). The floors (:mod:`._io_floors`), measured in the same run: a
+bare Python Unix-socket round trip under the single-get p50 and a bare
+``os.preadv`` loop under the batched 4 KiB IOPS (``p50_vs_floor``,
+``iops_vs_floor`` on the shm and tcp rows). With ``--cold`` the object's pages are dropped
 with ``posix_fadvise(POSIX_FADV_DONTNEED)`` before each cold measurement (rows
 ``local_cold``, ``shm_cold``, ...).
 
@@ -18,14 +21,14 @@ JSON shape (reused by every benchmark)::
     {"benchmark": "io", "machine": {...}, "params": {...},
      "results": [{"path": "local"|"shm"|"tcp"|"s3"|"shm_unchecked"|"<path>_cold", "gbps": float,
                   "put_gbps": float|None, "cpu_s_per_gb": float, "p50_us": float|None,
-                  "p99_us": float|None, "iops_4k": float|None}]}
+                  "p99_us": float|None, "iops_4k": float|None}],
+     "floors": {"unix_round_trip_p50_us", "unix_round_trip_p99_us", "preadv_4k_iops", "targets": {...}}}
 
 GB/s are 10^9 bytes per second.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import random
@@ -37,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+
+from ._output import summary_line, write_json
 
 __all__ = ["run_io_bench", "machine_info", "CpuMeter", "drop_cache"]
 
@@ -351,6 +356,10 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
                 "cpu_s_per_gb": dc / (size / GB), "p50_us": p50, "p99_us": p99,
                 "iops_4k": iops(path), "seconds": dt,
             })
+        floors = None
+        if {"shm", "tcp"} & set(paths):
+            console.print("  floors: bare Unix-socket round trip, bare preadv loop ...")
+            floors = _floors(results, max(blobs, key=os.path.getsize), size, iops_seconds)
         if "shm" in paths:
             console.print("  shm reads from a bucket that does not check them ...")
             results.append(_unchecked_row(node, shm, region, dest, size, repeat, meter, by_path=results))
@@ -383,6 +392,8 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
         out["writes"] = write_out["rows"]
         out["ratios"] = write_out["ratios"]
         out["notes"] = write_out["notes"]
+    if floors is not None:
+        out["floors"] = floors
     by = {r["path"]: r for r in results}
     if "shm_unchecked" in by:
         out["checked_vs_unchecked"] = {"shm_gbps": round(by["shm"]["gbps_side_by_side"], 3),
@@ -402,13 +413,31 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
                       fmt(r["cpu_s_per_gb"], ".3f"), fmt(r["p50_us"], ".0f"),
                       fmt(r["p99_us"], ".0f"), fmt(r["iops_4k"], ",.0f"), fmt(ratio, ".1f"))
     console.print(table)
+    if floors is not None:
+        console.print(f"  floors: Unix-socket round trip p50 {floors['unix_round_trip_p50_us']:.0f} µs, "
+                      f"bare preadv {floors['preadv_4k_iops']:,} 4 KiB reads/s")
     if write_out is not None:
         _print_writes(console, write_out)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(out, indent=2))
-        console.print(f"wrote {json_path}")
+        write_json(json_path, out)
+    console.print(summary_line("io", out, json_path))
     return out
+
+
+def _floors(results: list[dict], data_file: str, size: int, iops_seconds: float) -> dict:
+    """Measure the floors (:mod:`._io_floors`) and state the shm and tcp rows
+    against them (``p50_vs_floor``, ``iops_vs_floor``)."""
+    from ._io_floors import echo_floor, preadv_floor
+
+    p50, p99 = (round(v, 1) for v in echo_floor())
+    iops = round(preadv_floor(data_file, size, iops_seconds))
+    for r in results:
+        if r["path"] in ("shm", "tcp"):
+            r["p50_vs_floor"] = round(r["p50_us"] / p50, 2)
+            r["iops_vs_floor"] = round(r["iops_4k"] / iops, 3)
+    return {"unix_round_trip_p50_us": p50, "unix_round_trip_p99_us": p99, "preadv_4k_iops": iops,
+            "targets": {"shm_p50_us": 50, "tcp_p50_us": 80, "p50_vs_floor": 1.5,
+                        "iops_4k": 200_000, "iops_vs_floor": 0.7}}
 
 
 def _print_writes(console, write_out: dict) -> None:

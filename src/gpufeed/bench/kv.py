@@ -52,7 +52,6 @@ GB/s are 10^9 bytes per second.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import threading
@@ -62,6 +61,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ._output import BenchProgress, summary_line, write_json
 from .io import CpuMeter, machine_info
 
 __all__ = ["run_kv_bench"]
@@ -173,6 +173,8 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
         tmp = tempfile.TemporaryDirectory(prefix="gpufeed-bench-kv-")
         data_dir = tmp.name
     root = Path(data_dir)
+    progress = BenchProgress("kv", quiet=quiet or None).start()
+    progress.step("start node, build the model")
     node = start_node(root / "node", extra_args=["--no-fsync"])
     results: list[dict] = []
     load_avg = [round(os.getloadavg()[0], 2)]  # at the start and the end: other work on the machine
@@ -189,6 +191,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
         mid = f"bench-llama-{layers}x{hidden}-{dtype}"
 
         console.print("  recompute ...")
+        progress.step("recompute (no cache)")
         with torch.no_grad():
             t0 = time.perf_counter()
             ref, t_first = _generate(model, ids, new_tokens)
@@ -197,6 +200,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
                         "same_output": True, "cached_tokens": 0})
 
         console.print("  in_memory (prefix KV already in this process) ...")
+        progress.step("in_memory (prefix KV in this process)")
         with torch.no_grad():
             ttft_mem, same_mem = _in_memory_ttft(model, ids, ref, cached, new_tokens, repeat + 1)
         mem_row = {"path": "in_memory", "ttft_s": ttft_mem, "reload_gbps": None,
@@ -206,6 +210,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
         results.append(mem_row)
 
         # store the first `cached` tokens' KV (from the recompute's cache)
+        progress.step(f"store the KV of {cached} tokens")
         with store_for_model(node.shm_url, model, model_id=mid, bucket=BUCKET,
                              chunk_tokens=chunk_tokens, cpu_tier_bytes=0) as writer:
             kv_layers = [(lyr.keys[0, :, :cached].transpose(0, 1), lyr.values[0, :, :cached].transpose(0, 1))
@@ -227,6 +232,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
         if io_size:
             for transport, url in (("shm", node.shm_url), ("tcp", node.tcp_url)):
                 console.print(f"  io large read via {transport} ...")
+                progress.step(f"io large read via {transport}")
                 with Client(url, **node.credentials) as c:
                     io[transport] = _io_gbps(c, io_size, repeat, None)
                 results.append({"path": f"io_{transport}", "gbps": io[transport], "size_bytes": io_size})
@@ -234,6 +240,7 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
         cpu = CpuMeter(node.pid)
         for transport, url in (("shm", node.shm_url), ("tcp", node.tcp_url)):
             console.print(f"  cached via {transport} ...")
+            progress.step(f"cached via {transport}")
             with store_for_model(url, model, model_id=mid, bucket=BUCKET, chunk_tokens=chunk_tokens,
                                  cpu_tier_bytes=0) as st, torch.no_grad():
                 # reload bandwidth: lookup + get_chunks (the generate path), best of repeat;
@@ -295,9 +302,11 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
         mem_row.update(ttft_s=min(all_mem), speedup=ttft_recompute / min(all_mem),
                        runs=(repeat + 1) * len(all_mem))
         if clients:
+            progress.step(f"{clients} concurrent clients")
             results += _concurrency(node, model, mid, clients, rounds, concurrent_tokens,
                                     chunk_tokens, vocab, tdtype, console)
     finally:
+        progress.close()
         node.stop()
         if tmp is not None:
             tmp.cleanup()
@@ -323,9 +332,9 @@ def run_kv_bench(*, tokens: int = 8192, cached: int | None = None, layers: int =
                        for r in results if r["path"].startswith("cached_")]}
     _print(console, out, Table)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(out, indent=2))
+        write_json(json_path, out)
         console.print(f"wrote {json_path}")
+    progress.done(summary_line("kv", out, json_path))
     return out
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import statistics
 import tempfile
 import threading
@@ -50,6 +49,7 @@ from rich.table import Table
 
 from ..config import NodeConfig
 from ..engine import Engine
+from ._output import BenchProgress, summary_line, write_json
 from .io import machine_info
 
 __all__ = ["run_list_bench"]
@@ -182,8 +182,10 @@ def run_list_bench(*, dirs: int = 1000, per_dir: int = 1000, repeat: int = 20, b
         root = Path(data_dir or tmp)
         engine = Engine(root / "data", fsync=False)
         build_s = {}
+        progress = BenchProgress("list").start()
         try:
             for row, (bucket, kind, big) in rows.items():
+                progress.step(f"build {row} ({(dirs if big else 1) * per_dir:,} objects)")
                 t0 = time.perf_counter()
                 engine.create_bucket(bucket, kind=kind)
                 _fill(engine, bucket, dirs=dirs if big else 1, per_dir=per_dir, target=target, batch=batch)
@@ -194,6 +196,7 @@ def run_list_bench(*, dirs: int = 1000, per_dir: int = 1000, repeat: int = 20, b
             port, stop = _serve(engine, cfg)
             s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id=cfg.access_key,
                               aws_secret_access_key=cfg.secret_key, region_name="us-east-1")
+            progress.step(f"list one directory, {repeat} times per bucket")
             try:
                 timed = _measure(engine, s3, {row: v[0] for row, v in rows.items()}, prefix, per_dir, repeat)
                 results = [{"bucket": row, "kind": kind, "objects": (dirs if big else 1) * per_dir, **timed[row]}
@@ -202,6 +205,7 @@ def run_list_bench(*, dirs: int = 1000, per_dir: int = 1000, repeat: int = 20, b
                 s3.close()
                 stop()
         finally:
+            progress.close()
             engine.close()
     base = results[0]
     for r in results:
@@ -226,9 +230,9 @@ def run_list_bench(*, dirs: int = 1000, per_dir: int = 1000, repeat: int = 20, b
     }
     _print(console, out)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(out, indent=2))
+        write_json(json_path, out)
         console.print(f"wrote {json_path}")
+    progress.done(summary_line("list", out, json_path))
     return out
 
 

@@ -72,7 +72,6 @@ GB means 10**9 bytes (of tensor data).
 from __future__ import annotations
 
 import gc
-import json
 import os
 import shutil
 import tempfile
@@ -80,6 +79,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ._device import same_tensors
+from ._output import BenchProgress, summary_line, write_json
 from .demo import (  # the demo's model, upload and loaders: one definition of each
     BUCKET,
     MODEL_SIZES,
@@ -321,6 +321,8 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir = workdir / f"model-{size}"
+    progress = BenchProgress("model").start()
+    progress.step(f"model ({size})")
     spec = _build_model(size, model_dir, say)
     files = _shard_files(model_dir)
     from safetensors.torch import load_file
@@ -339,6 +341,7 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
             notes.append(f"{path}: skipped, {gone} is not installed (pip install 'gpufeed[bench]')")
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-model-", dir=workdir))
+    progress.step("start node")
     node = start_node(tmp / "node")
     results: list[PathResult] = []
     tags: list[tuple[str, str | None]] = []  # (cache, setting) of each result
@@ -347,7 +350,7 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
     try:
         prefix = f"llama-{size}/"
         with Client(node.shm_url, **node.credentials) as up:
-            _upload(up, model_dir, prefix)
+            _upload(up, model_dir, prefix, progress)
         blobs = [str(p) for p in (tmp / "node" / "blobs").rglob("*") if p.is_file()]
         meter = _Meter(node.pid)
         scratch = memoryview(bytearray(file_bytes))
@@ -397,6 +400,7 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
             verify = check if cache == "warm" and path != "readinto" else None
             cleanup = fst.close if path == "fastsafetensors" else None
             say(f"  {cache} {path} ...")
+            progress.step(f"{cache} {path}")
             if path == "runai":
                 for res, setting in _runai_sweep(files, cache, nbytes, runs,
                                                  sweep_repeat if cache == "warm" else sweep_cold_repeat):
@@ -431,6 +435,7 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
             tags.append((cache, None))
 
         # warm-up: every file and blob page-cached, clients connected
+        progress.step("warm the page cache")
         _readinto(files, scratch)
         for f in files:
             clients["tcp"].get_into(BUCKET, prefix + f.name, scratch[:f.stat().st_size])
@@ -453,10 +458,13 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
             c.close()
         s3.close()
         scratch = memoryview(b"")  # release the buffer (the loaders that used it are done)
+        if first_loads:
+            progress.step(f"first loads in fresh processes ({first_loads} per way)")
         first = (_first_loads(files, model_dir, prefix, tmp, node, first_loads, paths, say,
                               _best_peer_settings(results, tags))
                  if first_loads else [])
     finally:
+        progress.close()
         fst.close()
         node.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -542,8 +550,8 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
         "notes": notes,
     }
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(json_path, report)
         say(f"wrote {json_path}")
     gc.collect()
+    progress.done(summary_line("model", report, json_path))
     return report

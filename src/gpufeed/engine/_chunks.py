@@ -2,9 +2,10 @@
 
 Layers: an object version row names a *blob id*; the blob id names a manifest
 (its chunks, in order); a chunk is a run of the data, stored raw or compressed
-at an offset of a data file (``blobs/ab/cd/<file>``), with the xxh3-64 sum of
-each 64 KiB block of what is stored (checked on every read, see
-:mod:`._chunkreads`) and a digest of its data (BLAKE3 or xxh3-128).
+at an offset of a data file (``blobs/ab/cd/<file>``), with the running CRC32C
+at the end of each 4 KiB block of what is stored (checked on every read, see
+:mod:`._blocksums` and :mod:`._chunkreads`) and a digest of its data (BLAKE3 or
+xxh3-128).
 
 How a version is cut into chunks depends on its bucket's
 :class:`~gpufeed.engine.DataPolicy`:
@@ -51,8 +52,9 @@ import xxhash
 
 from ..errors import InternalError, InvalidArgument, StorageFull
 from ._blobs import BlobFiles, new_id, pread_full, remove_quietly, write_all
-from ._chunkreads import SUM_BLOCK, Manifest, ManifestCache
-from ._codecs import PROBE_BYTES, block_sums, cdc_cuts, chunk_digest, compress_chunk, probe_pays
+from ._blocksums import SUM_BLOCK, BlockSummer, block_sums
+from ._chunkreads import STEP_ALIGN, Manifest, ManifestCache
+from ._codecs import PROBE_BYTES, cdc_cuts, chunk_digest, compress_chunk, probe_pays
 from .catalog import Catalog, CatalogWriter
 from .types import ChunkRecord, DataPolicy
 
@@ -96,8 +98,8 @@ def parse_policy(doc: dict) -> DataPolicy:
     hi = _MAX_CDC_AVG if p.chunking == "cdc" else _MAX_CHUNK
     if not isinstance(p.chunk_bytes, int) or not _MIN_CHUNK <= p.chunk_bytes <= hi:
         raise InvalidArgument(f"chunk size must be {_MIN_CHUNK} to {hi} bytes for {p.chunking} chunking")
-    if p.chunk_bytes % SUM_BLOCK and p.chunking == "fixed":
-        raise InvalidArgument(f"a fixed chunk size must be a multiple of {SUM_BLOCK} bytes")
+    if p.chunk_bytes % STEP_ALIGN and p.chunking == "fixed":
+        raise InvalidArgument(f"a fixed chunk size must be a multiple of {STEP_ALIGN} bytes")
     if p.digest not in ("blake3", "xxh3"):
         raise InvalidArgument(f"digest must be blake3 or xxh3, not {p.digest!r}")
     if not isinstance(p.dedup, bool) or not isinstance(p.verify, bool):
@@ -278,7 +280,7 @@ class ChunkStore:
 
     def _stage_raw(self, st: Staged, tmp: str, sums: bytes | None) -> None:
         self.check_room(st.size)
-        if sums is None or len(sums) != 8 * -(-st.size // SUM_BLOCK):
+        if sums is None or len(sums) != 4 * -(-st.size // SUM_BLOCK):
             fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 sums = _file_sums(fd, 0, st.size)
@@ -333,7 +335,7 @@ class ChunkStore:
                     stored = memoryview(packed) if packed is not None else view
                     self.check_room(written + len(stored))
                     write_all(out_fd, stored, written)
-                    sums = block_sums(stored, SUM_BLOCK)
+                    sums = block_sums(stored)
                     cid = f"{st.blob_id}.{len(st.chunk_ids)}"
                     rec = ChunkRecord(cid, st.blob_id, written, len(stored), len(view),
                                       p.compression if packed else "", _sums_digest(sums), sums)
@@ -423,7 +425,7 @@ class ChunkStore:
         st.paths.append(tmp)
         st.paths[-1] = self.files.publish_blob(tmp, file_id)
         return ChunkRecord(file_id, file_id, 0, len(stored), len(view), p.compression if packed else "",
-                           digest, block_sums(stored, SUM_BLOCK), st.domain)
+                           digest, block_sums(stored), st.domain)
 
     def commit(self, w: CatalogWriter, st: Staged) -> None:
         """Record a staged version's chunks and manifest inside the write
@@ -623,18 +625,19 @@ class ChunkStore:
 
 
 def _file_sums(fd: int, offset: int, size: int) -> bytes:
-    """Block sums of ``size`` bytes of ``fd`` from ``offset`` (read in 8 MiB steps)."""
+    """Block sums of ``size`` bytes of ``fd`` from ``offset`` (read in 8 MiB steps;
+    a file that ends early gives the sums of the bytes it has)."""
     buf = memoryview(bytearray(min(size, _READ_BYTES) or 1))
-    out = []
+    summer = BlockSummer()
     pos = 0
     while pos < size:
         n = min(len(buf), size - pos)
         got = pread_full(fd, buf[:n], offset + pos)
-        out.append(block_sums(buf[:got], SUM_BLOCK))
+        summer.feed(buf[:got])
         if got < n:
             break
         pos += n
-    return b"".join(out)
+    return summer.finish()
 
 
 def _cdc_cuts_of_file(fd: int, size: int, avg: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""Chunk codecs, digests, per-block sums and content-defined cuts: pure functions, no engine state.
+"""Chunk codecs, digests and content-defined cuts: pure functions, no engine state.
 
 The chunk store calls these on chunks of up to a few MiB, from several threads
 at once. Every function is thread-safe and spends its time inside native code
@@ -28,9 +28,7 @@ xxHash XXH3 (https://github.com/Cyan4973/xxHash).
 
 from __future__ import annotations
 
-import struct
 import threading
-from collections.abc import Sequence
 
 import blake3
 import lz4.block
@@ -46,7 +44,6 @@ from ..errors import ChunkCorrupt, InvalidArgument
 __all__ = [
     "CODECS",
     "DIGESTS",
-    "BLOCK_SIZE",
     "ZSTD_DEFAULT_LEVEL",
     "CDC_AVG_MIN",
     "CDC_AVG_MAX",
@@ -59,15 +56,11 @@ __all__ = [
     "decompress_chunk",
     "chunk_digest",
     "digest_size",
-    "block_count",
-    "block_sums",
-    "check_blocks",
     "cdc_cuts",
 ]
 
 CODECS = ("off", "lz4", "zstd")
 DIGESTS = {"blake3": 32, "xxh3": 16}  # algorithm -> digest bytes
-BLOCK_SIZE = 64 << 10  # 64 KiB: the unit of per-block sums
 ZSTD_DEFAULT_LEVEL = 3
 ZSTD_LEVELS = range(1, 20)  # 1..19 (20..22 need "ultra" windows: not offered)
 CDC_AVG_MIN = 64 << 10  # 64 KiB
@@ -304,98 +297,6 @@ def chunk_digest(view: object, algo: str) -> bytes:
         return xxhash.xxh3_128_digest(data)
     threads = blake3.blake3.AUTO if len(data) >= _BLAKE3_THREADS_FROM else 1
     return blake3.blake3(data, max_threads=threads).digest()
-
-
-def block_count(size: int, block: int = BLOCK_SIZE) -> int:
-    """Blocks of ``block`` bytes in ``size`` bytes (the last may be short): ``ceil(size / block)``."""
-    return -(-size // block)
-
-
-def _check_block(block: int) -> None:
-    if not isinstance(block, int) or block < 4096 or block & (block - 1):
-        raise InvalidArgument(f"block size {block!r}: expected a power of two >= 4096 bytes")
-
-
-def block_sums(view: object, block: int = BLOCK_SIZE) -> bytes:
-    """XXH3-64 of each ``block``-byte block of a chunk, for verifying partial reads.
-
-    Args:
-        view: the raw chunk (any C-contiguous buffer).
-        block: block size in bytes, a power of two >= 4 KiB (64 KiB default).
-
-    Returns:
-        ``8 * block_count(len(view), block)`` bytes: each block's XXH3-64 (seed 0)
-        as a little-endian uint64, in order; the last block may be short.
-
-    Raises:
-        InvalidArgument: a bad block size.
-    """
-    _check_block(block)
-    data = _bytes(view)
-    digest = xxhash.xxh3_64_intdigest
-    sums = [digest(data[i:i + block]) for i in range(0, len(data), block)]
-    return struct.pack(f"<{len(sums)}Q", *sums)
-
-
-def check_blocks(views: object, expected_sums: bytes, first_block: int, block: int = BLOCK_SIZE) -> int:
-    """Verify a run of consecutive blocks of a chunk against its block sums.
-
-    The run may arrive in pieces (a head scratch buffer, the client's buffer, a
-    tail scratch buffer): blocks inside one piece are hashed in one call; a
-    block that straddles pieces is hashed incrementally, never joined.
-
-    Args:
-        views: one buffer, or a list/tuple of buffers that together hold the run.
-        expected_sums: the chunk's :func:`block_sums` (all of its blocks).
-        first_block: index in the chunk of the run's first block.
-        block: the block size the sums were made with, in bytes.
-
-    Returns:
-        The chunk-relative index of the first block whose sum differs, or -1.
-
-    Raises:
-        ValueError: the run does not fit the sums (past the chunk's last block,
-            or ending mid-block anywhere but at the chunk's end).
-        InvalidArgument: a bad block size.
-    """
-    _check_block(block)
-    pieces = [_bytes(v) for v in (views if isinstance(views, (list, tuple)) else [views])]
-    total = sum(len(p) for p in pieces)
-    count = block_count(total, block)
-    n_sums, rem = divmod(len(expected_sums), 8)
-    if rem or first_block < 0 or first_block + count > n_sums:
-        raise ValueError(f"blocks {first_block}..{first_block + count - 1} are not all in "
-                         f"{len(expected_sums)} bytes of sums")
-    if total % block and first_block + count != n_sums:
-        raise ValueError(f"a run of {total} bytes ends mid-block before the chunk's last block")
-    want = struct.unpack_from(f"<{count}Q", expected_sums, 8 * first_block)
-    return _scan(pieces, want, first_block, block, total)
-
-
-def _scan(pieces: Sequence[memoryview], want: Sequence[int], first_block: int, block: int, total: int) -> int:
-    digest = xxhash.xxh3_64_intdigest
-    piece, pos = 0, 0  # the cursor: pieces[piece][pos:]
-    for i, expected in enumerate(want):
-        need = min(block, total - i * block)
-        while pos == len(pieces[piece]):
-            piece, pos = piece + 1, 0
-        cur = pieces[piece]
-        if len(cur) - pos >= need:  # the common case: the block lies inside one piece
-            got = digest(cur[pos:pos + need])
-            pos += need
-        else:
-            hasher = xxhash.xxh3_64()
-            while need:
-                while pos == len(pieces[piece]):
-                    piece, pos = piece + 1, 0
-                cur = pieces[piece]
-                take = min(need, len(cur) - pos)
-                hasher.update(cur[pos:pos + take])
-                pos, need = pos + take, need - take
-            got = hasher.intdigest()
-        if got != expected:
-            return first_block + i
-    return -1
 
 
 def cdc_cuts(view: object, min_size: int | None = None, avg_size: int = 256 << 10,

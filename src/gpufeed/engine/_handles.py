@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import DamagedObject, InvalidArgument, NoSuchKey
-from ._chunkreads import SUM_BLOCK, ChunkDamage, Manifest, ReadStep, run_step
+from ._chunkreads import STEP_ALIGN, ChunkDamage, Manifest, ReadStep, run_step
 from ._openfiles import OpenFile, OpenFiles
 from .types import ObjectInfo
 
@@ -117,7 +117,7 @@ class ObjectHandle:
         i = m.locate(start)
         pos = start
         end = start + n
-        step_len = max(SUM_BLOCK, max_step - max_step % SUM_BLOCK)
+        step_len = max(STEP_ALIGN, max_step - max_step % STEP_ALIGN)
         while pos < end:
             c = m.chunks[i]
             if not self.verify and c.chunk_id in self._store.damaged:  # unchecked reads never serve it

@@ -157,7 +157,7 @@ INSERT OR REPLACE INTO usage (bucket, bytes, objects)
 
 # Version 5: the chunk store. An object version's ``blob_id`` names a manifest
 # (its chunks in order); a chunk is a run of data stored raw or compressed in a
-# data file, checked on every read against its per-64 KiB-block sums, shared
+# data file, checked on every read against its per-block sums, shared
 # by every manifest that holds the same bytes in a deduplicating bucket
 # (``domain`` set, found by ``digest``), freed when its references reach 0.
 _VERSION_5 = """
@@ -169,7 +169,7 @@ CREATE TABLE IF NOT EXISTS chunks (
     size        INTEGER NOT NULL,   -- bytes of data
     codec       TEXT NOT NULL,      -- '' | 'lz4' | 'zstd'
     digest      BLOB NOT NULL,      -- BLAKE3 or xxh3-128 of the data
-    sums        BLOB NOT NULL,      -- xxh3-64 of each 64 KiB block of the stored bytes
+    sums        BLOB NOT NULL,      -- block sums of the stored bytes (format: sum_kind)
     domain      TEXT,               -- dedup domain of a shared chunk, NULL otherwise
     refs        INTEGER NOT NULL,   -- appearances in manifests
     bucket      TEXT NOT NULL       -- the bucket that stored it (its stored bytes count there)
@@ -293,6 +293,7 @@ _ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("buckets", "etag_policy", "TEXT NOT NULL DEFAULT 'md5'"),  # 'md5' | 'fast' | 'none'
     ("uploads", "tags", "TEXT NOT NULL DEFAULT ''"),          # of the object the upload completes into
     ("uploads", "lock", "TEXT NOT NULL DEFAULT ''"),          # JSON [mode, until, legal_hold], '' for none
+    ("chunks", "sum_kind", "INTEGER NOT NULL DEFAULT 0"),     # 1: running CRC32C per 4 KiB; 0: xxh3-64 per 64 KiB
 )
 
 

@@ -49,7 +49,7 @@ __all__ = ["SqliteCatalog", "SCHEMA_VERSION"]
 
 _MMAP_BYTES = 256 << 20  # 256 MiB of the catalog file mapped per connection
 _BUSY_TIMEOUT_S = 30.0
-
+_OBJECT_CACHE_ROWS = 1024  # rows each reading thread keeps in SqliteCatalog.object's cache (about 1 MB)
 
 _BUCKET_COLS = ("SELECT name, created, kind, capacity_bytes, ttl_s, versioning, object_lock, lock_mode,"
                 " lock_days, lock_years, owner, etag_policy FROM buckets")
@@ -619,11 +619,23 @@ class SqliteCatalog(_Reads, Catalog):
         return self.reader()
 
     def object(self, bucket: str, key: str) -> ObjectInfo | None:
+        """The current version's row of ``bucket/key`` (``None``: none). Repeats come from a per-thread
+        cache, dropped when ``PRAGMA data_version`` shows a commit by any other connection or process."""
+        cur, local = self.lookup_cursor(), self._local
+        version = cur.execute("PRAGMA data_version").fetchall()[0][0]
+        cache = getattr(local, "objects", None)
+        if cache is None or local.objects_version != version or len(cache) >= _OBJECT_CACHE_ROWS:
+            cache = local.objects = {}
+            local.objects_version = version
+        hit = cache.get((bucket, key), cache)  # the dict itself: not cached
+        if hit is not cache:
+            return hit
         try:
-            rows = self.lookup_cursor().execute(_SQL_HEAD, (bucket, key)).fetchall()
+            rows = cur.execute(_SQL_HEAD, (bucket, key)).fetchall()
         except UnicodeEncodeError as exc:
             raise InvalidArgument(f"object key {key!r} is not valid UTF-8") from exc
-        return self._object_info(bucket, key, rows[0]) if rows else None
+        info = cache[(bucket, key)] = self._object_info(bucket, key, rows[0]) if rows else None
+        return info
 
     @contextmanager
     def snapshot(self) -> Iterator[CatalogReader]:

@@ -15,12 +15,12 @@ from .types import ChunkRecord
 
 __all__ = ["ChunkReads", "ChunkWrites"]
 
-_CHUNK_COLS = "chunk_id, file, file_offset, stored, size, codec, digest, sums, domain"
+_CHUNK_COLS = "chunk_id, file, file_offset, stored, size, codec, digest, sums, domain, sum_kind"
 
 
 def _chunk(row) -> ChunkRecord:
-    cid, file, off, stored, size, codec, digest, sums, domain = row
-    return ChunkRecord(cid, file, off, stored, size, codec, bytes(digest), bytes(sums), domain)
+    cid, file, off, stored, size, codec, digest, sums, domain, kind = row
+    return ChunkRecord(cid, file, off, stored, size, codec, bytes(digest), bytes(sums), domain, kind)
 
 
 class ChunkReads:
@@ -33,7 +33,7 @@ class ChunkReads:
         # One statement: SQLite reads it in one consistent state even outside a transaction.
         rows = self._conn().execute(
             "SELECT m.size, c.chunk_id, c.file, c.file_offset, c.stored, c.size, c.codec, c.digest, c.sums,"
-            " c.domain FROM manifests m LEFT JOIN manifest_chunks mc ON mc.blob_id = m.blob_id"
+            " c.domain, c.sum_kind FROM manifests m LEFT JOIN manifest_chunks mc ON mc.blob_id = m.blob_id"
             " LEFT JOIN chunks c ON c.chunk_id = mc.chunk_id WHERE m.blob_id=? ORDER BY mc.seq",
             (blob_id,)).fetchall()
         if not rows:
@@ -117,8 +117,9 @@ class ChunkWrites:
     def insert_chunk(self, record: ChunkRecord, refs: int, bucket: str = "") -> None:
         r = record
         self._c.execute(
-            f"INSERT INTO chunks ({_CHUNK_COLS}, refs, bucket) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (r.chunk_id, r.file, r.file_offset, r.stored, r.size, r.codec, r.digest, r.sums, r.domain, refs, bucket))
+            f"INSERT INTO chunks ({_CHUNK_COLS}, refs, bucket) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (r.chunk_id, r.file, r.file_offset, r.stored, r.size, r.codec, r.digest, r.sums, r.domain, r.sum_kind,
+             refs, bucket))
 
     def add_chunk_refs(self, chunk_id: str, n: int) -> bool:
         cur = self._c.execute("UPDATE chunks SET refs = refs + ? WHERE chunk_id=?", (n, chunk_id))
@@ -153,8 +154,8 @@ class ChunkWrites:
         if not rows:
             return None
         r = record
-        c.execute("UPDATE chunks SET file=?, file_offset=?, stored=?, codec=?, sums=? WHERE chunk_id=?",
-                  (r.file, r.file_offset, r.stored, r.codec, r.sums, chunk_id))
+        c.execute("UPDATE chunks SET file=?, file_offset=?, stored=?, codec=?, sums=?, sum_kind=? WHERE chunk_id=?",
+                  (r.file, r.file_offset, r.stored, r.codec, r.sums, r.sum_kind, chunk_id))
         c.execute("DELETE FROM damaged_chunks WHERE chunk_id=?", (chunk_id,))
         return rows[0][0]
 

@@ -39,8 +39,7 @@ from ..errors import (
     StorageFull,
 )
 from ._blobs import BlobFiles, copy_range, remove_quietly, start_writeback, write_all_v
-from ._blocksums import BlockSummer
-from ._chunkreads import SUM_BLOCK
+from ._blocksums import SUM_BLOCK, BlockSummer
 from ._chunks import ChunkStore
 from ._kvpolicy import KVBucketPolicy
 from ._names import check_str_map

@@ -357,9 +357,13 @@ class ChunkRecord:
         codec: ``""`` (raw), ``"lz4"`` or ``"zstd"``.
         digest: BLAKE3 (32 bytes) or xxh3-128 (16 bytes) of the data; for a raw
             chunk that belongs to one manifest, xxh3-128 of ``sums``.
-        sums: xxh3-64 (little-endian, 8 bytes each) of every 64 KiB block of the
-            stored bytes (the last block may be short): checked on every read.
+        sums: the block sums of the stored bytes, checked on every read: for
+            ``sum_kind`` 1 the running CRC32C at the end of every 4 KiB block
+            (little-endian, 4 bytes each; the last block may be short), for
+            ``sum_kind`` 0 (legacy) the xxh3-64 of every 64 KiB block (8 bytes
+            each); see :mod:`gpufeed.engine._blocksums`.
         domain: dedup domain (the owning tenant) of a shared chunk, else ``None``.
+        sum_kind: the format of ``sums``.
     """
 
     chunk_id: str
@@ -371,6 +375,7 @@ class ChunkRecord:
     digest: bytes
     sums: bytes
     domain: str | None = None
+    sum_kind: int = 1
 
 
 #: Chunk size of a bucket's data unless it asks otherwise, bytes.

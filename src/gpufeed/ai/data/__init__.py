@@ -22,6 +22,7 @@ The package, one concern a module, imports in one direction::
     _fetch     Reader: bounded read-ahead, batched small reads, the error policy
     _common    what both datasets share (decode under the policy, fingerprint)
     _objects   ObjectDataset, ResumableSampler
+    _tarstream one worker's tar sample stream, and its resume from sample counts
     _shards    ShardDataset
     _loader    ResumableLoader
 

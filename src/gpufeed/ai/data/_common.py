@@ -34,13 +34,15 @@ class DatasetBase:
     def _setup(self, url: str, prefix: str, *, on_error: str, max_retries: int, retry_backoff_s: float,
                limits: ReadLimits | None, access_key: str | None, secret_key: str | None,
                request_timeout_s: float, connections: int | None) -> None:
+        self.limits = limits if limits is not None else ReadLimits()
+        # read buffers come from Client.alloc (pooled); keep no more idle than one read-ahead's worth
         client_kw: dict[str, Any] = {"access_key": access_key, "secret_key": secret_key,
-                                     "request_timeout_s": request_timeout_s}
+                                     "request_timeout_s": request_timeout_s,
+                                     "max_idle_bytes": self.limits.max_inflight_bytes + self.limits.batch_bytes}
         if connections is not None:
             client_kw["connections"] = connections
         self.source = Source.parse(url, prefix, client_kw)
         self.policy = ErrorPolicy(on_error, max_retries, retry_backoff_s)
-        self.limits = limits if limits is not None else ReadLimits()
         self._reader: Reader | None = None
 
     @property

@@ -19,6 +19,7 @@ padded.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
@@ -85,6 +86,7 @@ class Reader:
     def __init__(self, source: Source, policy: ErrorPolicy, limits: ReadLimits) -> None:
         self.source, self.policy, self.limits = source, policy, limits
         self.skipped = 0
+        self._retry_worked = False
 
     def read(self, items: Iterable[Listed]) -> Iterator[tuple[Listed, memoryview | None]]:
         """Yield ``(item, data)`` for each item, in order; ``data`` is exactly
@@ -146,20 +148,26 @@ class Reader:
 
     def _submit(self, group: list[Listed]) -> _Pending:
         nbytes = _need(group)
-        buf = memoryview(bytearray(nbytes))
-        views, pos = [], 0
-        for it in group:
-            views.append(buf[pos:pos + it.size + 1])
-            pos += it.size + 1
         errors: list | None = None
+        views: list[memoryview] = []
         try:
             client = self.source.client()
+            # memory the node writes into directly (shm), pooled and already faulted in
+            buf = client.alloc(nbytes)
+            pos = 0
+            for it in group:
+                views.append(buf[pos:pos + it.size + 1])
+                pos += it.size + 1
             if len(group) == 1 and group[0].size + 1 > self.limits.batch_bytes:
                 fut = client.submit_get_into(self.source.bucket, group[0].key, views[0])
             else:
                 errors = []
                 reqs = [ReadRequest(self.source.bucket, it.key, v) for it, v in zip(group, views)]
                 fut = client.submit_get_many_into(reqs, errors_out=errors)
+            # the node writes into alloc memory by region id, so nothing else holds the buffer:
+            # keep it until the read is done, even if this reader is dropped before then
+            # (else the pool could lend it again while the node still writes into it)
+            fut.add_done_callback(functools.partial(_keep, buf))
         except (GpufeedError, OSError) as exc:  # could not even send: fail the group
             fut = Future()
             fut.set_exception(exc)
@@ -192,8 +200,12 @@ class Reader:
         err = self.typed(item, exc)
         if self.policy.on_error == "retry":
             for attempt in range(self.policy.max_retries):
-                time.sleep(self.policy.retry_backoff_s * (2 ** attempt))
+                # the other reads of a group that failed with its connection: once one retry
+                # worked, the node is back, and the next one goes without waiting
+                if attempt or not self._retry_worked:
+                    time.sleep(self.policy.retry_backoff_s * (2 ** attempt))
                 data = self._read_alone(item)
+                self._retry_worked = not isinstance(data, BaseException)
                 if not isinstance(data, BaseException):
                     return data
                 err = self.typed(item, data)
@@ -234,6 +246,10 @@ class Reader:
         """Count and log a sample left out under ``on_error="skip"``."""
         self.skipped += 1
         log.warning("skipping %s: %s", self.source.where(err.key) if err.key else "a sample", err)
+
+
+def _keep(_buf: memoryview, _fut: Future) -> None:
+    """A done-callback whose only job is to hold ``_buf`` as long as the Future lives."""
 
 
 def _lost(exc: BaseException) -> bool:

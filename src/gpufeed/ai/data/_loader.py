@@ -5,10 +5,13 @@ Each batch leaves its DataLoader worker tagged with the worker's id and the
 position, in that worker's sample stream, of the batch's last sample (the
 collate function is wrapped; the tag is stripped before the batch is
 yielded, after ``pin_memory``). The loader keeps the latest position per
-worker; :meth:`ResumableLoader.state_dict` saves them with the epoch, and a
-loader restored from it makes each worker skip exactly the samples it had
-delivered. With a map-style dataset the position is the number of indices
-of the sampler consumed.
+worker and which worker it would ask next; :meth:`ResumableLoader.state_dict`
+saves them with the epoch, and a loader restored from it makes each worker
+skip exactly the samples it had delivered, its workers taking the roles
+rotated so that the round-robin continues where it stopped (DataLoader asks
+its workers in a fixed cycle, and a worker with no more samples is passed
+over, so the order of batches depends only on each worker's stream). With a
+map-style dataset the position is the number of sampler indices consumed.
 """
 
 from __future__ import annotations
@@ -31,17 +34,21 @@ class _Tagged(NamedTuple):
     batch: Any
     worker: int
     position: int
+    parsed: list  # (unit, samples) of shards parsed since the last batch
 
 
 class _TagCollate:
-    """Collate, then tag the batch with the worker and its stream position."""
+    """Collate, then tag the batch with the worker, its stream position and
+    the sample counts of the shards it parsed."""
 
     def __init__(self, collate, uid: str | None) -> None:
         self.collate, self.uid = collate, uid
 
     def __call__(self, samples):
-        pos = stream_positions.get(self.uid, -1) if self.uid is not None else -1
-        return _Tagged(self.collate(samples), worker()[0], pos)
+        progress = stream_positions.get(self.uid) if self.uid is not None else None
+        if progress is None:
+            return _Tagged(self.collate(samples), worker()[0], -1, [])
+        return _Tagged(self.collate(samples), progress.worker, progress.position, progress.take_parsed())
 
 
 class ResumableLoader(torch.utils.data.DataLoader):
@@ -62,7 +69,8 @@ class ResumableLoader(torch.utils.data.DataLoader):
         dataset: a :class:`ShardDataset` or :class:`ObjectDataset`.
         **kwargs: ``DataLoader``'s. With an :class:`ObjectDataset`,
             ``sampler`` must be a :class:`ResumableSampler` (default: the
-            dataset's ``sampler(shuffle=False)``).
+            dataset's ``sampler(shuffle=shuffle)``, seed 0, ranks as
+            :class:`ResumableSampler` finds them).
 
     Raises:
         InvalidArgument: another kind of dataset or sampler.
@@ -76,7 +84,9 @@ class ResumableLoader(torch.utils.data.DataLoader):
             if kwargs.get("batch_sampler") is not None:
                 raise InvalidArgument("ResumableLoader counts positions through its sampler: "
                                       "pass sampler=, not batch_sampler=")
-            sampler = kwargs.setdefault("sampler", dataset.sampler(shuffle=False))
+            if kwargs.get("sampler") is None:
+                kwargs["sampler"] = dataset.sampler(shuffle=bool(kwargs.pop("shuffle", False)))
+            sampler = kwargs["sampler"]
             if not isinstance(sampler, ResumableSampler):
                 raise InvalidArgument("an ObjectDataset's sampler must be a ResumableSampler "
                                       "(dataset.sampler(...))")
@@ -90,6 +100,8 @@ class ResumableLoader(torch.utils.data.DataLoader):
         collate = kwargs.pop("collate_fn", None) or (default_collate if batched else default_convert)
         super().__init__(dataset, collate_fn=_TagCollate(collate, uid), **kwargs)
         self._positions: list[int] = []
+        self._next_worker = 0
+        self._counts: dict[int, int] = {}
         self._consumed = 0
         self._pending: dict | None = None
 
@@ -105,7 +117,12 @@ class ResumableLoader(torch.utils.data.DataLoader):
         return self._epoch_owner.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` next, from its beginning (on the dataset or the sampler)."""
+        """Read epoch ``epoch`` next (on the dataset or the sampler): from its
+        beginning, or from the position :meth:`load_state_dict` loaded when
+        that position is in epoch ``epoch`` (so a training loop that calls
+        ``set_epoch`` at the top of every epoch resumes as it should)."""
+        if self._pending is not None and self._pending["epoch"] == epoch:
+            return
         self._epoch_owner.set_epoch(epoch)
         self._pending = None
 
@@ -113,7 +130,9 @@ class ResumableLoader(torch.utils.data.DataLoader):
         pending, self._pending = self._pending, None
         if self._shards is not None:
             self._positions = list(pending["positions"]) if pending else [0] * max(1, self.num_workers)
-            self._shards.set_resume(self._positions if pending else None)
+            self._next_worker = pending["next_worker"] if pending else 0
+            self._counts = {u: n for u, n in pending.get("shard_samples", [])} if pending else {}
+            self._shards.set_resume(self._positions if pending else None, self._next_worker, self._counts)
         else:
             assert self._rsampler is not None
             self._consumed = pending["consumed"] if pending else 0
@@ -122,6 +141,8 @@ class ResumableLoader(torch.utils.data.DataLoader):
         for tagged in super().__iter__():
             if self._shards is not None:
                 self._positions[tagged.worker] = max(self._positions[tagged.worker], tagged.position)
+                self._next_worker = (tagged.worker + 1) % len(self._positions)
+                self._counts.update((int(u), int(n)) for u, n in tagged.parsed)
             else:
                 self._consumed += per_batch
             yield tagged.batch
@@ -137,8 +158,9 @@ class ResumableLoader(torch.utils.data.DataLoader):
         "dataset": the dataset's state}``; all plain values (picklable, savable
         with :func:`gpufeed.ai.save`)."""
         if self._shards is not None:
-            return {"epoch": self.epoch, "num_workers": self.num_workers,
-                    "dataset": self._shards.state_dict(), "positions": list(self._positions)}
+            return {"epoch": self.epoch, "num_workers": self.num_workers, "dataset": self._shards.state_dict(),
+                    "positions": list(self._positions), "next_worker": self._next_worker,
+                    "shard_samples": sorted([u, n] for u, n in self._counts.items())}
         assert self._objects is not None
         return {"epoch": self.epoch, "num_workers": self.num_workers, "dataset": self._objects.state_dict(),
                 "consumed": self._consumed, "sampler": self._sampler_settings()}
@@ -161,5 +183,6 @@ class ResumableLoader(torch.utils.data.DataLoader):
             if state.get("sampler") != self._sampler_settings():
                 raise InvalidArgument(f"the saved sampler settings {state.get('sampler')} differ "
                                       f"from {self._sampler_settings()}")
+        self._pending = None
         self.set_epoch(int(state["epoch"]))
         self._pending = state

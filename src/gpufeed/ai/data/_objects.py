@@ -39,9 +39,11 @@ class ObjectDataset(DatasetBase, torch.utils.data.Dataset):
         url: ``gpufeed+tcp://HOST:PORT/BUCKET[/PREFIX]`` or
             ``gpufeed+shm:///path/gpufeed.sock/BUCKET[/PREFIX]``.
         prefix: appended to the URL's key prefix, used as is (``"train/"``).
-        decode: ``decode(data) -> sample``; ``data`` is a ``memoryview`` of the
-            object's bytes (copy what you keep beyond the call only if you
-            change it). Default: the object's ``bytes``.
+        decode: ``decode(data) -> sample``; ``data`` is a writable
+            ``memoryview`` of exactly the object's bytes, in memory of the
+            process's read pool that is reused only once no view of it is left
+            (``torch.frombuffer(data, dtype=...)`` keeps it without a copy).
+            Default: the object's ``bytes``.
         on_error: ``"raise"`` (default), ``"skip"`` or ``"retry"``; see
             :class:`~gpufeed.ai.data.ErrorPolicy`. Skipped samples leave their
             batch shorter; ``ds[i]`` alone raises for a sample it cannot give.
@@ -196,4 +198,5 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         return iter(self.indices()[start:])
 
     def __len__(self) -> int:
-        return len(self.indices()) - self.start
+        n = self.n - self.n % self.world_size if self.drop_last else self.n
+        return max(0, len(range(self.rank, n, self.world_size)) - self.start)

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 import numpy as np
 
 from ...errors import InvalidArgument
 
-__all__ = ["resolve_rank", "worker", "rng", "epoch_order", "split", "shuffle_buffer"]
+__all__ = ["resolve_rank", "worker", "rng", "epoch_order", "split", "ShuffleBuffer", "NOTHING"]
 
 T = TypeVar("T")
 
@@ -86,21 +86,39 @@ def split(order: Sequence[T], part: int, parts: int, *, even: bool = False) -> l
     return list(order[part::parts])
 
 
-def shuffle_buffer(items: Iterable[T], size: int, gen: random.Random) -> Iterator[T]:
-    """Shuffle a stream with a buffer of ``size`` items (``webdataset``'s
-    ``shuffle`` stage): once the buffer is full, each new item replaces a
-    randomly chosen one, which is yielded; the rest come out shuffled at the
-    end. ``size <= 1`` keeps the order. Deterministic for a given ``gen``."""
-    if size <= 1:
-        yield from items
-        return
-    buf: list[T] = []
-    for item in items:
-        if len(buf) < size:
-            buf.append(item)
-            continue
-        j = gen.randrange(size)
-        out, buf[j] = buf[j], item
-        yield out
-    gen.shuffle(buf)
-    yield from buf
+#: What :meth:`ShuffleBuffer.push` returns while the buffer is filling.
+NOTHING = object()
+
+
+class ShuffleBuffer(Generic[T]):
+    """A stream shuffle with a buffer of ``size`` items (``webdataset``'s
+    ``shuffle`` stage), one item at a time so a resume can replay it on
+    placeholders: once the buffer is full, each pushed item replaces a
+    randomly chosen one, which comes out; :meth:`drain` gives the rest,
+    shuffled. ``size <= 1`` keeps the order. Deterministic for a given ``gen``.
+
+    Attributes:
+        items: the items held (a resume swaps placeholders for real items here).
+    """
+
+    def __init__(self, size: int, gen: random.Random) -> None:
+        self.size, self.gen = size, gen
+        self.items: list = []
+
+    def push(self, item: T) -> T | object:
+        """Add ``item``; returns the item that leaves, or :data:`NOTHING`."""
+        if self.size <= 1:
+            return item
+        if len(self.items) < self.size:
+            self.items.append(item)
+            return NOTHING
+        j = self.gen.randrange(self.size)
+        out, self.items[j] = self.items[j], item
+        return out
+
+    def drain(self) -> list:
+        """The items left, shuffled (the end of the stream)."""
+        if self.size > 1:
+            self.gen.shuffle(self.items)
+        out, self.items = self.items, []
+        return out

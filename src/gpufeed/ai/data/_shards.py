@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
@@ -17,26 +18,51 @@ from ...errors import InvalidArgument
 from ._common import SKIP, DatasetBase, fingerprint
 from ._errors import CorruptShard
 from ._fetch import ReadLimits
-from ._sampling import epoch_order, resolve_rank, rng, shuffle_buffer, split, worker
+from ._sampling import ShuffleBuffer, epoch_order, resolve_rank, rng, split, worker
 from ._source import Listed
 from ._tar import parse_shard
+from ._tarstream import TarStream
 
-__all__ = ["ShardDataset", "MAX_WORKERS", "stream_positions"]
+__all__ = ["ShardDataset", "MAX_WORKERS", "Progress", "stream_positions"]
 
 #: DataLoader workers a :class:`ShardDataset` can resume (the shared position table's size).
 MAX_WORKERS = 256
-_EPOCH, _RESUME = 0, 1  # slots of the shared table; worker w's resume position is at 2 + w
+# slots of the shared table; logical worker w's resume position is at _POSITIONS + w,
+# and (tar shards) unit u's sample count, -1 unknown, at _COUNTS + u
+_EPOCH, _RESUME, _FIRST, _POSITIONS = 0, 1, 2, 3
+_COUNTS = _POSITIONS + MAX_WORKERS
 
-#: Raw-stream position of the sample each dataset (by uid) yielded last in this
-#: process; the loader's collate wrapper reads it (same worker process, right after).
-stream_positions: dict[str, int] = {}
+
+@dataclass
+class Progress:
+    """Where one worker's stream is: its logical worker id, the raw-stream
+    position of the sample it yielded last, and the ``(unit, samples)`` counts
+    of the shards it parsed since the loader's collate wrapper last took them
+    (plain values only: a module-level table must not keep a reader, and its
+    client, alive)."""
+
+    worker: int
+    position: int
+    parsed: list[tuple[int, int]]
+
+    def take_parsed(self) -> list[tuple[int, int]]:
+        """A copy of :attr:`parsed`, which is emptied in place."""
+        out = list(self.parsed)
+        self.parsed.clear()
+        return out
+
+
+#: The :class:`Progress` of each dataset (by uid) iterating in this process; the
+#: loader's collate wrapper reads it (same worker process, right after).
+stream_positions: dict[str, Progress] = {}
 
 
 class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
     """Iterable dataset over WebDataset tar shards, or over raw sample objects.
 
-    ``format="tar"``: each object under the prefix ending in ``.tar`` is a
-    shard in the ``webdataset`` package's format (shards written by
+    ``format="tar"``: each object under the prefix ending in ``.tar`` is an
+    (uncompressed) shard in the ``webdataset`` package's format (other objects
+    are left out) (shards written by
     ``webdataset.TarWriter`` or :func:`~gpufeed.ai.data.write_shard`); a
     sample is ``{"__key__", "__url__", ext: bytes, ...}``. Each shard is
     read whole (large reads, several shards in flight within
@@ -102,11 +128,14 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
         listed = self.source.list()
         if format == "auto":
             format = "tar" if listed and all(it.key.endswith(".tar") for it in listed) else "objects"
+        if format == "tar":
+            listed = [it for it in listed if it.key.endswith(".tar")]
         self.format = format
         self.units = [[it] for it in listed] if format == "tar" else _sample_groups(listed)
         self._fingerprint = fingerprint(listed)
         self._uid = uuid.uuid4().hex
-        self._shared = torch.zeros(2 + MAX_WORKERS, dtype=torch.int64).share_memory_()
+        table = _COUNTS + (len(self.units) if format == "tar" else 0)
+        self._shared = torch.zeros(table, dtype=torch.int64).share_memory_()
 
     # --- epochs and positions -----------------------------------------------------------
     @property
@@ -122,30 +151,50 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
         self._shared[_EPOCH] = epoch
         self.set_resume(None)
 
-    def set_resume(self, positions: list[int] | None) -> None:
-        """Start the next iteration part-way: worker ``k`` skips the first
-        ``positions[k]`` samples of its stream (``None``: start at the beginning).
-        :class:`~gpufeed.ai.data.ResumableLoader` calls this from its saved state.
+    def set_resume(self, positions: list[int] | None, first: int = 0,
+                   counts: Mapping[int, int] | None = None) -> None:
+        """Start the next iteration part-way: logical worker ``k`` skips the
+        first ``positions[k]`` samples of its stream, and DataLoader worker
+        ``j`` plays logical worker ``(j + first) % len(positions)`` (DataLoader
+        asks its workers for batches round-robin from worker 0, so ``first`` is
+        the worker the interrupted run would have asked next). ``counts`` maps
+        tar units to their number of samples, as far as known: with them the
+        workers re-read only the shards they still need (see ``_tarstream``).
+        ``None``: start at the beginning. :class:`~gpufeed.ai.data.ResumableLoader`
+        calls this from its saved state.
 
         Raises:
-            InvalidArgument: more than :data:`MAX_WORKERS` positions, or a negative one.
+            InvalidArgument: more than :data:`MAX_WORKERS` positions, a negative
+                one, ``first`` not a worker, or a count of no unit.
         """
         if positions is None:
             self._shared[_RESUME] = 0
             return
         if len(positions) > MAX_WORKERS or any(type(p) is not int or p < 0 for p in positions):
             raise InvalidArgument(f"need at most {MAX_WORKERS} positions, each an int >= 0")
-        self._shared[2:2 + len(positions)] = torch.tensor(positions, dtype=torch.int64)
+        if type(first) is not int or not 0 <= first < max(1, len(positions)):
+            raise InvalidArgument(f"first must be a worker index: {first!r}")
+        if self.format == "tar":
+            self._shared[_COUNTS:] = -1
+            for u, n in (counts or {}).items():
+                if not 0 <= u < len(self.units) or n < 0:
+                    raise InvalidArgument(f"a saved sample count of no shard: unit {u}, {n} samples")
+                self._shared[_COUNTS + u] = n
+        self._shared[_POSITIONS:_POSITIONS + len(positions)] = torch.tensor(positions, dtype=torch.int64)
+        self._shared[_FIRST] = first
         self._shared[_RESUME] = len(positions)
 
-    def _resume_position(self, wid: int, nworkers: int) -> int:
+    def _logical_worker(self) -> tuple[int, int, int]:
+        """``(logical worker, workers, samples to skip)`` for the iteration starting here."""
+        wid, nworkers = worker()
         saved = int(self._shared[_RESUME])
         if saved == 0:
-            return 0
+            return wid, nworkers, 0
         if saved != nworkers:
             raise InvalidArgument(f"the saved position is for {saved} DataLoader workers, "
                                   f"this loader has {nworkers}: resume with the same num_workers")
-        return int(self._shared[2 + wid])
+        wid = (wid + int(self._shared[_FIRST])) % nworkers
+        return wid, nworkers, int(self._shared[_POSITIONS + wid])
 
     def state_dict(self) -> dict:
         """The dataset's part of a saved position: its epoch, order settings and
@@ -176,33 +225,30 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
         return split(split(order, self.rank, self.world_size, even=self.even), wid, nworkers)
 
     def __iter__(self) -> Iterator[Any]:
-        wid, nworkers = worker()
+        wid, nworkers, skip = self._logical_worker()
         epoch = self.epoch
-        skip = self._resume_position(wid, nworkers)
         mine = self.my_units(epoch, wid, nworkers)
+        stream: Iterator[tuple[dict, Any]]  # (raw sample, its shard or its objects)
         if self.format == "tar":
             gen = rng(self.seed, epoch, self.rank, wid)
-            stream = shuffle_buffer(self._tar_samples(mine), self.shuffle_buffer if self.shuffle else 0, gen)
+            buf: ShuffleBuffer = ShuffleBuffer(self.shuffle_buffer if self.shuffle else 0, gen)
+            tar = TarStream(mine, [u[0] for u in self.units], self.reader.read, self._parse, buf,
+                            self.source.bucket)
+            counts = self._shared[_COUNTS:].tolist() if skip else []
+            pos, stream = tar.start(skip, counts.__getitem__)
+            parsed = tar.parsed  # the stream appends to this list; Progress.take_parsed empties it
         else:  # raw objects: the order is known from the listing, so a resume reads nothing it skips
-            stream = self._object_samples(mine, skip)
-        pos = 0 if self.format == "tar" else skip
+            pos, stream, parsed = skip, self._object_samples(mine, skip), []
         for raw, unit in stream:
             pos += 1
             if pos <= skip:
-                continue
-            sample = self.decode_or_skip(self.decode, raw, unit[0].key, functools.partial(self._reread, unit, raw))
-            stream_positions[self._uid] = pos
+                continue  # replaying a tar stream without its shards' sample counts
+            units = unit if isinstance(unit, list) else [unit]
+            sample = self.decode_or_skip(self.decode, raw, units[0].key,
+                                         functools.partial(self._reread, units, raw))
+            stream_positions[self._uid] = Progress(wid, pos, parsed)
             if sample is not SKIP:
                 yield sample
-
-    def _tar_samples(self, mine: list[int]) -> Iterator[tuple[dict, list[Listed]]]:
-        shards = [self.units[i][0] for i in mine]
-        for shard, data in self.reader.read(shards):
-            if data is None:
-                continue  # skipped by the policy
-            samples = self._parse(shard, data)
-            for s in samples:
-                yield s, [shard]
 
     def _parse(self, shard: Listed, data) -> list[dict]:
         try:

@@ -106,6 +106,8 @@ class Source:
         Raises:
             TransportError, OSError: the node cannot be reached.
         """
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()  # a forked child: the parent's lock may have been held
         with self._lock:
             if self._session is None or self._pid != os.getpid():
                 self._session = NodeSession(self.node_url, connect_kw=self.client_kw, replace_lost=True)
@@ -120,14 +122,15 @@ class Source:
             session.failed(exc)
 
     def list(self) -> list[Listed]:
-        """Every object under the prefix, in key order (UTF-8 bytes).
+        """Every object under the prefix, in key order (UTF-8 bytes); keys
+        ending in ``/`` (folder markers some tools write) are left out.
 
         Raises:
             NoSuchBucket: no such bucket.
             TransportError: the node cannot be reached.
         """
         entries = self.client().list(self.bucket, self.prefix)
-        return [Listed(e.key, e.size) for e in entries if not e.is_prefix]
+        return [Listed(e.key, e.size) for e in entries if not e.is_prefix and not e.key.endswith("/")]
 
     def close(self) -> None:
         """Close this process's client (a later use opens a new one)."""
