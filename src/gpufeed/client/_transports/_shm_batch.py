@@ -111,8 +111,10 @@ def submit_batch(t: ShmTransport, reqs: list[ReadRequest], dests: list[memoryvie
         copied = Future()
 
         def on_reply(f: Future, copied: Future = copied) -> None:
-            batch_out.append(_batch_done(f, plan, reqs, dests, index, digests_out, errors_out))
-            copied.set_result(None)
+            try:
+                batch_out.append(_batch_done(f, plan, reqs, dests, index, digests_out, errors_out))
+            finally:  # whatever happened, the batch's part is over: never leave finish() waiting
+                copied.set_result(None)
 
         fut.add_done_callback(on_reply)
 
