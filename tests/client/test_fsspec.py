@@ -381,3 +381,29 @@ class TestFsspecAbstractSuite(AbstractFixtures, AbstractCopyTests, AbstractGetTe
     @pytest.fixture
     def supports_empty_directories(self):
         return False
+
+
+def _damage(node, data: bytes) -> None:
+    """Flip a byte of the node's data file that holds ``data`` (a raw object is one file of its bytes)."""
+    target = next(p for p in Path(node.data_dir, "blobs").rglob("*")
+                  if p.is_file() and p.stat().st_size == len(data) and p.read_bytes() == data)
+    damaged = bytearray(data)
+    damaged[len(damaged) // 2] ^= 1
+    target.write_bytes(damaged)
+
+
+def test_damaged_object_is_an_oserror_and_leaves_no_file(fs, bucket, node, tmp_path):
+    path = f"{bucket}/damaged.bin"
+    data = os.urandom(300_001)
+    fs.pipe(path, data)
+    _damage(node, data)
+    with pytest.raises(OSError) as got:
+        fs.cat(path)
+    assert "damaged" in str(got.value) and got.value.__cause__ is not None
+    with pytest.raises(OSError):
+        with fs.open(path, "rb") as f:
+            f.read()
+    dest = tmp_path / "damaged.bin"
+    with pytest.raises(OSError):
+        fs.get(path, str(dest))
+    assert not dest.exists()  # never a file of unread bytes

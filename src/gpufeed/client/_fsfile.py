@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 
 from fsspec.spec import AbstractBufferedFile
 
-from ..errors import AccessError, BucketAlreadyExists, BucketAlreadyOwnedByYou, BucketNotEmpty, NotFoundError
+from ..errors import (
+    AccessError,
+    BucketAlreadyExists,
+    BucketAlreadyOwnedByYou,
+    BucketNotEmpty,
+    DamagedObject,
+    InternalError,
+    NotFoundError,
+)
 
 if TYPE_CHECKING:
     from .fs import GpufeedFileSystem
@@ -31,6 +39,8 @@ def oserrors(path: str) -> Iterator[None]:
         raise FileExistsError(errno.EEXIST, f"{exc}", path) from exc
     except BucketNotEmpty as exc:
         raise OSError(errno.ENOTEMPTY, f"{exc}", path) from exc
+    except (DamagedObject, InternalError) as exc:  # stored data failed its check, or the node failed
+        raise OSError(errno.EIO, f"{exc}", path) from exc
 
 
 def fs_error(exc: BaseException, path: str) -> BaseException:

@@ -37,6 +37,7 @@ as ``ConnectionError``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -452,15 +453,28 @@ class GpufeedFileSystem(AbstractFileSystem):
         os.makedirs(os.path.dirname(os.path.abspath(lpath)), exist_ok=True)
         callback.set_size(size)
         bucket, key = self.split_path(rpath)
-        with open(lpath, "wb+") as f:
-            if size == 0:
-                return None
-            f.truncate(size)
-            with mmap.mmap(f.fileno(), size) as m:
-                with memoryview(m) as mv, oserrors(rpath):
-                    got = self.client.get_into(bucket, key, mv)
-            if got < size:  # the object shrank meanwhile
-                f.truncate(got)
+        done = False
+        try:
+            with open(lpath, "wb+") as f:
+                got = 0
+                if size:
+                    f.truncate(size)
+                    m = mmap.mmap(f.fileno(), size)
+                    try:
+                        with oserrors(rpath):
+                            got = self.client.get_into(bucket, key, memoryview(m))
+                    finally:
+                        try:
+                            m.close()
+                        except BufferError:  # a failed read's traceback still holds a view; freed with it
+                            pass
+                    if got < size:  # the object shrank meanwhile
+                        f.truncate(got)
+            done = True
+        finally:
+            if not done:  # never leave a file of unread (zero) bytes behind
+                with contextlib.suppress(OSError):
+                    os.unlink(lpath)
         callback.relative_update(got)
         return None
 
