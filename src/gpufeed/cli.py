@@ -547,6 +547,8 @@ def bench_report(in_dir, out_path) -> None:
     """Every benchmark's JSON on one self-contained HTML page: plots, ratios to baselines, commands."""
     from .bench.report import write_report
 
+    if not sorted(Path(in_dir).glob("*.json")):
+        raise click.ClickException(f"no benchmark JSON files in {in_dir!r} (run from the checkout, or pass --in)")
     try:
         out = write_report(out_path, in_dir)
     except ImportError as exc:

@@ -322,6 +322,9 @@ def test_resume_refuses_another_listing_or_worker_count(data):
         ResumableLoader(ShardDataset(data[2]), batch_size=2, num_workers=2).load_state_dict(state)
     with pytest.raises(InvalidArgument, match="does not match"):
         ResumableLoader(ShardDataset(data[1], seed=1), batch_size=2, num_workers=2).load_state_dict(state)
+    for bad in (None, {}, {"epoch": 0, "num_workers": 2}, [state]):
+        with pytest.raises(InvalidArgument, match="state_dict"):
+            ResumableLoader(ShardDataset(data[1]), batch_size=2, num_workers=2).load_state_dict(bad)
     with pytest.raises(InvalidArgument):
         ResumableLoader(torch.utils.data.TensorDataset(torch.zeros(3)))
     with pytest.raises(InvalidArgument, match="ResumableSampler"):
@@ -464,3 +467,16 @@ def test_a_dropped_dataset_lets_its_client_go(data):
         client = weakref.ref(ds.source.client())
         del ds, loader
         assert client() is None  # no table or cycle keeps it (and its connections) open
+
+
+def test_an_empty_listing_or_a_rank_without_shards_is_logged(data, caplog):
+    caplog.set_level("WARNING", logger="gpufeed.ai.data")
+    typo = data[1].replace("/shards/", "/shrads/")
+    assert len(ObjectDataset(typo)) == 0 and list(ShardDataset(typo)) == []
+    assert "no objects under" in caplog.text and "shrads/" in caplog.text
+    caplog.clear()
+    ShardDataset(data[1], rank=N_SHARDS, world_size=N_SHARDS + 1)
+    assert f"rank {N_SHARDS} gets none" in caplog.text
+    caplog.clear()
+    ShardDataset(data[1], rank=0, world_size=N_SHARDS)
+    assert "gets none" not in caplog.text

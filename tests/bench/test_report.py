@@ -158,6 +158,10 @@ def test_cli_bench_report(tmp_path):
                                        "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert f"report: {out.resolve()}" in result.output and out.read_text().startswith("<!DOCTYPE html>")
+    empty = CliRunner().invoke(main, ["bench", "report", "--in", str(tmp_path / "nothing-here"),
+                                      "--out", str(tmp_path / "x.html")])
+    assert empty.exit_code == 1 and "no benchmark JSON files" in empty.output
+    assert not (tmp_path / "x.html").exists()
 
 
 def _chromium() -> str:

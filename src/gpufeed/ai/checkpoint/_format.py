@@ -126,7 +126,7 @@ def parse_checkpoint_url(url: str, *, bucket: str | None = None,
             node = "gpufeed+shm://" + "/".join(elems[: cut + 1])
             rest = "/".join(elems[cut + 1:])
     else:
-        raise InvalidArgument(f"{url!r}: a checkpoint URL starts with gpufeed+tcp:// or gpufeed+shm://")
+        raise InvalidArgument(f"{url!r}: a gpufeed URL starts with gpufeed+tcp:// or gpufeed+shm://")
     rest = rest.strip("/")
     url_bucket, _, url_prefix = rest.partition("/")
     bucket = bucket if bucket is not None else url_bucket

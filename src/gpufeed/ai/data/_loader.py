@@ -172,6 +172,9 @@ class ResumableLoader(torch.utils.data.DataLoader):
             InvalidArgument: the state is of another listing, dataset settings,
                 sampler settings or number of workers.
         """
+        if not isinstance(state, dict) or not {"dataset", "epoch", "num_workers"} <= state.keys():
+            raise InvalidArgument("a loader state is the dict of ResumableLoader.state_dict(), with 'dataset', "
+                                  f"'epoch' and 'num_workers': got {type(state).__name__}")
         if state.get("num_workers") != self.num_workers:
             raise InvalidArgument(f"the saved position is for num_workers={state.get('num_workers')}, "
                                   f"this loader has {self.num_workers}")

@@ -5,6 +5,7 @@ shard level and then through a sample buffer."""
 from __future__ import annotations
 
 import functools
+import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from ._tar import parse_shard
 from ._tarstream import TarStream
 
 __all__ = ["ShardDataset", "MAX_WORKERS", "Progress", "stream_positions"]
+
+log = logging.getLogger("gpufeed.ai.data")
 
 #: DataLoader workers a :class:`ShardDataset` can resume (the shared position table's size).
 MAX_WORKERS = 256
@@ -132,6 +135,9 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
             listed = [it for it in listed if it.key.endswith(".tar")]
         self.format = format
         self.units = [[it] for it in listed] if format == "tar" else _sample_groups(listed)
+        if listed and not split(range(len(self.units)), self.rank, self.world_size, even=self.even):
+            log.warning("%s: %d %s for %d ranks: rank %d gets none each epoch", self.source.where(self.source.prefix),
+                        len(self.units), "shards" if format == "tar" else "samples", self.world_size, self.rank)
         self._fingerprint = fingerprint(listed)
         self._uid = uuid.uuid4().hex
         table = _COUNTS + (len(self.units) if format == "tar" else 0)

@@ -8,6 +8,7 @@ client that lost its connection (the node restarted) is replaced.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from .._session import NodeSession
 from ..checkpoint import parse_checkpoint_url
 
 __all__ = ["Source", "Listed", "ErrorPolicy", "ON_ERROR"]
+
+log = logging.getLogger("gpufeed.ai.data")
 
 ON_ERROR = ("raise", "skip", "retry")
 
@@ -130,7 +133,10 @@ class Source:
             TransportError: the node cannot be reached.
         """
         entries = self.client().list(self.bucket, self.prefix)
-        return [Listed(e.key, e.size) for e in entries if not e.is_prefix and not e.key.endswith("/")]
+        out = [Listed(e.key, e.size) for e in entries if not e.is_prefix and not e.key.endswith("/")]
+        if not out:  # a typo'd prefix would otherwise be an epoch that ends at once
+            log.warning("no objects under %s: the dataset is empty", self.where(self.prefix))
+        return out
 
     def close(self) -> None:
         """Close this process's client (a later use opens a new one)."""
