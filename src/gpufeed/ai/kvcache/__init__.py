@@ -1,4 +1,4 @@
-"""KV-cache tier: attention KV stored and reloaded by token prefix (issue 4).
+"""KV-cache tier: attention KV stored and reloaded by token prefix.
 
 Formats: ``docs/kvcache-format.md``. The LMCache remote-storage plugin is
 :mod:`gpufeed.ai.kvcache.lmcache` (not imported here: it imports LMCache;
