@@ -33,7 +33,7 @@ from awscrt.checksums import combine_crc32c, crc32c
 from ..errors import InvalidArgument
 
 __all__ = ["SUM_KIND", "LEGACY_SUM_KIND", "SUM_BLOCK", "LEGACY_SUM_BLOCK", "BlockSummer", "block_sums", "crc32c",
-           "sums_array", "run_expected", "crc_of", "first_bad_block", "check_blocks", "sums_bytes"]
+           "sums_array", "run_expected", "crc_of", "first_bad_block", "check_run", "check_blocks", "sums_bytes"]
 
 #: The sum kind of every chunk written now: running CRC32C per 4 KiB block.
 SUM_KIND = 1
@@ -179,6 +179,27 @@ def first_bad_block(pieces: Sequence, sums: Sequence[int], first: int, block: in
     return -1
 
 
+def check_run(pieces: Sequence, sums: Sequence[int], first: int, nbytes: int, crc: int | None = None,
+              block: int = SUM_BLOCK) -> int:
+    """Check a run of ``nbytes`` bytes held by ``pieces`` (byte buffers, in order)
+    that starts at block ``first`` of a chunk and ends at a block end or the
+    chunk's end, against the chunk's running ``sums``: one CRC pass (skipped when
+    the caller passes the run's ``crc``, computed as the bytes landed) and one
+    combine; the block-by-block pass only after a mismatch, to name the block.
+
+    Returns:
+        The chunk-relative index of the first bad block (or of the first block
+        without a sum), or -1.
+    """
+    last = first + -(-nbytes // block)
+    if last == first:
+        return -1
+    if last <= len(sums) and (crc_of(pieces) if crc is None else crc) == run_expected(sums, first, last, nbytes):
+        return -1
+    bad = first_bad_block(pieces, sums, first, block)
+    return bad if bad >= 0 else first
+
+
 def check_blocks(views: object, expected_sums: bytes, first_block: int, block: int = SUM_BLOCK) -> int:
     """Verify a run of consecutive blocks of a chunk against its sums (:data:`SUM_KIND`).
 
@@ -208,9 +229,4 @@ def check_blocks(views: object, expected_sums: bytes, first_block: int, block: i
                          f"{len(expected_sums)} bytes of sums")
     if total % block and first_block + count != len(expected_sums) // 4:
         raise ValueError(f"a run of {total} bytes ends mid-block before the chunk's last block")
-    if not count:
-        return -1
-    sums = sums_array(expected_sums, SUM_KIND)
-    if crc_of(pieces) == run_expected(sums, first_block, first_block + count, total):
-        return -1
-    return first_bad_block(pieces, sums, first_block, block)
+    return check_run(pieces, sums_array(expected_sums, SUM_KIND), first_block, total, block=block)

@@ -38,9 +38,8 @@ from ._blocksums import (
     LEGACY_SUM_BLOCK,
     LEGACY_SUM_KIND,
     SUM_BLOCK,
+    check_run,
     crc32c,
-    first_bad_block,
-    run_expected,
     sums_array,
 )
 from ._codecs import decompress_chunk
@@ -241,12 +240,7 @@ def check_stored(view: memoryview, sums: array, first_block: int, kind: int) -> 
     ``kind`` are the chunk's. Returns the index of the first bad block, or -1."""
     if kind == LEGACY_SUM_KIND:
         return _check_legacy(view, sums, first_block)
-    last = first_block + -(-len(view) // SUM_BLOCK)
-    if last > len(sums):
-        return min(len(sums), first_block)
-    if last == first_block or crc32c(view) == run_expected(sums, first_block, last, len(view)):
-        return -1
-    return first_bad_block((view,), sums, first_block)
+    return check_run((view,), sums, first_block, len(view))
 
 
 def _preadv_rest(fd: int, bufs: list[memoryview], offset: int, got: int) -> int:
@@ -299,9 +293,9 @@ def _read_raw_checked(step: ReadStep) -> None:
             crc = crc32c(x, crc)
         pos += want
         done = cut
-    if crc != run_expected(step.sums, first, last, b - a):
-        bad = first_bad_block([x for x in (head, dest, tail) if x is not None], step.sums, first)
-        raise ChunkDamage(c, f"block {bad if bad >= 0 else first} does not match its sum")
+    bad = check_run([x for x in (head, dest, tail) if x is not None], step.sums, first, b - a, crc)
+    if bad >= 0:
+        raise ChunkDamage(c, f"block {bad} does not match its sum")
 
 
 # Legacy sums: xxh3-64 per 64 KiB block -------------------------------------------
