@@ -1,25 +1,48 @@
 """One fast-path connection from the client side, with many requests in flight.
 
 Our own code because it is the fast path. A request is a frame sent under a
-send lock; a receiver thread reads reply frames and lands any payload (TCP)
-straight in the destination buffers the request registered (``recv_into``;
-no intermediate ``bytes``), then completes the request's future.
+send lock. Reply frames are read by whichever thread holds the connection's
+read token, which lands any payload (TCP) straight in the destination buffers
+the request registered (``recv_into``; no intermediate ``bytes``) and
+completes the request's Future:
+
+- **Leader/follower.** A thread that waits for its reply takes the token and
+  reads frames itself until its own reply is in, completing the others'
+  Futures on the way; on leaving it hands the token to a waiting thread
+  whose reply has not come. A lone request thus costs no thread hand-over:
+  the kernel wakes the waiting thread itself.
+- **Receiver thread.** It reads only when nobody waits: for Futures with
+  done-callbacks (it is woken when one is registered) and for replies
+  nobody asked for within ``ORPHAN_WAIT_S``.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
+import select
 import socket
 import threading
+import time
+from collections import deque
 from concurrent.futures import Future
 
 from ..errors import GpufeedError, InvalidArgument, ProtocolError, TransportError
 from ..wire import protocol as p
+from ._types import ReplyFuture
 
 __all__ = ["Connection", "connect_tcp", "connect_unix"]
 
 log = logging.getLogger("gpufeed.client")
+
+#: How long a reply may sit unread, with nobody waiting for it, before the
+#: receiver thread reads it (seconds).
+ORPHAN_WAIT_S = 0.002
+_ORPHAN_WAIT_MS = 2
+
+#: How often a waiting follower looks whether the connection closed (seconds).
+_FOLLOWER_CHECK_S = 0.5
 
 #: Room for the most descriptors one message carries (a MAP_EXTENTS reply's batch).
 _ANCILLARY_BYTES = socket.CMSG_SPACE(p.FDS_PER_MESSAGE * 4)
@@ -28,8 +51,9 @@ _ANCILLARY_BYTES = socket.CMSG_SPACE(p.FDS_PER_MESSAGE * 4)
 class _Pending:
     __slots__ = ("future", "reply_type", "dests", "alloc")
 
-    def __init__(self, reply_type: type, dests: list[memoryview] | None, alloc: bool) -> None:
-        self.future: Future = Future()
+    def __init__(self, future: ReplyFuture, reply_type: type, dests: list[memoryview] | None,
+                 alloc: bool) -> None:
+        self.future = future
         self.reply_type = reply_type
         self.dests = dests
         self.alloc = alloc  # allocate the payload buffer on arrival; result is (reply, buffer)
@@ -93,6 +117,14 @@ class Connection:
         self._closed = False
         self._error: BaseException | None = None
         self._fds_in: list[int] = []  # shm: descriptors that arrived with reply frames
+        self._token = threading.Lock()  # held by the one thread reading reply frames
+        self._followers: deque[ReplyFuture] = deque()  # waiters for the token
+        self._kicked = False
+        self._receiver_idle = False  # the receiver thread sleeps with no timeout
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # kicks the receiver
+        self._wake_lock = threading.Lock()
+        self._scratch: memoryview | None = None  # drains payloads nobody wanted
+        self._receiving: _Pending | None = None  # whose payload is being read
         self._receiver = threading.Thread(target=self._receive_loop, name="gpufeed-recv", daemon=True)
         self._receiver.start()
 
@@ -120,7 +152,7 @@ class Connection:
         if self._closed:
             raise TransportError(f"connection closed: {self._error or 'by the client'}")
         rid = next(self._ids)
-        pend = _Pending(p.REPLY_TYPES[op], dests, alloc)
+        pend = _Pending(ReplyFuture(self._await, self._kick), p.REPLY_TYPES[op], dests, alloc)
         try:
             meta = p.encode(meta_obj)
         except (UnicodeEncodeError, OverflowError, TypeError) as exc:
@@ -129,6 +161,8 @@ class Connection:
         frame = p.pack_header(op, len(meta), rid, plen) + meta
         with self._pending_lock:
             self._pending[rid] = pend
+        if self._receiver_idle:  # it sleeps with no timeout: let it time this request
+            self._kick(read=False)
         try:
             with self._send_lock:
                 if fds:
@@ -176,80 +210,184 @@ class Connection:
                                      + (" by the client" if self._closed else " by the server"))
             pos += got
 
-    def _receive_loop(self) -> None:
-        hdr = bytearray(p.HEADER_SIZE)
-        hmv = memoryview(hdr)
-        scratch = None
-        pend = None
-        meta: bytearray | None = None
-        dests: list[memoryview] | None = None
-        try:
-            while True:
-                self._recv_exact(hmv)
-                op, meta_len, rid, payload_len = p.unpack_header(hmv)
-                meta = bytearray(meta_len)
-                self._recv_exact(memoryview(meta))
-                with self._pending_lock:
-                    pend = self._pending.pop(rid, None)
-                if op == p.ERROR_OP:
-                    failure = p.error_from_reply(p.decode(p.ErrorReply, memoryview(meta)))
-                    if pend is None:  # connection-level error (e.g. bad frame)
-                        raise failure
-                    pend.future.set_exception(failure)
-                    continue
-                if pend is None:
-                    raise ProtocolError(f"reply for unknown request {rid}")
+    # --- reading replies: leader/follower ---------------------------------------------
+    def _await(self, fut: ReplyFuture) -> None:
+        """Block until ``fut`` is done, reading reply frames on this thread whenever
+        the read token is free (see the module docstring)."""
+        while not fut.done():
+            if self._token.acquire(blocking=False):
                 try:
-                    reply = p.decode(pend.reply_type, memoryview(meta))
-                except ProtocolError as bad:
-                    pend.future.set_exception(bad)
-                    raise
-                if isinstance(reply, p.MapExtentsReply):  # descriptors came with it
-                    pend.future.set_result((reply, self._recv_fds(reply.files, payload_len)))
+                    self._read_while(lambda: not fut.done())
+                finally:
+                    self._token.release()
+                    self._hand_over()
+                if not fut.done():  # the connection closed under a request sent meanwhile
+                    fut.set_exception(TransportError(
+                        f"connection closed: {self._error or 'by the client'}"))
+                return
+            with self._pending_lock:
+                self._followers.append(fut)
+            try:
+                # the token may have come free before this waiter was in the queue
+                if self._token.acquire(blocking=False):
+                    self._token.release()
                     continue
-                if isinstance(reply, (p.AllocRegionReply, p.MapReply)):  # an fd came with it
-                    if not self._fds_in:
-                        missing = ProtocolError(f"{p.Op(op & ~p.REPLY).name} reply arrived without "
-                                                f"a descriptor")
-                        pend.future.set_exception(missing)
-                        raise missing
-                    pend.future.set_result((reply, self._fds_in.pop(0)))
-                    continue
-                self._close_fds()  # nothing else carries descriptors
-                if pend.alloc:
-                    buf = bytearray(payload_len)
-                    if payload_len:
-                        self._recv_exact(memoryview(buf))
-                    pend.future.set_result((reply, buf))
-                    continue
-                if payload_len:
-                    sizes = self._payload_sizes(reply, payload_len)
-                    dests = pend.dests or []
-                    for i, n in enumerate(sizes):
-                        if n <= 0:
-                            continue
-                        if i < len(dests) and len(dests[i]) >= n:
-                            self._recv_exact(dests[i][:n])
-                        else:  # no destination: drain
-                            if scratch is None:
-                                scratch = memoryview(bytearray(1 << 20))
-                            while n:
-                                k = min(n, len(scratch))
-                                self._recv_exact(scratch[:k])
-                                n -= k
-                pend.future.set_result(reply)
-                # drop references now: an idle connection must not keep the last
-                # request's destination buffers (pooled alloc() memory) alive
-                pend = reply = meta = dests = None
-        except Exception as exc:  # whatever broke the loop, no waiter may be left hanging
+                with fut._condition:  # Future's own condition: set_result notifies it
+                    while not fut._poked and not fut.done() and not self._closed:
+                        fut._condition.wait(_FOLLOWER_CHECK_S)
+                    fut._poked = False
+            finally:
+                with self._pending_lock:
+                    try:
+                        self._followers.remove(fut)
+                    except ValueError:
+                        pass
+
+    def _hand_over(self) -> None:
+        """After a leader releases the token: wake one waiter whose reply is not in."""
+        with self._pending_lock:
+            waiter = next((f for f in self._followers if not f.done()), None)
+        if waiter is not None:
+            with waiter._condition:
+                waiter._poked = True
+                waiter._condition.notify_all()
+
+    def _kick(self, read: bool = True) -> None:
+        """Wake the receiver thread: to read now (a reply may arrive that nobody
+        waits for), or (``read=False``) to start timing an outstanding request."""
+        if read:
+            self._kicked = True
+        with self._wake_lock:
+            if self._wake_fd >= 0:
+                os.eventfd_write(self._wake_fd, 1)
+
+    def _receive_loop(self) -> None:
+        """Read what no waiting thread reads: replies of Futures with callbacks
+        (on a kick), replies outstanding for ``ORPHAN_WAIT_S`` with the token free
+        and no waiter, and the end of the connection while it is idle (the
+        socket's hang-up, not its data, wakes this thread)."""
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLRDHUP)
+        poller.register(self._wake_fd, select.POLLIN)
+        idle_since = None
+        while not self._closed:
+            # request() wakes a receiver that sleeps with no timeout (set before
+            # looking at _pending: a request registered meanwhile sees it)
+            self._receiver_idle = True
+            if not self._pending:
+                timeout_ms = None
+            else:  # a leader reading: look less often
+                self._receiver_idle = False
+                timeout_ms = _ORPHAN_WAIT_MS * (10 if self._token.locked() else 1)
+            events = poller.poll(timeout_ms)
+            self._receiver_idle = False
+            hangup = False
+            for fd, _events in events:
+                if fd == self._wake_fd:
+                    os.eventfd_read(fd)
+                else:
+                    hangup = True
+            if self._closed:
+                break
+            orphaned = False
+            if self._pending and not self._followers and not self._token.locked():
+                now = time.monotonic()
+                orphaned = idle_since is not None and now - idle_since >= ORPHAN_WAIT_S
+                idle_since = idle_since if idle_since is not None else now
+            else:
+                idle_since = None
+            if hangup:  # replies still buffered, then the end: read to the end
+                with self._token:
+                    self._read_while(lambda: True)
+                break
+            if self._kicked or orphaned:
+                self._kicked = False
+                idle_since = None
+                with self._token:
+                    self._read_while(lambda: bool(self._pending))
+                self._hand_over()
+
+    def _read_while(self, more) -> None:
+        """Read reply frames (holding the token) while ``more()`` is true and the
+        connection is open. A failure fails every pending request and closes the
+        connection; only a programming error propagates."""
+        try:
+            while more() and not self._closed:
+                self._read_frame()
+        except Exception as exc:  # whatever broke the reading, no waiter may be left hanging
             # The request whose reply was being received is no longer in _pending
             # (its payload may have been cut off by the server's death): fail it here.
+            pend, self._receiving = self._receiving, None
             if pend is not None and not pend.future.done():
                 pend.future.set_exception(exc if isinstance(exc, GpufeedError)
                                           else TransportError(f"connection lost: {exc}"))
             self._fail(exc)
             if not isinstance(exc, (OSError, GpufeedError)):
                 raise
+
+    def _read_frame(self) -> None:
+        """Read one reply frame and complete its request's Future."""
+        hmv = memoryview(bytearray(p.HEADER_SIZE))
+        self._recv_exact(hmv)
+        op, meta_len, rid, payload_len = p.unpack_header(hmv)
+        meta = bytearray(meta_len)
+        self._recv_exact(memoryview(meta))
+        with self._pending_lock:
+            pend = self._pending.pop(rid, None)
+        if op == p.ERROR_OP:
+            failure = p.error_from_reply(p.decode(p.ErrorReply, memoryview(meta)))
+            if pend is None:  # connection-level error (e.g. bad frame)
+                raise failure
+            pend.future.set_exception(failure)
+            return
+        if pend is None:
+            raise ProtocolError(f"reply for unknown request {rid}")
+        self._receiving = pend
+        try:
+            reply = p.decode(pend.reply_type, memoryview(meta))
+        except ProtocolError as bad:
+            pend.future.set_exception(bad)
+            raise
+        if isinstance(reply, p.MapExtentsReply):  # descriptors came with it
+            pend.future.set_result((reply, self._recv_fds(reply.files, payload_len)))
+        elif isinstance(reply, (p.AllocRegionReply, p.MapReply)):  # an fd came with it
+            if not self._fds_in:
+                missing = ProtocolError(f"{p.Op(op & ~p.REPLY).name} reply arrived without "
+                                        f"a descriptor")
+                pend.future.set_exception(missing)
+                raise missing
+            pend.future.set_result((reply, self._fds_in.pop(0)))
+        else:
+            self._close_fds()  # nothing else carries descriptors
+            if pend.alloc:
+                buf = bytearray(payload_len)
+                if payload_len:
+                    self._recv_exact(memoryview(buf))
+                pend.future.set_result((reply, buf))
+            else:
+                if payload_len:
+                    self._land_payload(pend, reply, payload_len)
+                pend.future.set_result(reply)
+        # an idle connection must not keep the last request's destination buffers
+        # (pooled alloc() memory) alive
+        self._receiving = None
+
+    def _land_payload(self, pend: _Pending, reply, payload_len: int) -> None:
+        """Receive a reply's payload into the request's destination buffers
+        (draining what has no destination)."""
+        dests = pend.dests or []
+        for i, n in enumerate(self._payload_sizes(reply, payload_len)):
+            if n <= 0:
+                continue
+            if i < len(dests) and len(dests[i]) >= n:
+                self._recv_exact(dests[i][:n])
+                continue
+            if self._scratch is None:
+                self._scratch = memoryview(bytearray(1 << 20))
+            while n:
+                k = min(n, len(self._scratch))
+                self._recv_exact(self._scratch[:k])
+                n -= k
 
     def _recv_fds(self, files: int, payload_len: int) -> list[int]:
         """The ``files`` descriptors of a MAP_EXTENTS reply: those that came with its
@@ -299,6 +437,11 @@ class Connection:
         for pend in pending.values():
             if not pend.future.done():
                 pend.future.set_exception(err)
+        self._kick()  # the receiver thread sees the connection closed and ends
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a reader blocked in recv
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:
@@ -312,8 +455,13 @@ class Connection:
                 self.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        self._fail(TransportError("the client closed the connection"))
         if self._receiver is not threading.current_thread():
             self._receiver.join(timeout=5)
+            with self._wake_lock:
+                if self._wake_fd >= 0 and not self._receiver.is_alive():
+                    os.close(self._wake_fd)
+                    self._wake_fd = -1
         try:
             self.sock.close()
         except OSError:

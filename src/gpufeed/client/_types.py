@@ -155,9 +155,53 @@ def bucket_req(bucket, kind, capacity_bytes, ttl_s) -> p.BucketReq:
     return p.BucketReq(bucket, kind, capacity_bytes, float(ttl_s))
 
 
+class ReplyFuture(Future):
+    """A Future whose waiter may read its own reply off the connection.
+
+    A fast-path connection has no thread that must read every reply: a thread
+    that waits (``result()`` or ``exception()`` without a timeout) reads reply
+    frames itself until its own is in (leader/follower), which spares the
+    hand-over from a receiver thread to the waiting thread on each request.
+    Registering a done-callback wakes the connection's receiver thread, since
+    nobody may wait for such a Future.
+
+    Args:
+        drive: reads replies until this Future is done (the connection's), or ``None``.
+        kick: wakes the connection's receiver thread, or ``None``.
+    """
+
+    def __init__(self, drive=None, kick=None) -> None:
+        super().__init__()
+        self._drive = drive
+        self._kick = kick
+        self._poked = False  # a leader handed the reading over to this waiter
+
+    def result(self, timeout: float | None = None):
+        if timeout is None and self._drive is not None and not self.done():
+            self._drive(self)
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None):
+        if timeout is None and self._drive is not None and not self.done():
+            self._drive(self)
+        return super().exception(timeout)
+
+    def add_done_callback(self, fn) -> None:
+        super().add_done_callback(fn)
+        if self._kick is not None and not self.done():
+            self._kick()
+
+
 def then(fut: Future, fn) -> Future:
-    """A Future of ``fn(fut.result())`` (``fn`` runs where ``fut`` completes: it must not block)."""
-    out: Future = Future()
+    """A Future of ``fn(fut.result())`` (``fn`` runs where ``fut`` completes: it must not block).
+
+    Waiting for the result of a :class:`ReplyFuture`'s derived Future reads the
+    reply on the waiting thread, as waiting for ``fut`` itself would."""
+    if isinstance(fut, ReplyFuture):
+        src = fut
+        out: Future = ReplyFuture(lambda _out: _wait_quietly(src), src._kick)
+    else:
+        out = Future()
 
     def done(f: Future) -> None:
         try:
@@ -165,8 +209,13 @@ def then(fut: Future, fn) -> Future:
         except BaseException as exc:
             out.set_exception(exc)
 
-    fut.add_done_callback(done)
+    Future.add_done_callback(fut, done)  # no receiver wake-up: ``out``'s waiter drives ``fut``
     return out
+
+
+def _wait_quietly(fut: Future) -> None:
+    """Wait for ``fut``; its outcome reaches the caller through its callbacks."""
+    fut.exception()
 
 
 def writable_dest(buffer, length: int | None, *, batch: bool = False) -> memoryview:

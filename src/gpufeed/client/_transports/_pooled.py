@@ -30,7 +30,7 @@ __all__ = ["PooledTransport", "MAX_ALLOC_BYTES", "fork_generation"]
 MAX_ALLOC_BYTES = host_memory_bytes() // 2
 
 #: Bumped in every forked child: a transport made before the fork must not touch the
-#: parent's connections (its receive threads do not exist in the child).
+#: parent's connections (its receiver threads do not exist in the child).
 _FORK_GENERATION = [0]
 
 
@@ -210,7 +210,7 @@ class PooledTransport(Transport):
 
     def _retire_regions(self) -> None:
         """Release regions the pool dropped (not done in finalizers: they may run
-        on any thread, including a connection's receive thread)."""
+        on any thread, including one reading a connection's replies)."""
         with self.regions_lock:
             retire, self._retire = self._retire, []
             for region in retire:

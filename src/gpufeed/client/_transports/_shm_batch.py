@@ -8,9 +8,10 @@ the side (:meth:`ShmTransport.get_staged` on the transport's threads).
 
 No callback ever blocks: a batch's slots are freed as soon as its reply is in,
 without waiting for side reads, and the last part to finish (reply or side
-read) assembles the result. Callbacks run on a connection's receive thread,
-and a callback that waited for another reply would wait for the very thread
-that must read it.
+read) assembles the result. Callbacks run on the thread that reads a
+connection's replies (a waiting caller or the receiver thread), and a
+callback that waited for another reply would wait for the very thread that
+must read it.
 """
 
 from __future__ import annotations
