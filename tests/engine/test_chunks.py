@@ -203,6 +203,25 @@ def test_good_ranges_of_a_damaged_object_still_read(engine):
         engine.get_object("bkt", "k", RangeByteRequest(699_999, 700_001))
 
 
+@pytest.mark.parametrize("length", [4096, 3 * 4096, 1_000_000 - 999_424])
+def test_whole_block_reads_check_exactly_their_blocks(engine, length):
+    """Small reads of whole 4 KiB blocks (or up to the object's unaligned end)."""
+    engine.create_bucket("bkt")
+    data = _random(1_000_000)
+    info = engine.put_object("bkt", "k", data)
+    start = 999_424 if length == 1_000_000 - 999_424 else 40 * 4096
+    bad = start + length // 2
+    _flip(info.path, bad)
+    engine._files.open_files.close()
+    with pytest.raises(DamagedObject) as got:
+        engine.get_object("bkt", "k", RangeByteRequest(start, start + length))
+    assert f"block {bad // 4096} " in str(got.value)
+    before = RangeByteRequest(start - 4096, start)
+    assert engine.get_object("bkt", "k", before) == data[start - 4096:start]
+    _flip(info.path, bad)  # mended: the same read is served
+    assert engine.get_object("bkt", "k", RangeByteRequest(start, start + length)) == data[start:start + length]
+
+
 def test_scrub_clears_a_repaired_chunk_and_reports_orphans(tmp_path):
     with Engine(tmp_path, fsync=False) as e:
         e.create_bucket("bkt")
