@@ -48,7 +48,7 @@ from ._codecs import decompress_chunk
 from .types import ChunkRecord
 
 __all__ = ["Manifest", "ManifestCache", "ChunkDamage", "ReadStep", "run_step", "STEP_ALIGN", "check_stored",
-           "chunk_sums"]
+           "chunk_sums", "whole_blocks", "read_whole_blocks"]
 
 #: Read steps are cut at multiples of this (whole blocks of every sum kind).
 STEP_ALIGN = LEGACY_SUM_BLOCK
@@ -272,8 +272,8 @@ def _read_raw_checked(step: ReadStep) -> None:
     n = len(dest)
     if not n:
         return
-    if rel % SUM_BLOCK == 0 and n <= _CHECK_STEP and (n % SUM_BLOCK == 0 or rel + n == c.stored):
-        _read_whole_blocks(step)
+    if whole_blocks(c, rel, n):
+        read_whole_blocks(step.fd, c, step.sums, rel, dest)
         return
     a = rel - rel % SUM_BLOCK
     b = min(rel + n + (-(rel + n)) % SUM_BLOCK, c.stored)
@@ -303,22 +303,34 @@ def _read_raw_checked(step: ReadStep) -> None:
         raise ChunkDamage(c, f"block {bad} does not match its sum")
 
 
-def _read_whole_blocks(step: ReadStep) -> None:
-    """:func:`_read_raw_checked` for a range of whole blocks (or ending at the
-    chunk's end) of at most one check step: the common small read (a 4 KiB
-    sample, a KV block), one ``preadv`` and one CRC, no scratch."""
-    c, dest, rel = step.chunk, step.dest, step.rel
+def whole_blocks(c: ChunkRecord, rel: int, n: int) -> bool:
+    """``n`` bytes at ``rel`` of raw chunk ``c`` are whole 4 KiB blocks (or run to
+    the chunk's end) and fit one check step: :func:`read_whole_blocks` reads them."""
+    return (rel % SUM_BLOCK == 0 and 0 < n <= _CHECK_STEP and rel + n <= c.stored
+            and (n % SUM_BLOCK == 0 or rel + n == c.stored))
+
+
+def read_whole_blocks(fd: int, c: ChunkRecord, sums: array, rel: int, dest: memoryview) -> None:
+    """The common small read (a 4 KiB sample, a KV block): ``len(dest)`` bytes at
+    ``rel`` of raw chunk ``c`` (its data file open as ``fd``, its running CRC32C
+    ``sums``), when :func:`whole_blocks` holds: one ``preadv`` into ``dest`` and one
+    CRC compared with the run's expected CRC, no scratch buffers.
+
+    Raises:
+        ChunkDamage: the bytes do not match their sums, or the file is short.
+        OSError: the file could not be read.
+    """
     n = len(dest)
     first = rel // SUM_BLOCK
     last = first + -(-n // SUM_BLOCK)
-    if last > len(step.sums):
-        raise ChunkDamage(c, f"the chunk has sums for {len(step.sums)} blocks, the read needs {last}")
+    if last > len(sums):
+        raise ChunkDamage(c, f"the chunk has sums for {len(sums)} blocks, the read needs {last}")
     pos = c.file_offset + rel
-    got = os.preadv(step.fd, [dest], pos)
-    if got != n and _preadv_rest(step.fd, [dest], pos, got) < n:
+    got = os.preadv(fd, [dest], pos)
+    if got != n and _preadv_rest(fd, [dest], pos, got) < n:
         raise ChunkDamage(c, "data file is shorter than the chunk")
-    if crc32c(dest) != run_expected(step.sums, first, last, n):
-        bad = first_bad_block((dest,), step.sums, first)
+    if crc32c(dest) != run_expected(sums, first, last, n):
+        bad = first_bad_block((dest,), sums, first)
         raise ChunkDamage(c, f"block {bad if bad >= 0 else first} does not match its sum")
 
 

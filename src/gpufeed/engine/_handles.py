@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import DamagedObject, InvalidArgument, NoSuchKey
-from ._chunkreads import STEP_ALIGN, ChunkDamage, Manifest, ReadStep, run_step
+from ._blocksums import SUM_KIND
+from ._chunkreads import STEP_ALIGN, ChunkDamage, Manifest, ReadStep, read_whole_blocks, run_step, whole_blocks
 from ._openfiles import OpenFile, OpenFiles
 from .types import ObjectInfo
 
@@ -58,13 +59,14 @@ class ObjectHandle:
             never close it yourself.
     """
 
-    __slots__ = ("info", "manifest", "verify", "fd", "_files", "_held", "_store")
+    __slots__ = ("info", "manifest", "verify", "fd", "_files", "_held", "_store", "_fds")
 
     def __init__(self, info: ObjectInfo, manifest: Manifest, verify: bool, files: OpenFiles,
                  store: "ChunkStore") -> None:
         self.info, self.manifest, self.verify = info, manifest, verify
         self._files, self._store = files, store
         self._held: dict[str, OpenFile] = {}
+        self._fds: dict[int, int] = {}  # chunk index -> checked descriptor (read_small)
         self.fd = -1
         if manifest.chunks:
             first = self.file_fd(0)
@@ -132,6 +134,36 @@ class ObjectHandle:
                 pos = cut
             i += 1
         return out
+
+    def read_small(self, start: int, dest: memoryview) -> bool:
+        """Read ``len(dest)`` bytes at object offset ``start`` (clipped to the
+        object by the caller) into ``dest`` at once, when they are whole 4 KiB
+        blocks of one checked raw chunk (or run to its end), at most one check
+        step: one ``preadv`` and one CRC, none of :meth:`steps`' planning. The
+        small read of a batch (GETV) or a sample.
+
+        Returns:
+            ``True`` when read and checked; ``False`` (nothing read) for any other
+            read: plan it with :meth:`steps`.
+
+        Raises:
+            ChunkDamage: the bytes do not match their sums, or the file is short
+                (the caller reports it through :meth:`damaged`).
+            DamagedObject: the data file is missing.
+        """
+        m = self.manifest
+        if not self.verify or not m.chunks:
+            return False
+        i = m.locate(start)
+        c = m.chunks[i]
+        rel = start - m.starts[i]
+        if c.codec or c.sum_kind != SUM_KIND or not whole_blocks(c, rel, len(dest)):
+            return False
+        held = self._fds.get(i)  # file_fd's answer, remembered per chunk
+        if held is None:
+            held = self._fds[i] = self.file_fd(i)
+        read_whole_blocks(held, c, m.sums[i], rel, dest)
+        return True
 
     def run(self, steps: list[ReadStep], runner: Callable[[list[ReadStep]], Iterable[int]] | None = None) -> int:
         """Run read steps (``runner(steps)`` runs them, e.g. on several threads;

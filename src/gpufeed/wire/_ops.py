@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from ..engine import Engine, ObjectHandle, ObjectInfo
+from ..engine import ChunkDamage, Engine, ObjectHandle, ObjectInfo
 from ..errors import AccessDenied, GpufeedError, InvalidArgument, InvalidRange, ProtocolError
 from ..store import OffsetByteRequest, RangeByteRequest, resolve_range
 from . import protocol as p
@@ -192,6 +192,10 @@ class Ops:
     def getv(self, conn: Connection, rid: int, req: p.GetV) -> None:
         """A batch of ranges; each item fails alone (its error is in the reply)."""
         batch = _Batch(len(req.items))
+        # a batch that will not be read on several threads reads its small items
+        # as it plans them
+        batch.serial = all(it.length >= 0 for it in req.items) and \
+            sum(it.length for it in req.items) < GETV_PARALLEL_BYTES
         try:
             for i, item in enumerate(req.items):
                 try:
@@ -222,8 +226,21 @@ class Ops:
         if item.region == -1:
             batch.extents += h.extents(start, n)
         else:
-            dest = conn.memory.region(item.region).view(item.region_offset, n)
+            region = batch.regions.get(item.region)
+            if region is None:
+                region = batch.regions[item.region] = conn.memory.region(item.region)
+            dest = region.view(item.region_offset, n)
             batch.views.append(dest)
+            if batch.serial and not item.digest:  # read now, in order: the small-read path
+                try:
+                    if h.read_small(start, dest):
+                        batch.results[i] = n
+                        return
+                except ChunkDamage as exc:
+                    err = h.damaged(exc)
+                    batch.results[i] = -1
+                    batch.errors[i] = (err.code, err.message)
+                    return
             batch.items.append((i, h, h.steps(dest, start), item.digest, dest))
         batch.results[i] = n
 
@@ -348,7 +365,7 @@ class _Batch:
         n: items in the batch.
     """
 
-    __slots__ = ("results", "errors", "digests", "extents", "items", "views", "opened")
+    __slots__ = ("results", "errors", "digests", "extents", "items", "views", "opened", "serial", "regions")
 
     def __init__(self, n: int) -> None:
         #: bytes of each item (-1 on error), then bytes that landed
@@ -362,6 +379,10 @@ class _Batch:
         self.views: list[memoryview] = []
         #: (bucket, key, version_id, snapshot) -> what the batch opened (each released once at the end)
         self.opened: dict[tuple[str, str, str | None, str | None], ObjectHandle] = {}
+        #: the batch is read on this thread only (small items are read as planned)
+        self.serial = False
+        #: region id -> the region, looked up once per batch
+        self.regions: dict = {}
 
     def release_views(self) -> None:
         """Release every region view (a released region must not stay exported)."""
@@ -382,6 +403,8 @@ def _meta(info: ObjectInfo) -> p.ObjectMeta:
 
 def _extent(item: p.Get, size: int) -> tuple[int, int]:
     """``(start, n)`` of a read request against an object of ``size`` bytes."""
+    if 0 <= item.offset and 0 < item.length and item.offset + item.length <= size:
+        return item.offset, item.length  # the common case, inside the object
     if item.length == 0:
         if item.offset < 0 or item.offset > size:
             raise InvalidRange(f"offset {item.offset} is outside the object ({size} bytes)")
