@@ -1,5 +1,5 @@
-"""Batches of small reads (GETV of 4 KiB items) against damaged data: the item
-that covers a damaged block fails alone, its neighbours are served, and the
+"""Small reads (single gets and GETV batches of 4 KiB items) against damaged
+data: the read that covers a damaged block fails alone, its neighbours are served, and the
 connection stays usable; over shm (items read on the reader thread, one
 ``preadv`` each) and TCP."""
 
@@ -45,6 +45,10 @@ def test_a_damaged_block_fails_only_its_item(fresh_node, transport):
                 assert bytes(view[i * BLOCK:(i + 1) * BLOCK]) == data[b * BLOCK:(b + 1) * BLOCK]
         with pytest.raises(DamagedObject):
             c.get_many_into(reqs[1:2])
+        with pytest.raises(DamagedObject):  # a single get of that block
+            c.get_into("batch", "obj", view[:BLOCK], offset=40 * BLOCK)
+        assert c.get_into("batch", "obj", view[:BLOCK], offset=41 * BLOCK) == BLOCK
+        assert bytes(view[:BLOCK]) == data[41 * BLOCK:42 * BLOCK]
         # the connection still serves: a read that avoids the damaged block
         assert c.get_many_into(reqs[2:]) == [BLOCK, BLOCK]
         assert bytes(view[2 * BLOCK:3 * BLOCK]) == data[41 * BLOCK:42 * BLOCK]
