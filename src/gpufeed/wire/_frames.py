@@ -31,6 +31,8 @@ RECV_CHUNK = 4 << 20  # 4 MiB
 #: grows its buffer as the bytes arrive (at most doubling), never to the size
 #: the header merely announced.
 META_STEP_BYTES = 64 << 10  # 64 KiB
+#: Most buffers one ``sendmsg`` gathers (Linux's ``IOV_MAX``).
+_IOV_MAX = 1024
 #: Room for the descriptors one ``recvmsg`` may carry (16 ints).
 _ANCILLARY_BYTES = socket.CMSG_SPACE(16 * 4)
 
@@ -353,13 +355,31 @@ class FrameIO:
         """
         payload = sum(len(e) if isinstance(e, memoryview) else e[2] for e in extents)
         meta = p.encode(obj)
+        head = p.pack_header(op | p.REPLY, len(meta), rid, payload) + meta
         with self.send_lock:
-            self.sock.sendall(p.pack_header(op | p.REPLY, len(meta), rid, payload) + meta)
+            if all(isinstance(e, memoryview) for e in extents):  # small reads: one sendmsg
+                self._sendmsg_all([memoryview(head), *extents])
+                return
+            self.sock.sendall(head)
             for e in extents:
                 if isinstance(e, memoryview):
                     self.sock.sendall(e)
                 else:
                     self._sendfile_all(*e)
+
+    def _sendmsg_all(self, bufs: list[memoryview]) -> None:
+        """Send ``bufs`` one after another, gathered: ``sendmsg`` of up to
+        :data:`_IOV_MAX` buffers at a time, resuming after a partial send."""
+        i = 0
+        while i < len(bufs):
+            batch = bufs[i:i + _IOV_MAX]
+            sent = self.sock.sendmsg(batch)
+            for b in batch:
+                if sent < len(b):
+                    bufs[i] = b[sent:]
+                    break
+                sent -= len(b)
+                i += 1
 
     def _sendfile_all(self, fd: int, offset: int, count: int) -> None:
         out = self.sock.fileno()

@@ -33,6 +33,9 @@ __all__ = ["Ops"]
 
 #: A GETV batch of at least this many bytes is served by the split pool in parallel.
 GETV_PARALLEL_BYTES = 4 << 20  # 4 MiB
+#: A TCP read of at most this many whole blocks is read into memory and sent with
+#: its reply's header in one ``sendmsg`` (larger ones go by ``sendfile``).
+SMALL_PAYLOAD_BYTES = 64 << 10  # 64 KiB
 #: Bytes a region PUT hands the engine per write.
 PUT_STEP_BYTES = 64 << 20  # 64 MiB
 
@@ -178,7 +181,7 @@ class Ops:
         try:
             start, n = _extent(req, info.size)
             if req.region == -1:
-                conn.reply_with_files(p.Op.GET, rid, p.GetReply(info.size, n, info.etag), h.extents(start, n))
+                conn.reply_with_files(p.Op.GET, rid, p.GetReply(info.size, n, info.etag), _payload(h, start, n))
                 return
             dest = conn.memory.region(req.region).view(req.region_offset, n)
             try:
@@ -227,8 +230,8 @@ class Ops:
             self.allow(conn, READ if item.version_id is None else READ_VERSION, item.bucket, item.key)
             h = batch.opened[name] = self.engine.open_version(*name[:3], snapshot=item.snapshot)
         start, n = _extent(item, h.info.size)
-        if item.region == -1:
-            batch.extents += h.extents(start, n)
+        if item.region == -1:  # buffered only in a batch under 4 MiB: its memory stays bounded
+            batch.extents += _payload(h, start, n) if batch.serial else h.extents(start, n)
         else:
             region = batch.regions.get(item.region)
             if region is None:
@@ -403,6 +406,25 @@ def _meta(info: ObjectInfo) -> p.ObjectMeta:
     return p.ObjectMeta(info.bucket, info.key, info.size, info.etag, info.last_modified,
                         info.content_type, dict(info.metadata), info.version_id, info.lock_mode,
                         info.lock_until, info.legal_hold)
+
+
+def _payload(h: ObjectHandle, start: int, n: int) -> list:
+    """The checked pieces of a TCP read of ``n`` bytes at ``start``: a small
+    whole-block read is read (and checked) into a buffer of its own, sent with
+    the reply's header in one ``sendmsg``; anything else is checked file
+    extents for ``sendfile`` (:meth:`ObjectHandle.extents`).
+
+    Raises:
+        DamagedObject: the bytes failed their check.
+    """
+    if 0 < n <= SMALL_PAYLOAD_BYTES:
+        buf = memoryview(bytearray(n))
+        try:
+            if h.read_small(start, buf):
+                return [buf]
+        except ChunkDamage as exc:
+            raise h.damaged(exc) from None
+    return h.extents(start, n)
 
 
 def _extent(item: p.Get, size: int) -> tuple[int, int]:
