@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import CatalogInUse, CatalogTooNew
+from ..errors import CatalogInUse, CatalogTooNew, InternalError
 
 __all__ = ["SCHEMA_VERSION", "MIGRATIONS", "META_TABLE", "migrate", "claim_owner", "WRITER_LOCK_SQL"]
 
@@ -240,7 +240,7 @@ def migrate(execute: Execute, where: str) -> int:
     return found
 
 
-def claim_owner(execute: Execute, owner: str, where: str) -> None:
+def claim_owner(execute: Execute, owner: str, where: str, *, data_present: bool = False) -> None:
     """Record ``owner`` as the catalog's owner on first use, or check it is the one recorded.
 
     A catalog describes the data of one node (its data folder) or of one
@@ -254,12 +254,22 @@ def claim_owner(execute: Execute, owner: str, where: str) -> None:
         execute: runs one statement inside the caller's transaction.
         owner: ``"cluster:NAME"`` or ``"node:<data folder id>"``.
         where: the database, for messages.
+        data_present: the node's data folder already holds data files: a
+            catalog nobody owns yet is then refused (its rows would name none
+            of them, and the start-up sweep would delete them all).
 
     Raises:
         CatalogInUse: another deployment owns the catalog.
+        InternalError: the catalog is unowned while the data folder holds data.
     """
     rows = execute("SELECT value FROM gpufeed_meta WHERE name = 'owner'", ())
     if not rows:
+        if data_present:
+            raise InternalError(
+                f"the catalog at {where} is new, but the node's data folder holds object data files that it "
+                "does not name (their catalog is elsewhere: the folder's catalog.sqlite3, or another database); "
+                "starting would delete them. The node did not start and changed nothing. Start it with the "
+                "catalog that names them; gpufeed does not copy a catalog from SQLite into PostgreSQL")
         execute("INSERT INTO gpufeed_meta (name, value) VALUES ('owner', %s)", (owner,))
         return
     if rows[0][0] != owner:

@@ -134,6 +134,8 @@ class PostgresCatalog(PgReads, Catalog):
         blob_path: maps a blob id to its data file (fills :attr:`ObjectInfo.path`).
         owner: the identity of the deployment using the catalog
             (``"cluster:NAME"`` or ``"node:<data folder id>"``); ``None`` skips the check.
+        data_present: the node's data folder holds data files; a catalog with
+            no owner yet is then refused (see :func:`~._pgschema.claim_owner`).
         pool_size: most connections the pool opens (>= 2: a snapshot and a
             writer may be open at once, and each nested read takes one more).
         pool_timeout_s: seconds a statement waits for a free pooled connection
@@ -145,18 +147,19 @@ class PostgresCatalog(PgReads, Catalog):
             it, without the password).
         CatalogInUse: another deployment owns the catalog.
         CatalogTooNew: a newer gpufeed wrote the catalog.
-        InternalError: the database refused the schema, or its encoding is not UTF8.
+        InternalError: the database refused the schema, or its encoding is not
+            UTF8, or the catalog is new while ``data_present``.
     """
 
     def __init__(self, dsn: str, *, blob_path: Callable[[str], str] = _no_path, owner: str | None = None,
-                 pool_size: int = 8, pool_timeout_s: float = 10.0) -> None:
+                 data_present: bool = False, pool_size: int = 8, pool_timeout_s: float = 5.0) -> None:
         if pool_size < 2:
             raise ValueError("the catalog's pool needs at least 2 connections")
         self._blob_path = blob_path
         self.where = redact(dsn)
         self._closed = False
         self._wlock = threading.Lock()
-        self._setup(dsn, owner)
+        self._setup(dsn, owner, data_present)
         self._pool: ConnectionPool | None = ConnectionPool(
             dsn, min_size=1, max_size=pool_size, timeout=pool_timeout_s, open=False, name="gpufeed-catalog",
             kwargs={"autocommit": True, "connect_timeout": _CONNECT_TIMEOUT_S}, reconnect_timeout=0)
@@ -169,7 +172,7 @@ class PostgresCatalog(PgReads, Catalog):
             return CatalogUnavailable(f"the catalog database {self.where} is unavailable ({what} failed): {reason}")
         return InternalError(f"the catalog database {self.where}: {what} failed: {reason}")
 
-    def _setup(self, dsn: str, owner: str | None) -> None:
+    def _setup(self, dsn: str, owner: str | None, data_present: bool) -> None:
         """Connect once: check the encoding, create or upgrade the tables, claim the catalog."""
         try:
             conn = psycopg.connect(dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S)
@@ -194,7 +197,7 @@ class PostgresCatalog(PgReads, Catalog):
                 view._rows(WRITER_LOCK_SQL)
                 migrate(view._rows, self.where)
                 if owner is not None:
-                    claim_owner(view._rows, owner, self.where)
+                    claim_owner(view._rows, owner, self.where, data_present=data_present)
         except psycopg.Error as exc:
             raise self._fail("creating the tables", exc) from exc
         finally:
