@@ -304,6 +304,26 @@ def bench_io(size, cold, json_path, paths, repeat, data_dir) -> None:
                  repeat=repeat, data_dir=data_dir)
 
 
+@bench.command("catalog")
+@QUIET_OPTION
+@click.option("--objects", type=click.IntRange(min=1), default=2000, show_default=True, help="Objects put and headed.")
+@click.option("--size", type=SizeType(), default="1KiB", show_default=True, help="Bytes per object.")
+@click.option("--threads", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Threads of the concurrent head pass.")
+@click.option("--list-pages", type=click.IntRange(min=1), default=50, show_default=True,
+              help="ListObjectsV2 pages of 1,000 keys timed.")
+@click.option("--catalog", "catalog_url", default=None, metavar="URL",
+              help="An empty PostgreSQL database to use (default: a throwaway server started for the run).")
+@click.option("--durable", is_flag=True, help="fsync data and commits on both catalogs.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+def bench_catalog(objects, size, threads, list_pages, catalog_url, durable, json_path) -> None:
+    """put / head / list operations per second with the catalog in SQLite and in PostgreSQL."""
+    from .bench.catalog import run_catalog_bench
+
+    run_catalog_bench(objects=objects, size=size, threads=threads, list_pages=list_pages,
+                      catalog_url=catalog_url, durable=durable, json_path=json_path)
+
+
 @bench.command("list")
 @QUIET_OPTION
 @click.option("--dirs", type=int, default=1000, help="Directories in the big buckets.")

@@ -60,15 +60,18 @@ class PostgresServer:
 
     Args:
         user: the superuser made by ``initdb`` (connections need no password).
+        durable: keep PostgreSQL's durability settings (``fsync``,
+            ``synchronous_commit``); off by default, as tests need no durability.
 
     Attributes:
         port: its TCP port on 127.0.0.1 (0 until started).
         folder: its data folder.
     """
 
-    def __init__(self, user: str = "gpufeed") -> None:
+    def __init__(self, user: str = "gpufeed", *, durable: bool = False) -> None:
         self.bin = find_pg_bin()
         self.user = user
+        self.durable = durable
         self.port = 0
         self.folder = Path(tempfile.mkdtemp(prefix="gpufeed-pg-"))
         self._as: list[str] = []
@@ -93,8 +96,9 @@ class PostgresServer:
             self._run("initdb", "-D", str(data), "-A", "trust", "-U", self.user, "-E", "UTF8",
                       "--locale=C.UTF-8" if _has_c_utf8() else "--locale=C", "--no-sync")
         self.port = self.port or _free_port()
-        opts = (f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-                " -c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+        opts = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        if not self.durable:
+            opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         self._run("pg_ctl", "-D", str(data), "-o", opts, "-l", str(self.folder / "log"), "-w", "start")
         return self
 
