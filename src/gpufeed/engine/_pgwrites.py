@@ -33,6 +33,16 @@ from .types import (
 __all__ = ["PgWrites"]
 
 _VERSION_MARKS = ", ".join(["%s"] * 14)
+_VERSION_SETS = ", ".join(f"{c.strip()} = excluded.{c.strip()}" for c in VERSION_COLS.split(","))
+_PUT_OBJECT_SQL = (
+    f"WITH put AS (INSERT INTO objects (bucket, key, {VERSION_COLS}, last_access)"
+    f" VALUES (%s, %s, {_VERSION_MARKS}, %s) ON CONFLICT (bucket, key) DO UPDATE SET {_VERSION_SETS},"
+    " last_access = excluded.last_access RETURNING 1),"
+    " old AS (SELECT size FROM objects WHERE bucket = %s AND key = %s)"
+    " INSERT INTO usage (bucket, bytes, objects)"
+    " SELECT %s, %s - COALESCE((SELECT SUM(size) FROM old), 0), 1 - (SELECT COUNT(*) FROM old) FROM put"
+    " ON CONFLICT (bucket) DO UPDATE SET bytes = usage.bytes + excluded.bytes,"
+    " objects = usage.objects + excluded.objects")
 
 
 def _version_values(info: ObjectInfo) -> tuple:
@@ -131,12 +141,9 @@ class PgWrites:
 
     # objects -------------------------------------------------------------
     def put_object(self, info: ObjectInfo) -> None:
-        key = key_bytes(info.key)
-        old = self._rows("DELETE FROM objects WHERE bucket = %s AND key = %s RETURNING size", (info.bucket, key))
-        self._count(f"INSERT INTO objects (bucket, key, {VERSION_COLS}, last_access)"
-                    f" VALUES (%s, %s, {_VERSION_MARKS}, %s)",
-                    (info.bucket, key, *_version_values(info), info.last_modified))
-        self._add_usage(info.bucket, info.size - sum(r[0] for r in old), 1 - len(old))
+        # One statement: the old row's size (read before the upsert), the upsert, and the usage change.
+        self._count(_PUT_OBJECT_SQL, (info.bucket, key_bytes(info.key), *_version_values(info), info.last_modified,
+                                      info.bucket, key_bytes(info.key), info.bucket, info.size))
 
     def insert_noncurrent(self, info: ObjectInfo) -> None:
         self._count(f"INSERT INTO versions (bucket, key, {VERSION_COLS}, delete_marker, latest)"
@@ -263,11 +270,13 @@ class PgWrites:
     # chunks and manifests ----------------------------------------------------
     def insert_chunk(self, record: ChunkRecord, refs: int, bucket: str = "") -> None:
         r = record
-        self._count(f"INSERT INTO chunks ({CHUNK_COLS}, refs, bucket)"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        self._count(f"WITH c AS (INSERT INTO chunks ({CHUNK_COLS}, refs, bucket)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING stored)"
+                    " INSERT INTO chunk_usage (bucket, stored, chunks) SELECT %s, stored, 1 FROM c"
+                    " ON CONFLICT (bucket) DO UPDATE SET stored = chunk_usage.stored + excluded.stored,"
+                    " chunks = chunk_usage.chunks + excluded.chunks",
                     (r.chunk_id, r.file, r.file_offset, r.stored, r.size, r.codec, r.digest, r.sums, r.domain,
-                     r.sum_kind, refs, bucket))
-        self._add_chunk_usage(bucket, r.stored, 1)
+                     r.sum_kind, refs, bucket, bucket))
 
     def add_chunk_refs(self, chunk_id: str, n: int) -> bool:
         return self._count("UPDATE chunks SET refs = refs + %s WHERE chunk_id = %s", (n, chunk_id)) == 1

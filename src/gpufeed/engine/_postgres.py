@@ -292,11 +292,8 @@ class PostgresCatalog(PgReads, Catalog):
         """
         with self._wlock:
             hooks: list[Callable[[], None]] = []
-            with self._transaction("BEGIN ISOLATION LEVEL READ COMMITTED", "a write") as conn:
-                try:
-                    conn.execute(WRITER_LOCK_SQL)
-                except psycopg.Error as exc:
-                    raise self._fail("taking the writer lock", exc) from exc
+            # One round trip: BEGIN and the writer row's lock (no parameters: one simple query).
+            with self._transaction(f"BEGIN ISOLATION LEVEL READ COMMITTED; {WRITER_LOCK_SQL}", "a write") as conn:
                 yield _Writer(conn, self._blob_path, self._fail, hooks)
             for fn in hooks:
                 fn()
