@@ -206,7 +206,7 @@ class PostgresCatalog(PgReads, Catalog):
     def _live_pool(self) -> ConnectionPool:
         pool = self._pool
         if pool is None:
-            raise InternalError(f"the catalog {self.where} is closed")
+            raise InternalError(f"the engine is closed (its catalog {self.where} too)")
         return pool
 
     def _rows(self, sql: str, args: tuple = ()) -> list[tuple]:
