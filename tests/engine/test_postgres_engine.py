@@ -86,3 +86,12 @@ def test_cluster_name_lets_another_folder_open_it(tmp_path, postgres_url):
         assert engine.list_buckets() == []
     with pytest.raises(CatalogInUse, match="cluster:c1"):
         Engine(tmp_path / "c", fsync=False, catalog=CatalogSettings(url=postgres_url, cluster="c2"))
+
+
+def test_folder_of_a_sqlite_catalog_refuses_postgres(tmp_path, postgres_url):
+    with Engine(tmp_path / "data", fsync=False) as engine:
+        engine.create_bucket("bkt")
+    with pytest.raises(CatalogDamaged, match="one catalog"):
+        Engine(tmp_path / "data", fsync=False, catalog=CatalogSettings(url=postgres_url))
+    with Engine(tmp_path / "data", fsync=False) as engine:  # nothing changed
+        assert [b.name for b in engine.list_buckets()] == ["bkt"]

@@ -113,7 +113,8 @@ def _open_postgres(settings: CatalogSettings, data_dir: Path, blob_path: Callabl
         raise CatalogDamaged(f"the data folder {data_dir} keeps its catalog in {sqlite}; a node has one catalog. "
                              "Start it without --catalog, or give the PostgreSQL catalog a data folder of its own")
     owner = f"cluster:{settings.cluster}" if settings.cluster else f"node:{_node_id(data_dir)}"
-    cat = PostgresCatalog(settings.url, blob_path=blob_path, owner=owner, data_present=_holds_files(data_folders),
+    cat = PostgresCatalog(settings.url, blob_path=blob_path, owner=owner,
+                          data_present=lambda: _holds_files(data_folders),
                           pool_size=settings.pool_size, pool_timeout_s=settings.pool_timeout_s)
     if not marker.exists():
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)

@@ -240,7 +240,8 @@ def migrate(execute: Execute, where: str) -> int:
     return found
 
 
-def claim_owner(execute: Execute, owner: str, where: str, *, data_present: bool = False) -> None:
+def claim_owner(execute: Execute, owner: str, where: str, *,
+                data_present: Callable[[], bool] = lambda: False) -> None:
     """Record ``owner`` as the catalog's owner on first use, or check it is the one recorded.
 
     A catalog describes the data of one node (its data folder) or of one
@@ -254,8 +255,8 @@ def claim_owner(execute: Execute, owner: str, where: str, *, data_present: bool 
         execute: runs one statement inside the caller's transaction.
         owner: ``"cluster:NAME"`` or ``"node:<data folder id>"``.
         where: the database, for messages.
-        data_present: the node's data folder already holds data files: a
-            catalog nobody owns yet is then refused (its rows would name none
+        data_present: whether the node's data folder already holds data files
+            (asked only on first use): a catalog nobody owns yet is then refused (its rows would name none
             of them, and the start-up sweep would delete them all).
 
     Raises:
@@ -264,7 +265,7 @@ def claim_owner(execute: Execute, owner: str, where: str, *, data_present: bool 
     """
     rows = execute("SELECT value FROM gpufeed_meta WHERE name = 'owner'", ())
     if not rows:
-        if data_present:
+        if data_present():
             raise InternalError(
                 f"the catalog at {where} is new, but the node's data folder holds object data files that it "
                 "does not name (their catalog is elsewhere: the folder's catalog.sqlite3, or another database); "

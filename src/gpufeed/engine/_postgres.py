@@ -134,8 +134,9 @@ class PostgresCatalog(PgReads, Catalog):
         blob_path: maps a blob id to its data file (fills :attr:`ObjectInfo.path`).
         owner: the identity of the deployment using the catalog
             (``"cluster:NAME"`` or ``"node:<data folder id>"``); ``None`` skips the check.
-        data_present: the node's data folder holds data files; a catalog with
-            no owner yet is then refused (see :func:`~._pgschema.claim_owner`).
+        data_present: whether the node's data folder holds data files (asked
+            only when the catalog has no owner yet, which is then refused; see
+            :func:`~._pgschema.claim_owner`).
         pool_size: most connections the pool opens (>= 2: a snapshot and a
             writer may be open at once, and each nested read takes one more).
         pool_timeout_s: seconds a statement waits for a free pooled connection
@@ -152,7 +153,8 @@ class PostgresCatalog(PgReads, Catalog):
     """
 
     def __init__(self, dsn: str, *, blob_path: Callable[[str], str] = _no_path, owner: str | None = None,
-                 data_present: bool = False, pool_size: int = 8, pool_timeout_s: float = 5.0) -> None:
+                 data_present: Callable[[], bool] = lambda: False, pool_size: int = 8,
+                 pool_timeout_s: float = 5.0) -> None:
         if pool_size < 2:
             raise ValueError("the catalog's pool needs at least 2 connections")
         self._blob_path = blob_path
@@ -172,7 +174,7 @@ class PostgresCatalog(PgReads, Catalog):
             return CatalogUnavailable(f"the catalog database {self.where} is unavailable ({what} failed): {reason}")
         return InternalError(f"the catalog database {self.where}: {what} failed: {reason}")
 
-    def _setup(self, dsn: str, owner: str | None, data_present: bool) -> None:
+    def _setup(self, dsn: str, owner: str | None, data_present: Callable[[], bool]) -> None:
         """Connect once: check the encoding, create or upgrade the tables, claim the catalog."""
         try:
             conn = psycopg.connect(dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S)
