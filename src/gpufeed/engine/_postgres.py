@@ -159,9 +159,12 @@ class PostgresCatalog(PgReads, Catalog):
             raise ValueError("the catalog's pool needs at least 2 connections")
         self._blob_path = blob_path
         self.where = redact(dsn)
-        self._closed = False
         self._wlock = threading.Lock()
         self._setup(dsn, owner, data_present)
+        # reconnect_timeout=0: a connection that cannot be replaced is given up at
+        # once and the pool opens new ones when requests wait for one, so it
+        # reconnects as soon as the database is back (rather than at the next step
+        # of a back-off that reaches minutes).
         self._pool: ConnectionPool | None = ConnectionPool(
             dsn, min_size=1, max_size=pool_size, timeout=pool_timeout_s, open=False, name="gpufeed-catalog",
             kwargs={"autocommit": True, "connect_timeout": _CONNECT_TIMEOUT_S}, reconnect_timeout=0)
