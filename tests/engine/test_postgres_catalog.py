@@ -4,6 +4,9 @@ fails with ServiceUnavailable while its database is down, then recovers."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import psycopg
 import pytest
 
@@ -57,6 +60,37 @@ def test_scans_page_through_many_rows(postgres_url, monkeypatch):
         assert got == [(f"k{i // 2:02d}", 2 - i % 2) for i in range(17)]
     finally:
         c.close()
+
+
+def test_writers_of_two_catalogs_take_turns(postgres_url):
+    """Two catalogs on one database (two processes, say) serialise their writes
+    through the writer row's lock, and the second writer sees the first one's commit."""
+    a, b = PostgresCatalog(postgres_url), PostgresCatalog(postgres_url)
+    events: list[str] = []
+    seen: list[object] = []
+
+    def second() -> None:
+        with b.write() as w:
+            events.append("b inside")
+            seen.append(w.object("bkt", "k"))
+            w.put_object(ObjectInfo("bkt", "k2", 1, "e", 5.0, blob_id="b2"))
+
+    try:
+        with a.write() as w:
+            w.insert_bucket(BucketInfo("bkt", 1.0))
+        with a.write() as w:
+            w.put_object(ObjectInfo("bkt", "k", 1, "e", 5.0, blob_id="b1"))
+            t = threading.Thread(target=second)
+            t.start()
+            time.sleep(0.3)  # room for the second writer to get in, were it not blocked
+            events.append("a commits")
+        t.join(30)
+        assert events == ["a commits", "b inside"]
+        assert seen[0] is not None and seen[0].blob_id == "b1"
+        assert a.usage("bkt") == (2, 2)
+    finally:
+        a.close()
+        b.close()
 
 
 def test_newer_schema_is_refused(postgres_url):
