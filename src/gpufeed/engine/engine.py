@@ -129,7 +129,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
             (after compression and dedup); 0: no limit but the disk's. Writes
             past it raise StorageFull; reads go on.
         catalog_check: the SQLite catalog's integrity check on open: ``"quick"``,
-            ``"full"`` or ``"off"`` (:mod:`._catalogcheck`).
+            ``"full"`` or ``"off"`` (:mod:`._catalogcheck`); when ``catalog``
+            is given, its ``check`` is used instead.
         catalog: where the catalog lives (:class:`~._catalogs.CatalogSettings`);
             ``None``: SQLite in ``data_dir/catalog.sqlite3``.
 
