@@ -81,7 +81,14 @@ def test_node_on_postgres_serves_restarts_and_rides_out_an_outage(tmp_path, post
         assert node.stop() == 0, node.log_path.read_text()
     out = _gf("catalog", "check", "--data-dir", str(tmp_path / "data"))
     assert out.returncode == 1 and "not on PostgreSQL" in out.stderr and "Traceback" not in out.stderr
-    out = _gf("admin", "--data-dir", str(tmp_path / "data"), "--catalog", postgres_url, "bucket", "stats", BUCKET)
+    local = ["--data-dir", str(tmp_path / "data"), "--catalog", postgres_url]
+    out = _gf("admin", *local, "bucket", "stats", BUCKET)
+    assert out.returncode == 0, out.stderr
+    out = _gf("snapshot", *local, "create", BUCKET, "s1")
+    assert out.returncode == 0, out.stderr
+    out = _gf("snapshot", *local, "list", BUCKET)
+    assert out.returncode == 0 and "s1" in out.stdout, out.stderr
+    out = _gf("scrub", *local, "--json")
     assert out.returncode == 0, out.stderr
 
 
