@@ -1,4 +1,5 @@
-"""Shared fixtures: one real `gpufeed serve` per test session on random loopback ports."""
+"""Shared fixtures: one real `gpufeed serve` per test session on random loopback
+ports, and a throwaway PostgreSQL server per test process for the PostgreSQL catalog."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import pytest
 
 from gpufeed.testing.node import NodeProcess, start_node
+from gpufeed.testing.postgres import PostgresMissing, PostgresServer
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +46,31 @@ def _no_ambient_keys():
     saved = {n: os.environ.pop(n) for n in names if n in os.environ}
     yield
     os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server of this test process (each xdist worker starts its own),
+    or a skip when PostgreSQL is not installed; ``GPUFEED_REQUIRE_POSTGRES=1``
+    (set by ``.ci/run``) makes that a failure."""
+    try:
+        server = PostgresServer()
+    except PostgresMissing as exc:
+        if os.environ.get("GPUFEED_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"GPUFEED_REQUIRE_POSTGRES is set but {exc}")
+        pytest.skip(str(exc))
+    try:
+        server.start()
+    except BaseException:
+        server.close()
+        raise
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """The URL of a fresh, empty database of :func:`postgres_server`, dropped after the test."""
+    url = postgres_server.create_database("t")
+    yield url
+    postgres_server.drop_database(url)

@@ -55,3 +55,21 @@ def test_wire_limits_bad_env_names_the_variable(monkeypatch, name, raw):
     monkeypatch.setenv(f"GPUFEED_WIRE_{name}", raw)
     with pytest.raises(ValueError, match=f"GPUFEED_WIRE_{name}"):
         NodeConfig.from_env()
+
+
+def test_catalog_settings_from_env_and_hidden_from_repr(monkeypatch):
+    for name in ("GPUFEED_CATALOG", "GPUFEED_CATALOG_POOL_SIZE", "GPUFEED_CATALOG_TIMEOUT_S", "GPUFEED_CLUSTER"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = NodeConfig.from_env()
+    assert (cfg.catalog, cfg.catalog_pool_size, cfg.catalog_timeout_s, cfg.cluster) == ("", 8, 5.0, "")
+    monkeypatch.setenv("GPUFEED_CATALOG", "postgresql://gf:hunter2@db:5432/gpufeed")
+    monkeypatch.setenv("GPUFEED_CATALOG_POOL_SIZE", "3")
+    monkeypatch.setenv("GPUFEED_CATALOG_TIMEOUT_S", "1.5")
+    monkeypatch.setenv("GPUFEED_CLUSTER", "east")
+    cfg = NodeConfig.from_env()
+    assert (cfg.catalog_pool_size, cfg.catalog_timeout_s, cfg.cluster) == (3, 1.5, "east")
+    assert cfg.catalog.endswith("/gpufeed") and "hunter2" not in repr(cfg)
+    assert NodeConfig.from_env(catalog="").catalog == ""
+    monkeypatch.setenv("GPUFEED_CATALOG_POOL_SIZE", "1")
+    with pytest.raises(ValueError, match="GPUFEED_CATALOG_POOL_SIZE"):
+        NodeConfig.from_env()

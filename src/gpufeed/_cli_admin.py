@@ -11,7 +11,7 @@ import time
 
 import click
 
-from ._cli_types import SizeType
+from ._cli_types import CATALOG_OPTION, SizeType
 from .admin import Admin, LocalAdmin, RemoteAdmin
 
 __all__ = ["admin", "scrub"]
@@ -28,19 +28,26 @@ def _when(t: float) -> str:
               help="Work on a stopped node's data folder instead of a running node.")
 @click.option("--access-key", default=None, help="The node's admin key id (env GPUFEED_ACCESS_KEY).")
 @click.option("--secret-key", default=None, help="The node's admin secret (env GPUFEED_SECRET_KEY).")
+@CATALOG_OPTION
 @click.pass_context
-def admin(ctx, url, data_dir, access_key, secret_key) -> None:
+def admin(ctx, url, data_dir, access_key, secret_key, catalog_url) -> None:
     """Manage tenants and their access keys; inspect buckets and their data services."""
-    ctx.obj = _opener(url, data_dir, access_key, secret_key)
+    ctx.obj = _opener(url, data_dir, access_key, secret_key, catalog_url)
 
 
-def _opener(url, data_dir, access_key, secret_key):
-    """A function that opens the Admin the options name (local data folder or remote node)."""
+def _opener(url, data_dir, access_key, secret_key, catalog_url=None):
+    """A function that opens the Admin the options name (local data folder, with its
+    catalog where ``--catalog`` / ``GPUFEED_CATALOG`` says, or remote node)."""
     from .config import DEFAULT_ACCESS_KEY, DEFAULT_SECRET_KEY, NodeConfig
 
     def open_admin() -> Admin:
         if data_dir is not None:
-            return LocalAdmin(data_dir, master_key=NodeConfig.from_env().master_key)
+            from .engine import CatalogSettings
+
+            cfg = NodeConfig.from_env(catalog=catalog_url)
+            settings = CatalogSettings(url=cfg.catalog, pool_size=cfg.catalog_pool_size,
+                                       pool_timeout_s=cfg.catalog_timeout_s, cluster=cfg.cluster)
+            return LocalAdmin(data_dir, master_key=cfg.master_key, catalog=settings)
         return RemoteAdmin(url or os.environ.get("GPUFEED_S3_URL") or "http://127.0.0.1:9000",
                            access_key or os.environ.get("GPUFEED_ACCESS_KEY") or DEFAULT_ACCESS_KEY,
                            secret_key or os.environ.get("GPUFEED_SECRET_KEY") or DEFAULT_SECRET_KEY)
@@ -289,8 +296,9 @@ def damaged(ctx, as_json) -> None:
 @click.option("--rate", type=SizeType(), default="0", help="Most bytes read per second (0: no limit).")
 @click.option("--no-wait", is_flag=True, help="Start the scrub on the node and return at once.")
 @click.option("--stop", "stop", is_flag=True, help="End the scrub running on the node.")
+@CATALOG_OPTION
 @JSON_OPTION
-def scrub(url, data_dir, access_key, secret_key, rate, no_wait, stop, as_json) -> None:
+def scrub(url, data_dir, access_key, secret_key, rate, no_wait, stop, catalog_url, as_json) -> None:
     """Read and check every stored chunk; report damaged, missing and orphaned ones.
 
     Damaged chunks are marked (reads of them fail with DamagedObject) until a
@@ -298,7 +306,7 @@ def scrub(url, data_dir, access_key, secret_key, rate, no_wait, stop, as_json) -
     waited for (with progress on stderr), not started twice; ``--stop`` ends
     it. Exits 1 when damage was found.
     """
-    a = _opener(url, data_dir, access_key, secret_key)()
+    a = _opener(url, data_dir, access_key, secret_key, catalog_url)()
     shown = [0.0]
 
     def progress(st: dict) -> None:

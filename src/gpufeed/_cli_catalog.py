@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from ._cli_types import CATALOG_OPTION
+
 __all__ = ["catalog"]
 
 DATA_DIR_OPTION = click.option("--data-dir", type=click.Path(file_okay=False), default=None,
@@ -20,22 +22,49 @@ def _data_dir(data_dir: str | None) -> str:
     return str(data_dir or default_data_dir())
 
 
+def _require_sqlite(folder: str, catalog_url: str | None, command: str) -> None:
+    """Refuse a node whose catalog is in PostgreSQL: check and recover read SQLite files.
+
+    Raises:
+        InvalidArgument: ``--catalog`` / ``GPUFEED_CATALOG`` names a PostgreSQL
+            catalog, or the folder says its catalog is in one.
+    """
+    from pathlib import Path
+
+    from .config import NodeConfig
+    from .engine._catalogs import POSTGRES_MARKER, is_postgres
+    from .errors import InvalidArgument
+
+    marker = Path(folder) / POSTGRES_MARKER
+    url = NodeConfig.from_env(catalog=catalog_url).catalog
+    if is_postgres(url) or marker.is_file():
+        where = marker.read_text().strip() if marker.is_file() else "the database --catalog names"
+        raise InvalidArgument(
+            f"gpufeed catalog {command} works on SQLite catalogs (catalog.sqlite3), not on PostgreSQL ones: this "
+            f"node's catalog is in PostgreSQL ({where}). Check and protect it with PostgreSQL's own tools "
+            "(pg_amcheck, pg_dump / pg_restore, the server's backups and replicas)")
+
+
 @click.group()
 def catalog() -> None:
-    """The node's catalog (the metadata of every bucket and object): check it, recover it."""
+    """The node's SQLite catalog (the metadata of every bucket and object): check it, recover it.
+
+    A catalog in PostgreSQL is checked and backed up with PostgreSQL's own tools."""
 
 
 @catalog.command("check")
 @DATA_DIR_OPTION
 @click.option("--level", type=click.Choice(["quick", "full"]), default="full", show_default=True,
               help="quick: PRAGMA quick_check; full: PRAGMA integrity_check (indexes against tables too).")
+@CATALOG_OPTION
 @JSON_OPTION
-def catalog_check(data_dir, level, as_json) -> None:
-    """Check the catalog without changing it (a node may be running); exit 1 if it is damaged."""
+def catalog_check(data_dir, level, catalog_url, as_json) -> None:
+    """Check the SQLite catalog without changing it (a node may be running); exit 1 if it is damaged."""
     from .engine import check_data_dir
     from .engine._catalogcheck import recover_hint
 
     folder = _data_dir(data_dir)
+    _require_sqlite(folder, catalog_url, "check")
     report = check_data_dir(folder, level)
     if as_json:
         click.echo(json.dumps(report.as_dict()))
@@ -84,8 +113,9 @@ def _show_recovery(r) -> str:
 @catalog.command("recover")
 @DATA_DIR_OPTION
 @click.option("--force", is_flag=True, help="Rebuild even a catalog that passes its check.")
+@CATALOG_OPTION
 @JSON_OPTION
-def catalog_recover(data_dir, force, as_json) -> None:
+def catalog_recover(data_dir, force, catalog_url, as_json) -> None:
     """Rebuild a damaged catalog from every row it still holds (the node must be stopped).
 
     The damaged file is kept beside it, renamed with the time; data files no saved
@@ -95,6 +125,7 @@ def catalog_recover(data_dir, force, as_json) -> None:
     """
     from .engine import recover_catalog
 
+    _require_sqlite(_data_dir(data_dir), catalog_url, "recover")
     report = recover_catalog(_data_dir(data_dir), force=force)
     click.echo(json.dumps(report.as_dict()) if as_json else _show_recovery(report))
     if report.recovered and not (report.after is not None and report.after.ok):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from ._cli_admin import JSON_OPTION, _opener, _run, _when
+from ._cli_types import CATALOG_OPTION
 
 __all__ = ["snapshot"]
 
@@ -18,13 +19,14 @@ __all__ = ["snapshot"]
 @click.option("--access-key", default=None,
               help="The admin key id, or a key of the bucket's tenant (env GPUFEED_ACCESS_KEY).")
 @click.option("--secret-key", default=None, help="Its secret (env GPUFEED_SECRET_KEY).")
+@CATALOG_OPTION
 @click.pass_context
-def snapshot(ctx, url, data_dir, access_key, secret_key) -> None:
+def snapshot(ctx, url, data_dir, access_key, secret_key, catalog_url) -> None:
     """Bucket snapshots: instant, read-only, pinning their data (no copy).
 
     Read one with S3 '?snapshot=NAME' or the SDK's snapshot= argument.
     """
-    ctx.obj = _opener(url, data_dir, access_key, secret_key)
+    ctx.obj = _opener(url, data_dir, access_key, secret_key, catalog_url)
 
 
 

@@ -18,8 +18,12 @@ import urllib.request
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import GpufeedError, InvalidArgument, error_from_code
+
+if TYPE_CHECKING:
+    from .engine import CatalogSettings
 
 __all__ = ["Admin", "RemoteAdmin", "LocalAdmin"]
 
@@ -290,6 +294,8 @@ class LocalAdmin(Admin):
         data_dir: the node's data folder.
         master_key: as the node was given (``GPUFEED_MASTER_KEY``), or ``None``
             for ``data_dir/master.key``.
+        catalog: where the node's catalog lives, as the node was given it
+            (``None``: SQLite in the data folder).
 
     Raises:
         DataFolderInUse: a node is running on it (use :class:`RemoteAdmin`).
@@ -297,12 +303,14 @@ class LocalAdmin(Admin):
             never makes a new, empty one).
     """
 
-    def __init__(self, data_dir: str | Path, master_key: bytes | None = None) -> None:
+    def __init__(self, data_dir: str | Path, master_key: bytes | None = None,
+                 catalog: CatalogSettings | None = None) -> None:
         from .engine import Engine
+        from .engine._catalogs import POSTGRES_MARKER
 
-        if not (Path(data_dir) / "catalog.sqlite3").is_file():
+        if not any((Path(data_dir) / name).is_file() for name in ("catalog.sqlite3", POSTGRES_MARKER)):
             raise FileNotFoundError(f"no gpufeed data folder at {data_dir} (it has no catalog.sqlite3)")
-        self._engine = Engine(data_dir, master_key=master_key)
+        self._engine = Engine(data_dir, master_key=master_key, catalog=catalog)
 
     def tenant_create(self, name: str) -> dict:
         return dataclasses.asdict(self._engine.create_tenant(name))

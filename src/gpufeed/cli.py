@@ -20,7 +20,7 @@ import click
 from ._cli_admin import admin, scrub
 from ._cli_catalog import catalog
 from ._cli_snapshot import snapshot
-from ._cli_types import SizeType
+from ._cli_types import CATALOG_OPTION, CLUSTER_OPTION, SizeType
 from ._version import __version__
 
 __all__ = ["main", "SizeType"]
@@ -86,9 +86,13 @@ main.add_command(snapshot)
               help="Most bytes a background scrub reads per second (default 100MiB; env GPUFEED_SCRUB_RATE).")
 @click.option("--catalog-check", type=click.Choice(["quick", "full", "off"]), default=None,
               help="Integrity check of the catalog at start (default quick; env GPUFEED_CATALOG_CHECK).")
+@CATALOG_OPTION
+@click.option("--catalog-pool", "catalog_pool", type=click.IntRange(min=2), default=None,
+              help="PostgreSQL catalog: most database connections (default 8; env GPUFEED_CATALOG_POOL_SIZE).")
+@CLUSTER_OPTION
 def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no_fsync,
           region_pool, log_level, access_log, metrics_port, capacity, scrub_interval, scrub_rate,
-          catalog_check) -> None:
+          catalog_check, catalog_url, catalog_pool, cluster) -> None:
     """Run a storage node: S3 endpoint plus the fast data path.
 
     Prints the endpoints as one JSON line on stdout, then serves until
@@ -107,7 +111,7 @@ def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no
         access_key=access_key, secret_key=secret_key, fsync=False if no_fsync else None,
         region_pool_bytes=region_pool, access_log=access_log, metrics_port=metrics_port,
         capacity_bytes=capacity, scrub_interval_s=scrub_interval, scrub_rate_bytes=scrub_rate,
-        catalog_check=catalog_check,
+        catalog_check=catalog_check, catalog=catalog_url, catalog_pool_size=catalog_pool, cluster=cluster,
     )
     node = Node(cfg)
     endpoints = node.start()
@@ -298,6 +302,26 @@ def bench_io(size, cold, json_path, paths, repeat, data_dir) -> None:
 
     run_io_bench(size=size, cold=cold, json_path=json_path, paths=paths.split(","),
                  repeat=repeat, data_dir=data_dir)
+
+
+@bench.command("catalog")
+@QUIET_OPTION
+@click.option("--objects", type=click.IntRange(min=1), default=2000, show_default=True, help="Objects put and headed.")
+@click.option("--size", type=SizeType(), default="1KiB", show_default=True, help="Bytes per object.")
+@click.option("--threads", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Threads of the concurrent head pass.")
+@click.option("--list-pages", type=click.IntRange(min=1), default=50, show_default=True,
+              help="ListObjectsV2 pages of 1,000 keys timed.")
+@click.option("--catalog", "catalog_url", default=None, metavar="URL",
+              help="An empty PostgreSQL database to use (default: a throwaway server started for the run).")
+@click.option("--durable", is_flag=True, help="fsync data and commits on both catalogs.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results here.")
+def bench_catalog(objects, size, threads, list_pages, catalog_url, durable, json_path) -> None:
+    """put / head / list operations per second with the catalog in SQLite and in PostgreSQL."""
+    from .bench.catalog import run_catalog_bench
+
+    run_catalog_bench(objects=objects, size=size, threads=threads, list_pages=list_pages,
+                      catalog_url=catalog_url, durable=durable, json_path=json_path)
 
 
 @bench.command("list")

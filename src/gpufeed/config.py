@@ -109,6 +109,13 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def _pool_size(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise ValueError("the catalog's pool needs at least 2 connections")
+    return value
+
+
 @dataclass
 class WireLimits:
     """Limits of the fast path (``NodeConfig.wire``): what one node gives clients
@@ -263,8 +270,22 @@ class NodeConfig:
             cold, on a loaded 2-core VM), ``"full"`` (``PRAGMA integrity_check``:
             also every index against its table) or ``"off"`` (header and schema
             version only). A damaged catalog stops the start with a message
-            naming ``gpufeed catalog recover`` (docs/catalog.md).
+            naming ``gpufeed catalog recover`` (docs/catalog.md). SQLite only.
             Env ``GPUFEED_CATALOG_CHECK``.
+        catalog: where the catalog lives: ``""`` (the default) for SQLite in
+            ``<data_dir>/catalog.sqlite3``, or a PostgreSQL URL
+            ``postgresql://user:password@host:port/dbname`` (docs/catalog-postgres.md;
+            needs the ``postgres`` extra). Not shown by ``repr`` (it may hold a
+            password). Env ``GPUFEED_CATALOG``.
+        catalog_pool_size: PostgreSQL: most database connections the node opens
+            (>= 2). Env ``GPUFEED_CATALOG_POOL_SIZE``.
+        catalog_timeout_s: PostgreSQL: seconds a request waits for a database
+            connection (also while the database is unreachable) before it is
+            answered 503 ServiceUnavailable. Env ``GPUFEED_CATALOG_TIMEOUT_S``.
+        cluster: PostgreSQL: the name recorded as the catalog's owner, so that
+            a node with another data folder may open the catalog under the same
+            name; ``""`` records the data folder's id (``<data_dir>/node.id``).
+            Env ``GPUFEED_CLUSTER``.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -296,6 +317,10 @@ class NodeConfig:
     scrub_interval_s: float = 7 * 86400.0  # 7 days
     scrub_rate_bytes: int = 100 << 20  # 100 MiB/s
     catalog_check: str = "quick"
+    catalog: str = field(default="", repr=False)
+    catalog_pool_size: int = 8
+    catalog_timeout_s: float = 5.0
+    cluster: str = ""
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -333,6 +358,10 @@ class NodeConfig:
             scrub_interval_s=_env("GPUFEED_SCRUB_INTERVAL_S", _seconds, cls.scrub_interval_s),
             scrub_rate_bytes=_env("GPUFEED_SCRUB_RATE", _size, cls.scrub_rate_bytes),
             catalog_check=_env("GPUFEED_CATALOG_CHECK", _check_level, cls.catalog_check),
+            catalog=_env("GPUFEED_CATALOG", str, ""),
+            catalog_pool_size=_env("GPUFEED_CATALOG_POOL_SIZE", _pool_size, cls.catalog_pool_size),
+            catalog_timeout_s=_env("GPUFEED_CATALOG_TIMEOUT_S", _seconds, cls.catalog_timeout_s),
+            cluster=_env("GPUFEED_CLUSTER", str, cls.cluster),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

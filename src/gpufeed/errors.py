@@ -36,6 +36,7 @@ Tree::
     │   ├── BucketNotEmpty
     │   ├── InvalidBucketState
     │   ├── DataFolderInUse   (another node holds the data folder; not an S3 answer)
+    │   ├── CatalogInUse      (another deployment owns the PostgreSQL catalog; not an S3 answer)
     │   ├── TenantAlreadyExists
     │   ├── TenantNotEmpty    (it still owns buckets)
     │   ├── BucketAlreadyExists  (the name is another tenant's)
@@ -88,6 +89,7 @@ Tree::
     └── InternalError
         ├── DamagedObject      (500: stored data failed its check on read)
         ├── CatalogDamaged     (the catalog fails its integrity check; not an S3 answer)
+        ├── CatalogUnavailable (503 ServiceUnavailable: the catalog's database cannot be reached)
         └── CatalogTooNew      (the catalog was written by a newer gpufeed)
 
 Source for codes and statuses: "Error responses", Amazon S3 API Reference,
@@ -127,6 +129,8 @@ __all__ = [
     "BucketNotEmpty",
     "InvalidBucketState",
     "DataFolderInUse",
+    "CatalogInUse",
+    "CatalogUnavailable",
     "PreconditionFailed",
     "InvalidRequestError",
     "InvalidBucketName",
@@ -303,6 +307,14 @@ class InvalidBucketState(ConflictError):
 class DataFolderInUse(ConflictError):
     """Another engine (another node process) has the data folder open; the message names its pid."""
     code, status = "DataFolderInUse", 409
+
+
+class CatalogInUse(ConflictError):
+    """The PostgreSQL catalog belongs to another deployment (another node's data
+    folder, or another cluster): the node refuses to start rather than read rows
+    that name data it does not hold. Not an S3 answer."""
+
+    code, status = "CatalogInUse", 409
 
 
 class TenantAlreadyExists(ConflictError):
@@ -623,6 +635,16 @@ class CatalogDamaged(InternalError):
     that recovers it (``gpufeed catalog recover``)."""
 
     code, status = "CatalogDamaged", 500
+
+
+class CatalogUnavailable(InternalError):
+    """The catalog's database cannot be reached or failed mid-request (server
+    down, connection lost, no pooled connection free in time): nothing of the
+    request was committed; retrying once the database is back succeeds. S3's
+    ``ServiceUnavailable`` (503), which SDKs retry with back-off; the message
+    names the database (``host:port/dbname``, never a password)."""
+
+    code, status = "ServiceUnavailable", 503
 
 
 class CatalogTooNew(InternalError):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._metrics import NodeMetrics
 from .config import DEFAULT_SECRET_KEY, NodeConfig
-from .engine import Engine
+from .engine import CatalogSettings, Engine
 from .engine._private import make_private_dirs
 
 if TYPE_CHECKING:
@@ -229,8 +229,10 @@ class Node:
         sock = cfg.resolved_socket_path
         if sock and Path(sock).resolve().parent.is_relative_to(data_dir):
             make_private_dirs(Path(sock).resolve().parent)  # the socket's folder is private too
+        catalog = CatalogSettings(url=cfg.catalog, pool_size=cfg.catalog_pool_size,
+                                  pool_timeout_s=cfg.catalog_timeout_s, cluster=cfg.cluster, check=cfg.catalog_check)
         self.engine = engine = Engine(cfg.data_dir, fsync=cfg.fsync, master_key=cfg.master_key,
-                                      capacity_bytes=cfg.capacity_bytes, catalog_check=cfg.catalog_check)
+                                      capacity_bytes=cfg.capacity_bytes, catalog=catalog)
         if cfg.scrub_interval_s > 0:
             engine.scrubber.schedule(cfg.scrub_interval_s, cfg.scrub_rate_bytes)
         self._wire = wire = WireServer(engine, cfg, self.metrics)

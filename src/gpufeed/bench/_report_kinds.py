@@ -304,6 +304,16 @@ def list_view(data: dict, s: Section) -> None:
                 columns=["objects", "listed"])
 
 
+def catalog_view(data: dict, s: Section) -> None:
+    """``bench catalog``: operations per second of each op, PostgreSQL against SQLite."""
+    rows = _list(data, "results")
+    for op, threads in dict.fromkeys((r.get("op"), r.get("threads")) for r in rows):
+        mine = [r for r in rows if r.get("op") == op and r.get("threads") == threads]
+        compare(s, f"{op}-{threads}", f"{op}, {threads} thread(s), operations/s (baseline: sqlite)", mine,
+                label=lambda r: str(r.get("catalog")), value="ops_per_s", baseline="sqlite", unit="ops/s",
+                columns=["ops", "seconds"])
+
+
 def crash_view(data: dict, s: Section) -> None:
     """``bench crash``: the totals over every kill -9 cycle."""
     if isinstance(data.get("results"), dict):
@@ -342,7 +352,7 @@ def generic_view(data: Any, s: Section) -> None:
 VIEWS: dict[str, Callable[[dict, Section], None]] = {
     "io": io_view, "demo": demo_view, "model": model_view, "checkpoint": checkpoint_view, "kv": kv_view,
     "train": train_view, "integrity": integrity_view, "data": data_view, "codecs": codecs_view,
-    "list": list_view, "crash": crash_view,
+    "list": list_view, "crash": crash_view, "catalog": catalog_view,
 }
 
 

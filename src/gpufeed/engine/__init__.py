@@ -1,6 +1,7 @@
 """The storage node with no network: catalog, chunk store, buckets, objects, multipart, lifecycle."""
 
 from ._catalogcheck import CHECK_LEVELS, CatalogCheck, check_catalog
+from ._catalogs import CatalogSettings, open_catalog
 from ._chunkreads import ChunkDamage, ReadStep, run_step
 from ._directories import check_directory_bucket_name, check_directory_listing, is_directory_name
 from ._handles import ObjectHandle
@@ -46,6 +47,8 @@ __all__ = [
     "CatalogReader",
     "CatalogWriter",
     "SqliteCatalog",
+    "CatalogSettings",
+    "open_catalog",
     "KeyRing",
     "is_directory_name",
     "check_directory_bucket_name",

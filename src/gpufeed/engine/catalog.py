@@ -2,10 +2,12 @@
 
 The engine keeps object data in immutable files (:mod:`._blobs`) and all
 metadata (buckets, object versions, multipart uploads and their parts) in a
-catalog. It talks to the catalog only through the three classes here, so a
-second catalog (a PostgreSQL one, say) implements them and passes the same
-conformance suite (:class:`gpufeed.testing.catalog.CatalogTests`). The SQLite
-catalog (:class:`gpufeed.engine._sqlite.SqliteCatalog`) is the one in use.
+catalog. It talks to the catalog only through the three classes here, which
+the SQLite catalog (:class:`gpufeed.engine._sqlite.SqliteCatalog`, the
+default) and the PostgreSQL one (:class:`gpufeed.engine._postgres.PostgresCatalog`)
+implement; both pass one conformance suite
+(:class:`gpufeed.testing.catalog.CatalogTests`), and :mod:`._catalogs` picks
+one from the node's settings.
 
 Shape, after Garage's object / version / upload tables and 3FS's
 ``ChunkMetaStore``: plain reads (:class:`CatalogReader`), consistent

@@ -1,11 +1,14 @@
-"""The storage engine: buckets and objects on a local data folder, catalog in SQLite.
+"""The storage engine: buckets and objects on a local data folder, catalog in
+SQLite (or in a PostgreSQL database, :mod:`._catalogs`).
 
 No network here; the S3 front (``gpufeed.s3``) and the fast path
 (``gpufeed.wire``) both call this.
 
 On-disk layout under ``data_dir``::
 
-    catalog.sqlite3          buckets, object versions, uploads, parts (WAL mode)
+    catalog.sqlite3          buckets, object versions, uploads, parts (WAL mode);
+                             or catalog.postgresql + node.id when the catalog is
+                             in a PostgreSQL database (:mod:`._catalogs`)
     blobs/ab/cd/<blob_id>    one immutable file per object version (blob_id = uuid4 hex)
     uploads/<upload_id>/<part_number:05d>.<id>   multipart parts (a fresh <id>
                              per upload of a part, so a re-upload never overwrites
@@ -39,7 +42,8 @@ The engine is split by concern; this module holds :class:`Engine`, the API
 the fronts call, which delegates to:
 
 - :mod:`.catalog`: the interface to the metadata store, every operation the
-  engine performs; :mod:`._sqlite` implements it over SQLite.
+  engine performs; :mod:`._sqlite` implements it over SQLite, :mod:`._postgres`
+  over PostgreSQL; :mod:`._catalogs` picks one from the node's settings.
 - :mod:`._blobs`: data files, renames, fsyncs, the start-up sweep.
 - :mod:`._writes`: the write path: :class:`PendingWrite` (temp file, ETag
   hashing) and the object commit (publish the blob, commit its row).
@@ -75,7 +79,7 @@ from ..errors import (
     NoSuchTenant,
 )
 from ._blobs import BlobFiles
-from ._catalogcheck import require_catalog_beside_data
+from ._catalogs import CatalogSettings, open_catalog
 from ._chunks import ChunkStore
 from ._copies import ObjectCopies
 from ._dataservices import DataServices
@@ -90,7 +94,6 @@ from ._reads import ObjectReads
 from ._scrub import ScrubRunner
 from ._snapshot_schedule import ScheduledSnapshots
 from ._snapshots import SnapshotCalls
-from ._sqlite import SqliteCatalog
 from ._tenants import MasterKey, TenantAdmin, check_tenant_name, owner_of
 from ._versioning import VersionedObjects
 from ._writes import PendingWrite, WritePath, check_hash_kind, feed
@@ -125,8 +128,11 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         capacity_bytes: most bytes of object data the folder may hold on disk
             (after compression and dedup); 0: no limit but the disk's. Writes
             past it raise StorageFull; reads go on.
-        catalog_check: the catalog's integrity check on open: ``"quick"``,
-            ``"full"`` or ``"off"`` (:mod:`._catalogcheck`).
+        catalog_check: the SQLite catalog's integrity check on open: ``"quick"``,
+            ``"full"`` or ``"off"`` (:mod:`._catalogcheck`); when ``catalog``
+            is given, its ``check`` is used instead.
+        catalog: where the catalog lives (:class:`~._catalogs.CatalogSettings`);
+            ``None``: SQLite in ``data_dir/catalog.sqlite3``.
 
     Raises:
         DataFolderInUse: ``data_dir`` is in use by another open Engine (an
@@ -136,6 +142,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
             files exist; nothing in ``data_dir`` was changed (the message names
             ``gpufeed catalog recover``).
         CatalogTooNew: a newer gpufeed wrote the catalog.
+        CatalogInUse: a PostgreSQL catalog belongs to another deployment.
+        CatalogUnavailable: a PostgreSQL catalog's database cannot be reached.
         InternalError: the catalog cannot be opened.
 
     All methods raise the typed errors of :mod:`gpufeed.errors`. Usable as a
@@ -143,7 +151,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
     """
 
     def __init__(self, data_dir: str | Path, *, fsync: bool = True, master_key: bytes | None = None,
-                 capacity_bytes: int = 0, catalog_check: str = "quick") -> None:
+                 capacity_bytes: int = 0, catalog_check: str = "quick",
+                 catalog: CatalogSettings | None = None) -> None:
         self.data_dir = Path(data_dir).resolve()
         make_private_dirs(self.data_dir)
         self._lock_fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
@@ -159,11 +168,10 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
         try:
             self._files = BlobFiles(self.data_dir, fsync=fsync)
-            catalog = str(self.data_dir / "catalog.sqlite3")
-            require_catalog_beside_data(catalog, (self._files.blobs, self._files.uploads))
+            settings = catalog or CatalogSettings(check=catalog_check)
             # Every metadata operation below goes through the Catalog interface.
-            self._cat: Catalog = SqliteCatalog(catalog, fsync=fsync, blob_path=self._files.blob_path,
-                                               check=catalog_check)
+            self._cat: Catalog = open_catalog(settings, data_dir=self.data_dir, blob_path=self._files.blob_path,
+                                              data_folders=(self._files.blobs, self._files.uploads), fsync=fsync)
         except BaseException:
             os.close(self._lock_fd)
             raise
