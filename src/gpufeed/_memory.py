@@ -65,9 +65,16 @@ except (OSError, AttributeError):  # not glibc/musl: fall back to faults on firs
 
 
 def address_of(buf) -> tuple[int, int]:
-    """``(address, nbytes)`` of a contiguous buffer (bytes-like, numpy, mmap slice)."""
-    arr = np.frombuffer(buf, dtype=np.uint8)
-    return arr.ctypes.data, arr.nbytes
+    """``(address, nbytes)`` of a contiguous buffer (bytes-like, numpy, mmap slice).
+
+    A writable, non-empty buffer is asked through ctypes (0.4 µs); others
+    through numpy (4 µs): batch reads ask once per item."""
+    try:
+        address = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        return address, (buf if type(buf) is memoryview else memoryview(buf)).nbytes
+    except (TypeError, ValueError, BufferError):  # read-only, empty or not simple
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        return arr.ctypes.data, arr.nbytes
 
 
 def _populate_range(address: int, length: int, advice: int, failed: list[int]) -> None:
