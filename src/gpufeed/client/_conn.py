@@ -44,6 +44,9 @@ _ORPHAN_WAIT_MS = 2
 #: How often a waiting follower looks whether the connection closed (seconds).
 _FOLLOWER_CHECK_S = 0.5
 
+#: Most buffers one ``recvmsg_into`` fills (Linux's ``IOV_MAX``).
+_IOV_MAX = 1024
+
 #: Room for the most descriptors one message carries (a MAP_EXTENTS reply's batch).
 _ANCILLARY_BYTES = socket.CMSG_SPACE(p.FDS_PER_MESSAGE * 4)
 
@@ -376,18 +379,49 @@ class Connection:
         """Receive a reply's payload into the request's destination buffers
         (draining what has no destination)."""
         dests = pend.dests or []
+        bufs: list[memoryview] = []  # received with one recvmsg_into per up to _IOV_MAX
         for i, n in enumerate(self._payload_sizes(reply, payload_len)):
             if n <= 0:
                 continue
             if i < len(dests) and len(dests[i]) >= n:
-                self._recv_exact(dests[i][:n])
+                bufs.append(dests[i][:n])
                 continue
             if self._scratch is None:
                 self._scratch = memoryview(bytearray(1 << 20))
             while n:
                 k = min(n, len(self._scratch))
-                self._recv_exact(self._scratch[:k])
+                bufs.append(self._scratch[:k])
                 n -= k
+        if len(bufs) == 1 or self.passes_fds:
+            for b in bufs:
+                self._recv_exact(b)
+        else:
+            self._recv_gather(bufs)
+
+    def _recv_gather(self, bufs: list[memoryview]) -> None:
+        """Fill ``bufs`` in order from the socket (a batch's payloads): one
+        ``recvmsg_into`` for up to :data:`_IOV_MAX` of them at a time.
+
+        Raises:
+            TransportError: the connection closed, or no bytes came for
+                ``request_timeout_s``.
+        """
+        i = 0
+        while i < len(bufs):
+            batch = bufs[i:i + _IOV_MAX]
+            try:
+                got = self.sock.recvmsg_into(batch)[0]
+            except TimeoutError:
+                raise TransportError(f"no reply from the server for {self.request_timeout_s} s") from None
+            if got == 0:
+                raise TransportError("the connection was closed"
+                                     + (" by the client" if self._closed else " by the server"))
+            for b in batch:
+                if got < len(b):
+                    bufs[i] = b[got:]
+                    break
+                got -= len(b)
+                i += 1
 
     def _recv_fds(self, files: int, payload_len: int) -> list[int]:
         """The ``files`` descriptors of a MAP_EXTENTS reply: those that came with its
