@@ -11,6 +11,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import msgspec
+
 from ..errors import InvalidArgument
 from ..wire import protocol as p
 
@@ -25,8 +27,7 @@ DeleteResult = p.DeleteResult
 MAX_OFFSET = (1 << 63) - 1
 
 
-@dataclass(frozen=True, slots=True)
-class ReadRequest:
+class ReadRequest(msgspec.Struct, frozen=True):
     """One read of a batch: bytes ``[offset, offset + length)`` of ``bucket/key``
     into ``dest`` (a writable contiguous buffer; ``length`` defaults to ``len(dest)``).
 
@@ -83,6 +84,8 @@ def as_bytes(buf) -> memoryview:
         InvalidArgument: not a buffer, not C-contiguous, or a tensor that is not
             a contiguous CPU tensor.
     """
+    if type(buf) is memoryview and buf.ndim == 1 and buf.format == "B" and buf.c_contiguous:
+        return buf  # already a flat byte view (a slice of an alloc() buffer)
     if hasattr(buf, "untyped_storage") and not isinstance(buf, (bytes, bytearray, memoryview)):
         import torch  # only reached for tensors
 
