@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import os
 import threading
+from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from awscrt.checksums import combine_crc32c, crc32c
+
 from ..errors import DamagedObject, InvalidArgument, NoSuchKey
-from ._blocksums import SUM_KIND
-from ._chunkreads import STEP_ALIGN, ChunkDamage, Manifest, ReadStep, read_whole_blocks, run_step, whole_blocks
+from ._blocksums import SUM_BLOCK, SUM_KIND
+from ._chunkreads import SMALL_STEP, STEP_ALIGN, ChunkDamage, Manifest, ReadStep, read_whole_blocks, run_step
 from ._openfiles import OpenFile, OpenFiles
 from .types import ObjectInfo
 
@@ -151,18 +154,32 @@ class ObjectHandle:
                 (the caller reports it through :meth:`damaged`).
             DamagedObject: the data file is missing.
         """
+        # One function on purpose: a batch of 4 KiB items runs this once per item,
+        # and each Python call saved is ~0.3 µs (whole_blocks and
+        # read_whole_blocks, inlined here, are the reference).
         m = self.manifest
         if not self.verify or not m.chunks:
             return False
-        i = m.locate(start)
+        i = bisect_right(m.starts, start) - 1
         c = m.chunks[i]
         rel = start - m.starts[i]
-        if c.codec or c.sum_kind != SUM_KIND or not whole_blocks(c, rel, len(dest)):
+        n = len(dest)
+        if (c.codec or c.sum_kind != SUM_KIND or rel % SUM_BLOCK or not 0 < n <= SMALL_STEP
+                or rel + n > c.stored or (n % SUM_BLOCK and rel + n != c.stored)):
             return False
-        held = self._fds.get(i)  # file_fd's answer, remembered per chunk
-        if held is None:
-            held = self._fds[i] = self.file_fd(i)
-        read_whole_blocks(held, c, m.sums[i], rel, dest)
+        fd = self._fds.get(i)  # file_fd's answer, remembered per chunk
+        if fd is None:
+            fd = self._fds[i] = self.file_fd(i)
+        sums = m.sums[i]
+        first = rel // SUM_BLOCK
+        last = first + -(-n // SUM_BLOCK)
+        if last > len(sums):
+            raise ChunkDamage(c, f"the chunk has sums for {len(sums)} blocks, the read needs {last}")
+        if os.preadv(fd, [dest], c.file_offset + rel) != n:
+            read_whole_blocks(fd, c, sums, rel, dest)  # short: the careful path says why
+            return True
+        if crc32c(dest) != sums[last - 1] ^ combine_crc32c(sums[first - 1] if first else 0, 0, n):
+            read_whole_blocks(fd, c, sums, rel, dest)  # raises ChunkDamage naming the block
         return True
 
     def run(self, steps: list[ReadStep], runner: Callable[[list[ReadStep]], Iterable[int]] | None = None) -> int:
