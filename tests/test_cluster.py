@@ -61,6 +61,7 @@ def _wait_for(check, timeout_s: float = 10.0):
 def test_nodes_join_leave_and_expire(tmp_path, postgres_url):
     nodes = [_member(tmp_path / f"n{i}", postgres_url) for i in range(3)]
     try:
+        assert nodes[0].warnings == () and any("2 other live node(s)" in w for w in nodes[2].warnings)
         report = _status(nodes[0])
         assert report["cluster"] == "c1" and report["live"] == 3 and report["expiry_s"] == 1.5
         assert set(_health(report).values()) == {"live"}
@@ -113,6 +114,10 @@ def test_restart_after_kill_keeps_its_id_and_a_copy_is_refused(tmp_path, postgre
         assert report["live"] == 1 and [n["s3_port"] for n in report["nodes"]] == [_port(a)]
     finally:
         a.stop()
+    out = _gf("admin", "--data-dir", str(tmp_path / "a"), "--catalog", postgres_url, "cluster", "status", "--json",
+              env={"GPUFEED_CLUSTER": "c1"})  # the stopped node's folder
+    assert out.returncode == 0, out.stderr
+    assert [n["health"] for n in json.loads(out.stdout)["nodes"]] == ["left"]
 
 
 def test_a_second_cluster_on_one_database_is_refused(tmp_path, postgres_url):

@@ -289,11 +289,7 @@ class Node:
         warnings = list(engine.permission_warnings) + list(
             engine.key_warnings(default_admin_secret=cfg.secret_key == DEFAULT_SECRET_KEY))
         if cfg.cluster:
-            self._join(engine, data_dir, result["port"], tcp_port or 0)
-            if not engine.catalog_is_shared:
-                warnings.append(f"cluster {cfg.cluster!r} on the SQLite catalog has this node as its only member; "
-                                "nodes of one cluster share a PostgreSQL catalog (--catalog postgresql://...)")
-                log.warning(warnings[-1])
+            warnings += self._join(engine, data_dir, result["port"], tcp_port or 0)
         self.endpoints = Endpoints(
             s3=f"http://{cfg.host}:{result['port']}",
             tcp=f"gpufeed+tcp://{cfg.host}:{tcp_port}" if tcp_port else None,
@@ -306,8 +302,9 @@ class Node:
         )
         return self.endpoints
 
-    def _join(self, engine: Engine, data_dir: Path, s3_port: int, wire_port: int) -> None:
-        """Register in the cluster (refused: the start fails) and start heartbeating."""
+    def _join(self, engine: Engine, data_dir: Path, s3_port: int, wire_port: int) -> list[str]:
+        """Register in the cluster (refused: the start fails) and start heartbeating;
+        returns what the operator should know (also logged)."""
         cfg = self.config
         self.member = ClusterMember(
             engine.membership, cluster=cfg.cluster, node_id=node_id(data_dir),
@@ -315,10 +312,23 @@ class Node:
             data_dir=data_dir, heartbeat_s=cfg.cluster_heartbeat_s, expiry_s=cfg.cluster_expiry_s,
             bytes_interval_s=cfg.cluster_bytes_interval_s)
         try:
-            self.member.join()
+            me = self.member.join()
         except BaseException:
             self.member = None
             raise
+        warnings = []
+        if not engine.catalog_is_shared:
+            warnings.append(f"cluster {cfg.cluster!r} on the SQLite catalog has this node as its only member; "
+                            "nodes of one cluster share a PostgreSQL catalog (--catalog postgresql://...)")
+        others = [n for n in engine.membership.nodes(cfg.cluster)
+                  if n.node_id != me.node_id and n.live(cfg.cluster_expiry_s)]
+        if others:
+            warnings.append(f"cluster {cfg.cluster!r} has {len(others)} other live node(s): data is not yet placed "
+                            "across nodes, so an object reads only through the node that wrote it, and each node's "
+                            "start-up check marks chunks in data files it does not hold as missing (docs/cluster.md)")
+        for w in warnings:
+            log.warning(w)
+        return warnings
 
     async def _start_http(self, engine: Engine, result: dict[str, Any]) -> None:
         """Start the S3 endpoint, then the metrics port if it is on (the S3 endpoint
