@@ -192,3 +192,30 @@ def test_sqlite_node_is_a_one_node_cluster_and_bad_settings_are_refused(tmp_path
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "the cluster expiry (0.2 s) must be longer than the heartbeat interval (0.2 s)" in out.stderr
     assert not (tmp_path / "c").exists()  # a refused start leaves nothing behind
+
+
+def test_a_member_whose_id_was_taken_over_logs_it_and_keeps_trying(tmp_path, caplog):
+    """After this process's row expired and another process took the id, the
+    heartbeat is refused; the member logs it once, keeps serving, and gets the
+    id back once the other process leaves."""
+    from gpufeed._cluster import ClusterMember
+    from gpufeed.engine._membership import LocalMembership, NodeClaim
+
+    m = LocalMembership()
+    member = ClusterMember(m, cluster="c1", node_id="n1", host="127.0.0.1", s3_port=9000, wire_port=0,
+                           data_dir=tmp_path, heartbeat_s=0.05, expiry_s=0.5, count_bytes=lambda: 7)
+    caplog.set_level("INFO", logger="gpufeed.cluster")
+    member.join()
+    try:
+        other = NodeClaim("c1", "n1", "10.0.0.2", 9100, 0, "other", "elsewhere", "/copy")
+        m.register(other, expiry_s=0)  # as if this member's row had expired
+        _wait_for(lambda: "this node keeps trying" in caplog.text)
+        assert caplog.text.count("this node keeps trying") == 1
+        assert [n.s3_port for n in m.nodes("c1")] == [9100]
+        m.leave(other)
+        _wait_for(lambda: "registered again" in caplog.text)
+        [back] = m.nodes("c1")
+        assert (back.s3_port, back.state, back.bytes_stored) == (9000, "up", 7)
+    finally:
+        member.stop()
+    assert [n.state for n in m.nodes("c1")] == ["left"]

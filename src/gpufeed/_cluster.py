@@ -27,6 +27,7 @@ import logging
 import os
 import secrets
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -58,7 +59,7 @@ def folder_bytes(folder: str | Path) -> int:
                 st = os.lstat(os.path.join(root, name))
             except OSError:
                 continue
-            if not os.path.islink(os.path.join(root, name)):
+            if stat.S_ISREG(st.st_mode):
                 total += st.st_size
     return total
 
@@ -157,11 +158,6 @@ class ClusterMember:
                 log.warning("cluster %r: heartbeats resumed after %.1f s of failures", self.claim.cluster,
                             time.monotonic() - self._down_since)
                 self._down_since = None
-
-    @property
-    def healthy(self) -> bool:
-        """Whether the last heartbeat succeeded and the row is this process's."""
-        return self._down_since is None and not self._displaced
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop heartbeating and mark the node ``"left"`` (a failure to is logged:
