@@ -73,3 +73,21 @@ def test_catalog_settings_from_env_and_hidden_from_repr(monkeypatch):
     monkeypatch.setenv("GPUFEED_CATALOG_POOL_SIZE", "1")
     with pytest.raises(ValueError, match="GPUFEED_CATALOG_POOL_SIZE"):
         NodeConfig.from_env()
+
+
+def test_cluster_settings_from_env(monkeypatch):
+    names = ("GPUFEED_CLUSTER_HEARTBEAT_S", "GPUFEED_CLUSTER_EXPIRY_S", "GPUFEED_CLUSTER_ADVERTISE_HOST",
+             "GPUFEED_CLUSTER_BYTES_INTERVAL_S")
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    cfg = NodeConfig.from_env()
+    assert (cfg.cluster_heartbeat_s, cfg.cluster_expiry_s, cfg.cluster_advertise_host,
+            cfg.cluster_bytes_interval_s) == (2.0, 10.0, "", 60.0)
+    for name, value in zip(names, ("0.5", "4", "node1.example", "30"), strict=True):
+        monkeypatch.setenv(name, value)
+    cfg = NodeConfig.from_env()
+    assert (cfg.cluster_heartbeat_s, cfg.cluster_expiry_s, cfg.cluster_advertise_host,
+            cfg.cluster_bytes_interval_s) == (0.5, 4.0, "node1.example", 30.0)
+    monkeypatch.setenv("GPUFEED_CLUSTER_EXPIRY_S", "-1")
+    with pytest.raises(ValueError, match="GPUFEED_CLUSTER_EXPIRY_S"):
+        NodeConfig.from_env()

@@ -33,6 +33,7 @@ def _when(t: float) -> str:
 def admin(ctx, url, data_dir, access_key, secret_key, catalog_url) -> None:
     """Manage tenants and their access keys; inspect buckets and their data services."""
     ctx.obj = _opener(url, data_dir, access_key, secret_key, catalog_url)
+    ctx.meta["gpufeed.admin.catalog_only"] = catalog_url if data_dir is None and url is None else None
 
 
 def _opener(url, data_dir, access_key, secret_key, catalog_url=None):
@@ -354,3 +355,62 @@ def _print_scrub(status: dict, as_json: bool, stop: bool) -> None:
     for d in rep.get("damaged", []):
         users = ", ".join("/".join(o[:2]) for o in d["objects"]) or "no object"
         click.echo(f"  damaged {d['chunk']}: {d['reason']} (used by {users})")
+
+
+@admin.group()
+def cluster() -> None:
+    """The cluster of nodes this node belongs to (docs/cluster.md)."""
+
+
+@cluster.command("status")
+@click.option("--cluster", "cluster_name", default=None, metavar="NAME",
+              help="With --catalog: the cluster to show (default: the one that owns the catalog; "
+                   "env GPUFEED_CLUSTER).")
+@click.option("--expiry", "expiry_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="With --catalog or --data-dir: seconds without a heartbeat after which a node counts as "
+                   "expired (default 10; env GPUFEED_CLUSTER_EXPIRY_S). A running node uses its own setting.")
+@JSON_OPTION
+@click.pass_context
+def cluster_status(ctx, cluster_name, expiry_s, as_json) -> None:
+    """Nodes, their health (live or expired, seconds since the last heartbeat) and bytes.
+
+    Asks a running node (--url), a stopped node's folder (--data-dir), or,
+    with only --catalog postgresql://..., the cluster's database itself.
+    """
+    from .config import NodeConfig
+
+    cfg = NodeConfig.from_env()
+    expiry = expiry_s if expiry_s is not None else cfg.cluster_expiry_s
+    catalog_url = ctx.meta.get("gpufeed.admin.catalog_only")
+    if catalog_url:
+        from .admin import catalog_cluster_status
+
+        result = catalog_cluster_status(catalog_url, cluster_name or cfg.cluster, expiry_s=expiry,
+                                        timeout_s=cfg.catalog_timeout_s)
+        click.echo(json.dumps(result) if as_json else _cluster_table(result))
+        return
+    _run(ctx, lambda a: a.cluster_status(expiry), as_json, _cluster_table)
+
+
+def _cluster_table(r: dict) -> str:
+    """The report as a rich table, rendered to text."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"cluster {r['cluster']}: {r['live']} of {len(r['nodes'])} nodes live "
+                        f"(expiry {r['expiry_s']:g} s)")
+    for column in ("node", "address", "health", "since heartbeat", "bytes", "started"):
+        table.add_column(column, justify="right" if column in ("since heartbeat", "bytes") else "left")
+    style = {"live": "green", "expired": "red", "left": "dim"}
+    for n in r["nodes"]:
+        table.add_row(n["node_id"], f"{n['host']}:{n['s3_port']}", f"[{style[n['health']]}]{n['health']}[/]",
+                      f"{n['since_heartbeat_s']:.1f} s", f"{n['bytes_stored']:,}", _when(n["started_at"]))
+    under = r["under_replicated_chunks"]
+    out = io.StringIO()
+    console = Console(file=out, width=120, force_terminal=False)
+    console.print(table)
+    console.print(f"bytes stored on live nodes: {r['bytes_stored']:,}")
+    console.print(f"under-replicated chunks: {'n/a' if under is None else under} ({r['under_replicated_note']})")
+    return out.getvalue().rstrip("\n")

@@ -25,7 +25,7 @@ from .errors import GpufeedError, InvalidArgument, error_from_code
 if TYPE_CHECKING:
     from .engine import CatalogSettings
 
-__all__ = ["Admin", "RemoteAdmin", "LocalAdmin"]
+__all__ = ["Admin", "RemoteAdmin", "LocalAdmin", "catalog_cluster_status"]
 
 
 def _answer_error(status: int, raw: bytes, url: str) -> GpufeedError:
@@ -128,6 +128,13 @@ class Admin:
 
     def scrub_stop(self) -> dict:
         """End the scrub in progress: ``{"stopped", ...status}``."""
+        raise NotImplementedError
+
+    def cluster_status(self, expiry_s: float = 10.0) -> dict:
+        """The members of the node's cluster and their health
+        (:func:`gpufeed.engine._membership.cluster_report`). A running node
+        answers by its own expiry setting; a stopped node's folder by
+        ``expiry_s``. InvalidArgument when the node has no cluster name."""
         raise NotImplementedError
 
     # snapshots (gpufeed.s3._admin_snapshots; the engine's snapshot calls) ------------
@@ -258,6 +265,9 @@ class RemoteAdmin(Admin):
     def scrub_stop(self) -> dict:
         return self._call("DELETE", "scrub")
 
+    def cluster_status(self, expiry_s: float = 10.0) -> dict:
+        return self._call("GET", "cluster")
+
     def _snap(self, bucket: str, name: str | None = None) -> str:
         path = f"buckets/{urllib.parse.quote(bucket, safe='')}/snapshots"
         return path if name is None else f"{path}/{urllib.parse.quote(name, safe='')}"
@@ -311,6 +321,7 @@ class LocalAdmin(Admin):
         if not any((Path(data_dir) / name).is_file() for name in ("catalog.sqlite3", POSTGRES_MARKER)):
             raise FileNotFoundError(f"no gpufeed data folder at {data_dir} (it has no catalog.sqlite3)")
         self._engine = Engine(data_dir, master_key=master_key, catalog=catalog)
+        self._cluster = catalog.cluster if catalog is not None else ""
 
     def tenant_create(self, name: str) -> dict:
         return dataclasses.asdict(self._engine.create_tenant(name))
@@ -394,5 +405,46 @@ class LocalAdmin(Admin):
         return self._engine.set_snapshot_schedule(bucket, hourly=now["hourly"] if hourly is None else hourly,
                                                   daily=now["daily"] if daily is None else daily)
 
+    def cluster_status(self, expiry_s: float = 10.0) -> dict:
+        from .engine._membership import cluster_report
+
+        if not self._cluster:
+            raise InvalidArgument("name the node's cluster (--cluster NAME or GPUFEED_CLUSTER)")
+        return cluster_report(self._engine.membership, self._cluster, expiry_s)
+
     def close(self) -> None:
         self._engine.close()
+
+
+def catalog_cluster_status(url: str, cluster: str = "", *, expiry_s: float = 10.0, timeout_s: float = 5.0) -> dict:
+    """The cluster report read straight from a PostgreSQL catalog, with no node
+    or data folder (:func:`gpufeed.engine._membership.cluster_report`).
+
+    Args:
+        url: the catalog's ``postgresql://`` URL.
+        cluster: the cluster's name; ``""``: the cluster that owns the catalog.
+        expiry_s: seconds without a heartbeat after which a member is expired.
+        timeout_s: seconds to wait for the database.
+
+    Raises:
+        InvalidArgument: ``url`` is not a PostgreSQL URL, or no cluster owns the catalog.
+        CatalogUnavailable: the database cannot be reached.
+    """
+    from .engine._catalogs import is_postgres
+
+    if not is_postgres(url):
+        raise InvalidArgument("the cluster status needs the cluster's PostgreSQL catalog (--catalog postgresql://...)")
+    from .engine._membership import cluster_report
+    from .engine._postgres import PostgresCatalog
+
+    catalog = PostgresCatalog(url, pool_size=2, pool_timeout_s=timeout_s)
+    try:
+        if not cluster:
+            owner = catalog.owner()
+            if not owner.startswith("cluster:"):
+                raise InvalidArgument(f"the catalog at {catalog.where} belongs to no cluster "
+                                      f"({'owner ' + repr(owner) if owner else 'no owner yet'})")
+            cluster = owner.removeprefix("cluster:")
+        return cluster_report(catalog.membership, cluster, expiry_s)
+    finally:
+        catalog.close()

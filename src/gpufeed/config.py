@@ -285,7 +285,22 @@ class NodeConfig:
         cluster: PostgreSQL: the name recorded as the catalog's owner, so that
             a node with another data folder may open the catalog under the same
             name; ``""`` records the data folder's id (``<data_dir>/node.id``).
+            With a cluster name the node is a member of that cluster
+            (docs/cluster.md): it registers in the catalog and heartbeats.
             Env ``GPUFEED_CLUSTER``.
+        cluster_heartbeat_s: seconds between a cluster member's heartbeats
+            (> 0). Env ``GPUFEED_CLUSTER_HEARTBEAT_S``.
+        cluster_expiry_s: seconds after its last heartbeat at which a member
+            counts as expired (not live), by the database's clock; more than
+            ``cluster_heartbeat_s``. Env ``GPUFEED_CLUSTER_EXPIRY_S``.
+        cluster_advertise_host: the address a member registers for others to
+            reach it at; ``""`` registers ``host``, or the machine's host name
+            when ``host`` is a wildcard (``0.0.0.0``, ``::``). Env
+            ``GPUFEED_CLUSTER_ADVERTISE_HOST``.
+        cluster_bytes_interval_s: seconds between a member's counts of the
+            bytes of files in its data folder (a walk of the folder; each
+            heartbeat sends the latest count). Env
+            ``GPUFEED_CLUSTER_BYTES_INTERVAL_S``.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -321,6 +336,10 @@ class NodeConfig:
     catalog_pool_size: int = 8
     catalog_timeout_s: float = 5.0
     cluster: str = ""
+    cluster_heartbeat_s: float = 2.0
+    cluster_expiry_s: float = 10.0
+    cluster_advertise_host: str = ""
+    cluster_bytes_interval_s: float = 60.0  # 1 minute
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -362,6 +381,11 @@ class NodeConfig:
             catalog_pool_size=_env("GPUFEED_CATALOG_POOL_SIZE", _pool_size, cls.catalog_pool_size),
             catalog_timeout_s=_env("GPUFEED_CATALOG_TIMEOUT_S", _seconds, cls.catalog_timeout_s),
             cluster=_env("GPUFEED_CLUSTER", str, cls.cluster),
+            cluster_heartbeat_s=_env("GPUFEED_CLUSTER_HEARTBEAT_S", _seconds, cls.cluster_heartbeat_s),
+            cluster_expiry_s=_env("GPUFEED_CLUSTER_EXPIRY_S", _seconds, cls.cluster_expiry_s),
+            cluster_advertise_host=_env("GPUFEED_CLUSTER_ADVERTISE_HOST", str, cls.cluster_advertise_host),
+            cluster_bytes_interval_s=_env("GPUFEED_CLUSTER_BYTES_INTERVAL_S", _seconds,
+                                          cls.cluster_bytes_interval_s),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

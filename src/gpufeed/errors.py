@@ -37,6 +37,7 @@ Tree::
     │   ├── InvalidBucketState
     │   ├── DataFolderInUse   (another node holds the data folder; not an S3 answer)
     │   ├── CatalogInUse      (another deployment owns the PostgreSQL catalog; not an S3 answer)
+    │   ├── NodeIdInUse       (a live cluster member already has this node id; not an S3 answer)
     │   ├── TenantAlreadyExists
     │   ├── TenantNotEmpty    (it still owns buckets)
     │   ├── BucketAlreadyExists  (the name is another tenant's)
@@ -130,6 +131,7 @@ __all__ = [
     "InvalidBucketState",
     "DataFolderInUse",
     "CatalogInUse",
+    "NodeIdInUse",
     "CatalogUnavailable",
     "PreconditionFailed",
     "InvalidRequestError",
@@ -315,6 +317,14 @@ class CatalogInUse(ConflictError):
     that name data it does not hold. Not an S3 answer."""
 
     code, status = "CatalogInUse", 409
+
+
+class NodeIdInUse(ConflictError):
+    """A live member of the cluster already has this node's id (its data folder
+    was copied, or started twice on different hosts): the second one refuses
+    to start; the message names the member that holds the id. Not an S3 answer."""
+
+    code, status = "NodeIdInUse", 409
 
 
 class TenantAlreadyExists(ConflictError):

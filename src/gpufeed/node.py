@@ -10,7 +10,10 @@ buckets' lifecycle rules and aborts multipart uploads idle for
 ``abort_idle_uploads_s`` (:meth:`gpufeed.engine.Engine.apply_lifecycle`); and
 the snapshot worker (:class:`SnapshotWorker`): every ``snapshot_interval_s`` it
 makes and prunes the buckets' scheduled snapshots
-(:meth:`gpufeed.engine.Engine.run_snapshot_schedules`).
+(:meth:`gpufeed.engine.Engine.run_snapshot_schedules`). A node with a
+cluster name (``--cluster``) also runs a :class:`~gpufeed._cluster.ClusterMember`:
+it registers the node before :meth:`Node.start` returns, heartbeats, and
+leaves on :meth:`Node.stop`.
 
 Every node counts its requests in a :class:`~gpufeed._metrics.NodeMetrics` of
 its own (``Node.metrics``); with ``metrics_port`` >= 0 it also serves them, with
@@ -28,9 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._cluster import ClusterMember, advertised_host
 from ._metrics import NodeMetrics
 from .config import DEFAULT_SECRET_KEY, NodeConfig
 from .engine import CatalogSettings, Engine
+from .engine._catalogs import node_id
 from .engine._private import make_private_dirs
 
 if TYPE_CHECKING:
@@ -196,6 +201,8 @@ class Node:
         self._wire: WireServer | None = None
         self._lifecycle: LifecycleWorker | None = None
         self._snapshots: SnapshotWorker | None = None
+        #: the node's cluster membership (``None``: not in a cluster)
+        self.member: ClusterMember | None = None
         self.endpoints: Endpoints | None = None
 
     def start(self) -> Endpoints:
@@ -208,6 +215,9 @@ class Node:
             OSError: a port or socket path is taken (the message names which).
             DataFolderInUse: another node has the data folder open.
             CatalogDamaged: the catalog fails its check at start (nothing was changed).
+            CatalogInUse: the PostgreSQL catalog belongs to another cluster or node.
+            NodeIdInUse: a live member of the cluster holds this data folder's id.
+            ValueError: the cluster's heartbeat and expiry do not fit (expiry <= heartbeat).
         """
         cfg = self.config
         data_dir = Path(cfg.data_dir).resolve()
@@ -276,6 +286,10 @@ class Node:
         if cfg.snapshot_interval_s > 0:
             self._snapshots = SnapshotWorker(engine, cfg.snapshot_interval_s)
             self._snapshots.start()
+        warnings = list(engine.permission_warnings) + list(
+            engine.key_warnings(default_admin_secret=cfg.secret_key == DEFAULT_SECRET_KEY))
+        if cfg.cluster:
+            warnings += self._join(engine, data_dir, result["port"], tcp_port or 0)
         self.endpoints = Endpoints(
             s3=f"http://{cfg.host}:{result['port']}",
             tcp=f"gpufeed+tcp://{cfg.host}:{tcp_port}" if tcp_port else None,
@@ -283,11 +297,38 @@ class Node:
             access_key=cfg.access_key,
             secret_key=cfg.secret_key,
             data_dir=str(data_dir),
-            warnings=tuple(engine.permission_warnings) + tuple(
-                engine.key_warnings(default_admin_secret=cfg.secret_key == DEFAULT_SECRET_KEY)),
+            warnings=tuple(warnings),
             metrics=f"http://{cfg.host}:{result['metrics_port']}/metrics" if self._monitor else None,
         )
         return self.endpoints
+
+    def _join(self, engine: Engine, data_dir: Path, s3_port: int, wire_port: int) -> list[str]:
+        """Register in the cluster (refused: the start fails) and start heartbeating;
+        returns what the operator should know (also logged)."""
+        cfg = self.config
+        self.member = ClusterMember(
+            engine.membership, cluster=cfg.cluster, node_id=node_id(data_dir),
+            host=advertised_host(cfg.host, cfg.cluster_advertise_host), s3_port=s3_port, wire_port=wire_port,
+            data_dir=data_dir, heartbeat_s=cfg.cluster_heartbeat_s, expiry_s=cfg.cluster_expiry_s,
+            bytes_interval_s=cfg.cluster_bytes_interval_s)
+        try:
+            me = self.member.join()
+        except BaseException:
+            self.member = None
+            raise
+        warnings = []
+        if not engine.catalog_is_shared:
+            warnings.append(f"cluster {cfg.cluster!r} on the SQLite catalog has this node as its only member; "
+                            "nodes of one cluster share a PostgreSQL catalog (--catalog postgresql://...)")
+        others = [n for n in engine.membership.nodes(cfg.cluster)
+                  if n.node_id != me.node_id and n.live(cfg.cluster_expiry_s)]
+        if others:
+            warnings.append(f"cluster {cfg.cluster!r} has {len(others)} other live node(s): data is not yet placed "
+                            "across nodes, so an object reads only through the node that wrote it, and each node's "
+                            "start-up check marks chunks in data files it does not hold as missing (docs/cluster.md)")
+        for w in warnings:
+            log.warning(w)
+        return warnings
 
     async def _start_http(self, engine: Engine, result: dict[str, Any]) -> None:
         """Start the S3 endpoint, then the metrics port if it is on (the S3 endpoint
@@ -307,7 +348,10 @@ class Node:
         result["runner"] = runner
 
     def stop(self) -> None:
-        """Stop every endpoint and the background workers, and close the engine. Idempotent."""
+        """Leave the cluster, stop every endpoint and the background workers, and close the engine. Idempotent."""
+        if self.member is not None:
+            self.member.stop()
+            self.member = None
         if self._lifecycle is not None:
             self._lifecycle.stop()
             self._lifecycle = None

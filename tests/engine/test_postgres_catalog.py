@@ -10,6 +10,7 @@ import time
 import psycopg
 import pytest
 
+from gpufeed.engine._membership import NodeClaim
 from gpufeed.engine._pgschema import SCHEMA_VERSION
 from gpufeed.engine._postgres import PostgresCatalog, redact
 from gpufeed.engine.types import BucketInfo, ObjectInfo
@@ -99,6 +100,27 @@ def test_newer_schema_is_refused(postgres_url):
         conn.execute("UPDATE gpufeed_meta SET value = %s WHERE name = 'schema_version'", (str(SCHEMA_VERSION + 1),))
     with pytest.raises(CatalogTooNew, match="newer"):
         PostgresCatalog(postgres_url)
+
+
+def test_version_1_catalog_gains_the_nodes_table(postgres_url):
+    c = PostgresCatalog(postgres_url, owner="cluster:c1")
+    with c.write() as w:
+        w.insert_bucket(BucketInfo("bkt", 1.0))
+    c.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # as the first release left it
+        conn.execute("DROP TABLE nodes")
+        conn.execute("UPDATE gpufeed_meta SET value = '1' WHERE name = 'schema_version'")
+    c = PostgresCatalog(postgres_url, owner="cluster:c1")
+    try:
+        assert c.bucket("bkt") is not None and c.membership.nodes("c1") == []
+        claim = NodeClaim("c1", "n1", "127.0.0.1", 9000, 9400, "i1")
+        assert c.membership.register(claim, expiry_s=10).state == "up"
+        assert c.owner() == "cluster:c1"
+    finally:
+        c.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        row = conn.execute("SELECT value FROM gpufeed_meta WHERE name = 'schema_version'").fetchone()
+    assert row is not None and row[0] == str(SCHEMA_VERSION) == "2"
 
 
 def test_unreachable_database_is_named_without_password(postgres_server):

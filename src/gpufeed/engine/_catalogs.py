@@ -25,7 +25,7 @@ from ._private import FILE_MODE
 from ._sqlite import SqliteCatalog
 from .catalog import Catalog
 
-__all__ = ["CatalogSettings", "open_catalog", "catalog_scheme", "POSTGRES_MARKER", "is_postgres"]
+__all__ = ["CatalogSettings", "open_catalog", "catalog_scheme", "POSTGRES_MARKER", "is_postgres", "node_id"]
 
 #: The file in a data folder that names the PostgreSQL database holding its catalog.
 POSTGRES_MARKER = "catalog.postgresql"
@@ -73,8 +73,10 @@ def is_postgres(url: str) -> bool:
     return catalog_scheme(url) == "postgresql"
 
 
-def _node_id(data_dir: Path) -> str:
-    """The data folder's id, made (random, ``0600``) on first use."""
+def node_id(data_dir: Path) -> str:
+    """The data folder's id (``<data_dir>/node.id``), made (random, ``0600``) on first use:
+    what the PostgreSQL catalog records as its owner without a cluster name, and
+    a cluster member's id."""
     path = data_dir / _NODE_ID
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
@@ -112,7 +114,7 @@ def _open_postgres(settings: CatalogSettings, data_dir: Path, blob_path: Callabl
     if not marker.exists() and sqlite.exists() and sqlite.stat().st_size > 0:
         raise CatalogDamaged(f"the data folder {data_dir} keeps its catalog in {sqlite}; a node has one catalog. "
                              "Start it without --catalog, or give the PostgreSQL catalog a data folder of its own")
-    owner = f"cluster:{settings.cluster}" if settings.cluster else f"node:{_node_id(data_dir)}"
+    owner = f"cluster:{settings.cluster}" if settings.cluster else f"node:{node_id(data_dir)}"
     cat = PostgresCatalog(settings.url, blob_path=blob_path, owner=owner,
                           data_present=lambda: _holds_files(data_folders),
                           pool_size=settings.pool_size, pool_timeout_s=settings.pool_timeout_s)

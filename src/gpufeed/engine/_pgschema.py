@@ -12,6 +12,8 @@ with three differences that keep S3's semantics on PostgreSQL:
   distributed PostgreSQL-wire databases (CockroachDB, YugabyteDB) treat
   differently or not at all, so the running totals (``usage``,
   ``chunk_usage``) are kept by the writer's own statements (:mod:`._pgwrites`).
+- Cluster membership (``nodes``, :mod:`._membership`), which the SQLite
+  catalog keeps in the node's memory (it has one member).
 - One more table, ``gpufeed_meta`` (``name -> value``): the schema version,
   the catalog's owner (:func:`claim_owner`), and the row every write
   transaction locks (``SELECT ... FOR UPDATE``) so that writers, in any
@@ -27,13 +29,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import CatalogInUse, CatalogTooNew, InternalError
+from ._membership import NODES_TABLE
 
 __all__ = ["SCHEMA_VERSION", "MIGRATIONS", "META_TABLE", "migrate", "claim_owner", "WRITER_LOCK_SQL"]
 
 #: Bumped when the schema changes; stored in ``gpufeed_meta`` as
 #: ``schema_version``. An older catalog is brought up to this one on open
 #: (:data:`MIGRATIONS`); a newer one is refused.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 META_TABLE = """
 CREATE TABLE IF NOT EXISTS gpufeed_meta (
@@ -204,7 +207,10 @@ _VERSION_1 = [
 #: ``version -> statements`` that take a catalog of version ``version - 1`` to
 #: ``version``. Each statement is idempotent (``IF NOT EXISTS``). Append a step
 #: when bumping :data:`SCHEMA_VERSION`.
-MIGRATIONS: dict[int, list[str]] = {1: _VERSION_1}
+MIGRATIONS: dict[int, list[str]] = {
+    1: _VERSION_1,
+    2: [NODES_TABLE],  # cluster membership (:mod:`._membership`)
+}
 
 #: ``(sql, args) -> rows``: how these functions run a statement (the caller's
 #: connection, inside the caller's transaction).

@@ -37,6 +37,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import cached_property
 from typing import Any
 
 from ..errors import CatalogUnavailable, InternalError
@@ -48,6 +49,7 @@ try:
 except ImportError as _exc:  # pragma: no cover - the extra is missing
     raise ImportError("the PostgreSQL catalog needs the 'postgres' extra: pip install 'gpufeed[postgres]'") from _exc
 
+from ._membership import Membership, PgMembership
 from ._pgreads import PgReads
 from ._pgschema import META_TABLE, WRITER_LOCK_SQL, claim_owner, migrate
 from ._pgwrites import PgWrites
@@ -302,6 +304,17 @@ class PostgresCatalog(PgReads, Catalog):
                 yield _Writer(conn, self._blob_path, self._fail, hooks)
             for fn in hooks:
                 fn()
+
+    @cached_property
+    def membership(self) -> Membership:
+        """The clusters' members, in the ``nodes`` table (:class:`~._membership.PgMembership`)."""
+        return PgMembership(self._rows)
+
+    def owner(self) -> str:
+        """The deployment recorded as the catalog's owner (``"cluster:NAME"``,
+        ``"node:<id>"``), ``""`` when none is yet."""
+        rows = self._rows("SELECT value FROM gpufeed_meta WHERE name = 'owner'")
+        return str(rows[0][0]) if rows else ""
 
     def pool_stats(self) -> dict[str, Any]:
         """The pool's counters (``pool_size``, ``pool_available``, ``requests_waiting``, ...)."""

@@ -35,8 +35,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..errors import NoSuchBucket
+from ._membership import LocalMembership, Membership
 from .types import (
     AccessKeyInfo,
     BucketInfo,
@@ -616,6 +618,14 @@ class Catalog(CatalogReader):
     @abstractmethod
     def close(self) -> None:
         """Release the database; idempotent. Later calls raise ``InternalError``."""
+
+    @cached_property
+    def membership(self) -> Membership:
+        """The clusters' members (:mod:`._membership`). By default kept in this
+        process (:class:`~._membership.LocalMembership`): a catalog that one node
+        opens has that node as its only member. A catalog that several nodes
+        share keeps them in its database."""
+        return LocalMembership()
 
 
 def require_bucket(reader: CatalogReader, name: str) -> BucketInfo:

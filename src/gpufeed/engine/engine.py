@@ -87,6 +87,7 @@ from ._directories import check_name_for_kind
 from ._kvpolicy import KVBucketPolicy, check_policy
 from ._lifecycle import Lifecycle, LifecycleCalls
 from ._listing import read_page, start_position
+from ._membership import Membership
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_key, check_text
 from ._private import FILE_MODE, check_private, make_private_dirs
@@ -94,6 +95,7 @@ from ._reads import ObjectReads
 from ._scrub import ScrubRunner
 from ._snapshot_schedule import ScheduledSnapshots
 from ._snapshots import SnapshotCalls
+from ._sqlite import SqliteCatalog
 from ._tenants import MasterKey, TenantAdmin, check_tenant_name, owner_of
 from ._versioning import VersionedObjects
 from ._writes import PendingWrite, WritePath, check_hash_kind, feed
@@ -207,6 +209,16 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         counts.update(self._files.sweep(data, live.parts, present=present))
         counts["missing_files"] = self._chunks.mark_missing(data - present)
         return counts
+
+    @property
+    def membership(self) -> Membership:
+        """The cluster membership its catalog keeps (:mod:`._membership`)."""
+        return self._cat.membership
+
+    @property
+    def catalog_is_shared(self) -> bool:
+        """Whether the catalog is one several nodes can open (PostgreSQL), not the folder's own SQLite."""
+        return not isinstance(self._cat, SqliteCatalog)
 
     def close(self) -> None:
         """Close the catalog connections, stop helper threads, release ``data_dir``; idempotent.

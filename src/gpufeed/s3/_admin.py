@@ -27,6 +27,8 @@ GET    ``scrub``                                the scrub status (``ScrubRunner.
                                                 ``chunks``, ``bytes``, ``started_at``, ``last``)
 POST   ``scrub`` ``{"rate"}`` (bytes/s, 0 none)  starts a scrub unless one runs; ``{"started", ...status}``
 DELETE ``scrub``                                ends the scrub in progress; ``{"stopped", ...status}``
+GET    ``cluster``                              the node's cluster: :func:`~gpufeed.engine._membership.cluster_report`
+                                                (InvalidArgument when the node has no cluster name)
 ====== ======================================== =====================================
 
 Bucket snapshots (``buckets/NAME/snapshots...``, ``buckets/NAME/snapshot-schedule``)
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from ..engine._membership import cluster_report
 from ..errors import AccessDenied, GpufeedError, InvalidArgument, MalformedXML, MethodNotAllowed, NoSuchKey
 from ._admin_snapshots import is_snapshot_call, snapshot_call
 from ._auth import AuthResult
@@ -79,6 +82,14 @@ def bucket_report(engine: Engine, name: str) -> dict:
             "object_lock": {"enabled": info.object_lock, "mode": info.lock_mode, "days": info.lock_days,
                             "years": info.lock_years}, "quota": {"bytes": quota["quota_bytes"],
                                                                  "objects": quota["quota_objects"]}}
+
+
+def _cluster_status(s: Services) -> dict:
+    """The report of the node's cluster, by the node's expiry setting."""
+    if not s.config.cluster:
+        raise InvalidArgument("this node is not in a cluster: start nodes with --catalog postgresql://... "
+                              "--cluster NAME")
+    return cluster_report(s.engine.membership, s.config.cluster, s.config.cluster_expiry_s)
 
 
 def _json(body: object, status: int = 200) -> web.Response:
@@ -155,6 +166,8 @@ async def _dispatch(s: Services, request: web.BaseRequest, target: Target) -> we
             return _json(await s.call(e.node_data_stats))
         case ["damaged"] if method == "GET":
             return _json({"chunks": await s.call(e.damaged_chunks)})
+        case ["cluster"] if method == "GET":
+            return _json(await s.call(_cluster_status, s))
         case ["scrub"] if method == "GET":
             return _json(e.scrubber.status())
         case ["scrub"] if method == "DELETE":
@@ -167,6 +180,6 @@ async def _dispatch(s: Services, request: web.BaseRequest, target: Target) -> we
             started = e.scrubber.start(float(rate))
             return _json({"started": started, **e.scrubber.status()})
         case (["tenants"] | ["tenants", _] | ["tenants", _, "stats" | "keys"] | ["keys"] | ["keys", _]
-              | ["quotas", _, _] | ["buckets", _, "stats" | "data"] | ["data"] | ["damaged"] | ["scrub"]):
+              | ["quotas", _, _] | ["buckets", _, "stats" | "data"] | ["data"] | ["damaged"] | ["scrub"] | ["cluster"]):
             raise MethodNotAllowed(f"{method} is not allowed on {target.path}")
     raise NoSuchKey(f"no admin call {target.path}")

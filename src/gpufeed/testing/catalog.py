@@ -17,8 +17,9 @@ and cover what the engine relies on: UTF-8 byte order of keys (S3 listing
 order, which a database collation easily breaks), replace-on-put, lazy range
 scans, commit hooks, rollback, isolation of plain reads and snapshots
 from an open write, idle uploads, lifecycle rules (round trip, replace,
-dropped with their bucket), and bucket snapshots (their entries, and which
-blobs any row still names).
+dropped with their bucket), bucket snapshots (their entries, and which
+blobs any row still names) and cluster membership (register, heartbeat,
+leave, one live holder per node id).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from ..engine.types import (
     UploadInfo,
 )
 from ..errors import InternalError, InvalidArgument
+from ._catalog_membership import MembershipCatalogTests
 from ._catalog_snapshots import SnapshotCatalogTests
 from .catalog_chunks import ChunkCatalogTests
 
@@ -103,7 +105,7 @@ def _keys(reader: CatalogReader, bucket: str, start: str = "", *, inclusive: boo
         return [o.key for o in rows]
 
 
-class CatalogTests(ChunkCatalogTests, SnapshotCatalogTests):
+class CatalogTests(ChunkCatalogTests, SnapshotCatalogTests, MembershipCatalogTests):
     """Behavioural tests for a :class:`~gpufeed.engine.catalog.Catalog` (the
     chunk store's cases come from :class:`ChunkCatalogTests`, the snapshot
     cases from :class:`SnapshotCatalogTests`).
