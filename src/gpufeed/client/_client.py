@@ -492,8 +492,10 @@ class Client:
             NoSuchVersion, MethodNotAllowed, InvalidArgument,
                 NotImplementedByGpufeed: a version id, as for :meth:`head`.
         """
-        return self.submit_get_into(bucket, key, buffer, offset=offset, length=length,
-                                    version_id=version_id, snapshot=snapshot).result()
+        check_object(bucket, key, offset, length)
+        self._check_version(version_id)
+        self._check_snapshot(snapshot)
+        return self._t.get_into(bucket, key, writable_dest(buffer, length), offset, version_id, snapshot)
 
     def submit_get_many_into(self, requests: Sequence[ReadRequest | tuple], *,
                              digests_out: list | None = None,

@@ -264,6 +264,15 @@ class ShmTransport(PooledTransport):
             return then(fut, lambda r: r.n)
         return self.executor_submit(self.get_staged, bucket, key, dest, offset, version_id, snapshot)
 
+    def get_into(self, bucket: str, key: str, dest: memoryview, offset: int,
+                 version_id: str | None = None, snapshot: str | None = None) -> int:
+        found = self.find_region(dest)
+        if found is None:
+            return self.get_staged(bucket, key, dest, offset, version_id, snapshot)
+        region, off = found  # one request, its reply read on this thread (no derived Future)
+        return self.conn().call(p.Op.GET, p.Get(bucket, key, offset, len(dest), region.region_id, off,
+                                                version_id=version_id, snapshot=snapshot)).n
+
     def get_staged(self, bucket: str, key: str, dest: memoryview, offset: int,
                    version_id: str | None = None, snapshot: str | None = None) -> int:
         """A read into memory outside the regions, slot by slot through staging, up

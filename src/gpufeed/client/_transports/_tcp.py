@@ -75,6 +75,13 @@ class TcpTransport(PooledTransport):
             return then(fut, lambda r: r.n)
         return self.executor_submit(self._get_split, bucket, key, dest, offset, version_id, snapshot)
 
+    def get_into(self, bucket: str, key: str, dest: memoryview, offset: int,
+                 version_id: str | None = None, snapshot: str | None = None) -> int:
+        if len(dest) < SPLIT_BYTES or len(self.conns) == 1:
+            return self.conn().call(p.Op.GET, p.Get(bucket, key, offset, len(dest), version_id=version_id,
+                                                    snapshot=snapshot), dests=[dest]).n
+        return self._get_split(bucket, key, dest, offset, version_id, snapshot)
+
     def _get_split(self, bucket: str, key: str, dest: memoryview, offset: int,
                    version_id: str | None, snapshot: str | None = None) -> int:
         """A large read split over the connections (runs on the executor)."""

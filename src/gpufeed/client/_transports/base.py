@@ -165,6 +165,12 @@ class Transport(ABC):
                         version_id: str | None = None, snapshot: str | None = None) -> Future:
         """Read up to ``len(dest)`` bytes from ``offset``; resolves to the count."""
 
+    def get_into(self, bucket: str, key: str, dest: memoryview, offset: int,
+                 version_id: str | None = None, snapshot: str | None = None) -> int:
+        """:meth:`submit_get_into` on the calling thread: the count of bytes read.
+        Transports override it where a lone request can skip the Future chain."""
+        return self.submit_get_into(bucket, key, dest, offset, version_id, snapshot).result()
+
     @abstractmethod
     def submit_get_many_into(self, reqs: Sequence[ReadRequest], dests: Sequence[memoryview],
                              digests_out: list | None, errors_out: list | None) -> Future:
