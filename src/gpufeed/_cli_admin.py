@@ -47,7 +47,8 @@ def _opener(url, data_dir, access_key, secret_key, catalog_url=None):
 
             cfg = NodeConfig.from_env(catalog=catalog_url)
             settings = CatalogSettings(url=cfg.catalog, pool_size=cfg.catalog_pool_size,
-                                       pool_timeout_s=cfg.catalog_timeout_s, cluster=cfg.cluster)
+                                       pool_timeout_s=cfg.catalog_timeout_s, idle_tx_s=cfg.catalog_idle_tx_s,
+                                       cluster=cfg.cluster)
             return LocalAdmin(data_dir, master_key=cfg.master_key, catalog=settings)
         return RemoteAdmin(url or os.environ.get("GPUFEED_S3_URL") or "http://127.0.0.1:9000",
                            access_key or os.environ.get("GPUFEED_ACCESS_KEY") or DEFAULT_ACCESS_KEY,

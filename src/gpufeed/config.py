@@ -281,7 +281,13 @@ class NodeConfig:
             (>= 2). Env ``GPUFEED_CATALOG_POOL_SIZE``.
         catalog_timeout_s: PostgreSQL: seconds a request waits for a database
             connection (also while the database is unreachable) before it is
-            answered 503 ServiceUnavailable. Env ``GPUFEED_CATALOG_TIMEOUT_S``.
+            answered 503 ServiceUnavailable; also how long a write waits for the
+            catalog's writer lock. Env ``GPUFEED_CATALOG_TIMEOUT_S``.
+        catalog_idle_tx_s: PostgreSQL: seconds the database server lets one of
+            the node's sessions sit idle inside a transaction before it ends the
+            session (``idle_in_transaction_session_timeout``), so a node cut off
+            mid-write does not hold the writer lock for ever.
+            Env ``GPUFEED_CATALOG_IDLE_TX_S``.
         cluster: PostgreSQL: the name recorded as the catalog's owner, so that
             a node with another data folder may open the catalog under the same
             name; ``""`` records the data folder's id (``<data_dir>/node.id``).
@@ -335,6 +341,7 @@ class NodeConfig:
     catalog: str = field(default="", repr=False)
     catalog_pool_size: int = 8
     catalog_timeout_s: float = 5.0
+    catalog_idle_tx_s: float = 120.0
     cluster: str = ""
     cluster_heartbeat_s: float = 2.0
     cluster_expiry_s: float = 10.0
@@ -380,6 +387,7 @@ class NodeConfig:
             catalog=_env("GPUFEED_CATALOG", str, ""),
             catalog_pool_size=_env("GPUFEED_CATALOG_POOL_SIZE", _pool_size, cls.catalog_pool_size),
             catalog_timeout_s=_env("GPUFEED_CATALOG_TIMEOUT_S", _seconds, cls.catalog_timeout_s),
+            catalog_idle_tx_s=_env("GPUFEED_CATALOG_IDLE_TX_S", _seconds, cls.catalog_idle_tx_s),
             cluster=_env("GPUFEED_CLUSTER", str, cls.cluster),
             cluster_heartbeat_s=_env("GPUFEED_CLUSTER_HEARTBEAT_S", _seconds, cls.cluster_heartbeat_s),
             cluster_expiry_s=_env("GPUFEED_CLUSTER_EXPIRY_S", _seconds, cls.cluster_expiry_s),

@@ -240,7 +240,8 @@ class Node:
         if sock and Path(sock).resolve().parent.is_relative_to(data_dir):
             make_private_dirs(Path(sock).resolve().parent)  # the socket's folder is private too
         catalog = CatalogSettings(url=cfg.catalog, pool_size=cfg.catalog_pool_size,
-                                  pool_timeout_s=cfg.catalog_timeout_s, cluster=cfg.cluster, check=cfg.catalog_check)
+                                  pool_timeout_s=cfg.catalog_timeout_s, idle_tx_s=cfg.catalog_idle_tx_s,
+                                  cluster=cfg.cluster, check=cfg.catalog_check)
         self.engine = engine = Engine(cfg.data_dir, fsync=cfg.fsync, master_key=cfg.master_key,
                                       capacity_bytes=cfg.capacity_bytes, catalog=catalog)
         if cfg.scrub_interval_s > 0:

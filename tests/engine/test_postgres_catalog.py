@@ -161,3 +161,76 @@ def test_database_down_then_back(postgres_server, postgres_url):
         assert c.object("bkt", "k") is None
     finally:
         c.close()
+
+
+def test_a_held_writer_lock_is_503_within_the_timeout(postgres_url):
+    """A session that holds the writer row (a node cut off mid-write) makes writes
+    fail with ServiceUnavailable after the catalog's timeout, not wait for ever;
+    reads go on."""
+    c = PostgresCatalog(postgres_url, pool_timeout_s=1.0)
+    try:
+        with c.write() as w:
+            w.insert_bucket(BucketInfo("bkt", 1.0))
+        with psycopg.connect(postgres_url) as other:  # a transaction left open
+            other.execute("SELECT value FROM gpufeed_meta WHERE name = 'writer' FOR UPDATE")
+            t0 = time.monotonic()
+            with pytest.raises(CatalogUnavailable, match="writer lock") as info:
+                with c.write() as w:
+                    w.put_object(ObjectInfo("bkt", "k", 1, "e", 5.0, blob_id="b1"))
+            assert time.monotonic() - t0 < 10
+            assert info.value.status == 503
+            assert c.bucket("bkt") is not None
+        with c.write() as w:  # released: writes go on
+            w.put_object(ObjectInfo("bkt", "k", 1, "e", 5.0, blob_id="b1"))
+        assert c.object("bkt", "k").blob_id == "b1"
+    finally:
+        c.close()
+
+
+def test_a_session_idle_in_its_transaction_is_ended_by_the_server(postgres_url):
+    """The catalog's sessions carry idle_in_transaction_session_timeout: a write
+    whose node stops talking mid-transaction loses its session, its lock is
+    released for the other writers, and nothing of it is committed."""
+    a, b = PostgresCatalog(postgres_url, idle_tx_s=1.0), PostgresCatalog(postgres_url, pool_timeout_s=10.0)
+    try:
+        with a.write() as w:
+            w.insert_bucket(BucketInfo("bkt", 1.0))
+        assert a._rows("SHOW idle_in_transaction_session_timeout") == [("1s",)]
+        with pytest.raises(CatalogUnavailable):
+            with a.write() as w:
+                w.put_object(ObjectInfo("bkt", "stuck", 1, "e", 5.0, blob_id="b0"))
+                time.sleep(3)  # idle inside the transaction: the server ends the session
+        t0 = time.monotonic()
+        with b.write() as w:
+            w.put_object(ObjectInfo("bkt", "k", 1, "e", 5.0, blob_id="b1"))
+        assert time.monotonic() - t0 < 5
+        assert b.object("bkt", "stuck") is None and b.object("bkt", "k").blob_id == "b1"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_key_value_strings_name_a_catalog_and_a_bad_setting_is_not_echoed(postgres_url):
+    """libpq's ``key=value`` form opens the same catalog as the URL; a setting
+    that is neither form is refused without repeating it (it may hold a password)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from gpufeed.engine._catalogs import catalog_scheme
+    from gpufeed.errors import InvalidArgument
+
+    parts = conninfo_to_dict(postgres_url)
+    kv = " ".join(f"{k}={v}" for k, v in parts.items())
+    assert catalog_scheme(kv) == "postgresql" and catalog_scheme(postgres_url) == "postgresql"
+    c = PostgresCatalog(kv)
+    try:
+        with c.write() as w:
+            w.insert_bucket(BucketInfo("bkt", 1.0))
+        assert c.bucket("bkt") is not None
+    finally:
+        c.close()
+    for bad in ("postgresql:/gf:secretpw@127.0.0.1/db", "gf:secretpw@127.0.0.1"):
+        with pytest.raises(InvalidArgument) as info:
+            catalog_scheme(bad)
+        assert "secretpw" not in str(info.value)
+    with pytest.raises(InvalidArgument, match="'mysql'"):
+        catalog_scheme("mysql://u:secretpw@h/d")

@@ -14,6 +14,7 @@ owner unless the node runs with a cluster name.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ __all__ = ["CatalogSettings", "open_catalog", "catalog_scheme", "POSTGRES_MARKER
 #: The file in a data folder that names the PostgreSQL database holding its catalog.
 POSTGRES_MARKER = "catalog.postgresql"
 _NODE_ID = "node.id"
+#: A libpq connection string of ``key=value`` pairs (what it starts with).
+_CONNINFO = re.compile(r"\s*[A-Za-z_]+\s*=")
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,10 @@ class CatalogSettings:
         url: ``""`` for SQLite in the data folder, or ``postgresql://user:password@host:port/dbname``.
         pool_size: PostgreSQL: most connections the node opens (>= 2).
         pool_timeout_s: PostgreSQL: seconds a request waits for a connection
-            (also while the database is unreachable) before failing with 503.
+            (also while the database is unreachable), or a write for the
+            catalog's writer lock, before failing with 503.
+        idle_tx_s: PostgreSQL: seconds the server lets a session of the node sit
+            idle in a transaction before ending it.
         cluster: PostgreSQL: the cluster name recorded as the catalog's owner;
             ``""`` records the data folder's id instead.
         check: SQLite: the integrity check on open (``"quick"``, ``"full"``, ``"off"``).
@@ -49,6 +55,7 @@ class CatalogSettings:
     url: str = ""
     pool_size: int = 8
     pool_timeout_s: float = 5.0
+    idle_tx_s: float = 120.0
     cluster: str = ""
     check: str = "quick"
 
@@ -61,10 +68,17 @@ def catalog_scheme(url: str) -> str:
     """
     if not url:
         return "sqlite"
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if "://" not in url:
+        if _CONNINFO.match(url):  # libpq's key=value form ("host=... dbname=...")
+            return "postgresql"
+        # not echoed: a mistyped URL may hold a password
+        raise InvalidArgument("the catalog setting is neither a URL nor key=value pairs (its text is not shown: "
+                              "it may hold a password); the catalog is '' (SQLite in the data folder) or "
+                              "postgresql://user:password@host:port/dbname")
+    scheme = url.split("://", 1)[0].lower()
     if scheme in ("postgresql", "postgres"):
         return "postgresql"
-    raise InvalidArgument(f"unknown catalog URL {url.split('://', 1)[0]!r}://...: the catalog is '' (SQLite in "
+    raise InvalidArgument(f"unknown catalog URL {scheme!r}://...: the catalog is '' (SQLite in "
                           "the data folder) or postgresql://user:password@host:port/dbname")
 
 
@@ -117,7 +131,8 @@ def _open_postgres(settings: CatalogSettings, data_dir: Path, blob_path: Callabl
     owner = f"cluster:{settings.cluster}" if settings.cluster else f"node:{node_id(data_dir)}"
     cat = PostgresCatalog(settings.url, blob_path=blob_path, owner=owner,
                           data_present=lambda: _holds_files(data_folders),
-                          pool_size=settings.pool_size, pool_timeout_s=settings.pool_timeout_s)
+                          pool_size=settings.pool_size, pool_timeout_s=settings.pool_timeout_s,
+                          idle_tx_s=settings.idle_tx_s)
     if not marker.exists():
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
         with os.fdopen(fd, "w") as f:

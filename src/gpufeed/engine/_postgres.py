@@ -21,9 +21,11 @@ Transactions, and why:
 
 Failures: every ``psycopg.Error`` becomes :class:`~gpufeed.errors.InternalError`
 naming the database (``user@host:port/dbname``, never the password) and what
-failed; a lost or refused connection, or no pooled connection free within
-``pool_timeout_s``, is :class:`~gpufeed.errors.CatalogUnavailable` (S3
-``ServiceUnavailable``, 503). The pool drops broken connections and opens new
+failed; a lost or refused connection, no pooled connection free within
+``pool_timeout_s``, the writer row not locked within ``pool_timeout_s``
+(``lock_timeout``: another session holds it), or a session the server ended
+for sitting idle in its transaction (``idle_tx_s``) is
+:class:`~gpufeed.errors.CatalogUnavailable` (S3 ``ServiceUnavailable``, 503). The pool drops broken connections and opens new
 ones, so requests succeed again once the database is back. A connection lost
 during ``COMMIT`` itself leaves that write's outcome unknown to the node; it
 reports the write failed.
@@ -34,6 +36,7 @@ https://www.postgresql.org/docs/15/transaction-iso.html
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,9 +60,13 @@ from .catalog import Catalog, CatalogReader, CatalogWriter
 
 __all__ = ["PostgresCatalog", "redact", "URL_SCHEMES"]
 
+log = logging.getLogger("gpufeed.catalog")
+
 #: URL schemes that name a PostgreSQL catalog.
 URL_SCHEMES = ("postgresql://", "postgres://")
 _CONNECT_TIMEOUT_S = 5
+#: Seconds between the server's TCP keepalive probes to a node's sessions.
+_KEEPALIVE_S = 30
 _SERVER_ENCODINGS = ("UTF8", "SQL_ASCII")
 
 
@@ -142,8 +149,15 @@ class PostgresCatalog(PgReads, Catalog):
         pool_size: most connections the pool opens (>= 2: a snapshot and a
             writer may be open at once, and each nested read takes one more).
         pool_timeout_s: seconds a statement waits for a free pooled connection
-            (also while the database is unreachable) before failing with
+            (also while the database is unreachable), and a write for the
+            writer row's lock (``lock_timeout``), before failing with
             :class:`~gpufeed.errors.CatalogUnavailable`.
+        idle_tx_s: the server ends a session of this catalog that sits idle
+            inside a transaction this long (``idle_in_transaction_session_timeout``):
+            a node cut off from the database mid-write leaves a session holding
+            the writer lock, which the server would otherwise keep until its TCP
+            keepalive gives up (hours by default). The sessions also ask the
+            server for TCP keepalives every 30 s.
 
     Raises:
         CatalogUnavailable: the database cannot be reached (the message names
@@ -156,12 +170,17 @@ class PostgresCatalog(PgReads, Catalog):
 
     def __init__(self, dsn: str, *, blob_path: Callable[[str], str] = _no_path, owner: str | None = None,
                  data_present: Callable[[], bool] = lambda: False, pool_size: int = 8,
-                 pool_timeout_s: float = 5.0) -> None:
+                 pool_timeout_s: float = 5.0, idle_tx_s: float = 120.0) -> None:
         if pool_size < 2:
             raise ValueError("the catalog's pool needs at least 2 connections")
+        if pool_timeout_s <= 0 or idle_tx_s <= 0:
+            raise ValueError("the catalog's timeouts must be > 0 seconds")
         self._blob_path = blob_path
         self.where = redact(dsn)
         self._wlock = threading.Lock()
+        self._lock_timeout_s = pool_timeout_s
+        self._session = {"idle_in_transaction_session_timeout": max(1, round(idle_tx_s * 1000)),
+                         "tcp_keepalives_idle": _KEEPALIVE_S, "tcp_keepalives_interval": _KEEPALIVE_S}
         self._setup(dsn, owner, data_present)
         # reconnect_timeout=0: a connection that cannot be replaced is given up at
         # once and the pool opens new ones when requests wait for one, so it
@@ -169,13 +188,30 @@ class PostgresCatalog(PgReads, Catalog):
         # of a back-off that reaches minutes).
         self._pool: ConnectionPool | None = ConnectionPool(
             dsn, min_size=1, max_size=pool_size, timeout=pool_timeout_s, open=False, name="gpufeed-catalog",
-            kwargs={"autocommit": True, "connect_timeout": _CONNECT_TIMEOUT_S}, reconnect_timeout=0)
+            kwargs={"autocommit": True, "connect_timeout": _CONNECT_TIMEOUT_S}, reconnect_timeout=0,
+            configure=self._configure)
         self._pool.open(wait=False)
+
+    def _configure(self, conn: psycopg.Connection) -> None:
+        """Each new connection: the session's timeouts (see ``idle_tx_s``); a setting the
+        server does not know (a PostgreSQL-compatible database without it) is skipped."""
+        for name, value in self._session.items():
+            try:
+                conn.execute(f"SET {name} = {int(value)}")
+            except (psycopg.errors.UndefinedObject, psycopg.errors.FeatureNotSupported,
+                    psycopg.errors.CantChangeRuntimeParam) as exc:
+                log.info("catalog database %s: session setting %s skipped: %s", self.where, name,
+                         str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
 
     def _fail(self, what: str, exc: BaseException) -> InternalError:
         """The error to raise for ``exc``, a failure of ``what``."""
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if isinstance(exc, psycopg.OperationalError):
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            return CatalogUnavailable(
+                f"the catalog database {self.where}: {what} waited {self._lock_timeout_s:g} s for the "
+                "catalog's writer lock, which another session holds (a node cut off mid-write: the server "
+                "ends that session once it has been idle in its transaction for GPUFEED_CATALOG_IDLE_TX_S)")
+        if isinstance(exc, (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)):
             return CatalogUnavailable(f"the catalog database {self.where} is unavailable ({what} failed): {reason}")
         return InternalError(f"the catalog database {self.where}: {what} failed: {reason}")
 
@@ -198,9 +234,11 @@ class PostgresCatalog(PgReads, Catalog):
                 except psycopg.errors.UniqueViolation:
                     if attempt == 2:
                         raise
+            self._configure(conn)
             with conn.transaction():
                 view._rows("INSERT INTO gpufeed_meta (name, value) VALUES ('writer', '')"
                            " ON CONFLICT (name) DO NOTHING")
+                view._rows(f"SET LOCAL lock_timeout = {max(1, round(self._lock_timeout_s * 1000))}")
                 view._rows(WRITER_LOCK_SQL)
                 migrate(view._rows, self.where)
                 if owner is not None:
@@ -300,7 +338,9 @@ class PostgresCatalog(PgReads, Catalog):
         with self._wlock:
             hooks: list[Callable[[], None]] = []
             # One round trip: BEGIN and the writer row's lock (no parameters: one simple query).
-            with self._transaction(f"BEGIN ISOLATION LEVEL READ COMMITTED; {WRITER_LOCK_SQL}", "a write") as conn:
+            with self._transaction(f"BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = "
+                                   f"{max(1, round(self._lock_timeout_s * 1000))}; {WRITER_LOCK_SQL}",
+                                   "a write") as conn:
                 yield _Writer(conn, self._blob_path, self._fail, hooks)
             for fn in hooks:
                 fn()
