@@ -234,3 +234,40 @@ def test_key_value_strings_name_a_catalog_and_a_bad_setting_is_not_echoed(postgr
         assert "secretpw" not in str(info.value)
     with pytest.raises(InvalidArgument, match="'mysql'"):
         catalog_scheme("mysql://u:secretpw@h/d")
+
+
+def test_a_database_with_other_tables_of_our_names_is_refused_and_left_as_it_was(postgres_server):
+    """Another application's ``objects`` table: refused with a message naming it,
+    and nothing of gpufeed's is left behind (neither is a refused owner's)."""
+    from gpufeed.errors import InvalidArgument
+
+    url = postgres_server.create_database("foreign")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE objects (id int)")
+    with pytest.raises(InvalidArgument, match=r"\(objects\), not made by gpufeed"):
+        PostgresCatalog(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        tables = [r[0] for r in conn.execute("SELECT table_name FROM information_schema.tables "
+                                             "WHERE table_schema = current_schema()")]
+    assert tables == ["objects"]
+    fresh = postgres_server.create_database("fresh")
+    with pytest.raises(InternalError, match="changed nothing"):
+        PostgresCatalog(fresh, owner="node:x", data_present=lambda: True)
+    with psycopg.connect(fresh, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM information_schema.tables "
+                            "WHERE table_schema = current_schema()").fetchone() == (0,)
+
+
+def test_the_folder_names_the_database_it_last_opened(postgres_server, tmp_path):
+    """A data folder without data may move to another database; its
+    ``catalog.postgresql`` then names the new one (the refusal to start it
+    without --catalog names the right database)."""
+    from gpufeed.engine import CatalogSettings, Engine
+
+    first, second = postgres_server.create_database("one"), postgres_server.create_database("two")
+    d = tmp_path / "data"
+    for url in (first, second):
+        with Engine(d, fsync=False, catalog=CatalogSettings(url=url)):
+            pass
+        assert (d / "catalog.postgresql").read_text().strip() == redact(url)
+    assert redact(second).endswith("/" + second.rsplit("/", 1)[1])

@@ -41,6 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..engine import CatalogSettings, Engine
+from ..errors import CatalogUnavailable, InvalidArgument
 from ._output import BenchProgress, summary_line, write_json
 from .io import machine_info
 
@@ -129,10 +130,14 @@ def run_catalog_bench(*, objects: int = 2000, size: int = 1024, threads: int = 4
 
     Raises:
         PostgresMissing: no ``catalog_url`` and PostgreSQL is not installed.
+        InvalidArgument: ``catalog_url``'s database already holds a gpufeed catalog
+            (the benchmark's rows would mix with it; an earlier run's are left there).
     """
     from ..testing.postgres import PostgresServer
 
     console = console or Console()
+    if catalog_url:
+        _require_empty(catalog_url)
     server = None if catalog_url else PostgresServer(durable=durable)
     results: list[dict] = []
     progress = BenchProgress("catalog").start()
@@ -161,6 +166,29 @@ def run_catalog_bench(*, objects: int = 2000, size: int = 1024, threads: int = 4
         console.print(f"wrote {json_path}")
     progress.done(summary_line("catalog", out, json_path))
     return out
+
+
+def _require_empty(url: str) -> None:
+    """Refuse a database that already holds a gpufeed catalog.
+
+    Raises:
+        InvalidArgument: it does (named without its password).
+        CatalogUnavailable, InternalError: it cannot be reached.
+    """
+    import psycopg
+
+    from ..engine._postgres import redact
+
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+            held = conn.execute("SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() "
+                                "AND table_name = 'gpufeed_meta'").fetchall()
+    except psycopg.OperationalError as exc:
+        raise CatalogUnavailable(f"the catalog database {redact(url)} is unavailable: "
+                                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from exc
+    if held:
+        raise InvalidArgument(f"bench catalog needs an empty database; {redact(url)} already holds a gpufeed "
+                              "catalog (an earlier run's rows stay there): give it a fresh one (createdb)")
 
 
 def _report(results: list[dict], *, objects: int, size: int, threads: int, list_pages: int, durable: bool,

@@ -13,6 +13,7 @@ owner unless the node runs with a cluster name.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -27,6 +28,8 @@ from ._sqlite import SqliteCatalog
 from .catalog import Catalog
 
 __all__ = ["CatalogSettings", "open_catalog", "catalog_scheme", "POSTGRES_MARKER", "is_postgres", "node_id"]
+
+log = logging.getLogger("gpufeed.catalog")
 
 #: The file in a data folder that names the PostgreSQL database holding its catalog.
 POSTGRES_MARKER = "catalog.postgresql"
@@ -133,7 +136,11 @@ def _open_postgres(settings: CatalogSettings, data_dir: Path, blob_path: Callabl
                           data_present=lambda: _holds_files(data_folders),
                           pool_size=settings.pool_size, pool_timeout_s=settings.pool_timeout_s,
                           idle_tx_s=settings.idle_tx_s)
-    if not marker.exists():
+    if settings.check != CatalogSettings.check:
+        log.warning("--catalog-check %s ignored: it checks a SQLite catalog (check a PostgreSQL "
+                    "database with its own tools: docs/catalog-postgres.md)", settings.check)
+    # the folder now belongs to this database (it held no data, or the database names it)
+    if not marker.exists() or marker.read_text().strip() != cat.where:
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
         with os.fdopen(fd, "w") as f:
             f.write(cat.where + "\n")

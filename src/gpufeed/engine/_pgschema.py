@@ -26,12 +26,14 @@ Only ``CREATE TABLE / INDEX IF NOT EXISTS``, ``INSERT ... ON CONFLICT``,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
-from ..errors import CatalogInUse, CatalogTooNew, InternalError
+from ..errors import CatalogInUse, CatalogTooNew, InternalError, InvalidArgument
 from ._membership import NODES_TABLE
 
-__all__ = ["SCHEMA_VERSION", "MIGRATIONS", "META_TABLE", "migrate", "claim_owner", "WRITER_LOCK_SQL"]
+__all__ = ["SCHEMA_VERSION", "MIGRATIONS", "META_TABLE", "migrate", "claim_owner", "WRITER_LOCK_SQL",
+           "refuse_foreign_tables"]
 
 #: Bumped when the schema changes; stored in ``gpufeed_meta`` as
 #: ``schema_version``. An older catalog is brought up to this one on open
@@ -217,6 +219,24 @@ MIGRATIONS: dict[int, list[str]] = {
 Execute = Callable[[str, tuple], list[tuple]]
 
 
+def refuse_foreign_tables(execute: Execute, where: str) -> None:
+    """Refuse a database whose schema has none of gpufeed's catalog yet but tables
+    with the names gpufeed would create (another application's ``objects``, say).
+
+    Raises:
+        InvalidArgument: naming the clashing tables.
+    """
+    names = sorted({m.group(1) for sqls in MIGRATIONS.values() for sql in sqls
+                    for m in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+)", sql)})
+    rows = execute("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+                   " AND table_name = ANY(%s)", (["gpufeed_meta", *names],))
+    found = sorted(str(r[0]) for r in rows)
+    if found and "gpufeed_meta" not in found:
+        raise InvalidArgument(f"the database {where} already holds tables gpufeed would create "
+                              f"({', '.join(found)}), not made by gpufeed; give gpufeed a database of its own, "
+                              "or a schema of its own (options=-csearch_path%3DNAME in the URL)")
+
+
 def migrate(execute: Execute, where: str) -> int:
     """Bring the catalog to :data:`SCHEMA_VERSION`, inside the caller's
     transaction, which has created ``gpufeed_meta`` and locked its writer row
@@ -283,4 +303,4 @@ def claim_owner(execute: Execute, owner: str, where: str, *,
         raise CatalogInUse(
             f"the catalog at {where} belongs to {rows[0][0]!r}, not to this node ({owner!r}): two deployments "
             "cannot share one catalog. Give this node its own database, or start every node of one cluster "
-            "with the same --cluster NAME")
+            "with the same --cluster NAME (env GPUFEED_CLUSTER; docs/cluster.md)")

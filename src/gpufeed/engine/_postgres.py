@@ -25,10 +25,10 @@ failed; a lost or refused connection, no pooled connection free within
 ``pool_timeout_s``, the writer row not locked within ``pool_timeout_s``
 (``lock_timeout``: another session holds it), or a session the server ended
 for sitting idle in its transaction (``idle_tx_s``) is
-:class:`~gpufeed.errors.CatalogUnavailable` (S3 ``ServiceUnavailable``, 503). The pool drops broken connections and opens new
-ones, so requests succeed again once the database is back. A connection lost
-during ``COMMIT`` itself leaves that write's outcome unknown to the node; it
-reports the write failed.
+:class:`~gpufeed.errors.CatalogUnavailable` (S3 ``ServiceUnavailable``, 503).
+The pool drops broken connections and opens new ones, so requests succeed
+again once the database is back. A connection lost during ``COMMIT`` itself
+leaves that write's outcome unknown to the node; it reports the write failed.
 
 Source: https://www.psycopg.org/psycopg3/docs/advanced/pool.html,
 https://www.postgresql.org/docs/15/transaction-iso.html
@@ -54,7 +54,7 @@ except ImportError as _exc:  # pragma: no cover - the extra is missing
 
 from ._membership import Membership, PgMembership
 from ._pgreads import PgReads
-from ._pgschema import META_TABLE, WRITER_LOCK_SQL, claim_owner, migrate
+from ._pgschema import META_TABLE, WRITER_LOCK_SQL, claim_owner, migrate, refuse_foreign_tables
 from ._pgwrites import PgWrites
 from .catalog import Catalog, CatalogReader, CatalogWriter
 
@@ -227,22 +227,25 @@ class PostgresCatalog(PgReads, Catalog):
             if encoding not in _SERVER_ENCODINGS:
                 raise InternalError(f"the catalog database {self.where} has encoding {encoding}; gpufeed needs "
                                     "UTF8 (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0)")
-            for attempt in range(3):  # two nodes creating the table at once: one of them retries
+            self._configure(conn)
+            # One transaction, so a refusal leaves the database as it was; two nodes
+            # creating the tables at once: one of them retries.
+            for attempt in range(3):
                 try:
-                    conn.execute(META_TABLE)
+                    with conn.transaction():
+                        refuse_foreign_tables(view._rows, self.where)
+                        view._rows(META_TABLE)
+                        view._rows("INSERT INTO gpufeed_meta (name, value) VALUES ('writer', '')"
+                                   " ON CONFLICT (name) DO NOTHING")
+                        view._rows(f"SET LOCAL lock_timeout = {max(1, round(self._lock_timeout_s * 1000))}")
+                        view._rows(WRITER_LOCK_SQL)
+                        migrate(view._rows, self.where)
+                        if owner is not None:
+                            claim_owner(view._rows, owner, self.where, data_present=data_present)
                     break
                 except psycopg.errors.UniqueViolation:
                     if attempt == 2:
                         raise
-            self._configure(conn)
-            with conn.transaction():
-                view._rows("INSERT INTO gpufeed_meta (name, value) VALUES ('writer', '')"
-                           " ON CONFLICT (name) DO NOTHING")
-                view._rows(f"SET LOCAL lock_timeout = {max(1, round(self._lock_timeout_s * 1000))}")
-                view._rows(WRITER_LOCK_SQL)
-                migrate(view._rows, self.where)
-                if owner is not None:
-                    claim_owner(view._rows, owner, self.where, data_present=data_present)
         except psycopg.Error as exc:
             raise self._fail("creating the tables", exc) from exc
         finally:
