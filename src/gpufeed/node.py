@@ -37,6 +37,7 @@ from .config import DEFAULT_SECRET_KEY, NodeConfig
 from .engine import CatalogSettings, Engine
 from .engine._catalogs import node_id
 from .engine._private import make_private_dirs
+from .errors import CatalogUnavailable
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -110,6 +111,10 @@ class LifecycleWorker:
                     self._metrics.lifecycle_pass(dataclasses.asdict(done))
                 if any(dataclasses.astuple(done)):
                     log.info("lifecycle: %s", ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(done).items()))
+            except CatalogUnavailable as exc:  # the database is away: one line, no traceback
+                log.warning("lifecycle pass skipped: %s", exc.message)
+                if self._metrics is not None:
+                    self._metrics.lifecycle_pass(None)
             except Exception:
                 if self._stop.is_set():
                     return  # the engine closed under a pass that was ending anyway
@@ -151,6 +156,8 @@ class SnapshotWorker:
                 done = self._engine.run_snapshot_schedules()
                 if done:
                     log.info("scheduled snapshots: %s", " ".join(done))
+            except CatalogUnavailable as exc:  # the database is away: one line, no traceback
+                log.warning("snapshot schedule pass skipped: %s", exc.message)
             except Exception:
                 if self._stop.is_set():
                     return  # the engine closed under a pass that was ending anyway

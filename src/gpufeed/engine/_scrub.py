@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import CatalogUnavailable
 from ._chunkreads import ChunkDamage, ReadStep, chunk_sums, run_step
 from ._chunks import ChunkStore
 from ._codecs import chunk_digest
@@ -204,6 +205,9 @@ class ScrubRunner:
         try:
             rep = self._run(rate_bytes_s=rate, stop=cancel,
                             progress=lambda n, b: setattr(self, "_progress", (n, b)))
+        except CatalogUnavailable as exc:  # the database is away: the next pass scrubs
+            log.warning("scrub stopped: %s", exc.message)
+            return
         except Exception:  # noqa: BLE001 - the engine closed under it, or the disk failed: logged
             if not cancel.is_set():
                 log.exception("scrub failed")
