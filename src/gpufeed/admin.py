@@ -1,4 +1,5 @@
-"""Administering tenants, access keys, buckets and bucket snapshots, on a running node or a stopped one.
+"""Administering tenants, access keys, buckets, bucket snapshots and replication, on a running node or
+a stopped one (replication: a running node only).
 
 :class:`RemoteAdmin` calls a running node's admin API over its S3 port
 (:mod:`gpufeed.s3._admin`), signing each request with SigV4 (botocore) and
@@ -20,12 +21,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import GpufeedError, InvalidArgument, error_from_code
+from .errors import GpufeedError, InvalidArgument, InvalidRequestError, error_from_code
 
 if TYPE_CHECKING:
     from .engine import CatalogSettings
 
 __all__ = ["Admin", "RemoteAdmin", "LocalAdmin"]
+
+
+def _quote(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
 
 
 def _answer_error(status: int, raw: bytes, url: str) -> GpufeedError:
@@ -156,6 +161,40 @@ class Admin:
         first when either is given (one left out is kept)."""
         raise NotImplementedError
 
+    # replication: a running node only (its rounds run there) ------------------------------
+    def _remote_only(self) -> dict:
+        raise InvalidRequestError("replication is managed on a running node: give --endpoint, not --data-dir")
+
+    def replication_add(self, bucket: str, target: str, target_bucket: str, access_key: str,
+                        secret_key: str) -> dict:
+        """Replicate ``bucket`` to ``target_bucket`` of the node at ``target``
+        (:meth:`gpufeed.replication.Replicator.add`): the new rule's status."""
+        return self._remote_only()
+
+    def replication_status(self, bucket: str | None = None) -> dict:
+        """One rule's status, or ``{"rules": [...]}`` of all (bucket ``None``)."""
+        return self._remote_only()
+
+    def replication_pause(self, bucket: str, paused: bool = True) -> dict:
+        """Pause (``paused``) or resume a rule: its status after the change."""
+        return self._remote_only()
+
+    def replication_sync(self, bucket: str) -> dict:
+        """Run (or resume) one round now and wait for it: what it did."""
+        return self._remote_only()
+
+    def replication_remove(self, bucket: str) -> dict:
+        """Remove a rule (the target bucket stays a replica until failover)."""
+        return self._remote_only()
+
+    def replica_status(self, bucket: str) -> dict:
+        """On a target node: the replica bucket's status."""
+        return self._remote_only()
+
+    def replica_failover(self, bucket: str) -> dict:
+        """On a target node: promote the replica to an ordinary, writable bucket."""
+        return self._remote_only()
+
     def close(self) -> None:
         """Release what the admin holds."""
 
@@ -257,6 +296,31 @@ class RemoteAdmin(Admin):
 
     def scrub_stop(self) -> dict:
         return self._call("DELETE", "scrub")
+
+    def replication_add(self, bucket: str, target: str, target_bucket: str, access_key: str,
+                        secret_key: str) -> dict:
+        return self._call("POST", "replication", {"bucket": bucket, "target": target, "target_bucket": target_bucket,
+                                                  "access_key": access_key, "secret_key": secret_key})
+
+    def replication_status(self, bucket: str | None = None) -> dict:
+        if bucket is None:
+            return self._call("GET", "replication")
+        return self._call("GET", f"replication/{_quote(bucket)}")
+
+    def replication_pause(self, bucket: str, paused: bool = True) -> dict:
+        return self._call("POST", f"replication/{_quote(bucket)}/{'pause' if paused else 'resume'}")
+
+    def replication_sync(self, bucket: str) -> dict:
+        return self._call("POST", f"replication/{_quote(bucket)}/sync")
+
+    def replication_remove(self, bucket: str) -> dict:
+        return self._call("DELETE", f"replication/{_quote(bucket)}")
+
+    def replica_status(self, bucket: str) -> dict:
+        return self._call("GET", f"replica/{_quote(bucket)}")
+
+    def replica_failover(self, bucket: str) -> dict:
+        return self._call("POST", f"replica/{_quote(bucket)}/failover")
 
     def _snap(self, bucket: str, name: str | None = None) -> str:
         path = f"buckets/{urllib.parse.quote(bucket, safe='')}/snapshots"

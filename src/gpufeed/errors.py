@@ -20,6 +20,7 @@ Tree::
     │   ├── NoSuchTenant
     │   ├── NoSuchAccessKey
     │   ├── NoSuchSnapshot
+    │   ├── NoSuchReplicationRule  (the bucket has no replication rule on this node)
     │   └── NoSuchConfiguration  (its code names the configuration: NoSuchBucketPolicy, ...)
     ├── AccessError (PermissionError)
     │   ├── AccessDenied
@@ -111,6 +112,7 @@ __all__ = [
     "ObjectLockConfigurationNotFoundError",
     "NoSuchTenant",
     "NoSuchAccessKey",
+    "NoSuchReplicationRule",
     "NoSuchSnapshot",
     "SnapshotAlreadyExists",
     "TenantAlreadyExists",
@@ -259,6 +261,11 @@ class NoSuchAccessKey(NotFoundError):
 class NoSuchSnapshot(NotFoundError):
     """No snapshot of that name in the bucket (gpufeed's own code)."""
     code, status = "NoSuchSnapshot", 404
+
+
+class NoSuchReplicationRule(NotFoundError):
+    """The bucket has no replication rule on this node (gpufeed's own code)."""
+    code, status = "NoSuchReplicationRule", 404
 
 
 class AccessError(GpufeedError, PermissionError):
