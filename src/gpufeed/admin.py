@@ -235,7 +235,11 @@ class RemoteAdmin(Admin):
             with urllib.request.urlopen(prepared, timeout=self._timeout_s) as resp:
                 return json.loads(resp.read() or b"{}")
         except urllib.error.HTTPError as exc:
-            raise _answer_error(exc.code, exc.read(), self._url) from exc
+            try:
+                raw = exc.read()
+            finally:
+                exc.close()  # the refused answer's connection, which the error would keep open
+            raise _answer_error(exc.code, raw, self._url) from exc
         except urllib.error.URLError as exc:
             raise OSError(f"cannot reach the node's admin API at {self._url}: {exc.reason}") from exc
         except TimeoutError as exc:

@@ -268,8 +268,9 @@ class Replicator:
     # status -----------------------------------------------------------------------------
     def status(self, bucket: str) -> dict:
         """One rule's state: ``bucket``, ``target``, ``target_bucket``, ``id``,
-        ``state`` (``paused``, ``syncing`` (a round is open), ``idle`` or
-        ``error`` (the last round failed)), ``last_snapshot``,
+        ``state`` (``paused``, ``syncing`` (a round runs now), ``error`` (the
+        last round failed; the next pass resumes it) or ``idle``), ``round``
+        (the open round, ``None`` when none), ``last_snapshot``,
         ``last_snapshot_created``, ``lag_s`` (seconds since the last snapshot
         applied whole, 0 when the bucket has not changed since),
         ``behind_objects`` and ``behind_bytes`` (keys added, changed or removed
@@ -281,7 +282,7 @@ class Replicator:
         """
         rule = self._load(bucket)
         behind_objects, behind_bytes = self._behind(rule)
-        state = ("paused" if rule.paused else "syncing" if rule.round else
+        state = ("paused" if rule.paused else "syncing" if self._lock(bucket).locked() else
                  "error" if rule.last_error and rule.last_error_at > rule.last_round_at else "idle")
         lag_s = 0.0
         if behind_objects:

@@ -1,0 +1,154 @@
+"""Replication to a second site between two real nodes (``gpufeed serve``
+subprocesses on 127.0.0.1): boto3 writes to the source, rounds run through the
+source's admin API, the target reads back bit-identical, deletes propagate, a
+round with nothing new sends nothing, and a target bucket that is not empty
+is refused with nothing lost."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+from botocore.exceptions import ClientError
+
+from gpufeed.admin import RemoteAdmin
+from gpufeed.errors import BucketNotEmpty, InvalidRequestError, NoSuchReplicationRule
+from gpufeed.replication import CHUNK_BYTES
+from gpufeed.testing.node import start_node
+
+_MANUAL = {"GPUFEED_REPLICATION_INTERVAL_S": "0"}  # rounds run when the test asks
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """``(source, target)`` nodes whose rounds run only on request."""
+    root = tmp_path_factory.mktemp("repl")
+    source = start_node(root / "source", env=_MANUAL)
+    target = start_node(root / "target", env=_MANUAL)
+    yield source, target
+    for n in (source, target):
+        assert n.stop() == 0, n.log_path.read_text()
+
+
+@pytest.fixture(scope="module")
+def clients(pair):
+    """boto3 clients of ``(source, target)``."""
+    made = [n.boto3_client() for n in pair]
+    yield made
+    for c in made:
+        c.close()
+
+
+def _admin(node) -> RemoteAdmin:
+    return RemoteAdmin(node.s3_url, node.access_key, node.secret_key, timeout_s=120)
+
+
+def _contents(s3, bucket: str) -> dict[str, bytes]:
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+    return {k: s3.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
+
+
+def test_a_bucket_replicates_round_by_round(pair, clients):
+    source, target = pair
+    src, dst = clients
+    bucket, tb = "r-" + uuid.uuid4().hex[:8], "copy-" + uuid.uuid4().hex[:8]
+    src.create_bucket(Bucket=bucket)
+    big = os.urandom(2 * CHUNK_BYTES + 12345)  # 3 chunks
+    src.put_object(Bucket=bucket, Key="big", Body=big, ContentType="application/x-big", Metadata={"who": "me"})
+    src.put_object(Bucket=bucket, Key="empty", Body=b"")
+    src.put_object(Bucket=bucket, Key="dir/small", Body=b"small", Tagging="t=1")
+    src.put_object(Bucket=bucket, Key="gone-later", Body=b"bye")
+    a = _admin(source)
+    rule = a.replication_add(bucket, target.s3_url, tb, target.access_key, target.secret_key)
+    assert (rule["state"], rule["behind_objects"], rule["last_snapshot"]) == ("idle", 4, "")
+    assert "secret_key" not in rule and "access_key" not in rule
+
+    first = a.replication_sync(bucket)
+    assert (first["objects_sent"], first["chunks_sent"], first["deleted"]) == (4, 5, 0)  # "empty" has none
+    assert first["bytes_sent"] == len(big) + len(b"small") + len(b"bye")
+    assert _contents(dst, tb) == _contents(src, bucket)
+    got = dst.head_object(Bucket=tb, Key="big")
+    assert (got["ContentType"], got["Metadata"]) == ("application/x-big", {"who": "me"})
+    assert dst.get_object_tagging(Bucket=tb, Key="dir/small")["TagSet"] == [{"Key": "t", "Value": "1"}]
+    status = a.replication_status(bucket)
+    assert (status["state"], status["behind_objects"], status["lag_s"], status["rounds"]) == ("idle", 0, 0.0, 1)
+    assert status["last_snapshot"] == first["snapshot"]
+
+    again = a.replication_sync(bucket)  # nothing new: nothing sent
+    assert (again["objects_sent"], again["chunks_sent"], again["bytes_sent"]) == (0, 0, 0)
+
+    changed = bytearray(big)
+    changed[-1] ^= 0xFF  # the last chunk only
+    src.put_object(Bucket=bucket, Key="big", Body=bytes(changed))
+    src.delete_object(Bucket=bucket, Key="gone-later")
+    src.put_object(Bucket=bucket, Key="new", Body=b"new!")
+    status = a.replication_status(bucket)
+    assert (status["behind_objects"], status["behind_bytes"]) == (3, len(changed) + 4)
+    assert status["lag_s"] > 0
+    third = a.replication_sync(bucket)
+    # the changed object's two unchanged chunks were staged in no round of the target's: sent again
+    assert (third["objects_sent"], third["deleted"]) == (2, 1)
+    assert _contents(dst, tb) == _contents(src, bucket)
+    assert "gone-later" not in _contents(dst, tb)
+    snaps = [s["name"] for s in a.snapshot_list(bucket)["snapshots"]]
+    assert snaps == [third["snapshot"]]  # the previous base was pruned
+
+    with pytest.raises(ClientError) as err:  # the target is read-only
+        dst.put_object(Bucket=tb, Key="x", Body=b"x")
+    assert err.value.response["Error"]["Code"] == "AccessDenied"
+    replica = _admin(target).replica_status(tb)
+    assert (replica["snapshot"], replica["rounds"], replica["duplicate_chunks"]) == (third["snapshot"], 3, 0)
+
+    a.replication_pause(bucket)
+    assert a.replication_status(bucket)["state"] == "paused"
+    with pytest.raises(InvalidRequestError, match="paused"):
+        a.replication_sync(bucket)
+    a.replication_pause(bucket, False)
+    _admin(target).replica_failover(tb)
+    dst.put_object(Bucket=tb, Key="x", Body=b"x")  # promoted: writable
+    with pytest.raises(InvalidRequestError, match="not a replica"):  # the old rule cannot write there any more
+        src.put_object(Bucket=bucket, Key="after", Body=b"1")
+        a.replication_sync(bucket)
+    assert a.replication_status(bucket)["state"] == "error"
+    a.replication_remove(bucket)
+    assert a.snapshot_list(bucket)["snapshots"] == []
+    with pytest.raises(NoSuchReplicationRule):
+        a.replication_status(bucket)
+
+
+def test_a_target_bucket_that_is_not_empty_is_refused_and_kept(pair, clients):
+    source, target = pair
+    src, dst = clients
+    bucket, tb = "r-" + uuid.uuid4().hex[:8], "full-" + uuid.uuid4().hex[:8]
+    src.create_bucket(Bucket=bucket)
+    src.put_object(Bucket=bucket, Key="a", Body=b"source data")
+    dst.create_bucket(Bucket=tb)
+    dst.put_object(Bucket=tb, Key="a", Body=b"target data")
+    a = _admin(source)
+    with pytest.raises(BucketNotEmpty, match="not empty"):
+        a.replication_add(bucket, target.s3_url, tb, target.access_key, target.secret_key)
+    with pytest.raises(NoSuchReplicationRule):
+        a.replication_status(bucket)
+    assert dst.get_object(Bucket=tb, Key="a")["Body"].read() == b"target data"
+    dst.put_object(Bucket=tb, Key="b", Body=b"still writable")
+
+
+def test_the_node_replicates_in_the_background(tmp_path):
+    source = start_node(tmp_path / "source", env={"GPUFEED_REPLICATION_INTERVAL_S": "0.2"})
+    target = start_node(tmp_path / "target", env=_MANUAL)
+    try:
+        src, dst = source.boto3_client(), target.boto3_client()
+        src.create_bucket(Bucket="bgr")
+        src.put_object(Bucket="bgr", Key="k", Body=b"in the background")
+        _admin(source).replication_add("bgr", target.s3_url, "bgr", target.access_key, target.secret_key)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not dst.list_objects_v2(Bucket="bgr").get("KeyCount"):
+            time.sleep(0.1)
+        assert dst.get_object(Bucket="bgr", Key="k")["Body"].read() == b"in the background"
+        src.close()
+        dst.close()
+    finally:
+        for n in (source, target):
+            assert n.stop() == 0, n.log_path.read_text()
