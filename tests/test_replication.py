@@ -6,7 +6,11 @@ is refused with nothing lost."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import threading
 import time
 import uuid
 
@@ -14,7 +18,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from gpufeed.admin import RemoteAdmin
-from gpufeed.errors import BucketNotEmpty, InvalidRequestError, NoSuchReplicationRule
+from gpufeed.engine._replica import STAGING_DIR
+from gpufeed.errors import BucketNotEmpty, InvalidRequestError, NoSuchReplicationRule, ReplicationTargetUnavailable
 from gpufeed.replication import CHUNK_BYTES
 from gpufeed.testing.node import start_node
 
@@ -152,3 +157,93 @@ def test_the_node_replicates_in_the_background(tmp_path):
     finally:
         for n in (source, target):
             assert n.stop() == 0, n.log_path.read_text()
+
+
+def _gf(*args, check=True):
+    out = subprocess.run([sys.executable, "-m", "gpufeed", *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_the_replicate_command(pair, clients):
+    source, target = pair
+    src, dst = clients
+    bucket = "cli-" + uuid.uuid4().hex[:8]
+    src.create_bucket(Bucket=bucket)
+    src.put_object(Bucket=bucket, Key="a", Body=b"via the command line")
+    on_src = ["replicate", "--endpoint", source.s3_url, "--access-key", source.access_key,
+              "--secret-key", source.secret_key]
+    on_dst = ["replicate", "--endpoint", target.s3_url, "--access-key", target.access_key,
+              "--secret-key", target.secret_key]
+    added = json.loads(_gf(*on_src, "add", bucket, "--target", target.s3_url, "--target-access-key",
+                           target.access_key, "--target-secret-key", target.secret_key, "--json").stdout)
+    assert (added["target_bucket"], added["behind_objects"]) == (bucket, 1)
+    assert "1 objects, 1 chunks" in _gf(*on_src, "sync", bucket).stdout
+    table = _gf(*on_src, "status").stdout
+    assert bucket in table and "idle" in table
+    status = json.loads(_gf(*on_src, "status", bucket, "--json").stdout)
+    assert (status["state"], status["rounds"], status["behind_objects"]) == ("idle", 1, 0)
+    assert "paused" in _gf(*on_src, "pause", bucket).stdout
+    assert json.loads(_gf(*on_src, "status", bucket, "--json").stdout)["state"] == "paused"
+    assert "resumed" in _gf(*on_src, "resume", bucket).stdout
+    refused = _gf(*on_src, "add", bucket + "-x", "--target", target.s3_url, "--target-access-key", "k",
+                  "--target-secret-key", "s", check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "writable" in _gf(*on_dst, "failover", bucket).stdout
+    dst.put_object(Bucket=bucket, Key="b", Body=b"after failover")
+    assert "removed" in _gf(*on_src, "remove", bucket).stdout
+
+
+def test_a_round_cut_by_a_killed_target_resumes_without_sending_a_chunk_twice(tmp_path):
+    source = start_node(tmp_path / "source", env=_MANUAL)
+    target = start_node(tmp_path / "target", env=_MANUAL)
+    src = source.boto3_client()
+    try:
+        src.create_bucket(Bucket="cut")
+        objects = {f"o{i}": os.urandom(3 * CHUNK_BYTES) for i in range(8)}  # 24 distinct chunks
+        for key, data in objects.items():
+            src.put_object(Bucket="cut", Key=key, Body=data)
+        a = _admin(source)
+        a.replication_add("cut", target.s3_url, "cut", target.access_key, target.secret_key)
+        failed: list[Exception] = []
+
+        def run() -> None:
+            try:
+                a.replication_sync("cut")
+            except Exception as exc:  # the target dies under it
+                failed.append(exc)
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        staging = target.data_dir / STAGING_DIR / "cut"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and worker.is_alive():
+            if staging.is_dir() and sum(len(n) == 64 for n in os.listdir(staging)) >= 5:
+                break
+            time.sleep(0.005)
+        target.proc.kill()  # kill -9 mid-transfer
+        target.proc.wait()
+        worker.join(120)
+        assert failed and isinstance(failed[0], ReplicationTargetUnavailable), failed
+        cut = a.replication_status("cut")
+        assert cut["state"] == "error" and cut["round"] is not None
+        assert 0 < cut["chunks_sent"] < 24
+
+        port = target.s3_url.rsplit(":", 1)[1]  # the rule names the target's address: same port
+        target.stop()
+        target = start_node(target.data_dir, env=_MANUAL, extra_args=["--s3-port", port])
+        resumed = a.replication_sync("cut")
+        assert resumed["resumed"] and resumed["snapshot"] == cut["round"]["snapshot"]
+        done = a.replication_status("cut")
+        assert done["chunks_sent"] <= 24  # none twice (a chunk staged as the target died is not resent)
+        replica = _admin(target).replica_status("cut")
+        assert (replica["duplicate_chunks"], replica["rounds"]) == (0, 1)
+        assert replica["chunks_received"] == 24  # every chunk arrived exactly once
+        dst = target.boto3_client()
+        assert _contents(dst, "cut") == objects
+        dst.close()
+    finally:
+        src.close()
+        for n in (source, target):
+            n.stop()

@@ -219,7 +219,8 @@ class RemoteAdmin(Admin):
         self._region = region
         self._timeout_s = timeout_s
 
-    def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None) -> dict:
+    def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None, *,
+              timeout_s: float | None = None) -> dict:
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
         from botocore.credentials import Credentials
@@ -232,7 +233,7 @@ class RemoteAdmin(Admin):
         S3SigV4Auth(Credentials(*self._creds), "s3", self._region).add_auth(req)
         prepared = urllib.request.Request(url, data=data or None, method=method, headers=dict(req.headers.items()))
         try:
-            with urllib.request.urlopen(prepared, timeout=self._timeout_s) as resp:
+            with urllib.request.urlopen(prepared, timeout=timeout_s or self._timeout_s) as resp:
                 return json.loads(resp.read() or b"{}")
         except urllib.error.HTTPError as exc:
             try:
@@ -243,7 +244,8 @@ class RemoteAdmin(Admin):
         except urllib.error.URLError as exc:
             raise OSError(f"cannot reach the node's admin API at {self._url}: {exc.reason}") from exc
         except TimeoutError as exc:
-            raise OSError(f"the node's admin API at {self._url} did not answer in {self._timeout_s:g} s") from exc
+            raise OSError(f"the node's admin API at {self._url} did not answer in "
+                          f"{timeout_s or self._timeout_s:g} s") from exc
 
     def tenant_create(self, name: str) -> dict:
         return self._call("POST", "tenants", {"name": name})
@@ -315,7 +317,8 @@ class RemoteAdmin(Admin):
         return self._call("POST", f"replication/{_quote(bucket)}/{'pause' if paused else 'resume'}")
 
     def replication_sync(self, bucket: str) -> dict:
-        return self._call("POST", f"replication/{_quote(bucket)}/sync")
+        # a round sends what the bucket changed: as long as that takes
+        return self._call("POST", f"replication/{_quote(bucket)}/sync", timeout_s=max(self._timeout_s, 86400.0))
 
     def replication_remove(self, bucket: str) -> dict:
         return self._call("DELETE", f"replication/{_quote(bucket)}")

@@ -78,6 +78,7 @@ Tree::
     │   └── MaxMessageLengthExceeded  (a configuration document over its size limit)
     ├── NotModified            (304 for conditional GET; not really an error)
     ├── SlowDown               (503: a client holds too many connections)
+    ├── ReplicationTargetUnavailable  (503: a replication round could not reach its target)
     ├── NotImplementedByGpufeed
     ├── ProtocolError          (fast path: malformed or truncated frame)
     ├── FormatError (ValueError)  stored bytes not in their format: KV chunk /
@@ -111,8 +112,7 @@ __all__ = [
     "NoSuchObjectLockConfiguration",
     "ObjectLockConfigurationNotFoundError",
     "NoSuchTenant",
-    "NoSuchAccessKey",
-    "NoSuchReplicationRule",
+    "NoSuchAccessKey", "NoSuchReplicationRule",
     "NoSuchSnapshot",
     "SnapshotAlreadyExists",
     "TenantAlreadyExists",
@@ -169,7 +169,7 @@ __all__ = [
     "ExpiredToken",
     "InvalidToken",
     "RequestTimeout",
-    "SlowDown",
+    "SlowDown", "ReplicationTargetUnavailable",
     "NotModified",
     "NotImplementedByGpufeed",
     "ProtocolError",
@@ -177,12 +177,10 @@ __all__ = [
     "InternalError",
     "DamagedObject",
     "StorageFull",
-    "CatalogDamaged",
-    "CatalogTooNew",
+    "CatalogDamaged", "CatalogTooNew",
     "FormatError",
     "ChunkCorrupt",
-    "S3_ERRORS",
-    "error_from_code",
+    "S3_ERRORS", "error_from_code",
 ]
 
 
@@ -540,6 +538,11 @@ class SlowDown(GpufeedError):
     """Refused to spare the node: the client address holds too many connections."""
 
     code, status = "SlowDown", 503
+
+
+class ReplicationTargetUnavailable(GpufeedError):
+    """A replication round broke off (target unreachable, connection broken, node stopping)."""
+    code, status = "ReplicationTargetUnavailable", 503
 
 
 class NotModified(GpufeedError):

@@ -53,6 +53,7 @@ from .errors import (
     NoSuchKey,
     NoSuchReplicationRule,
     NoSuchSnapshot,
+    ReplicationTargetUnavailable,
 )
 
 __all__ = ["Replicator", "ReplicationWorker", "ReplicationRule", "RoundResult", "CHUNK_BYTES", "RULES_DIR",
@@ -353,8 +354,10 @@ class Replicator:
         Raises:
             NoSuchReplicationRule: no rule for the bucket.
             InvalidRequestError: the rule is paused.
-            GpufeedError, OSError: the round failed (recorded on the rule; the
-                round stays open and the next one resumes it).
+            ReplicationTargetUnavailable: the target could not be reached or the
+                connection broke (recorded on the rule; the round stays open
+                and the next one resumes it).
+            GpufeedError: the target refused (recorded the same way).
         """
         with self._lock(bucket):
             rule = self._load(bucket)
@@ -367,6 +370,9 @@ class Replicator:
                 rule.counters["errors"] = int(rule.counters.get("errors", 0)) + 1
                 rule.last_error, rule.last_error_at = str(exc), time.time()
                 self._save(rule)
+                if isinstance(exc, OSError):
+                    raise ReplicationTargetUnavailable(f"replication of bucket {bucket!r} broke off: {exc}; "
+                                                       "the next round resumes it") from exc
                 raise
             finally:
                 client.close()

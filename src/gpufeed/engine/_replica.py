@@ -303,10 +303,9 @@ class ReplicaTarget:
             raise BadDigest(f"the chunk's BLAKE3 digest is not {digest}", bucket=bucket)
         folder = self._staging(bucket)
         make_private_dirs(folder)
-        with open(folder / _RECEIVED_LOG, "a") as log:
-            log.write(digest + "\n")
         path = folder / digest
         if path.is_file():
+            self._log_received(folder, digest)
             return False
         tmp = folder / f".tmp-{uuid.uuid4().hex}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
@@ -324,7 +323,13 @@ class ReplicaTarget:
         os.replace(tmp, path)
         if self._files.fsync:
             fsync_dir(str(folder))
+        self._log_received(folder, digest)  # after it is staged: a chunk cut off is not counted
         return True
+
+    @staticmethod
+    def _log_received(folder: Path, digest: str) -> None:
+        with open(folder / _RECEIVED_LOG, "a") as log:
+            log.write(digest + "\n")
 
     def replica_commit(self, bucket: str, source: str, key: str, chunks: object, *, size: object,
                        content_type: str | None = None, metadata: dict | None = None,
