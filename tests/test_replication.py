@@ -195,6 +195,29 @@ def test_the_replicate_command(pair, clients):
     assert "removed" in _gf(*on_src, "remove", bucket).stdout
 
 
+def _sync_in_thread(a: RemoteAdmin, bucket: str, failed: list) -> threading.Thread:
+    """A round of ``bucket`` on a thread; what it raises goes to ``failed``."""
+    def run() -> None:
+        try:
+            a.replication_sync(bucket)
+        except Exception as exc:  # a node dies under it
+            failed.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    return worker
+
+
+def _wait_staged(target, worker: threading.Thread, count: int) -> None:
+    """Wait until the target has staged ``count`` chunks of bucket ``cut`` (or the round ended)."""
+    staging = target.data_dir / STAGING_DIR / "cut"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and worker.is_alive():
+        if staging.is_dir() and sum(len(n) == 64 for n in os.listdir(staging)) >= count:
+            return
+        time.sleep(0.005)
+
+
 def test_a_round_cut_by_a_killed_target_resumes_without_sending_a_chunk_twice(tmp_path):
     source = start_node(tmp_path / "source", env=_MANUAL)
     target = start_node(tmp_path / "target", env=_MANUAL)
@@ -207,21 +230,8 @@ def test_a_round_cut_by_a_killed_target_resumes_without_sending_a_chunk_twice(tm
         a = _admin(source)
         a.replication_add("cut", target.s3_url, "cut", target.access_key, target.secret_key)
         failed: list[Exception] = []
-
-        def run() -> None:
-            try:
-                a.replication_sync("cut")
-            except Exception as exc:  # the target dies under it
-                failed.append(exc)
-
-        worker = threading.Thread(target=run)
-        worker.start()
-        staging = target.data_dir / STAGING_DIR / "cut"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and worker.is_alive():
-            if staging.is_dir() and sum(len(n) == 64 for n in os.listdir(staging)) >= 5:
-                break
-            time.sleep(0.005)
+        worker = _sync_in_thread(a, "cut", failed)
+        _wait_staged(target, worker, 5)
         target.proc.kill()  # kill -9 mid-transfer
         target.proc.wait()
         worker.join(120)
@@ -245,5 +255,40 @@ def test_a_round_cut_by_a_killed_target_resumes_without_sending_a_chunk_twice(tm
         dst.close()
     finally:
         src.close()
+        for n in (source, target):
+            n.stop()
+
+
+def test_a_round_cut_by_a_killed_source_resumes_after_its_restart(tmp_path):
+    source = start_node(tmp_path / "source", env=_MANUAL)
+    target = start_node(tmp_path / "target", env=_MANUAL)
+    try:
+        src = source.boto3_client()
+        src.create_bucket(Bucket="cut")
+        objects = {f"o{i}": os.urandom(3 * CHUNK_BYTES) for i in range(8)}
+        for key, data in objects.items():
+            src.put_object(Bucket="cut", Key=key, Body=data)
+        src.close()
+        a = _admin(source)
+        a.replication_add("cut", target.s3_url, "cut", target.access_key, target.secret_key)
+        failed: list[Exception] = []
+        worker = _sync_in_thread(a, "cut", failed)
+        _wait_staged(target, worker, 5)
+        source.proc.kill()  # kill -9 of the source mid-transfer
+        source.proc.wait()
+        worker.join(120)
+        assert failed  # the round broke off
+        source.stop()
+        source = start_node(source.data_dir, env=_MANUAL)
+        a = _admin(source)
+        assert a.replication_status("cut")["round"] is not None  # left open
+        resumed = a.replication_sync("cut")
+        assert resumed["resumed"]
+        replica = _admin(target).replica_status("cut")
+        assert (replica["duplicate_chunks"], replica["chunks_received"], replica["rounds"]) == (0, 24, 1)
+        dst = target.boto3_client()
+        assert _contents(dst, "cut") == objects
+        dst.close()
+    finally:
         for n in (source, target):
             n.stop()
