@@ -149,6 +149,9 @@ class Replicator:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._closing = threading.Event()
+        if self._dir.is_dir():  # rule files a killed node was replacing
+            for stale in self._dir.glob("*.tmp-*"):
+                stale.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Make rounds in progress stop at their next chunk (their round stays open)."""
