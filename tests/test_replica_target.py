@@ -159,3 +159,25 @@ def test_replica_calls_need_the_owner_or_the_admin_key(node, s3):
         intruder.claim()
     theirs.close()
     intruder.close()
+
+
+def test_a_new_version_reuses_the_unchanged_chunks_of_the_current_one(node, s3):
+    bucket = _name("rt")
+    r = _replica(node, bucket)
+    r.claim()
+    old = os.urandom(3 * (64 << 10))
+    pieces = _chunks(old, 64 << 10)
+    for d, piece in pieces:
+        r.put_chunk(d, piece)
+    r.commit({"key": "k", "chunks": [d for d, _ in pieces], "size": len(old)})
+    r.end_round("s1", 1.0)  # the staged chunks are gone; the version holds them
+    tail = os.urandom(1000)
+    r.put_chunk(blake3.blake3(tail).hexdigest(), tail)
+    spans = [{"digest": d, "offset": i * (64 << 10), "length": 64 << 10} for i, (d, _) in enumerate(pieces[:2])]
+    r.commit({"key": "k", "chunks": [*spans, blake3.blake3(tail).hexdigest()], "size": 2 * (64 << 10) + 1000})
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == old[:2 * (64 << 10)] + tail
+    wrong = [{"digest": pieces[2][0], "offset": 0, "length": 64 << 10}]  # not what the current version holds there
+    with pytest.raises(InvalidRequestError, match="no longer in the target's current version"):
+        r.commit({"key": "k", "chunks": wrong, "size": 64 << 10})
+    assert s3.head_object(Bucket=bucket, Key="k")["ContentLength"] == 2 * (64 << 10) + 1000  # unchanged
+    r.close()

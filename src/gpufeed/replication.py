@@ -14,8 +14,10 @@ rule every ``replication_interval_s``):
 2. diffs it with the last snapshot fully replicated (none: every key);
 3. for each added or changed key, cuts the version the snapshot holds into
    chunks of :data:`CHUNK_BYTES`, digests them (BLAKE3-256), asks the target
-   which it lacks, sends only those, then asks the target to commit the
-   version from its chunks (atomic there); deletes removed keys; each key
+   which it lacks, sends only those (of a changed key, chunks the version of
+   the previous snapshot holds are not sent: the target copies them from its
+   current version), then asks the target to commit the version from its
+   chunks (atomic there); deletes removed keys; each key
    done is appended to ``replication/<bucket>.done`` (fsynced), so a resumed
    round skips it;
 4. tells the target the round is complete, deletes the previous snapshot and
@@ -405,9 +407,10 @@ class Replicator:
         assert rule.round is not None
         snap, base = rule.round["snapshot"], rule.round["base"]
         result = RoundResult(snap, resumed=resumed)
+        changed: set[str] = set()
         if base:
             diff = self._engine.diff_snapshots(rule.bucket, base, snap)
-            send, removed = diff.added + diff.changed, diff.removed
+            send, removed, changed = diff.added + diff.changed, diff.removed, set(diff.changed)
         else:
             send, removed = self._keys(rule.bucket, snap), []
         done_path = self._path(rule.bucket, "done")
@@ -416,7 +419,7 @@ class Replicator:
             for key in send:
                 self._check_open()
                 if json.dumps(key) not in done:
-                    self._send_key(rule, client, snap, key, result)
+                    self._send_key(rule, client, snap, key, result, base if key in changed else "")
                     self._mark_done(done_log, json.dumps(key))
             for key in removed:
                 if json.dumps("-" + key) not in done:
@@ -459,28 +462,69 @@ class Replicator:
         except GpufeedError as exc:  # object lock keeps it: pruned by hand later
             log.info("replication snapshot %s/%s kept: %s", bucket, name, exc)
 
+    def _digests(self, bucket: str, key: str, snapshot: str) -> list[str]:
+        """The chunk digests of the version ``snapshot`` holds of ``key``."""
+        with self._engine.open_version(bucket, key, snapshot=snapshot) as h:
+            size = h.info.size
+            buf = bytearray(min(CHUNK_BYTES, size))
+            out = []
+            for off in range(0, size, CHUNK_BYTES):
+                n = h.read_into(memoryview(buf)[:min(CHUNK_BYTES, size - off)], off)
+                out.append(blake3.blake3(memoryview(buf)[:n]).hexdigest())
+            return out
+
     def _send_key(self, rule: ReplicationRule, client: ReplicaClient, snap: str, key: str,
-                  result: RoundResult) -> None:
-        """Send one version: digests, the chunks the target lacks, the commit."""
+                  result: RoundResult, base: str = "") -> None:
+        """Send one version: digests, the chunks the target lacks, the commit.
+
+        With ``base`` (the snapshot the target's current version of ``key``
+        came from), chunks that version holds are not sent: the commit names
+        their place in it, and the target copies them (checked against their
+        digest). If the target's version is not that one any more, the key is
+        sent again without them."""
+        digests = self._digests(rule.bucket, key, snap)
+        reuse: dict[str, int] = {}
+        if base:
+            for i, d in enumerate(self._digests(rule.bucket, key, base)):
+                reuse.setdefault(d, i * CHUNK_BYTES)
+        info = self._engine.head_object(rule.bucket, key, snapshot=snap)
+        doc = {"key": key, "size": info.size, "content_type": info.content_type, "metadata": info.metadata,
+               "checksums": info.checksums, "headers": info.headers, "tags": info.tags}
+        spans = [{"digest": d, "offset": reuse[d], "length": min(CHUNK_BYTES, info.size - i * CHUNK_BYTES)}
+                 if d in reuse else d for i, d in enumerate(digests)]
+        self._send_chunks(rule, client, snap, key, [d for d in digests if d not in reuse], result)
+        try:
+            client.commit({**doc, "chunks": spans})
+        except (InvalidRequestError, NoSuchKey):
+            if not reuse:
+                raise
+            self._send_chunks(rule, client, snap, key, [d for d in digests if d in reuse], result)
+            client.commit({**doc, "chunks": digests})
+        result.objects_sent += 1
+        rule.counters["objects_sent"] = int(rule.counters.get("objects_sent", 0)) + 1
+        self._save(rule)
+
+    def _send_chunks(self, rule: ReplicationRule, client: ReplicaClient, snap: str, key: str,
+                     wanted: list[str], result: RoundResult) -> None:
+        """Send the chunks of ``wanted`` (digests of the version ``snap`` holds) the target lacks."""
+        lack: set[str] = set()
+        for i in range(0, len(wanted), _LACK_BATCH):
+            lack.update(client.lacking(wanted[i:i + _LACK_BATCH]))
+        c = rule.counters
+        skipped = len(set(wanted) - lack)
+        result.chunks_skipped += skipped
+        c["chunks_skipped"] = int(c.get("chunks_skipped", 0)) + skipped
+        if not lack:
+            return
         with self._engine.open_version(rule.bucket, key, snapshot=snap) as h:
-            info = h.info
-            buf = bytearray(min(CHUNK_BYTES, info.size))
-            digests = []
-            for off in range(0, info.size, CHUNK_BYTES):
-                n = h.read_into(memoryview(buf)[:min(CHUNK_BYTES, info.size - off)], off)
-                digests.append(blake3.blake3(memoryview(buf)[:n]).hexdigest())
-            lack: set[str] = set()
-            for i in range(0, len(digests), _LACK_BATCH):
-                lack.update(client.lacking(digests[i:i + _LACK_BATCH]))
-            c = rule.counters
-            for i, d in enumerate(digests):
+            size = h.info.size
+            buf = bytearray(min(CHUNK_BYTES, size))
+            for off in range(0, size, CHUNK_BYTES):
                 self._check_open()
-                off = i * CHUNK_BYTES
+                n = h.read_into(memoryview(buf)[:min(CHUNK_BYTES, size - off)], off)
+                d = blake3.blake3(memoryview(buf)[:n]).hexdigest()
                 if d not in lack:
-                    result.chunks_skipped += 1
-                    c["chunks_skipped"] = int(c.get("chunks_skipped", 0)) + 1
                     continue
-                n = h.read_into(memoryview(buf)[:min(CHUNK_BYTES, info.size - off)], off)
                 client.put_chunk(d, memoryview(buf)[:n])
                 lack.discard(d)
                 result.chunks_sent += 1
@@ -488,12 +532,6 @@ class Replicator:
                 c["chunks_sent"] = int(c.get("chunks_sent", 0)) + 1
                 c["bytes_sent"] = int(c.get("bytes_sent", 0)) + n
                 self._save(rule)
-        client.commit({"key": key, "chunks": digests, "size": info.size, "content_type": info.content_type,
-                       "metadata": info.metadata, "checksums": info.checksums, "headers": info.headers,
-                       "tags": info.tags})
-        result.objects_sent += 1
-        rule.counters["objects_sent"] = int(rule.counters.get("objects_sent", 0)) + 1
-        self._save(rule)
 
 
 class ReplicationWorker:

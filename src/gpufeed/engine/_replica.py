@@ -19,7 +19,8 @@ bucket's other documents. While the mark is there:
   2. :meth:`replica_put_chunk`: one chunk, checked against its BLAKE3 digest,
      written to ``replica-staging/<bucket>/<hex digest>`` in the data folder
      (a temp name, fsynced, then renamed: a chunk is staged whole or not at all);
-  3. :meth:`replica_commit`: a new version of a key from staged chunks, in
+  3. :meth:`replica_commit`: a new version of a key from staged chunks and
+     ranges of its current version (checked against their digests), in
      order, through the ordinary write path: the version is visible only once
      all its bytes are in (atomic as every put);
   4. :meth:`replica_delete`: a key the source no longer has;
@@ -63,6 +64,7 @@ from .catalog import Catalog, require_bucket
 from .types import DEFAULT_TENANT, BucketInfo, DeleteConditions, DeleteResult
 
 if TYPE_CHECKING:
+    from ._handles import ObjectHandle
     from ._writes import PendingWrite
 
 __all__ = ["ReplicaTarget", "REPLICA_CONFIG", "REPLICA_REFUSED_ACTIONS", "MAX_REPLICA_CHUNK_BYTES",
@@ -94,6 +96,19 @@ def _check_digest(digest: object) -> str:
         raise InvalidArgument(f"a chunk digest is 64 lowercase hex characters (BLAKE3-256), not {digest!r}",
                               argument_name="digest", argument_value=str(digest)[:80])
     return digest
+
+
+def _commit_item(item: object) -> tuple[str, tuple[int, int] | None]:
+    """A commit's chunk: ``(digest, None)`` staged, ``(digest, (offset, length))`` from the current version."""
+    if isinstance(item, str):
+        return _check_digest(item), None
+    if isinstance(item, dict) and set(item) == {"digest", "offset", "length"}:
+        off, length = item["offset"], item["length"]
+        if (all(isinstance(v, int) and not isinstance(v, bool) for v in (off, length))
+                and off >= 0 and 0 <= length <= MAX_REPLICA_CHUNK_BYTES):
+            return _check_digest(item["digest"]), (off, length)
+    raise InvalidArgument("a commit's chunk is a digest or {digest, offset, length} of the current version "
+                          f"(length at most {MAX_REPLICA_CHUNK_BYTES}), not {str(item)[:80]!r}")
 
 
 class _ReplicaMemo:
@@ -138,6 +153,10 @@ class ReplicaTarget:
 
         def begin_put(self, bucket: str, key: str, *, etag: str = "md5") -> PendingWrite:
             """:meth:`~gpufeed.engine.Engine.begin_put`."""
+
+        def open_version(self, bucket: str, key: str, version_id: str | None = None, *,
+                         snapshot: str | None = None) -> ObjectHandle:
+            """:meth:`~gpufeed.engine._reads.ObjectReads.open_version`."""
 
         def delete_object(self, bucket: str, key: str, version_id: str | None = None, *,
                           bypass_governance: bool = False,
@@ -335,36 +354,54 @@ class ReplicaTarget:
                        content_type: str | None = None, metadata: dict | None = None,
                        checksums: dict | None = None, headers: dict | None = None,
                        tags: dict | None = None) -> dict:
-        """Make the staged ``chunks`` (digests, in order) the new current version of
-        ``key``; atomic like every put.
+        """Make ``chunks`` (in order) the new current version of ``key``; atomic
+        like every put. Each item is a staged chunk's digest, or
+        ``{"digest", "offset", "length"}``: those bytes of the key's current
+        version on this node (the unchanged part of a changed object), checked
+        against the digest.
 
         Returns:
             ``{"key", "size", "etag"}`` of the new version.
 
         Raises:
             NoSuchBucket, InvalidRequestError: no such bucket; not ``source``'s replica;
-                a chunk that is not staged (the message names it; nothing is visible).
-            InvalidArgument: bad chunk list, or the chunks' bytes are not ``size``.
+                a chunk that is not staged, or bytes of the current version that
+                are not their digest (the message names the chunk; nothing is visible).
+            InvalidArgument: a bad chunk list, or the chunks' bytes are not ``size``.
         """
         if not isinstance(chunks, list) or len(chunks) > MAX_COMMIT_CHUNKS:
-            raise InvalidArgument(f"chunks is a list of at most {MAX_COMMIT_CHUNKS} digests")
+            raise InvalidArgument(f"chunks is a list of at most {MAX_COMMIT_CHUNKS} items")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise InvalidArgument("size is the version's bytes, an integer >= 0")
         self._require_replica(bucket, source)
+        items = [_commit_item(c) for c in chunks]
         folder = self._staging(bucket)
-        paths = [folder / _check_digest(d) for d in chunks]
-        for d, p in zip(chunks, paths):
-            if not p.is_file():
+        for d, span in items:
+            if span is None and not (folder / d).is_file():
                 raise InvalidRequestError(f"chunk {d} of {key!r} is not staged on the target; send it first")
-        with self.begin_put(bucket, key) as pw:
-            for p in paths:
-                fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    pw.write_from_fd(fd, 0, os.fstat(fd).st_size)
-                finally:
-                    os.close(fd)
-            info = pw.commit(content_type=content_type, metadata=metadata, checksums=checksums,
-                             headers=headers, tags=tags, expected_size=size)
+        current = self.open_version(bucket, key) if any(span for _, span in items) else None
+        try:
+            with self.begin_put(bucket, key) as pw:
+                for d, span in items:
+                    if span is None:
+                        fd = os.open(folder / d, os.O_RDONLY | os.O_CLOEXEC)
+                        try:
+                            pw.write_from_fd(fd, 0, os.fstat(fd).st_size)
+                        finally:
+                            os.close(fd)
+                        continue
+                    assert current is not None
+                    buf = bytearray(span[1])
+                    n = current.read_into(buf, span[0]) if span[1] else 0
+                    if n != span[1] or blake3.blake3(buf).hexdigest() != d:
+                        raise InvalidRequestError(f"chunk {d} of {key!r} is no longer in the target's current "
+                                                  "version; send it")
+                    pw.write(buf)
+                info = pw.commit(content_type=content_type, metadata=metadata, checksums=checksums,
+                                 headers=headers, tags=tags, expected_size=size)
+        finally:
+            if current is not None:
+                current.close()
         return {"key": info.key, "size": info.size, "etag": info.etag}
 
     def replica_delete(self, bucket: str, source: str, key: str) -> None:
