@@ -1,4 +1,5 @@
-"""Administering tenants, access keys, buckets and bucket snapshots, on a running node or a stopped one.
+"""Administering tenants, access keys, buckets, bucket snapshots and replication, on a running node or
+a stopped one (replication: a running node only).
 
 :class:`RemoteAdmin` calls a running node's admin API over its S3 port
 (:mod:`gpufeed.s3._admin`), signing each request with SigV4 (botocore) and
@@ -20,12 +21,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import GpufeedError, InvalidArgument, error_from_code
+from .errors import GpufeedError, InvalidArgument, InvalidRequestError, error_from_code
 
 if TYPE_CHECKING:
     from .engine import CatalogSettings
 
 __all__ = ["Admin", "RemoteAdmin", "LocalAdmin", "catalog_cluster_status"]
+
+
+def _quote(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
 
 
 def _answer_error(status: int, raw: bytes, url: str) -> GpufeedError:
@@ -163,6 +168,40 @@ class Admin:
         first when either is given (one left out is kept)."""
         raise NotImplementedError
 
+    # replication: a running node only (its rounds run there) ------------------------------
+    def _remote_only(self) -> dict:
+        raise InvalidRequestError("replication is managed on a running node: give --endpoint, not --data-dir")
+
+    def replication_add(self, bucket: str, target: str, target_bucket: str, access_key: str,
+                        secret_key: str) -> dict:
+        """Replicate ``bucket`` to ``target_bucket`` of the node at ``target``
+        (:meth:`gpufeed.replication.Replicator.add`): the new rule's status."""
+        return self._remote_only()
+
+    def replication_status(self, bucket: str | None = None) -> dict:
+        """One rule's status, or ``{"rules": [...]}`` of all (bucket ``None``)."""
+        return self._remote_only()
+
+    def replication_pause(self, bucket: str, paused: bool = True) -> dict:
+        """Pause (``paused``) or resume a rule: its status after the change."""
+        return self._remote_only()
+
+    def replication_sync(self, bucket: str) -> dict:
+        """Run (or resume) one round now and wait for it: what it did."""
+        return self._remote_only()
+
+    def replication_remove(self, bucket: str) -> dict:
+        """Remove a rule (the target bucket stays a replica until failover)."""
+        return self._remote_only()
+
+    def replica_status(self, bucket: str) -> dict:
+        """On a target node: the replica bucket's status."""
+        return self._remote_only()
+
+    def replica_failover(self, bucket: str) -> dict:
+        """On a target node: promote the replica to an ordinary, writable bucket."""
+        return self._remote_only()
+
     def close(self) -> None:
         """Release what the admin holds."""
 
@@ -187,7 +226,8 @@ class RemoteAdmin(Admin):
         self._region = region
         self._timeout_s = timeout_s
 
-    def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None) -> dict:
+    def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None, *,
+              timeout_s: float | None = None) -> dict:
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
         from botocore.credentials import Credentials
@@ -200,14 +240,19 @@ class RemoteAdmin(Admin):
         S3SigV4Auth(Credentials(*self._creds), "s3", self._region).add_auth(req)
         prepared = urllib.request.Request(url, data=data or None, method=method, headers=dict(req.headers.items()))
         try:
-            with urllib.request.urlopen(prepared, timeout=self._timeout_s) as resp:
+            with urllib.request.urlopen(prepared, timeout=timeout_s or self._timeout_s) as resp:
                 return json.loads(resp.read() or b"{}")
         except urllib.error.HTTPError as exc:
-            raise _answer_error(exc.code, exc.read(), self._url) from exc
+            try:
+                raw = exc.read()
+            finally:
+                exc.close()  # the refused answer's connection, which the error would keep open
+            raise _answer_error(exc.code, raw, self._url) from exc
         except urllib.error.URLError as exc:
             raise OSError(f"cannot reach the node's admin API at {self._url}: {exc.reason}") from exc
         except TimeoutError as exc:
-            raise OSError(f"the node's admin API at {self._url} did not answer in {self._timeout_s:g} s") from exc
+            raise OSError(f"the node's admin API at {self._url} did not answer in "
+                          f"{timeout_s or self._timeout_s:g} s") from exc
 
     def tenant_create(self, name: str) -> dict:
         return self._call("POST", "tenants", {"name": name})
@@ -267,6 +312,32 @@ class RemoteAdmin(Admin):
 
     def cluster_status(self, expiry_s: float = 10.0) -> dict:
         return self._call("GET", "cluster")
+
+    def replication_add(self, bucket: str, target: str, target_bucket: str, access_key: str,
+                        secret_key: str) -> dict:
+        return self._call("POST", "replication", {"bucket": bucket, "target": target, "target_bucket": target_bucket,
+                                                  "access_key": access_key, "secret_key": secret_key})
+
+    def replication_status(self, bucket: str | None = None) -> dict:
+        if bucket is None:
+            return self._call("GET", "replication")
+        return self._call("GET", f"replication/{_quote(bucket)}")
+
+    def replication_pause(self, bucket: str, paused: bool = True) -> dict:
+        return self._call("POST", f"replication/{_quote(bucket)}/{'pause' if paused else 'resume'}")
+
+    def replication_sync(self, bucket: str) -> dict:
+        # a round sends what the bucket changed: as long as that takes
+        return self._call("POST", f"replication/{_quote(bucket)}/sync", timeout_s=max(self._timeout_s, 86400.0))
+
+    def replication_remove(self, bucket: str) -> dict:
+        return self._call("DELETE", f"replication/{_quote(bucket)}")
+
+    def replica_status(self, bucket: str) -> dict:
+        return self._call("GET", f"replica/{_quote(bucket)}")
+
+    def replica_failover(self, bucket: str) -> dict:
+        return self._call("POST", f"replica/{_quote(bucket)}/failover")
 
     def _snap(self, bucket: str, name: str | None = None) -> str:
         path = f"buckets/{urllib.parse.quote(bucket, safe='')}/snapshots"

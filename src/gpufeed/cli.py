@@ -2,6 +2,7 @@
 
 Commands: ``serve``, ``put``, ``get``, ``ls``, ``rm``, ``mb``, ``checkpoint ls|scrub``,
 ``catalog check|recover``, ``admin ...``, ``scrub``, ``snapshot create|list|delete|restore|diff|schedule``,
+``replicate add|status|pause|resume|sync|remove|failover``,
 ``bench io``, ``bench kv``, ``bench list``, ``bench codecs``, ``bench data``, ``bench integrity``,
 ``bench crash``, ``bench checkpoint``, ``bench model``, ``bench gpu``, ``bench report``, ``bench train``, ``demo``.
 """
@@ -19,6 +20,7 @@ import click
 
 from ._cli_admin import admin, scrub
 from ._cli_catalog import catalog
+from ._cli_replicate import replicate
 from ._cli_snapshot import snapshot
 from ._cli_types import CATALOG_OPTION, CLUSTER_OPTION, SizeType
 from ._version import __version__
@@ -52,6 +54,7 @@ main.add_command(admin)
 main.add_command(scrub)
 main.add_command(catalog)
 main.add_command(snapshot)
+main.add_command(replicate)
 
 
 @main.command()

@@ -219,6 +219,13 @@ class NodeConfig:
             which makes and prunes the buckets' scheduled snapshots (hourly /
             daily, :mod:`gpufeed.engine._snapshot_schedule`; the first pass runs at
             start); 0 turns it off. Env ``GPUFEED_SNAPSHOT_INTERVAL_S``.
+        replication_interval_s: seconds between two passes of the replication
+            worker, which runs one round of every replication rule that is not
+            paused (:mod:`gpufeed.replication`; the first pass runs at start); 0
+            turns it off (rounds then run only when asked, ``gpufeed replicate
+            sync``). Env ``GPUFEED_REPLICATION_INTERVAL_S``.
+        replication_timeout_s: seconds one request to a replication target may
+            take. Env ``GPUFEED_REPLICATION_TIMEOUT_S``.
         abort_idle_uploads_s: seconds after which a multipart upload nobody has
             touched (no start or part upload since) is aborted and its parts
             deleted, whatever the bucket's rules; default 7 days; 0 never. Env
@@ -324,6 +331,8 @@ class NodeConfig:
     send_timeout_s: float = 30.0
     lifecycle_interval_s: float = 3600.0  # 1 hour
     snapshot_interval_s: float = 60.0  # 1 minute
+    replication_interval_s: float = 60.0  # 1 minute
+    replication_timeout_s: float = 60.0
     abort_idle_uploads_s: float = 7 * 86400.0  # 7 days
     s3_header_timeout_s: float = 15.0
     s3_body_timeout_s: float = 30.0
@@ -367,6 +376,8 @@ class NodeConfig:
             send_timeout_s=_env("GPUFEED_SEND_TIMEOUT_S", _seconds, cls.send_timeout_s),
             lifecycle_interval_s=_env("GPUFEED_LIFECYCLE_INTERVAL_S", _seconds, cls.lifecycle_interval_s),
             snapshot_interval_s=_env("GPUFEED_SNAPSHOT_INTERVAL_S", _seconds, cls.snapshot_interval_s),
+            replication_interval_s=_env("GPUFEED_REPLICATION_INTERVAL_S", _seconds, cls.replication_interval_s),
+            replication_timeout_s=_env("GPUFEED_REPLICATION_TIMEOUT_S", _seconds, cls.replication_timeout_s),
             abort_idle_uploads_s=_env("GPUFEED_ABORT_IDLE_UPLOADS_S", _seconds, cls.abort_idle_uploads_s),
             s3_header_timeout_s=_env("GPUFEED_S3_HEADER_TIMEOUT_S", _seconds, cls.s3_header_timeout_s),
             s3_body_timeout_s=_env("GPUFEED_S3_BODY_TIMEOUT_S", _seconds, cls.s3_body_timeout_s),

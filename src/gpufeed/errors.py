@@ -20,6 +20,7 @@ Tree::
     │   ├── NoSuchTenant
     │   ├── NoSuchAccessKey
     │   ├── NoSuchSnapshot
+    │   ├── NoSuchReplicationRule  (the bucket has no replication rule on this node)
     │   └── NoSuchConfiguration  (its code names the configuration: NoSuchBucketPolicy, ...)
     ├── AccessError (PermissionError)
     │   ├── AccessDenied
@@ -78,6 +79,7 @@ Tree::
     │   └── MaxMessageLengthExceeded  (a configuration document over its size limit)
     ├── NotModified            (304 for conditional GET; not really an error)
     ├── SlowDown               (503: a client holds too many connections)
+    ├── ReplicationTargetUnavailable  (503: a replication round could not reach its target)
     ├── NotImplementedByGpufeed
     ├── ProtocolError          (fast path: malformed or truncated frame)
     ├── FormatError (ValueError)  stored bytes not in their format: KV chunk /
@@ -100,89 +102,23 @@ https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html
 from __future__ import annotations
 
 __all__ = [
-    "GpufeedError",
-    "NotFoundError",
-    "NoSuchBucket",
-    "NoSuchKey",
-    "NoSuchUpload",
-    "NoSuchLifecycleConfiguration",
-    "NoSuchConfiguration",
-    "NoSuchVersion",
-    "NoSuchObjectLockConfiguration",
-    "ObjectLockConfigurationNotFoundError",
-    "NoSuchTenant",
-    "NoSuchAccessKey",
-    "NoSuchSnapshot",
-    "SnapshotAlreadyExists",
-    "TenantAlreadyExists",
-    "TenantNotEmpty",
-    "BucketAlreadyExists",
-    "InvalidTenantName",
-    "AccessError",
-    "AccessDenied",
-    "QuotaExceeded",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "RequestExpired",
-    "CORSForbidden",
-    "ConflictError",
-    "BucketAlreadyOwnedByYou",
-    "BucketNotEmpty",
-    "InvalidBucketState",
-    "DataFolderInUse",
-    "CatalogInUse",
-    "NodeIdInUse",
-    "CatalogUnavailable",
-    "PreconditionFailed",
-    "InvalidRequestError",
-    "InvalidBucketName",
-    "KeyTooLong",
-    "InvalidArgument",
-    "InvalidTag",
-    "InvalidRange",
-    "InvalidCopySourceRange",
-    "AccessControlListNotSupported",
-    "InvalidPolicyDocument",
-    "MalformedPOSTRequest",
-    "BadDigest",
-    "EntityTooSmall",
-    "EntityTooLarge",
-    "MetadataTooLarge",
-    "InvalidLocationConstraint",
-    "InvalidStorageClass",
-    "IllegalLocationConstraint",
-    "InvalidPart",
-    "InvalidPartNumber",
-    "InvalidPartOrder",
-    "MalformedXML",
-    "MalformedPolicy",
-    "IncompleteBody",
-    "InvalidDigest",
-    "XAmzContentSHA256Mismatch",
-    "AuthorizationHeaderMalformed",
-    "AuthorizationQueryParametersError",
-    "MissingContentLength",
-    "MethodNotAllowed",
-    "BadRequest",
-    "MaxMessageLengthExceeded",
-    "RequestTimeTooSkewed",
-    "ExpiredToken",
-    "InvalidToken",
-    "RequestTimeout",
-    "SlowDown",
-    "NotModified",
-    "NotImplementedByGpufeed",
-    "ProtocolError",
-    "TransportError",
-    "InternalError",
-    "DamagedObject",
-    "StorageFull",
-    "CatalogDamaged",
-    "CatalogTooNew",
-    "FormatError",
-    "ChunkCorrupt",
-    "S3_ERRORS",
-    "error_from_code",
+    "GpufeedError", "NotFoundError", "NoSuchBucket", "NoSuchKey", "NoSuchUpload", "NoSuchLifecycleConfiguration",
+    "NoSuchConfiguration", "NoSuchVersion", "NoSuchObjectLockConfiguration", "ObjectLockConfigurationNotFoundError",
+    "NoSuchTenant", "NoSuchAccessKey", "NoSuchReplicationRule", "NoSuchSnapshot", "SnapshotAlreadyExists",
+    "TenantAlreadyExists", "TenantNotEmpty", "BucketAlreadyExists", "InvalidTenantName", "AccessError",
+    "AccessDenied", "QuotaExceeded", "InvalidAccessKeyId", "SignatureDoesNotMatch", "RequestExpired",
+    "CORSForbidden", "ConflictError", "BucketAlreadyOwnedByYou", "BucketNotEmpty", "InvalidBucketState",
+    "DataFolderInUse", "CatalogInUse", "NodeIdInUse", "CatalogUnavailable", "PreconditionFailed",
+    "InvalidRequestError", "InvalidBucketName", "KeyTooLong", "InvalidArgument", "InvalidTag", "InvalidRange",
+    "InvalidCopySourceRange", "AccessControlListNotSupported", "InvalidPolicyDocument", "MalformedPOSTRequest",
+    "BadDigest", "EntityTooSmall", "EntityTooLarge", "MetadataTooLarge", "InvalidLocationConstraint",
+    "InvalidStorageClass", "IllegalLocationConstraint", "InvalidPart", "InvalidPartNumber", "InvalidPartOrder",
+    "MalformedXML", "MalformedPolicy", "IncompleteBody", "InvalidDigest", "XAmzContentSHA256Mismatch",
+    "AuthorizationHeaderMalformed", "AuthorizationQueryParametersError", "MissingContentLength", "MethodNotAllowed",
+    "BadRequest", "MaxMessageLengthExceeded", "RequestTimeTooSkewed", "ExpiredToken", "InvalidToken",
+    "RequestTimeout", "SlowDown", "ReplicationTargetUnavailable", "NotModified", "NotImplementedByGpufeed",
+    "ProtocolError", "TransportError", "InternalError", "DamagedObject", "StorageFull", "CatalogDamaged",
+    "CatalogTooNew", "FormatError", "ChunkCorrupt", "S3_ERRORS", "error_from_code",
 ]
 
 
@@ -261,6 +197,11 @@ class NoSuchAccessKey(NotFoundError):
 class NoSuchSnapshot(NotFoundError):
     """No snapshot of that name in the bucket (gpufeed's own code)."""
     code, status = "NoSuchSnapshot", 404
+
+
+class NoSuchReplicationRule(NotFoundError):
+    """The bucket has no replication rule on this node (gpufeed's own code)."""
+    code, status = "NoSuchReplicationRule", 404
 
 
 class AccessError(GpufeedError, PermissionError):
@@ -543,6 +484,11 @@ class SlowDown(GpufeedError):
     """Refused to spare the node: the client address holds too many connections."""
 
     code, status = "SlowDown", 503
+
+
+class ReplicationTargetUnavailable(GpufeedError):
+    """A replication round broke off (target unreachable, connection broken, node stopping)."""
+    code, status = "ReplicationTargetUnavailable", 503
 
 
 class NotModified(GpufeedError):

@@ -4,13 +4,16 @@
 starts it, prints the endpoints as one JSON line and waits for SIGINT/SIGTERM.
 Tests and benchmarks start nodes the same way (in a subprocess).
 
-Besides the endpoints a node runs two background threads: the lifecycle worker
+Besides the endpoints a node runs three background threads: the lifecycle worker
 (:class:`LifecycleWorker`): every ``lifecycle_interval_s`` it applies the
 buckets' lifecycle rules and aborts multipart uploads idle for
 ``abort_idle_uploads_s`` (:meth:`gpufeed.engine.Engine.apply_lifecycle`); and
 the snapshot worker (:class:`SnapshotWorker`): every ``snapshot_interval_s`` it
 makes and prunes the buckets' scheduled snapshots
-(:meth:`gpufeed.engine.Engine.run_snapshot_schedules`). A node with a
+(:meth:`gpufeed.engine.Engine.run_snapshot_schedules`); and the replication
+worker (:class:`~gpufeed.replication.ReplicationWorker`): every
+``replication_interval_s`` it runs a round of every replication rule
+(:mod:`gpufeed.replication`). A node with a
 cluster name (``--cluster``) also runs a :class:`~gpufeed._cluster.ClusterMember`:
 it registers the node before :meth:`Node.start` returns, heartbeats, and
 leaves on :meth:`Node.stop`.
@@ -38,6 +41,7 @@ from .engine import CatalogSettings, Engine
 from .engine._catalogs import node_id
 from .engine._private import make_private_dirs
 from .errors import CatalogUnavailable
+from .replication import ReplicationWorker, Replicator
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -210,6 +214,9 @@ class Node:
         self._snapshots: SnapshotWorker | None = None
         #: the node's cluster membership (``None``: not in a cluster)
         self.member: ClusterMember | None = None
+        #: The node's replication rules (``None`` until started).
+        self.replicator: Replicator | None = None
+        self._replication: ReplicationWorker | None = None
         self.endpoints: Endpoints | None = None
 
     def start(self) -> Endpoints:
@@ -253,6 +260,7 @@ class Node:
                                       capacity_bytes=cfg.capacity_bytes, catalog=catalog)
         if cfg.scrub_interval_s > 0:
             engine.scrubber.schedule(cfg.scrub_interval_s, cfg.scrub_rate_bytes)
+        self.replicator = Replicator(engine, timeout_s=cfg.replication_timeout_s)
         self._wire = wire = WireServer(engine, cfg, self.metrics)
         add_node_sources(self.metrics, engine, wire)
         try:
@@ -298,6 +306,9 @@ class Node:
             engine.key_warnings(default_admin_secret=cfg.secret_key == DEFAULT_SECRET_KEY))
         if cfg.cluster:
             warnings += self._join(engine, data_dir, result["port"], tcp_port or 0)
+        if cfg.replication_interval_s > 0:
+            self._replication = ReplicationWorker(self.replicator, cfg.replication_interval_s)
+            self._replication.start()
         self.endpoints = Endpoints(
             s3=f"http://{cfg.host}:{result['port']}",
             tcp=f"gpufeed+tcp://{cfg.host}:{tcp_port}" if tcp_port else None,
@@ -345,7 +356,7 @@ class Node:
         from .s3 import serve_s3
 
         cfg = self.config
-        runner, result["port"] = await serve_s3(engine, cfg, self.metrics)
+        runner, result["port"] = await serve_s3(engine, cfg, self.metrics, replication=self.replicator)
         if cfg.metrics_port >= 0:
             try:
                 result["monitor"], result["metrics_port"] = await start_monitor(
@@ -360,6 +371,11 @@ class Node:
         if self.member is not None:
             self.member.stop()
             self.member = None
+        if self.replicator is not None:
+            self.replicator.close()  # a round in progress stops at its next chunk, left open
+        if self._replication is not None:
+            self._replication.stop()
+            self._replication = None
         if self._lifecycle is not None:
             self._lifecycle.stop()
             self._lifecycle = None

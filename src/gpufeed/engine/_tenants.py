@@ -192,6 +192,7 @@ class TenantAdmin:
     _owners: dict[str, str]  # bucket -> tenant, see bucket_owner
     _owner_gen: int  # bumped when a bucket is made or deleted, as _key_gen for keys
     get_bucket_config: Callable[[str, str], str | None]  # from VersionedObjects
+    check_writable: Callable[[str, str], None]  # from ReplicaTarget
 
     def create_tenant(self, name: str) -> TenantInfo:
         """Make a tenant (it owns nothing and has no key yet).
@@ -578,14 +579,19 @@ class TenantAdmin:
             prefix: the ``prefix`` of a listing, ``""`` when it has none
                 (``s3:prefix``); ``None`` for other actions.
 
+        A write to a replica bucket is refused whoever asks
+        (:meth:`~gpufeed.engine._replica.ReplicaTarget.check_writable`).
+
         Raises:
             NoSuchBucket: the bucket does not exist.
-            AccessDenied: the request is not allowed (the message names nothing).
+            AccessDenied: the request is not allowed (the message names nothing,
+                but for a write to a replica bucket).
 
         Source: "Policy evaluation logic", IAM User Guide; "Bucket policy
         examples", Amazon S3 User Guide.
         """
         is_owner = self.bucket_owner(bucket) == tenant
+        self.check_writable(bucket, action)
         if action in OWNER_ONLY_ACTIONS:
             if not is_owner:
                 raise AccessDenied("Access Denied")

@@ -92,6 +92,7 @@ from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_key, check_text
 from ._private import FILE_MODE, check_private, make_private_dirs
 from ._reads import ObjectReads
+from ._replica import ReplicaTarget
 from ._scrub import ScrubRunner
 from ._snapshot_schedule import ScheduledSnapshots
 from ._snapshots import SnapshotCalls
@@ -115,7 +116,7 @@ __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PAR
 
 
 class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, ObjectCopies, ObjectReads, SnapshotCalls,
-             ScheduledSnapshots):
+             ScheduledSnapshots, ReplicaTarget):
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:

@@ -20,7 +20,7 @@ VERSIONING_STATES = ("", "Enabled", "Suspended")
 #: ETag policies of a bucket (see :attr:`BucketInfo.etag_policy`).
 ETAG_POLICIES = ("md5", "fast", "none")
 #: How a snapshot was made: by a call (``"manual"``) or by a bucket's schedule.
-SNAPSHOT_KINDS = ("manual", "hourly", "daily")
+SNAPSHOT_KINDS = ("manual", "hourly", "daily", "replication")
 #: Object lock retention modes (S3 ``ObjectLockRetentionMode``).
 LOCK_MODES = ("GOVERNANCE", "COMPLIANCE")
 
@@ -426,7 +426,8 @@ class SnapshotInfo:
         bucket: the bucket.
         name: the snapshot's name (unique within the bucket).
         created: Unix s of the instant it records.
-        kind: one of :data:`SNAPSHOT_KINDS` (scheduled ones are pruned by their schedule).
+        kind: one of :data:`SNAPSHOT_KINDS` (scheduled ones are pruned by their schedule;
+            ``replication`` ones by their replication rule, :mod:`gpufeed.replication`).
         objects: how many objects it holds.
         bytes: their summed sizes (logical bytes; their data is shared with
             every other row naming the same blob).

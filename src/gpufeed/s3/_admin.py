@@ -33,7 +33,9 @@ GET    ``cluster``                              the node's cluster: :func:`~gpuf
 
 Bucket snapshots (``buckets/NAME/snapshots...``, ``buckets/NAME/snapshot-schedule``)
 are in :mod:`._admin_snapshots`; those calls also take the key of the
-tenant that owns the bucket.
+tenant that owns the bucket. Replication rules (``replication...``) and the
+calls a replication source makes on its target (``replica/NAME...``) are in
+:mod:`._admin_replication`.
 
 Errors answer ``{"error": code, "message": text}`` with the error's status.
 """
@@ -48,6 +50,7 @@ from aiohttp import web
 
 from ..engine._membership import cluster_report
 from ..errors import AccessDenied, GpufeedError, InvalidArgument, MalformedXML, MethodNotAllowed, NoSuchKey
+from ._admin_replication import is_replication_call, replication_call
 from ._admin_snapshots import is_snapshot_call, snapshot_call
 from ._auth import AuthResult
 from ._context import Services
@@ -102,6 +105,9 @@ async def handle_admin(s: Services, request: web.BaseRequest, target: Target, au
     try:
         parts = target.path[len(ADMIN_PREFIX):].strip("/").split("/")
         admin = auth.access_key == s.config.access_key
+        if is_replication_call(parts):
+            return _json(await replication_call(s, request, parts, target.query, admin=admin,
+                                                tenant=s.credentials.keys.tenant_of(auth.access_key)))
         if is_snapshot_call(parts):
             body = await _body(request) if request.method in ("POST", "PUT", "DELETE") else {}
             return _json(await s.call(snapshot_call, s.engine, request.method, parts, target.query, lambda: body,

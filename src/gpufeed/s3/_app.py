@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -70,6 +71,9 @@ from ._server import (
 from ._snapshots import check_snapshot_request
 from ._tenancy import BUCKET_OWNER, CURRENT_TENANT
 from ._xml import http_date
+
+if TYPE_CHECKING:
+    from ..replication import Replicator
 
 __all__ = ["S3Front", "make_app", "start_s3", "serve_s3", "error_response", "HANDLERS"]
 
@@ -324,10 +328,13 @@ def make_app(engine: Engine, config: NodeConfig) -> web.Application:
     return _make_app(engine, config, None)
 
 
-def _make_app(engine: Engine, config: NodeConfig, metrics: NodeMetrics | None) -> web.Application:
-    """:func:`make_app`, with the node's metrics (their start time is the health answer's)."""
+def _make_app(engine: Engine, config: NodeConfig, metrics: NodeMetrics | None,
+              replication: Replicator | None = None) -> web.Application:
+    """:func:`make_app`, with the node's metrics (their start time is the health
+    answer's) and replication rules (served by the admin API)."""
     app = web.Application(client_max_size=MAX_XML, handler_args=_HANDLER_ARGS)
     front = S3Front(engine, config, metrics.started_s if metrics is not None else None)
+    front.replication = replication
     app[_FRONT_KEY] = front
     app.router.add_route("*", "/{tail:[\\s\\S]*}", front.handle,  # keys may hold newlines
                          expect_handler=front.expect)
@@ -356,9 +363,11 @@ async def start_s3(engine: Engine, config: NodeConfig) -> tuple[web.AppRunner, i
     return await serve_s3(engine, config, None)
 
 
-async def serve_s3(engine: Engine, config: NodeConfig, metrics: NodeMetrics | None) -> tuple[web.AppRunner, int]:
+async def serve_s3(engine: Engine, config: NodeConfig, metrics: NodeMetrics | None, *,
+                   replication: Replicator | None = None) -> tuple[web.AppRunner, int]:
     """:func:`start_s3`, counting every request in ``metrics`` (the node's) and
-    reporting the port's open connections to it at scrape time.
+    reporting the port's open connections to it at scrape time; the admin API
+    serves ``replication``'s rules (``None``: none).
 
     Returns:
         ``(runner, port)``: call ``await runner.cleanup()`` to stop (it also
@@ -367,7 +376,7 @@ async def serve_s3(engine: Engine, config: NodeConfig, metrics: NodeMetrics | No
     Raises:
         OSError: the port is taken, or the access log file cannot be opened.
     """
-    app = _make_app(engine, config, metrics)
+    app = _make_app(engine, config, metrics, replication)
     access_log = AccessLog(config.access_log)
 
     async def _close_log(_app: web.Application) -> None:

@@ -19,7 +19,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -33,6 +33,9 @@ from ._router import Endpoint, Target
 from ._sessions import SessionKeyRing
 from ._tenancy import answer_owner, owner_identity
 from ._xml import element, sub, to_bytes
+
+if TYPE_CHECKING:
+    from ..replication import Replicator
 
 __all__ = ["Services", "S3Request", "Handler", "HandlerTable", "MAX_XML"]
 
@@ -77,6 +80,9 @@ class Services:
         self.engine = engine
         self.config = config
         self.credentials = SessionKeyRing(KeyRing(config.access_key, config.secret_key, engine))  # + sessions
+        #: The node's replication rules (:class:`gpufeed.replication.Replicator`), set by
+        #: the node; ``None``: the admin API answers that it runs none.
+        self.replication: Replicator | None = None
         self.executor = ThreadPoolExecutor(
             max_workers=max(4, config.io_threads), thread_name_prefix="gpufeed-s3"
         )
