@@ -80,9 +80,18 @@ def test_a_lone_request_is_read_on_the_waiting_thread(pair):
     fut = client.request(p.Op.HEAD, p.Head("b", "k"))
     completed_on = []
     derived = then(fut, lambda r: completed_on.append(threading.get_ident()) or r.etag)
-    ((rid, req),) = _read_requests(server, 1)
-    _answer(server, rid, req)
+
+    def answer_later() -> None:  # the reply arrives while this thread already waits for it
+        ((rid, req),) = _read_requests(server, 1)
+        deadline = time.monotonic() + 20
+        while not client._token.locked() and time.monotonic() < deadline:
+            time.sleep(0.001)  # until the waiting thread holds the read token
+        _answer(server, rid, req)
+
+    t = threading.Thread(target=answer_later)
+    t.start()
     assert derived.result() == "k"
+    t.join(20)
     assert completed_on == [threading.get_ident()]
 
 
