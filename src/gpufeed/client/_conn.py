@@ -266,8 +266,8 @@ class Connection:
 
     def _receive_loop(self) -> None:
         """Read what no waiting thread reads: replies of Futures with callbacks
-        (on a kick), replies outstanding for ``ORPHAN_WAIT_S`` with the token free
-        and no waiter, and the end of the connection while it is idle (the
+        (on a kick), replies that have arrived while a request was outstanding for
+        ``ORPHAN_WAIT_S`` with the token free and no waiter, and the end of the connection while it is idle (the
         socket's hang-up, not its data, wakes this thread)."""
         poller = select.poll()
         poller.register(self.sock.fileno(), select.POLLRDHUP)
@@ -303,12 +303,22 @@ class Connection:
                 with self._token:
                     self._read_while(lambda: True)
                 break
+            if orphaned and not self._kicked and not self._reply_waiting(poller):
+                continue  # nothing has arrived: a thread that will wait for it reads it then
             if self._kicked or orphaned:
                 self._kicked = False
                 idle_since = None
                 with self._token:
                     self._read_while(lambda: bool(self._pending))
                 self._hand_over()
+
+    def _reply_waiting(self, poller: select.poll) -> bool:
+        """Whether reply bytes (or the end) are there to read now."""
+        poller.modify(self.sock.fileno(), select.POLLRDHUP | select.POLLIN)
+        try:
+            return any(fd != self._wake_fd for fd, _ev in poller.poll(0))
+        finally:
+            poller.modify(self.sock.fileno(), select.POLLRDHUP)
 
     def _read_while(self, more) -> None:
         """Read reply frames (holding the token) while ``more()`` is true and the
