@@ -117,7 +117,8 @@ def _open_postgres(settings: CatalogSettings, data_dir: Path, blob_path: Callabl
     owner = f"cluster:{settings.cluster}" if settings.cluster else f"node:{node_id(data_dir)}"
     cat = PostgresCatalog(settings.url, blob_path=blob_path, owner=owner,
                           data_present=lambda: _holds_files(data_folders),
-                          pool_size=settings.pool_size, pool_timeout_s=settings.pool_timeout_s)
+                          pool_size=settings.pool_size, pool_timeout_s=settings.pool_timeout_s,
+                          holder=node_id(data_dir))
     if not marker.exists():
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
         with os.fdopen(fd, "w") as f:

@@ -204,9 +204,11 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
     def _recover(self) -> dict[str, int]:
         counts = self._chunks.recover()
         live = self._cat.live_files()
-        data = self._cat.data_files()
+        data = self._cat.data_files()  # the files this node holds
+        unheld = self._cat.unheld_files()  # no holder recorded: kept, and claimed when found here
         present: set[str] = set()
-        counts.update(self._files.sweep(data, live.parts, present=present))
+        counts.update(self._files.sweep(data | unheld, live.parts, present=present))
+        counts["claimed_files"] = self._cat.claim_files(present & unheld)
         counts["missing_files"] = self._chunks.mark_missing(data - present)
         return counts
 
