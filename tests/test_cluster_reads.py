@@ -133,3 +133,33 @@ def test_chunk_is_served_only_to_members_of_the_cluster(pair, postgres_url):
             stranger.fetch(chunk, os.open(os.devnull, os.O_WRONLY))
     finally:
         cat.close()
+
+
+def test_deletes_through_another_node_and_uploads_complete_where_their_parts_are(pair, tmp_path, postgres_url):
+    a, b = pair
+    s3a, s3b = a.boto3_client(), b.boto3_client()
+    s3a.create_bucket(Bucket="raw")
+    s3a.put_object(Bucket="raw", Key="gone", Body=b"y" * 70_000)
+    [chunk] = _chunks(postgres_url)
+    path = a.data_dir / "blobs" / chunk.file[:2] / chunk.file[2:4] / chunk.file
+    s3b.delete_object(Bucket="raw", Key="gone")
+    with pytest.raises(ClientError, match="NoSuchKey"):
+        s3a.get_object(Bucket="raw", Key="gone")
+    assert _chunks(postgres_url) == [] and path.exists()  # the holder deletes it at its next start
+    a.stop()
+    a = _member(tmp_path / "a", postgres_url)
+    try:
+        assert not path.exists()
+        s3a = a.boto3_client()
+        up = s3a.create_multipart_upload(Bucket="raw", Key="mp")["UploadId"]
+        etag = s3a.upload_part(Bucket="raw", Key="mp", UploadId=up, PartNumber=1, Body=b"z" * 1000)["ETag"]
+        with pytest.raises(ClientError) as got:
+            s3b.complete_multipart_upload(Bucket="raw", Key="mp", UploadId=up,
+                                          MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]})
+        assert got.value.response["Error"]["Code"] == "InvalidPart"
+        assert "complete an upload through the node that received its parts" in got.value.response["Error"]["Message"]
+        s3a.complete_multipart_upload(Bucket="raw", Key="mp", UploadId=up,
+                                      MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]})
+        assert s3b.get_object(Bucket="raw", Key="mp")["Body"].read() == b"z" * 1000
+    finally:
+        a.stop()

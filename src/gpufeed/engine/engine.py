@@ -188,7 +188,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         #: ``"uploads"``, ``"parts"``), versions adopted from one-file-per-version data
         #: (``"adopted"``, ``"missing"``), manifests no version named (``"orphan_manifests"``)
         #: and data files the catalog names that are not on disk (``"missing_files"``,
-        #: their chunks marked damaged).
+        #: their chunks marked damaged); on a cluster's catalog with rows that name no
+        #: holder, the data files found here and claimed for this node (``"claimed_files"``).
         self._chunks = ChunkStore(self._files, self._cat, capacity_bytes)
         self._files.release = self._chunks.release
         self.recovered = self._recover()
@@ -208,7 +209,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         unheld = self._cat.unheld_files()  # no holder recorded: kept, and claimed when found here
         present: set[str] = set()
         counts.update(self._files.sweep(data | unheld, live.parts, present=present))
-        counts["claimed_files"] = self._cat.claim_files(present & unheld)
+        if unheld:
+            counts["claimed_files"] = self._cat.claim_files(present & unheld)
         counts["missing_files"] = self._chunks.mark_missing(data - present)
         return counts
 
