@@ -314,6 +314,13 @@ class NodeConfig:
             bytes of files in its data folder (a walk of the folder; each
             heartbeat sends the latest count). Env
             ``GPUFEED_CLUSTER_BYTES_INTERVAL_S``.
+        cluster_fetch_timeout_s: seconds a read may wait for another node
+            that holds a chunk (connecting, and each wait for its bytes); past
+            it the read fails with ``ServiceUnavailable`` (> 0). Env
+            ``GPUFEED_CLUSTER_FETCH_TIMEOUT_S``.
+        cluster_fetches: most chunks fetched from other nodes at once; a read
+            that finds them all busy waits up to ``cluster_fetch_timeout_s``
+            (>= 1). Env ``GPUFEED_CLUSTER_FETCHES``.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -356,6 +363,8 @@ class NodeConfig:
     cluster_expiry_s: float = 10.0
     cluster_advertise_host: str = ""
     cluster_bytes_interval_s: float = 60.0  # 1 minute
+    cluster_fetch_timeout_s: float = 10.0
+    cluster_fetches: int = 8
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -405,6 +414,8 @@ class NodeConfig:
             cluster_advertise_host=_env("GPUFEED_CLUSTER_ADVERTISE_HOST", str, cls.cluster_advertise_host),
             cluster_bytes_interval_s=_env("GPUFEED_CLUSTER_BYTES_INTERVAL_S", _seconds,
                                           cls.cluster_bytes_interval_s),
+            cluster_fetch_timeout_s=_env("GPUFEED_CLUSTER_FETCH_TIMEOUT_S", _seconds, cls.cluster_fetch_timeout_s),
+            cluster_fetches=_env("GPUFEED_CLUSTER_FETCHES", _count, cls.cluster_fetches),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

@@ -92,7 +92,9 @@ Tree::
     └── InternalError
         ├── DamagedObject      (500: stored data failed its check on read)
         ├── CatalogDamaged     (the catalog fails its integrity check; not an S3 answer)
-        ├── CatalogUnavailable (503 ServiceUnavailable: the catalog's database cannot be reached)
+        ├── ServiceUnavailable (503: something the request needs cannot be reached now)
+        │   ├── CatalogUnavailable (the catalog's database)
+        │   └── HolderUnavailable  (the cluster node that holds the data)
         └── CatalogTooNew      (the catalog was written by a newer gpufeed)
 
 Source for codes and statuses: "Error responses", Amazon S3 API Reference,
@@ -118,7 +120,8 @@ __all__ = [
     "BadRequest", "MaxMessageLengthExceeded", "RequestTimeTooSkewed", "ExpiredToken", "InvalidToken",
     "RequestTimeout", "SlowDown", "ReplicationTargetUnavailable", "NotModified", "NotImplementedByGpufeed",
     "ProtocolError", "TransportError", "InternalError", "DamagedObject", "StorageFull", "CatalogDamaged",
-    "CatalogTooNew", "FormatError", "ChunkCorrupt", "S3_ERRORS", "error_from_code",
+    "CatalogTooNew", "FormatError", "ChunkCorrupt", "S3_ERRORS", "error_from_code", "HolderUnavailable",
+    "ServiceUnavailable",
 ]
 
 
@@ -593,12 +596,29 @@ class CatalogDamaged(InternalError):
     code, status = "CatalogDamaged", 500
 
 
-class CatalogUnavailable(InternalError):
+class ServiceUnavailable(InternalError):
+    """Something the request needs cannot be reached now: S3's
+    ``ServiceUnavailable`` (503), which SDKs retry with back-off. The fast-path
+    client raises this class for the code; the node raises a kind of it."""
+
+    code, status = "ServiceUnavailable", 503
+
+
+class CatalogUnavailable(ServiceUnavailable):
     """The catalog's database cannot be reached or failed mid-request (server
     down, connection lost, no pooled connection free in time): nothing of the
     request was committed; retrying once the database is back succeeds. S3's
     ``ServiceUnavailable`` (503), which SDKs retry with back-off; the message
     names the database (``host:port/dbname``, never a password)."""
+
+    code, status = "ServiceUnavailable", 503
+
+
+class HolderUnavailable(ServiceUnavailable):
+    """A cluster node was asked for data whose data file another node holds, and
+    that node is not live (expired, left) or did not answer within the fetch
+    timeout. S3's ``ServiceUnavailable`` (503); the message names the bucket,
+    key, chunk, holder and the reason."""
 
     code, status = "ServiceUnavailable", 503
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._cluster import ClusterMember, advertised_host
 from ._metrics import NodeMetrics
+from ._peers import PeerLink
 from .config import DEFAULT_SECRET_KEY, NodeConfig
 from .engine import CatalogSettings, Engine
 from .engine._catalogs import node_id
@@ -335,6 +336,13 @@ class Node:
         except BaseException:
             self.member = None
             raise
+        if engine.catalog_is_shared:  # members read each other's chunks (docs/cluster.md)
+            link = PeerLink(engine.membership, cluster=cfg.cluster, node_id=me.node_id,
+                            expiry_s=cfg.cluster_expiry_s, timeout_s=cfg.cluster_fetch_timeout_s,
+                            fetches=cfg.cluster_fetches)
+            if self._wire is not None:
+                self._wire.auth.peers = link.secret_for
+            engine.use_peers(link.fetch)
         warnings = []
         if not engine.catalog_is_shared:
             warnings.append(f"cluster {cfg.cluster!r} on the SQLite catalog has this node as its only member; "
@@ -342,9 +350,9 @@ class Node:
         others = [n for n in engine.membership.nodes(cfg.cluster)
                   if n.node_id != me.node_id and n.live(cfg.cluster_expiry_s)]
         if others:
-            warnings.append(f"cluster {cfg.cluster!r} has {len(others)} other live node(s): data is not yet placed "
-                            "across nodes, so an object reads only through the node that wrote it, and each node's "
-                            "start-up check marks chunks in data files it does not hold as missing (docs/cluster.md)")
+            warnings.append(f"cluster {cfg.cluster!r} has {len(others)} other live node(s): each chunk is stored on "
+                            "the node that wrote it only (no replicas), so an object is readable while that node is "
+                            "live (docs/cluster.md)")
         for w in warnings:
             log.warning(w)
         return warnings

@@ -13,7 +13,7 @@ import pytest
 from gpufeed.engine._membership import NodeClaim
 from gpufeed.engine._pgschema import SCHEMA_VERSION
 from gpufeed.engine._postgres import PostgresCatalog, redact
-from gpufeed.engine.types import BucketInfo, ObjectInfo
+from gpufeed.engine.types import BucketInfo, ChunkRecord, ObjectInfo
 from gpufeed.errors import CatalogInUse, CatalogTooNew, CatalogUnavailable, InternalError
 from gpufeed.testing.catalog import BYTE_ORDER_KEYS, CatalogTests
 
@@ -109,6 +109,8 @@ def test_version_1_catalog_gains_the_nodes_table(postgres_url):
     c.close()
     with psycopg.connect(postgres_url, autocommit=True) as conn:  # as the first release left it
         conn.execute("DROP TABLE nodes")
+        conn.execute("DROP INDEX chunks_by_holder")
+        conn.execute("ALTER TABLE chunks DROP COLUMN holder")
         conn.execute("UPDATE gpufeed_meta SET value = '1' WHERE name = 'schema_version'")
     c = PostgresCatalog(postgres_url, owner="cluster:c1")
     try:
@@ -120,7 +122,50 @@ def test_version_1_catalog_gains_the_nodes_table(postgres_url):
         c.close()
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         row = conn.execute("SELECT value FROM gpufeed_meta WHERE name = 'schema_version'").fetchone()
-    assert row is not None and row[0] == str(SCHEMA_VERSION) == "2"
+    assert row is not None and row[0] == str(SCHEMA_VERSION) == "3"
+
+
+def _record(cid: str) -> ChunkRecord:
+    return ChunkRecord(cid, f"file-{cid}", 0, 10, 10, "", b"d" * 16, b"s" * 4)
+
+
+def test_version_2_chunks_gain_holders(postgres_url):
+    c = PostgresCatalog(postgres_url, owner="cluster:c1")
+    with c.write() as w:
+        for cid in ("c1", "c2"):
+            w.insert_chunk(_record(cid), 1)
+    c.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # as schema version 2 left it
+        conn.execute("DROP INDEX chunks_by_holder")
+        conn.execute("ALTER TABLE chunks DROP COLUMN holder")
+        conn.execute("UPDATE gpufeed_meta SET value = '2' WHERE name = 'schema_version'")
+    c = PostgresCatalog(postgres_url, owner="cluster:c1", holder="nodeA")
+    try:  # a cluster's rows with no holder: each node claims the files it finds
+        assert c.data_files() == set() and c.unheld_files() == {"file-c1", "file-c2"}
+        assert c.claim_files({"file-c1"}) == 1
+        assert c.data_files() == {"file-c1"} and c.unheld_files() == {"file-c2"}
+        with c.write() as w:
+            w.insert_chunk(_record("c3"), 1)
+        assert c.chunk("c3").holder == "nodeA" and c.chunk("c2").holder == ""
+    finally:
+        c.close()
+    other = PostgresCatalog(postgres_url, owner="cluster:c1", holder="nodeB")
+    try:  # another node sees none of them as its own
+        assert other.data_files() == set() and other.unheld_files() == {"file-c2"}
+    finally:
+        other.close()
+
+
+def test_a_catalog_owned_by_one_node_gives_it_every_chunk(postgres_url):
+    c = PostgresCatalog(postgres_url, owner="node:n1")
+    with c.write() as w:
+        w.insert_chunk(_record("c1"), 1)
+    c.close()
+    c = PostgresCatalog(postgres_url, owner="node:n1", holder="n1")
+    try:
+        assert c.data_files() == {"file-c1"} and c.unheld_files() == set() and c.chunk("c1").holder == "n1"
+    finally:
+        c.close()
 
 
 def test_unreachable_database_is_named_without_password(postgres_server):

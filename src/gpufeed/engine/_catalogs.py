@@ -135,7 +135,7 @@ def _open_postgres(settings: CatalogSettings, data_dir: Path, blob_path: Callabl
     cat = PostgresCatalog(settings.url, blob_path=blob_path, owner=owner,
                           data_present=lambda: _holds_files(data_folders),
                           pool_size=settings.pool_size, pool_timeout_s=settings.pool_timeout_s,
-                          idle_tx_s=settings.idle_tx_s)
+                          idle_tx_s=settings.idle_tx_s, holder=node_id(data_dir))
     if settings.check != CatalogSettings.check:
         log.warning("--catalog-check %s ignored: it checks a SQLite catalog (check a PostgreSQL "
                     "database with its own tools: docs/catalog-postgres.md)", settings.check)

@@ -45,6 +45,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -180,6 +181,8 @@ class ChunkStore:
         #: Ids of chunks checked whole for a zero-copy map since start (later maps
         #: trust that check; a chunk found damaged leaves it). Bounded.
         self.mapped_ok = _BoundedSet(_MAPPED_OK_MAX)
+        #: How chunks held by other cluster nodes are fetched (:mod:`._remote`); ``None``: they are not.
+        self.remote: Callable[[ChunkRecord, int], None] | None = None
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads that compress chunks (made on first use)."""
@@ -208,6 +211,16 @@ class ChunkStore:
         self._policies.pop(bucket, None)
 
     # names ----------------------------------------------------------------------
+    @property
+    def holder(self) -> str:
+        """This node's id as the catalog records chunk holders (``""``: one node holds all)."""
+        return self._cat.holder
+
+    def held_elsewhere(self, c: ChunkRecord) -> bool:
+        """Whether another cluster node's data folder holds chunk ``c``'s data file
+        (it is then never looked for, nor marked missing or damaged, here)."""
+        return bool(c.holder) and c.holder != self._cat.holder
+
     def file_path(self, file_id: str) -> str:
         """Absolute path of data file ``file_id``."""
         return self.files.blob_path(file_id)
@@ -403,6 +416,8 @@ class ChunkStore:
         data file is there and long enough (a stat, not a read)."""
         if c.chunk_id in self.damaged:
             return False
+        if self.held_elsewhere(c):
+            return True  # its holder checks it (start-up, scrub, reads)
         try:
             return os.stat(self.file_path(c.file)).st_size >= c.file_offset + c.stored
         except OSError:

@@ -21,6 +21,7 @@ from ..errors import DamagedObject, InvalidArgument, NoSuchKey
 from ._blocksums import SUM_BLOCK, SUM_KIND
 from ._chunkreads import SMALL_STEP, STEP_ALIGN, ChunkDamage, Manifest, ReadStep, read_whole_blocks, run_step
 from ._openfiles import OpenFile, OpenFiles
+from ._remote import fetch_chunk
 from .types import ObjectInfo
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class ObjectHandle:
             never close it yourself.
     """
 
-    __slots__ = ("info", "manifest", "verify", "fd", "_files", "_held", "_store", "_fds")
+    __slots__ = ("info", "manifest", "verify", "fd", "_files", "_held", "_store", "_fds", "_remote")
 
     def __init__(self, info: ObjectInfo, manifest: Manifest, verify: bool, files: OpenFiles,
                  store: "ChunkStore") -> None:
@@ -70,6 +71,7 @@ class ObjectHandle:
         self._files, self._store = files, store
         self._held: dict[str, OpenFile] = {}
         self._fds: dict[int, int] = {}  # chunk index -> checked descriptor (read_small)
+        self._remote: dict[str, int] = {}  # chunk id -> its bytes fetched from its holder (:mod:`._remote`)
         self.fd = -1
         if manifest.chunks:
             first = self.file_fd(0)
@@ -78,14 +80,22 @@ class ObjectHandle:
 
     # files ----------------------------------------------------------------------
     def file_fd(self, index: int) -> int:
-        """The descriptor of chunk ``index``'s data file (opened on first use).
+        """The descriptor of chunk ``index``'s data file (opened on first use; a
+        chunk another cluster node holds is fetched from it and checked, :mod:`._remote`).
 
         Raises:
-            DamagedObject: the file is missing or shorter than the chunk.
+            DamagedObject: the file is missing or shorter than the chunk, or the
+                bytes a holder sent fail their check.
+            HolderUnavailable: the chunk's holder is not live or did not answer in time.
             NoSuchKey: the version was deleted before its file was opened.
         """
         c = self.manifest.chunks[index]
         f = self._held.get(c.file)
+        if f is None and self._store.held_elsewhere(c):
+            fd = self._remote.get(c.chunk_id)
+            if fd is None:
+                fd = self._remote[c.chunk_id] = fetch_chunk(self._store, c, self.info.bucket, self.info.key)
+            return fd
         if f is None:
             try:
                 f = self._files.acquire(c.file, self._store.file_path(c.file))
@@ -302,7 +312,8 @@ class ObjectHandle:
         """Record a failed check (the chunk is marked damaged, the node counts it)
         and return the error to raise."""
         info = self.info
-        self._store.report_damage(exc.chunk.chunk_id, exc.reason)
+        if not self._store.held_elsewhere(exc.chunk):  # its holder judges its own files
+            self._store.report_damage(exc.chunk.chunk_id, exc.reason)
         return DamagedObject(f"{info.bucket}/{info.key}: chunk {exc.chunk.chunk_id} is damaged: {exc.reason}",
                              chunk=exc.chunk.chunk_id, bucket=info.bucket, key=info.key)
 
@@ -312,6 +323,9 @@ class ObjectHandle:
         held, self._held = self._held, {}
         for f in held.values():
             self._files.release(f)
+        fetched, self._remote = self._remote, {}
+        for fd in fetched.values():
+            os.close(fd)
 
     def __enter__(self) -> "ObjectHandle":
         return self

@@ -38,6 +38,7 @@ node's, so its only member is that node); the PostgreSQL catalog's is
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -164,6 +165,15 @@ class Membership(ABC):
             CatalogUnavailable: the database cannot be reached.
         """
 
+    @abstractmethod
+    def cluster_key(self, cluster: str) -> bytes:
+        """The cluster's 32-byte secret, made (random) on first use: what its members
+        derive the keys they authenticate to each other with (:mod:`gpufeed._peers`).
+
+        Raises:
+            CatalogUnavailable: the database cannot be reached.
+        """
+
 
 class LocalMembership(Membership):
     """Members kept in this process, timed by its clock: the membership of a
@@ -173,6 +183,7 @@ class LocalMembership(Membership):
         self._clock = clock
         self._lock = threading.Lock()
         self._rows: dict[tuple[str, str], tuple[NodeClaim, NodeInfo]] = {}
+        self._keys: dict[str, bytes] = {}
 
     def _aged(self, info: NodeInfo) -> NodeInfo:
         return replace(info, age_s=max(0.0, self._clock() - info.heartbeat_at))
@@ -208,6 +219,10 @@ class LocalMembership(Membership):
     def nodes(self, cluster: str) -> list[NodeInfo]:
         with self._lock:
             return [self._aged(info) for (c, _), (_, info) in sorted(self._rows.items()) if c == cluster]
+
+    def cluster_key(self, cluster: str) -> bytes:
+        with self._lock:
+            return self._keys.setdefault(cluster, secrets.token_bytes(32))
 
 
 #: The PostgreSQL table (created by schema version 2 of :mod:`._pgschema`).
@@ -282,6 +297,12 @@ class PgMembership(Membership):
         return bool(self._x(
             "UPDATE nodes SET state = 'left' WHERE cluster = %s AND node_id = %s AND incarnation = %s"
             " AND state = 'up' RETURNING 1", (claim.cluster, claim.node_id, claim.incarnation)))
+
+    def cluster_key(self, cluster: str) -> bytes:
+        name = f"cluster_key:{cluster}"
+        self._x("INSERT INTO gpufeed_meta (name, value) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING",
+                (name, secrets.token_hex(32)))
+        return bytes.fromhex(self._x("SELECT value FROM gpufeed_meta WHERE name = %s", (name,))[0][0])
 
     def nodes(self, cluster: str) -> list[NodeInfo]:
         return [NodeInfo(*r) for r in self._x(f"SELECT {_COLS} FROM nodes WHERE cluster = %s ORDER BY node_id",

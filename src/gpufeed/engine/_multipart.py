@@ -273,7 +273,9 @@ class Multipart:
         try:
             sfd = os.open(self._files.part_path(upload_id, rec.file), _OPEN_READ)
         except FileNotFoundError as exc:
-            raise InvalidPart(f"part {number} was replaced or removed meanwhile", part_number=number) from exc
+            raise InvalidPart(f"part {number} is not in this node's data folder: it was replaced or removed "
+                              "meanwhile, or (in a cluster) another node received it; complete an upload "
+                              "through the node that received its parts", part_number=number) from exc
         try:
             if pw.write_from_fd(sfd, 0, size) != size:
                 raise InternalError(f"part file {rec.file} of upload {upload_id} is short")

@@ -43,7 +43,7 @@ PAGE_ROWS = 1024
 #: The columns of a version after its key, in :meth:`PgReads._info` order.
 VERSION_COLS = ("size, etag, last_modified, content_type, metadata, checksums, blob_id, headers,"
                 " version_id, seq, lock_mode, lock_until, legal_hold, tags")
-CHUNK_COLS = "chunk_id, file, file_offset, stored, size, codec, digest, sums, domain, sum_kind"
+CHUNK_COLS = "chunk_id, file, file_offset, stored, size, codec, digest, sums, domain, sum_kind, holder"
 _BUCKET_SQL = ("SELECT name, created, kind, capacity_bytes, ttl_s, versioning, object_lock, lock_mode,"
                " lock_days, lock_years, owner, etag_policy FROM buckets")
 _NONCURRENT_COLS = f"key, {VERSION_COLS}, delete_marker, latest"
@@ -117,14 +117,17 @@ def _completed(row: tuple) -> CompletedUpload:
 
 
 def _chunk(row: tuple) -> ChunkRecord:
-    cid, file, off, stored, size, codec, digest, sums, domain, kind = row
-    return ChunkRecord(cid, file, off, stored, size, codec, bytes(digest), bytes(sums), domain, kind)
+    cid, file, off, stored, size, codec, digest, sums, domain, kind, holder = row
+    return ChunkRecord(cid, file, off, stored, size, codec, bytes(digest), bytes(sums), domain, kind, holder)
 
 
 class PgReads:
     """Every read of the catalog interface, over :meth:`_rows`."""
 
     _blob_path: Callable[[str], str]
+    #: The node id new chunks are recorded as held by, and whose files
+    #: :meth:`data_files` lists (the data folder's id; ``""`` without one).
+    _holder: str = ""
 
     def _rows(self, sql: str, args: tuple = ()) -> list[tuple]:
         """Run one statement; its rows."""
@@ -354,7 +357,8 @@ class PgReads:
     def manifest(self, blob_id: str) -> tuple[int, list[ChunkRecord]] | None:
         rows = self._rows(
             "SELECT m.size, c.chunk_id, c.file, c.file_offset, c.stored, c.size, c.codec, c.digest, c.sums,"
-            " c.domain, c.sum_kind FROM manifests AS m LEFT JOIN manifest_chunks AS mc ON mc.blob_id = m.blob_id"
+            " c.domain, c.sum_kind, c.holder"
+            " FROM manifests AS m LEFT JOIN manifest_chunks AS mc ON mc.blob_id = m.blob_id"
             " LEFT JOIN chunks AS c ON c.chunk_id = mc.chunk_id WHERE m.blob_id = %s ORDER BY mc.seq", (blob_id,))
         if not rows:
             return None
@@ -389,7 +393,10 @@ class PgReads:
             " AND blob_id NOT IN (SELECT blob_id FROM snapshot_blobs)")]
 
     def data_files(self) -> set[str]:
-        return {r[0] for r in self._rows("SELECT DISTINCT file FROM chunks")}
+        return {r[0] for r in self._rows("SELECT DISTINCT file FROM chunks WHERE holder = %s", (self._holder,))}
+
+    def unheld_files(self) -> set[str]:
+        return {r[0] for r in self._rows("SELECT DISTINCT file FROM chunks WHERE holder = ''")}
 
     def file_chunks(self, file: str) -> list[str]:
         return [r[0] for r in self._rows("SELECT chunk_id FROM chunks WHERE file = %s ORDER BY chunk_id", (file,))]

@@ -38,7 +38,7 @@ __all__ = ["SCHEMA_VERSION", "MIGRATIONS", "META_TABLE", "migrate", "claim_owner
 #: Bumped when the schema changes; stored in ``gpufeed_meta`` as
 #: ``schema_version``. An older catalog is brought up to this one on open
 #: (:data:`MIGRATIONS`); a newer one is refused.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 META_TABLE = """
 CREATE TABLE IF NOT EXISTS gpufeed_meta (
@@ -206,12 +206,20 @@ _VERSION_1 = [
     refs    BIGINT NOT NULL)""",
 ]
 
+#: Version 3: ``chunks.holder``, the node id whose data folder holds the
+#: chunk's data file (``''``: not recorded; see :class:`~._postgres.PostgresCatalog`).
+_VERSION_3 = [
+    "ALTER TABLE chunks ADD COLUMN IF NOT EXISTS holder TEXT COLLATE \"C\" NOT NULL DEFAULT ''",
+    "CREATE INDEX IF NOT EXISTS chunks_by_holder ON chunks (holder, file)",
+]
+
 #: ``version -> statements`` that take a catalog of version ``version - 1`` to
 #: ``version``. Each statement is idempotent (``IF NOT EXISTS``). Append a step
 #: when bumping :data:`SCHEMA_VERSION`.
 MIGRATIONS: dict[int, list[str]] = {
     1: _VERSION_1,
     2: [NODES_TABLE],  # cluster membership (:mod:`._membership`)
+    3: _VERSION_3,  # which node holds each chunk's data file
 }
 
 #: ``(sql, args) -> rows``: how these functions run a statement (the caller's

@@ -55,6 +55,8 @@ def _version_values(info: ObjectInfo) -> tuple:
 class PgWrites:
     """Every write of the catalog interface but ``on_commit``."""
 
+    _holder: str = ""
+
     if TYPE_CHECKING:
         def _rows(self, sql: str, args: tuple = ()) -> list[tuple]:
             """Run one statement; its rows (the writer class's)."""
@@ -271,12 +273,12 @@ class PgWrites:
     def insert_chunk(self, record: ChunkRecord, refs: int, bucket: str = "") -> None:
         r = record
         self._count(f"WITH c AS (INSERT INTO chunks ({CHUNK_COLS}, refs, bucket)"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING stored)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING stored)"
                     " INSERT INTO chunk_usage (bucket, stored, chunks) SELECT %s, stored, 1 FROM c"
                     " ON CONFLICT (bucket) DO UPDATE SET stored = chunk_usage.stored + excluded.stored,"
                     " chunks = chunk_usage.chunks + excluded.chunks",
                     (r.chunk_id, r.file, r.file_offset, r.stored, r.size, r.codec, r.digest, r.sums, r.domain,
-                     r.sum_kind, refs, bucket, bucket))
+                     r.sum_kind, r.holder or self._holder, refs, bucket, bucket))
 
     def add_chunk_refs(self, chunk_id: str, n: int) -> bool:
         return self._count("UPDATE chunks SET refs = refs + %s WHERE chunk_id = %s", (n, chunk_id)) == 1
@@ -313,8 +315,9 @@ class PgWrites:
             return None
         r = record
         self._count("UPDATE chunks SET file = %s, file_offset = %s, stored = %s, codec = %s, sums = %s,"
-                    " sum_kind = %s WHERE chunk_id = %s",
-                    (r.file, r.file_offset, r.stored, r.codec, r.sums, r.sum_kind, chunk_id))
+                    " sum_kind = %s, holder = %s WHERE chunk_id = %s",
+                    (r.file, r.file_offset, r.stored, r.codec, r.sums, r.sum_kind, r.holder or self._holder,
+                     chunk_id))
         self._count("DELETE FROM damaged_chunks WHERE chunk_id = %s", (chunk_id,))
         return rows[0][0]
 

@@ -89,10 +89,12 @@ def _no_path(blob_id: str) -> str:
 class _View(PgReads, CatalogReader):
     """Reads over one connection (a snapshot's, or the write transaction's)."""
 
-    def __init__(self, conn: psycopg.Connection, blob_path: Callable[[str], str], fail: Callable) -> None:
+    def __init__(self, conn: psycopg.Connection, blob_path: Callable[[str], str], fail: Callable,
+                 holder: str = "") -> None:
         self._c = conn
         self._blob_path = blob_path
         self._fail = fail
+        self._holder = holder
 
     def _rows(self, sql: str, args: tuple = ()) -> list[tuple]:
         try:
@@ -106,8 +108,8 @@ class _Writer(PgWrites, _View, CatalogWriter):
     """The open write transaction of a :class:`PostgresCatalog`."""
 
     def __init__(self, conn: psycopg.Connection, blob_path: Callable[[str], str], fail: Callable,
-                 hooks: list[Callable[[], None]]) -> None:
-        super().__init__(conn, blob_path, fail)
+                 hooks: list[Callable[[], None]], holder: str = "") -> None:
+        super().__init__(conn, blob_path, fail, holder)
         self._hooks = hooks
 
     def _count(self, sql: str, args: tuple = ()) -> int:
@@ -158,6 +160,12 @@ class PostgresCatalog(PgReads, Catalog):
             the writer lock, which the server would otherwise keep until its TCP
             keepalive gives up (hours by default). The sessions also ask the
             server for TCP keepalives every 30 s.
+        holder: the node id of the data folder this process serves: new chunks
+            are recorded as held by it, and :meth:`data_files` lists its files
+            only. Rows with no holder (written before holders were recorded) are
+            given ``holder`` at open when ``owner`` is ``"node:..."`` (one node holds
+            everything); in a cluster, each node claims those whose files it finds
+            (:meth:`claim_files`).
 
     Raises:
         CatalogUnavailable: the database cannot be reached (the message names
@@ -170,12 +178,14 @@ class PostgresCatalog(PgReads, Catalog):
 
     def __init__(self, dsn: str, *, blob_path: Callable[[str], str] = _no_path, owner: str | None = None,
                  data_present: Callable[[], bool] = lambda: False, pool_size: int = 8,
-                 pool_timeout_s: float = 5.0, idle_tx_s: float = 120.0) -> None:
+                 pool_timeout_s: float = 5.0, idle_tx_s: float = 120.0,
+                 holder: str = "") -> None:
         if pool_size < 2:
             raise ValueError("the catalog's pool needs at least 2 connections")
         if pool_timeout_s <= 0 or idle_tx_s <= 0:
             raise ValueError("the catalog's timeouts must be > 0 seconds")
         self._blob_path = blob_path
+        self._holder = holder
         self.where = redact(dsn)
         self._wlock = threading.Lock()
         self._lock_timeout_s = pool_timeout_s
@@ -242,6 +252,8 @@ class PostgresCatalog(PgReads, Catalog):
                         migrate(view._rows, self.where)
                         if owner is not None:
                             claim_owner(view._rows, owner, self.where, data_present=data_present)
+                        if owner is not None and owner.startswith("node:") and self._holder:
+                            view._rows("UPDATE chunks SET holder = %s WHERE holder = ''", (self._holder,))
                     break
                 except psycopg.errors.UniqueViolation:
                     if attempt == 2:
@@ -324,7 +336,7 @@ class PostgresCatalog(PgReads, Catalog):
     def snapshot(self) -> Iterator[CatalogReader]:
         """A ``REPEATABLE READ READ ONLY`` transaction: every read inside sees one committed state."""
         with self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "a snapshot") as conn:
-            yield _View(conn, self._blob_path, self._fail)
+            yield _View(conn, self._blob_path, self._fail, self._holder)
 
     @contextmanager
     def write(self) -> Iterator[CatalogWriter]:
@@ -344,7 +356,7 @@ class PostgresCatalog(PgReads, Catalog):
             with self._transaction(f"BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = "
                                    f"{max(1, round(self._lock_timeout_s * 1000))}; {WRITER_LOCK_SQL}",
                                    "a write") as conn:
-                yield _Writer(conn, self._blob_path, self._fail, hooks)
+                yield _Writer(conn, self._blob_path, self._fail, hooks, self._holder)
             for fn in hooks:
                 fn()
 
@@ -352,6 +364,20 @@ class PostgresCatalog(PgReads, Catalog):
     def membership(self) -> Membership:
         """The clusters' members, in the ``nodes`` table (:class:`~._membership.PgMembership`)."""
         return PgMembership(self._rows)
+
+    @property
+    def holder(self) -> str:
+        """The node id this catalog records new chunks as held by (see ``holder`` above)."""
+        return self._holder
+
+    def claim_files(self, files: set[str]) -> int:
+        """Record this node as the holder of the data files ``files`` whose chunks
+        have no holder (it found them in its folder). Returns the chunks claimed."""
+        if not files or not self._holder:
+            return 0
+        got = self._rows("UPDATE chunks SET holder = %s WHERE holder = '' AND file = ANY(%s) RETURNING chunk_id",
+                         (self._holder, sorted(files)))
+        return len(got)
 
     def owner(self) -> str:
         """The deployment recorded as the catalog's owner (``"cluster:NAME"``,

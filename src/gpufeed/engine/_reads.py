@@ -10,6 +10,9 @@ the chunk store.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from ..errors import DamagedObject, InternalError, InvalidArgument, InvalidRequestError, NoSuchKey
@@ -18,7 +21,9 @@ from ._blobs import BlobFiles
 from ._chunkreads import ChunkDamage, Manifest
 from ._chunks import ChunkStore
 from ._handles import ObjectHandle
+from ._remote import FetchChunk
 from ._writes import as_bytes_view
+from .catalog import Catalog
 from .types import ChunkRecord, ObjectInfo
 
 __all__ = ["ObjectReads"]
@@ -31,6 +36,7 @@ class ObjectReads:
 
     _files: BlobFiles
     _chunks: ChunkStore
+    _cat: Catalog
     if TYPE_CHECKING:
         def head_object(self, bucket: str, key: str, version_id: str | None = None, *,
                         snapshot: str | None = None) -> ObjectInfo:
@@ -91,6 +97,46 @@ class ObjectReads:
             return ObjectHandle(info, m, verify, self._files.open_files, store)
         except FileNotFoundError:  # NoSuchKey: freed between the lookup and the open
             return None
+
+    def use_peers(self, fetch: FetchChunk | None) -> None:
+        """Read chunks that other nodes of the cluster hold through ``fetch``
+        (:mod:`._remote`; ``None``: such reads fail with HolderUnavailable)."""
+        self._chunks.remote = fetch
+
+    @contextmanager
+    def held_chunk(self, chunk_id: str) -> Iterator[tuple[int, int, int]]:
+        """The stored bytes of a chunk whose data file this node holds, as
+        ``(fd, file_offset, stored)`` (the descriptor is this node's shared one:
+        never close it; it stays valid until the block ends). Unchecked: the
+        asker checks them against the block sums its catalog holds.
+
+        Raises:
+            NoSuchKey: no chunk ``chunk_id`` (freed meanwhile).
+            InvalidArgument: another node holds it.
+            DamagedObject: its data file is missing or shorter than the chunk
+                (the chunk is marked damaged here, its holder).
+        """
+        store = self._chunks
+        c = self._cat.chunk(chunk_id)
+        if c is None:
+            raise NoSuchKey(f"no chunk {chunk_id} (it was freed)")
+        if store.held_elsewhere(c):
+            raise InvalidArgument(f"chunk {chunk_id} is held by node {c.holder}, not by this node")
+        try:
+            f = self._files.open_files.acquire(c.file, store.file_path(c.file))
+        except FileNotFoundError:
+            store.report_damage(chunk_id, "data file is missing")
+            raise DamagedObject(f"chunk {chunk_id}: its data file is missing on its holder",
+                                chunk=chunk_id) from None
+        try:
+            size = os.fstat(f.fd).st_size
+            if c.file_offset + c.stored > size:
+                reason = f"data file has {size} bytes, the chunk needs {c.file_offset + c.stored}"
+                store.report_damage(chunk_id, reason)
+                raise DamagedObject(f"chunk {chunk_id} on its holder: {reason}", chunk=chunk_id)
+            yield f.fd, c.file_offset, c.stored
+        finally:
+            self._files.open_files.release(f)
 
     def open_files(self) -> int:
         """Data-file descriptors the engine holds open now (cached or in use)."""

@@ -5,7 +5,9 @@ chunk's data must also match its digest), at a bounded rate.
 Damaged and missing chunks are marked in the catalog (reads of them fail at
 once with :class:`~gpufeed.errors.DamagedObject`) and reported with the object
 versions that use them; a chunk marked damaged that now checks out is
-cleared. Data files no chunk names are reported as orphans (they are deleted
+cleared. On a cluster node (a catalog shared through PostgreSQL) only the
+chunks whose data files this node holds are checked
+(:attr:`~.types.ChunkRecord.holder`). Data files no chunk names are reported as orphans (they are deleted
 at the next start; scrub never deletes, because a write in progress publishes
 its files before its commit). Repair from a replica needs a second node.
 """
@@ -28,7 +30,7 @@ from ._private import FILE_MODE
 from .catalog import Catalog
 from .types import ChunkRecord
 
-__all__ = ["ScrubReport", "ScrubRunner", "scrub", "check_chunk"]
+__all__ = ["ScrubReport", "ScrubRunner", "scrub", "check_chunk", "check_chunk_fd"]
 
 log = logging.getLogger("gpufeed.engine")
 
@@ -67,13 +69,23 @@ class ScrubReport:
 
 
 def check_chunk(store: ChunkStore, c: ChunkRecord) -> str | None:
-    """Read and check one chunk the way a read does (:func:`._chunkreads.run_step`,
-    raw data in 8 MiB steps through one buffer); a shared chunk's data must also
-    match its digest. Returns ``None`` when good, else the reason."""
+    """Read and check one chunk the way a read does (:func:`check_chunk_fd`).
+    Returns ``None`` when good, else the reason."""
     try:
         fd = os.open(store.file_path(c.file), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return "data file is missing"
+    try:
+        return check_chunk_fd(fd, c)
+    finally:
+        os.close(fd)
+
+
+def check_chunk_fd(fd: int, c: ChunkRecord) -> str | None:
+    """Check chunk ``c`` in the open data file ``fd`` the way a read does
+    (:func:`._chunkreads.run_step`, raw data in 8 MiB steps through one buffer);
+    a shared chunk's data must also match its digest. Returns ``None`` when
+    good, else the reason."""
     try:
         size = os.fstat(fd).st_size
         if c.file_offset + c.stored > size:
@@ -92,13 +104,11 @@ def check_chunk(store: ChunkStore, c: ChunkRecord) -> str | None:
         return exc.reason
     except OSError as exc:
         return f"read failed: {exc}"
-    finally:
-        os.close(fd)
 
 
 def scrub(store: ChunkStore, catalog: Catalog, *, rate_bytes_s: float = 0, stop: threading.Event | None = None,
           progress: Callable[[int, int], None] | None = None) -> ScrubReport:
-    """Check every chunk once.
+    """Check every chunk this node holds once.
 
     Args:
         store: the engine's chunk store.
@@ -120,6 +130,8 @@ def scrub(store: ChunkStore, catalog: Catalog, *, rate_bytes_s: float = 0, stop:
             if stop is not None and stop.is_set():
                 rep.seconds = time.monotonic() - t0
                 return rep
+            if c.holder != catalog.holder:
+                continue  # another node's data file (or none recorded): its holder scrubs it
             reason = check_chunk(store, c)
             rep.chunks += 1
             rep.bytes += c.stored

@@ -334,7 +334,14 @@ class CatalogReader(ABC):
 
     @abstractmethod
     def data_files(self) -> set[str]:
-        """Ids of every data file a chunk lives in."""
+        """Ids of every data file a chunk lives in that this node holds (every one
+        in SQLite; in a catalog shared by a cluster, those whose chunks name this
+        node as their :attr:`~.types.ChunkRecord.holder`)."""
+
+    def unheld_files(self) -> set[str]:
+        """Ids of data files whose chunks name no holder (a shared catalog's rows
+        written before holders were recorded); empty where one node holds all."""
+        return set()
 
     @abstractmethod
     def file_chunks(self, file: str) -> list[str]:
@@ -618,6 +625,17 @@ class Catalog(CatalogReader):
     @abstractmethod
     def close(self) -> None:
         """Release the database; idempotent. Later calls raise ``InternalError``."""
+
+    @property
+    def holder(self) -> str:
+        """The node id new chunks are recorded as held by; ``""`` where one node
+        holds every data file (SQLite)."""
+        return ""
+
+    def claim_files(self, files: set[str]) -> int:
+        """Record this node as the holder of ``files`` among :meth:`unheld_files`
+        (found in its folder). Returns the chunks claimed."""
+        return 0
 
     @cached_property
     def membership(self) -> Membership:

@@ -189,7 +189,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         #: ``"uploads"``, ``"parts"``), versions adopted from one-file-per-version data
         #: (``"adopted"``, ``"missing"``), manifests no version named (``"orphan_manifests"``)
         #: and data files the catalog names that are not on disk (``"missing_files"``,
-        #: their chunks marked damaged).
+        #: their chunks marked damaged); on a cluster's catalog with rows that name no
+        #: holder, the data files found here and claimed for this node (``"claimed_files"``).
         self._chunks = ChunkStore(self._files, self._cat, capacity_bytes)
         self._files.release = self._chunks.release
         self.recovered = self._recover()
@@ -205,9 +206,12 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
     def _recover(self) -> dict[str, int]:
         counts = self._chunks.recover()
         live = self._cat.live_files()
-        data = self._cat.data_files()
+        data = self._cat.data_files()  # the files this node holds
+        unheld = self._cat.unheld_files()  # no holder recorded: kept, and claimed when found here
         present: set[str] = set()
-        counts.update(self._files.sweep(data, live.parts, present=present))
+        counts.update(self._files.sweep(data | unheld, live.parts, present=present))
+        if unheld:
+            counts["claimed_files"] = self._cat.claim_files(present & unheld)
         counts["missing_files"] = self._chunks.mark_missing(data - present)
         return counts
 

@@ -364,6 +364,10 @@ class ChunkRecord:
             each); see :mod:`gpufeed.engine._blocksums`.
         domain: dedup domain (the owning tenant) of a shared chunk, else ``None``.
         sum_kind: the format of ``sums``.
+        holder: the node id whose data folder holds the data file (a PostgreSQL
+            catalog shared by a cluster's nodes records it; ``""`` in SQLite,
+            where one node holds every file, and for rows written before holders
+            were recorded).
     """
 
     chunk_id: str
@@ -376,6 +380,7 @@ class ChunkRecord:
     sums: bytes
     domain: str | None = None
     sum_kind: int = 1
+    holder: str = ""
 
 
 #: Chunk size of a bucket's data unless it asks otherwise, bytes.

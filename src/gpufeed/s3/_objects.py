@@ -28,6 +28,7 @@ from ..errors import (
     MalformedXML,
     NoSuchKey,
     PreconditionFailed,
+    ServiceUnavailable,
 )
 from ._attributes import parse_part_number, part_range
 from ._context import HandlerTable, S3Request, Services
@@ -150,9 +151,9 @@ class _SendfileResponse(_ObjectResponse):
                     break
                 try:
                     pieces = await ahead
-                except DamagedObject:
+                except (DamagedObject, ServiceUnavailable) as exc:
                     transport.abort()  # headers are out: fail the body, never send bad bytes
-                    raise ConnectionResetError("object data failed its check") from None
+                    raise ConnectionResetError(f"object data failed its check or its holder: {exc}") from None
                 checked += sum(len(p) if isinstance(p, memoryview) else p[2] for p in pieces)
             await super().write_eof()
             return writer

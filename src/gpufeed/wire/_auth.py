@@ -7,22 +7,34 @@ checked against the engine's access decision (:meth:`gpufeed.engine.Engine.autho
 as the key's tenant, and the key itself is looked up again on every op (a dict
 lookup in the engine's key cache), so a revoked key stops working on open
 connections at their next op.
+
+Cluster peers: a node of a cluster authenticates to another with its node key
+(access key id ``PEER_KEY_PREFIX + node id``, secret derived from the
+cluster's key in the shared catalog, :mod:`gpufeed._peers`). Such a
+connection acts as :data:`PEER_TENANT`, which owns no bucket: it may send
+CHUNK and nothing that names a bucket, and CHUNK is refused to every other
+key. The S3 front never accepts node keys.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..engine import KeyRing
 from ..errors import InvalidAccessKeyId, InvalidArgument, SignatureDoesNotMatch
 from . import protocol as p
 
-__all__ = ["Principal", "Authenticator", "MIN_CLIENT_NONCE", "MAX_CLIENT_NONCE"]
+__all__ = ["Principal", "Authenticator", "MIN_CLIENT_NONCE", "MAX_CLIENT_NONCE", "PEER_KEY_PREFIX", "PEER_TENANT"]
 
 #: Bounds of an AUTH request's client nonce, bytes.
 MIN_CLIENT_NONCE = 16
 MAX_CLIENT_NONCE = 64
+#: Access key ids of cluster nodes start with this (no S3 access key does: ids are letters and digits).
+PEER_KEY_PREFIX = "gfnode:"
+#: The tenant a cluster peer's connection acts as (not a valid tenant name, so no tenant can be it).
+PEER_TENANT = "@cluster"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +57,19 @@ class Authenticator:
 
     Args:
         keys: the node's access keys.
+        peers: ``peers(access_key) -> secret`` of a cluster peer's node key
+            (``None``: unknown); ``None``: the node is in no cluster.
     """
 
-    def __init__(self, keys: KeyRing) -> None:
+    def __init__(self, keys: KeyRing, peers: Callable[[str], str | None] | None = None) -> None:
         self.keys = keys
+        self.peers = peers
+
+    def _lookup(self, access_key: str) -> tuple[str, str] | None:
+        if access_key.startswith(PEER_KEY_PREFIX):
+            secret = self.peers(access_key) if self.peers is not None else None
+            return None if secret is None else (PEER_TENANT, secret)
+        return self.keys.lookup(access_key)
 
     def authenticate(self, transport: str, server_nonce: bytes,
                      req: p.Auth) -> tuple[Principal, p.AuthReply]:
@@ -71,7 +92,7 @@ class Authenticator:
         if not MIN_CLIENT_NONCE <= len(req.client_nonce) <= MAX_CLIENT_NONCE:
             raise InvalidArgument(f"an AUTH client nonce must be {MIN_CLIENT_NONCE} to "
                                   f"{MAX_CLIENT_NONCE} bytes, not {len(req.client_nonce)}")
-        found = self.keys.lookup(req.access_key)
+        found = self._lookup(req.access_key)
         if found is None:
             raise InvalidAccessKeyId("The access key Id you provided does not exist in our records.")
         tenant, secret = found
@@ -81,7 +102,8 @@ class Authenticator:
             raise SignatureDoesNotMatch("The AUTH proof does not match the one computed with the "
                                         "access key's secret. Check your secret key.")
         mine = p.auth_proof(key, "server", transport, req.access_key, server_nonce, req.client_nonce)
-        principal = Principal(req.access_key, tenant, self.keys.revocable(req.access_key))
+        revocable = tenant != PEER_TENANT and self.keys.revocable(req.access_key)
+        principal = Principal(req.access_key, tenant, revocable)
         return principal, p.AuthReply(tenant, mine)
 
     def still_valid(self, principal: Principal) -> bool:

@@ -55,7 +55,7 @@ INLINE_BYTES = 256 << 10  # 256 KiB
 SMALL_ITEM_BYTES = 16 << 10  # 16 KiB
 SMALL_GETV_BYTES = 1 << 20  # 1 MiB
 #: Ops that move object data (and may touch the client's shared memory).
-_DATA_OPS = (p.Op.GET, p.Op.GETV, p.Op.PUT)
+_DATA_OPS = (p.Op.GET, p.Op.GETV, p.Op.PUT, p.Op.CHUNK)
 #: Ops served before a connection has authenticated.
 _OPEN_OPS = (p.Op.HELLO, p.Op.AUTH)
 

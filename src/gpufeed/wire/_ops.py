@@ -24,6 +24,7 @@ from ..engine import ChunkDamage, Engine, ObjectHandle, ObjectInfo
 from ..errors import AccessDenied, GpufeedError, InvalidArgument, InvalidRange, ProtocolError
 from ..store import OffsetByteRequest, RangeByteRequest, resolve_range
 from . import protocol as p
+from ._auth import PEER_TENANT
 from ._conn import Connection, Handler
 from ._lending import Lending
 from ._mapping import send_map
@@ -85,6 +86,7 @@ class Ops:
             p.Op.BUCKET_STATS: self.bucket_stats,
             p.Op.MAP: self.map,
             p.Op.MAP_EXTENTS: self.map_extents,
+            p.Op.CHUNK: self.chunk,
         }
 
     # --- session and memory --------------------------------------------------------
@@ -104,7 +106,7 @@ class Ops:
             AccessDenied: it may not (the message names nothing).
         """
         who = conn.principal
-        if who is None:  # dispatch serves no such op before AUTH
+        if who is None or who.tenant == PEER_TENANT:  # dispatch serves no such op before AUTH
             raise AccessDenied("Access Denied")
         self.engine.authorize(who.tenant, action, bucket, key, access_key=who.access_key,
                               source_ip=conn.source_ip, prefix=prefix)
@@ -170,6 +172,15 @@ class Ops:
             send_map(conn, op, rid, h.info.size, h.info.etag, h.file_extents())
         finally:
             h.close()
+
+    def chunk(self, conn: Connection, rid: int, req: p.ChunkReq) -> None:
+        """A chunk's stored bytes, by ``sendfile``, to a cluster peer (only a
+        connection authenticated with a node key may ask; the asker checks them)."""
+        who = conn.principal
+        if who is None or who.tenant != PEER_TENANT:
+            raise AccessDenied("CHUNK is served to the nodes of this node's cluster only")
+        with self.engine.held_chunk(req.chunk_id) as (fd, offset, stored):
+            conn.reply_with_files(p.Op.CHUNK, rid, p.ChunkReply(stored), [(fd, offset, stored)] if stored else [])
 
     def get(self, conn: Connection, rid: int, req: p.Get) -> None:
         """One range of an object version, checked against its block sums before

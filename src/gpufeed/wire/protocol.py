@@ -49,7 +49,8 @@ __all__ = [
     "Get", "GetV", "Put", "Delete", "DeleteResult", "FIRST_FORM_FIELDS", "error_from_reply",
     "List", "BucketReq", "Empty", "ObjectMeta", "GetReply", "GetVReply", "ListReply",
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
-    "close_fds", "ListEntry", "MapReply", "decode", "Auth", "AuthReply", "auth_key", "auth_proof",
+    "close_fds", "ListEntry", "MapReply", "decode", "Auth", "AuthReply", "auth_key", "auth_proof", "ChunkReq",
+    "ChunkReply",
     "AUTH_LABEL", "NONCE_BYTES", "MapExtentsReply", "FDS_PER_MESSAGE",
 ]
 
@@ -86,6 +87,7 @@ class Op(IntEnum):
     BUCKET_STATS = 19
     MAP = 20  # shm only: the object's read-only data file travels with the reply (SCM_RIGHTS)
     MAP_EXTENTS = 21  # shm only: the object's data files travel with the reply and its payload
+    CHUNK = 22  # cluster peers only: a chunk's stored bytes, from the node that holds its data file
 
 
 # --- metadata structs (msgpack arrays, field order is the wire order) -----------
@@ -362,6 +364,21 @@ class BucketStats(msgspec.Struct, array_like=True, frozen=True):
     data: dict[str, Any] | None = None
 
 
+class ChunkReq(msgspec.Struct, array_like=True, frozen=True):
+    """CHUNK: the stored bytes of chunk ``chunk_id`` (asked by a cluster peer
+    authenticated with its node key; see ``docs/cluster.md``)."""
+
+    chunk_id: str
+
+
+class ChunkReply(msgspec.Struct, array_like=True, frozen=True):
+    """The chunk's stored bytes follow as the payload: ``stored`` bytes, exactly
+    as its data file holds them (compressed chunks stay compressed), unchecked:
+    the asking node checks them against the block sums its catalog holds."""
+
+    stored: int
+
+
 class ErrorReply(msgspec.Struct, array_like=True, frozen=True):
     """An error: S3's ``code`` and a ``message``. ``delete_marker``: the key's
     latest version (NoSuchKey), or the version named (MethodNotAllowed), is a
@@ -378,7 +395,7 @@ REQUEST_TYPES: dict[int, type] = {
     Op.GET: Get, Op.GETV: GetV, Op.PUT: Put, Op.DELETE: Delete, Op.LIST: List,
     Op.CREATE_BUCKET: BucketReq, Op.LIST_BUCKETS: Empty, Op.DELETE_BUCKET: BucketReq,
     Op.BUCKET_STATS: BucketReq, Op.ALLOC_REGION: AllocRegion, Op.FORKED: Empty,
-    Op.MAP: Head, Op.MAP_EXTENTS: Head, Op.AUTH: Auth,
+    Op.MAP: Head, Op.MAP_EXTENTS: Head, Op.AUTH: Auth, Op.CHUNK: ChunkReq,
 }
 REPLY_TYPES: dict[int, type] = {
     Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
@@ -386,6 +403,7 @@ REPLY_TYPES: dict[int, type] = {
     Op.LIST: ListReply, Op.CREATE_BUCKET: Empty, Op.LIST_BUCKETS: BucketsReply,
     Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats, Op.ALLOC_REGION: AllocRegionReply,
     Op.FORKED: Empty, Op.MAP: MapReply, Op.MAP_EXTENTS: MapExtentsReply, Op.AUTH: AuthReply,
+    Op.CHUNK: ChunkReply,
 }
 
 #: Messages that gained trailing fields after their first form: type -> number
