@@ -22,12 +22,14 @@ import hashlib
 import json
 import os
 import random
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 from gpufeed.admin import RemoteAdmin
+from gpufeed.bench.io import machine_info
 from gpufeed.replication import CHUNK_BYTES
 from gpufeed.testing.node import NodeProcess, start_node
 
@@ -118,7 +120,9 @@ def main() -> None:
             for node in nodes.values():
                 node.stop()
     chunks = args.objects * -(-(total // args.objects) // CHUNK_BYTES)
-    report = {"bytes": total, "objects": args.objects, "chunks": chunks, "cycles": cycles, "last_round": last,
+    report = {"command": "python scripts/replication_kill9.py " + " ".join(sys.argv[1:]),
+              "machine": machine_info(), "bytes": total, "objects": args.objects, "chunks": chunks,
+              "cycles": cycles, "last_round": last,
               "chunks_sent": status["chunks_sent"], "chunks_received": replica["chunks_received"],
               "duplicate_chunks": replica["duplicate_chunks"], "bit_identical": identical}
     print(f"{total} bytes, {chunks} chunks, {args.cycles} kill -9 cycles: bit-identical {identical}, "
