@@ -49,11 +49,12 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from ..engine._membership import cluster_report
-from ..errors import AccessDenied, GpufeedError, InvalidArgument, MalformedXML, MethodNotAllowed, NoSuchKey
+from ..errors import AccessDenied, GpufeedError, InvalidArgument, MethodNotAllowed, NoSuchKey
 from ._admin_replication import is_replication_call, replication_call
 from ._admin_snapshots import is_snapshot_call, snapshot_call
 from ._auth import AuthResult
 from ._context import Services
+from ._jsonbody import read_json_object
 from ._router import Target
 from ._server import ERROR_CODE
 
@@ -120,15 +121,12 @@ async def handle_admin(s: Services, request: web.BaseRequest, target: Target, au
         return _json({"error": exc.code, "message": exc.message}, exc.status)
 
 
+#: Most bytes of an admin call's JSON body (snapshots, scrub, tenants, keys).
+_BODY_LIMIT = 64 << 10  # 64 KiB
+
+
 async def _body(request: web.BaseRequest) -> dict:
-    raw = await request.content.read(64 << 10)
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError as exc:
-        raise MalformedXML("the admin request body is not JSON") from exc
-    if not isinstance(body, dict):
-        raise MalformedXML("the admin request body is not a JSON object")
-    return body
+    return await read_json_object(request, _BODY_LIMIT)
 
 
 async def _dispatch(s: Services, request: web.BaseRequest, target: Target) -> web.Response:

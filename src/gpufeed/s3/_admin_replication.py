@@ -39,7 +39,6 @@ The replica calls themselves are :mod:`gpufeed.engine._replica`.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -51,12 +50,12 @@ from ..errors import (
     EntityTooLarge,
     IncompleteBody,
     InvalidArgument,
-    MalformedXML,
     MethodNotAllowed,
     MissingContentLength,
     NoSuchBucket,
     NoSuchKey,
 )
+from ._jsonbody import read_json_object
 
 if TYPE_CHECKING:
     from ._context import Services
@@ -73,17 +72,6 @@ def is_replication_call(parts: list[str]) -> bool:
     return bool(parts) and parts[0] in ("replication", "replica")
 
 
-async def _json_body(request: web.BaseRequest, limit: int) -> dict:
-    raw = await request.content.read(limit + 1)
-    if len(raw) > limit:
-        raise EntityTooLarge(f"the admin request body is over {limit} bytes")
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError as exc:
-        raise MalformedXML("the admin request body is not JSON") from exc
-    if not isinstance(body, dict):
-        raise MalformedXML("the admin request body is not a JSON object")
-    return body
 
 
 async def _raw_body(request: web.BaseRequest) -> bytes:
@@ -132,13 +120,13 @@ async def replication_call(s: Services, request: web.BaseRequest, parts: list[st
     method, rest = request.method, parts[2:]
     match rest:
         case [] if method == "PUT":
-            body = await _json_body(request, _SMALL_BODY)
+            body = await read_json_object(request, _SMALL_BODY)
             return await s.call(e.claim_replica, bucket, _text(body.get("source"), "source"),
                                 owner=tenant or DEFAULT_TENANT)
         case [] if method == "GET":
             return await s.call(e.replica_status, bucket)
         case ["lack"] if method == "POST":
-            body = await _json_body(request, MAX_COMMIT_BODY)
+            body = await read_json_object(request, MAX_COMMIT_BODY)
             lack = await s.call(e.replica_lacking, bucket, _text(body.get("source"), "source"),
                                 body.get("digests"))
             return {"lack": lack}
@@ -147,17 +135,17 @@ async def replication_call(s: Services, request: web.BaseRequest, parts: list[st
             new = await s.call(e.replica_put_chunk, bucket, _text(query.get("source"), "source"), digest, data)
             return {"new": new}
         case ["objects"] if method == "POST":
-            b = await _json_body(request, MAX_COMMIT_BODY)
+            b = await read_json_object(request, MAX_COMMIT_BODY)
             return await s.call(lambda: e.replica_commit(
                 bucket, _text(b.get("source"), "source"), _text(b.get("key"), "key"), b.get("chunks"),
                 size=b.get("size"), content_type=b.get("content_type"), metadata=b.get("metadata"),
                 checksums=b.get("checksums"), headers=b.get("headers"), tags=b.get("tags")))
         case ["delete"] if method == "POST":
-            b = await _json_body(request, _SMALL_BODY)
+            b = await read_json_object(request, _SMALL_BODY)
             await s.call(e.replica_delete, bucket, _text(b.get("source"), "source"), _text(b.get("key"), "key"))
             return {}
         case ["round"] if method == "POST":
-            b = await _json_body(request, _SMALL_BODY)
+            b = await read_json_object(request, _SMALL_BODY)
             return await s.call(e.replica_end_round, bucket, _text(b.get("source"), "source"),
                                 b.get("snapshot"), b.get("created"))
         case ["failover"] if method == "POST":
@@ -176,7 +164,7 @@ async def _source_call(s: Services, request: web.BaseRequest, rest: list[str]) -
         case [] if method == "GET":
             return {"rules": await s.call(r.status_all)}
         case [] if method == "POST":
-            b = await _json_body(request, _SMALL_BODY)
+            b = await read_json_object(request, _SMALL_BODY)
             return await s.call(r.add, _text(b.get("bucket"), "bucket"), _text(b.get("target"), "target"),
                                 _text(b.get("target_bucket"), "target_bucket"),
                                 _text(b.get("access_key"), "access_key"), _text(b.get("secret_key"), "secret_key"))
