@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import blake3
 import pytest
@@ -181,3 +182,31 @@ def test_a_new_version_reuses_the_unchanged_chunks_of_the_current_one(node, s3):
         r.commit({"key": "k", "chunks": wrong, "size": 64 << 10})
     assert s3.head_object(Bucket=bucket, Key="k")["ContentLength"] == 2 * (64 << 10) + 1000  # unchanged
     r.close()
+
+
+def test_a_staged_chunk_that_rotted_is_refused_at_commit_and_asked_for_again(node, s3):
+    """A staged chunk damaged on disk before its commit (the target was down
+    between the two, say) never reaches the replica: the commit is refused
+    naming the chunk, the chunk is dropped, lacking asks for it again, and the
+    version commits bit-identical once it is re-sent."""
+    bucket = _name("rot")
+    r = _replica(node, bucket)
+    r.claim()
+    data = os.urandom(200_000)
+    pieces = _chunks(data, 64 << 10)
+    digests = [d for d, _ in pieces]
+    for d, piece in pieces:
+        r.put_chunk(d, piece)
+    staged = Path(node.data_dir) / "replica-staging" / bucket / digests[1]
+    with open(staged, "r+b") as f:
+        f.seek(1000)
+        f.write(b"\xff\xff\xff\xff")
+    with pytest.raises(InvalidRequestError, match=f"{digests[1]}.*damaged"):
+        r.commit({"key": "k", "chunks": digests, "size": len(data)})
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket=bucket, Key="k")
+    assert r.lacking(digests) == [digests[1]]
+    r.put_chunk(*pieces[1])
+    r.commit({"key": "k", "chunks": digests, "size": len(data)})
+    r.close()
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == data

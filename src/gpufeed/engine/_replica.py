@@ -365,8 +365,9 @@ class ReplicaTarget:
 
         Raises:
             NoSuchBucket, InvalidRequestError: no such bucket; not ``source``'s replica;
-                a chunk that is not staged, or bytes of the current version that
-                are not their digest (the message names the chunk; nothing is visible).
+                a chunk that is not staged, a staged chunk or bytes of the current
+                version that are not their digest (a damaged staged chunk is removed,
+                so it is asked for again; the message names the chunk; nothing is visible).
             InvalidArgument: a bad chunk list, or the chunks' bytes are not ``size``.
         """
         if not isinstance(chunks, list) or len(chunks) > MAX_COMMIT_CHUNKS:
@@ -383,12 +384,13 @@ class ReplicaTarget:
         try:
             with self.begin_put(bucket, key) as pw:
                 for d, span in items:
-                    if span is None:
-                        fd = os.open(folder / d, os.O_RDONLY | os.O_CLOEXEC)
-                        try:
-                            pw.write_from_fd(fd, 0, os.fstat(fd).st_size)
-                        finally:
-                            os.close(fd)
+                    if span is None:  # staged: checked again, it may have rotted since it arrived
+                        data = (folder / d).read_bytes()
+                        if blake3.blake3(data).hexdigest() != d:
+                            (folder / d).unlink(missing_ok=True)  # asked for again by the next lacking call
+                            raise InvalidRequestError(f"chunk {d} of {key!r} staged on the target is damaged "
+                                                      "(its bytes are not its digest); send it again")
+                        pw.write(data)
                         continue
                     assert current is not None
                     buf = bytearray(span[1])
