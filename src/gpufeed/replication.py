@@ -456,7 +456,7 @@ class Replicator:
 
     def _delete_snapshot(self, bucket: str, name: str) -> None:
         try:
-            self._engine.delete_snapshot(bucket, name)
+            self._engine.delete_snapshot(bucket, name, replication=True)
         except (NoSuchSnapshot, NoSuchBucket):
             pass
         except GpufeedError as exc:  # object lock keeps it: pruned by hand later

@@ -15,6 +15,7 @@ from gpufeed.errors import (
     AccessDenied,
     BucketNotEmpty,
     InvalidArgument,
+    InvalidRequestError,
     NoSuchBucket,
     NoSuchKey,
     NoSuchSnapshot,
@@ -299,3 +300,15 @@ def test_snapshot_pins_chunked_data_across_restart(tmp_path, policy):
         assert e.get_object(B, "k") == body and e.get_object(B, "same") == body
     finally:
         e.close()
+
+
+def test_a_replication_rules_snapshot_is_deleted_by_its_rule_only(eng):
+    """The base a replication rule diffs against is not deleted by hand (the
+    next round would miss deletes); the rule's own pruning deletes it."""
+    eng.put_object(B, "k", b"v")
+    eng.create_snapshot(B, "auto-repl-1", kind="replication")
+    with pytest.raises(InvalidRequestError, match="replicate remove"):
+        eng.delete_snapshot(B, "auto-repl-1")
+    assert [s.name for s in eng.list_snapshots(B)] == ["auto-repl-1"]
+    eng.delete_snapshot(B, "auto-repl-1", replication=True)
+    assert eng.list_snapshots(B) == []

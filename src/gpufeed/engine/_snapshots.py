@@ -43,6 +43,7 @@ from ..errors import (
     AccessDenied,
     BucketNotEmpty,
     InvalidArgument,
+    InvalidRequestError,
     NoSuchKey,
     NoSuchSnapshot,
     SnapshotAlreadyExists,
@@ -176,22 +177,30 @@ class SnapshotCalls:
         with self._cat.snapshot() as c:
             return require_snapshot(c, bucket, name)
 
-    def delete_snapshot(self, bucket: str, name: str, *, bypass_governance: bool = False) -> None:
+    def delete_snapshot(self, bucket: str, name: str, *, bypass_governance: bool = False,
+                        replication: bool = False) -> None:
         """Delete a snapshot; the data only it held is freed after the commit.
 
         Refused while a version it recorded is still protected by object lock
         (legal hold; retention not yet expired, GOVERNANCE yielding to
-        ``bypass_governance``), looked up on the live version.
+        ``bypass_governance``), looked up on the live version; and for a
+        snapshot of kind ``replication`` (the base a replication rule diffs
+        against) unless ``replication`` (the rule's own pruning).
 
         Raises:
             NoSuchBucket, NoSuchSnapshot: no such bucket or snapshot.
             InvalidArgument: a bad name.
             AccessDenied: it holds a protected version (the message names the key).
+            InvalidRequestError: a replication rule's snapshot.
         """
         check_snapshot_name(name)
         now = time.time()
         with self._cat.write() as w:
             snap = require_snapshot(w, bucket, name)
+            if snap.kind == "replication" and not replication:
+                raise InvalidRequestError(f"snapshot {name!r} of {bucket!r} belongs to its replication rule (the "
+                                          "base its next round diffs against); 'gpufeed replicate remove "
+                                          f"{bucket}' removes the rule and its snapshots")
             if require_bucket(w, bucket).object_lock:
                 self._check_snapshot_unlocked(w, snap, now, bypass_governance)
             freed = releasable(w, w.delete_snapshot(bucket, name))
