@@ -292,3 +292,27 @@ def test_a_round_cut_by_a_killed_source_resumes_after_its_restart(tmp_path):
     finally:
         for n in (source, target):
             n.stop()
+
+
+def test_adding_a_rule_for_a_target_that_is_down_or_refuses_the_key_is_a_clear_error(node, s3):
+    """A target nobody listens on is 503 ReplicationTargetUnavailable, a wrong target
+    key says it is the target's key; neither adds a rule (no traceback, no 500)."""
+    import socket
+
+    from gpufeed.errors import NoSuchReplicationRule, ReplicationTargetUnavailable, SignatureDoesNotMatch
+
+    bucket = f"down-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # a port nothing listens on once this closes
+    admin = _admin(node)
+    try:
+        with pytest.raises(ReplicationTargetUnavailable, match="cannot be reached"):
+            admin.replication_add(bucket, f"http://127.0.0.1:{closed}", bucket, "AK", "secret-secret")
+        with pytest.raises(SignatureDoesNotMatch, match="target key"):
+            admin.replication_add(bucket, node.s3_url, bucket + "-r", node.access_key, "not-the-secret")
+        with pytest.raises(NoSuchReplicationRule):
+            admin.replication_status(bucket)
+    finally:
+        admin.close()

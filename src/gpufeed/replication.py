@@ -49,6 +49,7 @@ from .engine._blobs import fsync_dir
 from .engine._private import FILE_MODE, make_private_dirs
 from .errors import (
     GpufeedError,
+    InvalidAccessKeyId,
     InvalidArgument,
     InvalidRequestError,
     NoSuchBucket,
@@ -56,6 +57,7 @@ from .errors import (
     NoSuchReplicationRule,
     NoSuchSnapshot,
     ReplicationTargetUnavailable,
+    SignatureDoesNotMatch,
 )
 
 __all__ = ["Replicator", "ReplicationWorker", "ReplicationRule", "RoundResult", "CHUNK_BYTES", "RULES_DIR",
@@ -215,7 +217,9 @@ class Replicator:
             InvalidArgument: a kv bucket, bad arguments, or a rule exists for the bucket.
             BucketNotEmpty: the target bucket is not empty (and not already this
                 bucket's replica); nothing changed on either side.
-            GpufeedError, OSError: the target refused, or cannot be reached.
+            ReplicationTargetUnavailable: the target cannot be reached (503).
+            SignatureDoesNotMatch, InvalidAccessKeyId: the target refused the target key.
+            GpufeedError: the target refused otherwise.
         """
         for name, value in (("target", target), ("target_bucket", target_bucket), ("access_key", access_key),
                             ("secret_key", secret_key)):
@@ -234,6 +238,14 @@ class Replicator:
             client = self._client(rule)
             try:
                 client.claim()
+            except (SignatureDoesNotMatch, InvalidAccessKeyId) as exc:
+                raise type(exc)(f"the replication target {rule.target} refused the target key "
+                                f"({exc.code}): check --target-access-key/--target-secret-key") from exc
+            except GpufeedError:
+                raise  # the target's own answer (some are OSError subclasses too)
+            except OSError as exc:  # nothing listens there, or the connection broke
+                raise ReplicationTargetUnavailable(f"replication target {rule.target} cannot be reached: {exc}; "
+                                                   "no rule was added") from exc
             finally:
                 client.close()
             self._save(rule)
