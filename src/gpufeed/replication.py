@@ -427,7 +427,8 @@ class Replicator:
             send, removed = self._keys(rule.bucket, snap), []
         done_path = self._path(rule.bucket, "done")
         done = set(done_path.read_text().splitlines()) if done_path.exists() else set()
-        with open(done_path, "a") as done_log:
+        fd = os.open(done_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
+        with open(fd, "a") as done_log:
             for key in send:
                 self._check_open()
                 if json.dumps(key) not in done:

@@ -347,7 +347,8 @@ class ReplicaTarget:
 
     @staticmethod
     def _log_received(folder: Path, digest: str) -> None:
-        with open(folder / _RECEIVED_LOG, "a") as log:
+        fd = os.open(folder / _RECEIVED_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
+        with open(fd, "a") as log:
             log.write(digest + "\n")
 
     def replica_commit(self, bucket: str, source: str, key: str, chunks: object, *, size: object,
