@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -60,6 +59,7 @@ from ..errors import (
 )
 from ._blobs import BlobFiles, fsync_dir, remove_quietly
 from ._private import FILE_MODE, make_private_dirs
+from ._tenants import BucketMemo
 from .catalog import Catalog, require_bucket
 from .types import DEFAULT_TENANT, BucketInfo, DeleteConditions, DeleteResult
 
@@ -111,34 +111,6 @@ def _commit_item(item: object) -> tuple[str, tuple[int, int] | None]:
                           f"(length at most {MAX_REPLICA_CHUNK_BYTES}), not {str(item)[:80]!r}")
 
 
-class _ReplicaMemo:
-    """Replica marks by bucket (``None``: not a replica), with a generation so a
-    lookup racing a change never keeps the old answer."""
-
-    def __init__(self) -> None:
-        self._marks: dict[str, dict | None] = {}
-        self._lock = threading.Lock()
-        self.gen = 0
-
-    def get(self, bucket: str) -> tuple[bool, dict | None]:
-        try:
-            return True, self._marks[bucket]
-        except KeyError:
-            return False, None
-
-    def put(self, bucket: str, mark: dict | None, gen: int) -> None:
-        with self._lock:
-            if gen == self.gen:
-                if len(self._marks) > 100_000:
-                    self._marks.clear()
-                self._marks[bucket] = mark
-
-    def forget(self, bucket: str) -> None:
-        with self._lock:
-            self.gen += 1
-            self._marks.pop(bucket, None)
-
-
 class ReplicaTarget:
     """Replica calls, mixed into :class:`~gpufeed.engine.Engine`."""
 
@@ -164,10 +136,10 @@ class ReplicaTarget:
             """:meth:`~gpufeed.engine._versioning.VersionedObjects.delete_object`."""
 
     # the mark ---------------------------------------------------------------------
-    def _replica_memo(self) -> _ReplicaMemo:
+    def _replica_memo(self) -> BucketMemo[dict]:
         memo = self.__dict__.get("_replica_memo_")
         if memo is None:
-            memo = self.__dict__.setdefault("_replica_memo_", _ReplicaMemo())
+            memo = self.__dict__.setdefault("_replica_memo_", BucketMemo[dict]())
         return memo
 
     def replica_of(self, bucket: str) -> dict | None:

@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from cryptography.exceptions import InvalidTag as _BadSeal
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -53,7 +54,9 @@ from .catalog import Catalog, CatalogReader, require_bucket
 from .types import DEFAULT_TENANT, AccessKeyInfo, BucketInfo, TenantInfo
 
 __all__ = ["TenantAdmin", "MasterKey", "check_tenant_name", "owner_of", "check_quota", "QUOTA_SCOPES",
-           "POLICY_CONFIG"]
+           "POLICY_CONFIG", "BucketMemo"]
+
+T = TypeVar("T")
 
 #: What a quota can bound: a tenant (all its buckets together) or one bucket.
 QUOTA_SCOPES = ("tenant", "bucket")
@@ -453,11 +456,11 @@ class TenantAdmin:
         self._forget_policy(name)
 
     # bucket policies ----------------------------------------------------------------
-    def _policy_memo(self) -> _PolicyMemo:
+    def _policy_memo(self) -> BucketMemo[Policy]:
         # made on first use, so the engine's constructor needs no line for it
         memo = self.__dict__.get("_policy_memo_")
         if memo is None:
-            memo = self.__dict__.setdefault("_policy_memo_", _PolicyMemo())
+            memo = self.__dict__.setdefault("_policy_memo_", BucketMemo[Policy]())
         return memo
 
     def _forget_policy(self, bucket: str) -> None:
@@ -602,29 +605,33 @@ class TenantAdmin:
             raise AccessDenied("Access Denied")
 
 
-class _PolicyMemo:
-    """Parsed policies by bucket, with a generation so a lookup racing a change never keeps the old one."""
+class BucketMemo(Generic[T]):
+    """Answers by bucket name (a parsed policy, a replica mark; ``None`` is an
+    answer too), with a generation so a lookup racing a change never keeps the
+    old answer: read ``gen``, look up, then :meth:`put` with that ``gen``."""
 
     def __init__(self) -> None:
-        self._policies: dict[str, Policy | None] = {}
+        self._answers: dict[str, T | None] = {}
         self._lock = threading.Lock()
         self.gen = 0
 
-    def get(self, bucket: str) -> tuple[bool, Policy | None]:
-        """``(True, policy or None)`` when remembered, else ``(False, None)``."""
+    def get(self, bucket: str) -> tuple[bool, T | None]:
+        """``(True, answer)`` when remembered, else ``(False, None)``."""
         try:
-            return True, self._policies[bucket]
+            return True, self._answers[bucket]
         except KeyError:
             return False, None
 
-    def put(self, bucket: str, policy: Policy | None, gen: int) -> None:
+    def put(self, bucket: str, answer: T | None, gen: int) -> None:
+        """Remember ``answer`` unless the bucket's answer changed since ``gen`` was read."""
         with self._lock:
             if gen == self.gen:
-                if len(self._policies) > 100_000:
-                    self._policies.clear()
-                self._policies[bucket] = policy
+                if len(self._answers) > 100_000:
+                    self._answers.clear()
+                self._answers[bucket] = answer
 
     def forget(self, bucket: str) -> None:
+        """The bucket's answer changed: drop it, and any lookup in flight."""
         with self._lock:
             self.gen += 1
-            self._policies.pop(bucket, None)
+            self._answers.pop(bucket, None)
