@@ -136,6 +136,11 @@ class Connection:
         return len(self._pending)
 
     @property
+    def error(self) -> BaseException | None:
+        """What closed the connection (an error the node sent, a lost socket), or ``None``."""
+        return self._error
+
+    @property
     def closed(self) -> bool:
         """Closed by :meth:`close` or by a failure (timeout, lost connection)."""
         return self._closed

@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ...config import host_memory_bytes
-from ...errors import InvalidArgument, TransportError
+from ...errors import InvalidArgument, RequestTimeout, TransportError
 from ...wire import protocol as p
 from .._auth import Credentials, authenticate
 from .._conn import Connection
@@ -83,10 +83,22 @@ class PooledTransport(Transport):
         self._allow_unauthenticated = options.allow_unauthenticated
         try:
             for _ in range(options.connections or self.default_connections):
-                conn = Connection(self._open_socket(address, options.timeout_s),
-                                  self.passes_fds, options.request_timeout_s)
-                self.conns.append(conn)
-                self.features = self.handshake(conn)
+                for attempt in (0, 1):
+                    conn = Connection(self._open_socket(address, options.timeout_s),
+                                      self.passes_fds, options.request_timeout_s)
+                    self.conns.append(conn)
+                    try:
+                        self.features = self.handshake(conn)
+                        break
+                    except TransportError:
+                        # The node closes a connection whose first frame is late (its
+                        # header timeout): this process was held up between connecting
+                        # and sending HELLO (a garbage collection joining DataLoader
+                        # workers, say). A second, fresh connection is tried once.
+                        if attempt or not isinstance(conn.error, RequestTimeout):
+                            raise
+                        self.conns.remove(conn)
+                        conn.close()
         except BaseException:
             self.close()
             raise
