@@ -319,11 +319,15 @@ class Connection:
 
     def _reply_waiting(self, poller: select.poll) -> bool:
         """Whether reply bytes (or the end) are there to read now."""
-        poller.modify(self.sock.fileno(), select.POLLRDHUP | select.POLLIN)
         try:
-            return any(fd != self._wake_fd for fd, _ev in poller.poll(0))
-        finally:
-            poller.modify(self.sock.fileno(), select.POLLRDHUP)
+            fd = self.sock.fileno()
+            poller.modify(fd, select.POLLRDHUP | select.POLLIN)
+            try:
+                return any(f != self._wake_fd for f, _ev in poller.poll(0))
+            finally:
+                poller.modify(fd, select.POLLRDHUP)
+        except (OSError, ValueError):  # closed meanwhile: the read that follows ends the loop
+            return True
 
     def _read_while(self, more) -> None:
         """Read reply frames (holding the token) while ``more()`` is true and the
