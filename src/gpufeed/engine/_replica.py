@@ -257,10 +257,18 @@ class ReplicaTarget:
 
     @staticmethod
     def _received(folder: Path) -> list[str]:
+        """Every chunk received this round, once per arrival: the log, plus the
+        staged chunks it lacks (a node killed between staging a chunk and
+        logging it still received that chunk once)."""
         try:
-            return (folder / _RECEIVED_LOG).read_text().split()
+            logged = (folder / _RECEIVED_LOG).read_text().split()
         except FileNotFoundError:
-            return []
+            logged = []
+        try:
+            staged = {n for n in os.listdir(folder) if len(n) == 64}
+        except FileNotFoundError:
+            staged = set()
+        return logged + sorted(staged.difference(logged))
 
     def replica_lacking(self, bucket: str, source: str, digests: object) -> list[str]:
         """The digests of ``digests`` not staged for ``bucket``, in the order given.
