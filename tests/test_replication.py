@@ -190,6 +190,10 @@ def test_the_replicate_command(pair, clients):
     refused = _gf(*on_src, "add", bucket + "-x", "--target", target.s3_url, "--target-access-key", "k",
                   "--target-secret-key", "s", check=False)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    replica = json.loads(_gf(*on_dst, "replica-status", bucket, "--json").stdout)
+    assert (replica["rounds"], replica["chunks_received"], replica["staged_chunks"]) == (1, 1, 0)
+    assert f"{bucket}: replica of {replica['source']}, last snapshot {replica['snapshot']}" in _gf(
+        *on_dst, "replica-status", bucket).stdout
     assert "writable" in _gf(*on_dst, "failover", bucket).stdout
     dst.put_object(Bucket=bucket, Key="b", Body=b"after failover")
     assert "removed" in _gf(*on_src, "remove", bucket).stdout

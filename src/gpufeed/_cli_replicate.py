@@ -1,6 +1,7 @@
 """``gpufeed replicate``: replication of a bucket to another gpufeed node, through
 the admin API of a running node (``--endpoint``): the source node for
-``add|status|pause|resume|sync|remove``, the target node for ``failover``."""
+``add|status|pause|resume|sync|remove``, the target node for ``replica-status``
+and ``failover``."""
 
 from __future__ import annotations
 
@@ -142,6 +143,25 @@ def replicate_remove(ctx, bucket, as_json) -> None:
     """Remove BUCKET's rule and its snapshots (the target stays a read-only replica until failover)."""
     r = _call(ctx, lambda a: a.replication_remove(bucket))
     click.echo(json.dumps(r) if as_json else f"replication of {bucket} removed")
+
+
+@replicate.command("replica-status")
+@click.argument("bucket")
+@JSON_OPTION
+@click.pass_context
+def replicate_replica_status(ctx, bucket, as_json) -> None:
+    """On the TARGET node (--endpoint): what replica BUCKET holds: its source,
+    the last source snapshot applied whole, rounds, chunks received and
+    received twice, and the chunks staged for the open round."""
+    r = _call(ctx, lambda a: a.replica_status(bucket))
+    if as_json:
+        click.echo(json.dumps(r))
+        return
+    click.echo(f"{bucket}: replica of {r['source']}, last snapshot {r['snapshot'] or '(none complete)'} "
+               f"{_when(r['snapshot_created']) if r['snapshot'] else ''}".rstrip())
+    click.echo(f"  {r['rounds']} rounds, {r['chunks_received']} chunks received "
+               f"({r['duplicate_chunks']} received twice); open round: {r['staged_chunks']} chunks staged, "
+               f"{r['round_chunks_received']} received")
 
 
 @replicate.command("failover")

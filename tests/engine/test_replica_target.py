@@ -46,3 +46,23 @@ def test_a_chunk_sent_again_is_a_duplicate(tmp_path):
         assert e.replica_put_chunk("rep", SOURCE, d1, c1) is False
         st = e.replica_status("rep")
         assert (st["round_chunks_received"], st["round_duplicate_chunks"]) == (2, 1)
+
+
+def test_start_removes_staging_of_a_promoted_bucket_and_cut_off_temp_files(tmp_path):
+    d = tmp_path / "d"
+    with Engine(d, fsync=False) as e:
+        for b in ("gone", "live"):
+            e.claim_replica(b, SOURCE)
+            d1, c1 = _chunk(1)
+            e.replica_put_chunk(b, SOURCE, d1, c1)
+        e.promote_replica("gone")
+        # a chunk that was being staged as "gone" was promoted lands after the promotion
+        late, data = _chunk(3)
+        (d / STAGING_DIR / "gone").mkdir(exist_ok=True)
+        (d / STAGING_DIR / "gone" / late).write_bytes(data)
+        (d / STAGING_DIR / "live" / ".tmp-cut").write_bytes(b"half a chunk")  # a kill mid-write
+    with Engine(d, fsync=False) as e:
+        assert e.recovered["replica_staging"] == 2
+        assert not (d / STAGING_DIR / "gone").exists()
+        assert sorted(os.listdir(d / STAGING_DIR / "live")) == sorted([".received", d1])
+        assert e.replica_status("live")["staged_chunks"] == 1

@@ -31,7 +31,10 @@ bucket's other documents. While the mark is there:
   broken connection (either side restarted) asks again and never needs a
   chunk it sent before.
 - :meth:`promote_replica` (failover) removes the mark and the staging: the
-  bucket is an ordinary, writable bucket from then on.
+  bucket is an ordinary, writable bucket from then on. A chunk that was being
+  staged as the bucket was promoted may land after that; the engine's start
+  (:meth:`sweep_staging`) removes the staging of every bucket that is not a
+  replica, and the temp files of chunks cut off mid-write.
 
 A claim is refused when the bucket holds objects and is not already the
 replica of the same source: nothing of what it holds is touched.
@@ -250,6 +253,27 @@ class ReplicaTarget:
         mark.update(bucket=bucket, staged_chunks=sum(1 for n in names if len(n) == 64),
                     round_chunks_received=len(received), round_duplicate_chunks=len(received) - len(set(received)))
         return mark
+
+    def sweep_staging(self) -> int:
+        """At start: remove the staging folders of buckets that are gone or no
+        longer replicas, and chunk temp files a killed node left in the others.
+
+        Returns:
+            The number of folders and temp files removed.
+        """
+        root = self.data_dir / STAGING_DIR
+        removed = 0
+        for name in sorted(os.listdir(root)) if root.is_dir() else []:
+            folder = root / name
+            if self._cat.bucket(name) is None or self.replica_of(name) is None:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed += 1
+                continue
+            for entry in os.listdir(folder):
+                if entry.startswith(".tmp-"):
+                    remove_quietly(str(folder / entry))
+                    removed += 1
+        return removed
 
     # chunks -------------------------------------------------------------------------
     def _staging(self, bucket: str) -> Path:

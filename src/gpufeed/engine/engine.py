@@ -190,7 +190,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         #: (``"adopted"``, ``"missing"``), manifests no version named (``"orphan_manifests"``)
         #: and data files the catalog names that are not on disk (``"missing_files"``,
         #: their chunks marked damaged); on a cluster's catalog with rows that name no
-        #: holder, the data files found here and claimed for this node (``"claimed_files"``).
+        #: holder, the data files found here and claimed for this node (``"claimed_files"``);
+        #: replica staging folders and chunk temp files removed (``"replica_staging"``).
         self._chunks = ChunkStore(self._files, self._cat, capacity_bytes)
         self._files.release = self._chunks.release
         self.recovered = self._recover()
@@ -213,6 +214,7 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         if unheld:
             counts["claimed_files"] = self._cat.claim_files(present & unheld)
         counts["missing_files"] = self._chunks.mark_missing(data - present)
+        counts["replica_staging"] = self.sweep_staging()
         return counts
 
     @property
