@@ -98,3 +98,12 @@ def test_no_import_cycles():
         if n not in state:
             visit(n)
     assert cycles == []
+
+
+def test_test_modules_have_distinct_names():
+    """pytest imports test modules by base name (the test folders are not
+    packages): two with one name stop the whole run at collection."""
+    seen: dict[str, Path] = {}
+    for path in sorted(Path(__file__).parent.rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]} share a name: rename one"
+        seen[path.name] = path

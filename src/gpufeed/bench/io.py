@@ -5,7 +5,8 @@ physical limit), ``shm`` (fast path, shared memory), ``tcp`` (fast path, TCP)
 and ``s3`` (boto3 against the node's own S3 endpoint). For each: large-read
 GB/s, put GB/s, client+server CPU seconds per GB, p50/p99 latency of single
 4 KiB gets, and 4 KiB random-read IOPS with batched requests (S3 has no batch
-call: 16 threads of ranged GETs). Every read is checked against the stored
+call: 16 threads of ranged GETs; shm and tcp also as one GETR of 256 ranges
+per request, ``iops_4k_ranges``). Every read is checked against the stored
 block sums (the default); the ``shm_unchecked`` row reads the same object from
 a bucket with checks off, in turns with the checked ``shm`` read (its
 ``gbps_side_by_side``): ``checked_vs_unchecked`` is the price of checking
@@ -21,7 +22,8 @@ JSON shape (reused by every benchmark)::
     {"benchmark": "io", "machine": {...}, "params": {...},
      "results": [{"path": "local"|"shm"|"tcp"|"s3"|"shm_unchecked"|"<path>_cold", "gbps": float,
                   "put_gbps": float|None, "cpu_s_per_gb": float, "p50_us": float|None,
-                  "p99_us": float|None, "iops_4k": float|None}],
+                  "p99_us": float|None, "iops_4k": float|None,
+                  "iops_4k_ranges": float (shm, tcp: the same reads as GETR columns)}],
      "floors": {"unix_round_trip_p50_us", "unix_round_trip_p99_us", "preadv_4k_iops", "targets": {...}}}
 
 GB/s are 10^9 bytes per second.
@@ -307,7 +309,7 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
             return lambda off: s3.get_object(Bucket=BUCKET, Key=key,
                                              Range=f"bytes={off}-{off + 4095}")["Body"].read()
 
-        def iops(path: str) -> float:
+        def iops(path: str, ranges: bool = False) -> float:
             r = random.Random(2)
             limit = max(size - 4096, 1)
             done, t_end = 0, time.perf_counter() + iops_seconds
@@ -327,6 +329,11 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
                     if time.perf_counter() < t_end and len(inflight) < 4:
                         base = (k % 4) * batch * 4096
                         k += 1
+                        if ranges:  # one GETR of 256 offsets (columns), packed into the batch's slot
+                            offsets = [r.randrange(0, limit) // 4096 * 4096 for _ in range(batch)]
+                            inflight.append(client.submit_get_ranges_into(
+                                BUCKET, key, bufs[base:base + batch * 4096], offsets, 4096))
+                            continue
                         reqs = [(BUCKET, key, bufs[base + i * 4096: base + (i + 1) * 4096],
                                  r.randrange(0, limit) // 4096 * 4096) for i in range(batch)]
                         inflight.append(client.submit_get_many_into(reqs))
@@ -356,6 +363,8 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
                 "cpu_s_per_gb": dc / (size / GB), "p50_us": p50, "p99_us": p99,
                 "iops_4k": iops(path), "seconds": dt,
             })
+            if path in ("shm", "tcp"):
+                results[-1]["iops_4k_ranges"] = iops(path, ranges=True)
         floors = None
         if {"shm", "tcp"} & set(paths):
             console.print("  floors: bare Unix-socket round trip, bare preadv loop ...")
@@ -416,6 +425,11 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
     if floors is not None:
         console.print(f"  floors: Unix-socket round trip p50 {floors['unix_round_trip_p50_us']:.0f} µs, "
                       f"bare preadv {floors['preadv_4k_iops']:,} 4 KiB reads/s")
+    for r in results:
+        if r.get("iops_4k_ranges"):
+            vs = f" ({r['iops_ranges_vs_floor']:.2f} x the preadv floor)" if "iops_ranges_vs_floor" in r else ""
+            console.print(f"  {r['path']}: 4 KiB reads as one GETR of 256 ranges per request: "
+                          f"{r['iops_4k_ranges']:,.0f}/s{vs}")
     if write_out is not None:
         _print_writes(console, write_out)
     if json_path:
@@ -435,6 +449,8 @@ def _floors(results: list[dict], data_file: str, size: int, iops_seconds: float)
         if r["path"] in ("shm", "tcp"):
             r["p50_vs_floor"] = round(r["p50_us"] / p50, 2)
             r["iops_vs_floor"] = round(r["iops_4k"] / iops, 3)
+            if r.get("iops_4k_ranges"):
+                r["iops_ranges_vs_floor"] = round(r["iops_4k_ranges"] / iops, 3)
     return {"unix_round_trip_p50_us": p50, "unix_round_trip_p99_us": p99, "preadv_4k_iops": iops,
             "targets": {"shm_p50_us": 50, "tcp_p50_us": 80, "p50_vs_floor": 1.5,
                         "iops_4k": 200_000, "iops_vs_floor": 0.7}}

@@ -29,6 +29,7 @@ import msgspec
 from ..errors import InvalidArgument, NotImplementedByGpufeed, TransportError
 from ..wire import protocol as p
 from ._auth import resolve_credentials
+from ._ranges import RangeReads
 from ._transports import TRANSPORTS, Transport, TransportOptions
 from ._types import (
     DeleteResult,
@@ -49,7 +50,7 @@ from ._types import (
 __all__ = ["Client", "ReadRequest", "ListEntry", "ObjectMeta", "DeleteResult", "parse_url"]
 
 
-class Client:
+class Client(RangeReads):
     """Fast-path client of one gpufeed node. Thread-safe; not usable in a forked
     child (create a new one there).
 

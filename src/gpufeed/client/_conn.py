@@ -470,6 +470,8 @@ class Connection:
             sizes = [reply.n]
         elif isinstance(reply, p.GetVReply):
             sizes = [max(n, 0) for n in reply.n]
+        elif isinstance(reply, p.GetRangesReply):
+            sizes = [max(n, 0) for n in memoryview(reply.n).cast("q")]
         else:
             sizes = [payload_len]
         if sum(sizes) != payload_len:

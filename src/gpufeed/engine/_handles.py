@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import os
 import threading
+from array import array
 from bisect import bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from awscrt.checksums import combine_crc32c, crc32c
 
-from ..errors import DamagedObject, InvalidArgument, NoSuchKey
+from .. import _native
+from ..errors import DamagedObject, GpufeedError, InvalidArgument, InvalidRange, NoSuchKey
 from ._blocksums import SUM_BLOCK, SUM_KIND
 from ._chunkreads import SMALL_STEP, STEP_ALIGN, ChunkDamage, Manifest, ReadStep, read_whole_blocks, run_step
 from ._openfiles import OpenFile, OpenFiles
@@ -34,6 +37,7 @@ __all__ = ["ObjectHandle", "MAX_STEP"]
 MAX_STEP = 16 << 20
 #: Largest verified piece :meth:`ObjectHandle.extents` checks at once.
 _EXTENT_STEP = 8 << 20
+_BLOCK_SHIFT = SUM_BLOCK.bit_length() - 1  # offset >> _BLOCK_SHIFT: its sum block
 
 
 _local = threading.local()
@@ -192,6 +196,76 @@ class ObjectHandle:
             read_whole_blocks(fd, c, sums, rel, dest)  # raises ChunkDamage naming the block
         return True
 
+    def read_ranges(self, offsets: Sequence[int], lengths: Sequence[int], dest: memoryview,
+                    runner: Callable[[list[ReadStep]], Iterable[int]] | None = None
+                    ) -> tuple[list[int], dict[int, GpufeedError]]:
+        """Read many ranges of this version, each checked, into ``dest``: range
+        ``i`` (``lengths[i]`` bytes at object offset ``offsets[i]``, cut at the
+        object's end) lands at ``dest[sum(lengths[:i]):]``, the ranges packed in
+        order. The whole-block ranges of a one-file raw object run in one tight
+        loop: one ``pread`` and one CRC32C continued from the previous block's
+        running sum each (:mod:`._blocksums`), in C with the interpreter lock
+        released once for the batch where :mod:`gpufeed._native` is built, else
+        in Python. The others go through :meth:`read_small` or :meth:`steps`.
+        Each range fails alone.
+
+        Args:
+            offsets, lengths: bytes offsets (>= 0) and lengths (>= 0), one per range.
+            dest: a writable byte view of at least ``sum(lengths)`` bytes.
+            runner: as for :meth:`run`, for ranges planned as steps.
+
+        Returns:
+            ``(n, errors)``: bytes delivered per range, -1 for a failed one, whose
+            typed error is ``errors[i]`` (``InvalidRange``: it starts at or past
+            the end of a non-empty object; ``DamagedObject``: a chunk failed its
+            check and is marked damaged: that range's bytes must not be used).
+        """
+        size = self.info.size
+        m = self.manifest
+        out = [0] * len(offsets)
+        errors: dict[int, GpufeedError] = {}
+        fast = (self.verify and len(m.chunks) == 1 and not m.chunks[0].codec
+                and m.chunks[0].sum_kind == SUM_KIND and m.chunks[0].stored == size)
+        todo: Iterable[int] = range(len(offsets))
+        if fast:
+            sums = m.sums[0]
+            fd, base, nsums = self.file_fd(0), m.chunks[0].file_offset, len(sums)
+            if _native.read_ranges is not None and isinstance(sums, array) and sums.itemsize == 4 \
+                    and min(offsets, default=0) >= 0:
+                done = array("q", bytes(8 * len(offsets)))
+                _native.read_ranges(fd, base, size, _column("Q", offsets), _column("I", lengths), dest, sums, done)
+                out = done.tolist()
+                todo = [i for i, k in enumerate(out) if k == -2]  # the C loop's leftovers, served below
+                if not todo:
+                    return out, errors
+        preadv = os.preadv
+        starts = list(accumulate(lengths, initial=0))
+        for i in todo:
+            start, pos = offsets[i], starts[i]
+            want = lengths[i]
+            if start < 0 or start > size or (want and start == size):
+                errors[i] = InvalidRange(f"offset {start} is outside the object ({size} bytes)")
+                out[i] = -1
+                continue
+            n = min(want, size - start)
+            view = dest[pos:pos + n]
+            if fast and not start % SUM_BLOCK and (not n % SUM_BLOCK or start + n == size):
+                first = start >> _BLOCK_SHIFT
+                last = first + ((n + SUM_BLOCK - 1) >> _BLOCK_SHIFT)
+                if last <= nsums and preadv(fd, (view,), base + start) == n and \
+                        crc32c(view, sums[first - 1] if first else 0) == sums[last - 1]:
+                    out[i] = n
+                    continue  # else: the careful path below says what is wrong
+            try:
+                if not self.read_small(start, view):
+                    self.run(self.steps(view, start), runner)
+                out[i] = n
+            except ChunkDamage as exc:
+                errors[i], out[i] = self.damaged(exc), -1
+            except GpufeedError as exc:
+                errors[i], out[i] = exc, -1
+        return out, errors
+
     def run(self, steps: list[ReadStep], runner: Callable[[list[ReadStep]], Iterable[int]] | None = None) -> int:
         """Run read steps (``runner(steps)`` runs them, e.g. on several threads;
         default: one after another here).
@@ -332,3 +406,8 @@ class ObjectHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _column(code: str, values) -> array:
+    """``values`` as an ``array`` of ``code`` (as it is when it already is one)."""
+    return values if isinstance(values, array) and values.typecode == code else array(code, values)

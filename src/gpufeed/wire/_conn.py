@@ -55,7 +55,7 @@ INLINE_BYTES = 256 << 10  # 256 KiB
 SMALL_ITEM_BYTES = 16 << 10  # 16 KiB
 SMALL_GETV_BYTES = 1 << 20  # 1 MiB
 #: Ops that move object data (and may touch the client's shared memory).
-_DATA_OPS = (p.Op.GET, p.Op.GETV, p.Op.PUT, p.Op.CHUNK)
+_DATA_OPS = (p.Op.GET, p.Op.GETV, p.Op.PUT, p.Op.CHUNK, p.Op.GETR)
 #: Ops served before a connection has authenticated.
 _OPEN_OPS = (p.Op.HELLO, p.Op.AUTH)
 
@@ -365,4 +365,6 @@ def _small(op: int, req) -> bool:
     if op == p.Op.GETV:
         return all(0 <= it.length <= SMALL_ITEM_BYTES for it in req.items) and \
             sum(it.length for it in req.items) <= SMALL_GETV_BYTES
+    if op == p.Op.GETR:  # a malformed one is refused at once, inline
+        return len(req.lengths) % 4 != 0 or sum(memoryview(req.lengths).cast("I")) <= SMALL_GETV_BYTES
     return False

@@ -5,7 +5,7 @@ through one of :class:`~._frames.FrameIO`'s reply methods; :class:`MeteredReplie
 wraps those methods, so each op is counted, timed and its bytes added in one
 place whatever handler ran it. A request is timed from its dispatch
 (:meth:`MeteredReplies.request_begun`) to its reply. Bytes are object data:
-in from a PUT (the stored size), out from GET and GETV (the bytes delivered).
+in from a PUT (the stored size), out from GET, GETV and GETR (the bytes delivered).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ class MeteredReplies(FrameIO):
                 sent = obj.n
             elif isinstance(obj, p.GetVReply):
                 sent = sum(n for n in obj.n if n > 0)
+            elif isinstance(obj, p.GetRangesReply):
+                sent = sum(n for n in memoryview(obj.n).cast("q") if n > 0)
             elif op == p.Op.PUT and isinstance(obj, p.ObjectMeta):
                 received = obj.size
         metrics.observe(self.transport, _OP_NAMES.get(op, "-"), exc.status if exc else 200,

@@ -19,6 +19,8 @@ bucket the tenant's.
 from __future__ import annotations
 
 import os
+import sys
+from array import array
 
 from ..engine import ChunkDamage, Engine, ObjectHandle, ObjectInfo
 from ..errors import AccessDenied, GpufeedError, InvalidArgument, InvalidRange, ProtocolError
@@ -37,6 +39,11 @@ GETV_PARALLEL_BYTES = 4 << 20  # 4 MiB
 #: A TCP read of at most this many whole blocks is read into memory and sent with
 #: its reply's header in one ``sendmsg`` (larger ones go by ``sendfile``).
 SMALL_PAYLOAD_BYTES = 64 << 10  # 64 KiB
+#: A TCP GETR of at most this many bytes in all is read (and checked) into memory
+#: and sent in one ``sendmsg``; a larger one sends checked file extents.
+GETR_BUFFER_BYTES = 4 << 20  # 4 MiB
+#: Whether this machine's integers are little-endian, the wire's order.
+_LITTLE = sys.byteorder == "little"
 #: Bytes a region PUT hands the engine per write.
 PUT_STEP_BYTES = 64 << 20  # 64 MiB
 
@@ -87,13 +94,14 @@ class Ops:
             p.Op.MAP: self.map,
             p.Op.MAP_EXTENTS: self.map_extents,
             p.Op.CHUNK: self.chunk,
+            p.Op.GETR: self.getr,
         }
 
     # --- session and memory --------------------------------------------------------
     def hello(self, conn: Connection, rid: int, req: p.Hello) -> None:
         """Name the server, its protocol version, transport and optional features."""
-        features = (["alloc_region", "auth", "map", "map_extents", "versions", "snapshots"]
-                    if conn.transport == "shm" else ["auth", "versions", "snapshots"])
+        features = (["alloc_region", "auth", "map", "map_extents", "versions", "snapshots", "ranges"]
+                    if conn.transport == "shm" else ["auth", "versions", "snapshots", "ranges"])
         conn.reply(p.Op.HELLO, rid, p.HelloReply(self.server_name, p.VERSION, conn.transport,
                                                  features, conn.server_nonce))
 
@@ -230,6 +238,40 @@ class Ops:
             batch.release_views()
             for h in batch.opened.values():
                 h.close()
+
+    def getr(self, conn: Connection, rid: int, req: p.GetRanges) -> None:
+        """Many ranges of one object version (one authorization, one open):
+        into a region, packed in order (shm), or as one payload (TCP, read into
+        memory up to :data:`GETR_BUFFER_BYTES` in all, else checked extents
+        sent by ``sendfile``). Each range fails alone."""
+        offsets, lengths = ranges_of(req)
+        self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
+        h = self.engine.open_version(req.bucket, req.key, req.version_id, snapshot=req.snapshot)
+        try:
+            total = sum(lengths)
+            errors: dict[int, GpufeedError]
+            if req.region != -1:
+                dest = conn.memory.region(req.region).view(req.region_offset, total)
+                try:
+                    n, errors = h.read_ranges(offsets, lengths, dest, self.reader.run_steps)
+                finally:
+                    dest.release()
+                pieces: list = []
+            elif total <= GETR_BUFFER_BYTES:
+                buf = memoryview(bytearray(total))
+                n, errors = h.read_ranges(offsets, lengths, buf, self.reader.run_steps)
+                pieces, pos = [], 0
+                for k, want in zip(n, lengths):
+                    if k > 0:
+                        pieces.append(buf[pos:pos + k])
+                    pos += want
+            else:
+                n, errors, pieces = _range_extents(h, offsets, lengths)
+            conn.reply_with_files(p.Op.GETR, rid, p.GetRangesReply(
+                h.info.size, h.info.etag, array("q", n).tobytes() if _LITTLE else _swapped("q", n),
+                {i: (e.code, e.message) for i, e in errors.items()}), pieces)
+        finally:
+            h.close()
 
     def _plan_item(self, conn: Connection, batch: "_Batch", i: int, item: p.Get) -> None:
         """Open item ``i`` of a GETV (once per object version in the batch) and plan
@@ -436,6 +478,49 @@ def _payload(h: ObjectHandle, start: int, n: int) -> list:
         except ChunkDamage as exc:
             raise h.damaged(exc) from None
     return h.extents(start, n)
+
+
+def ranges_of(req: p.GetRanges) -> tuple[array, array]:
+    """The offsets and lengths of a GETR as ``array('Q')`` and ``array('I')``.
+
+    Raises:
+        InvalidArgument: the columns are not whole uint64 / uint32 items of one
+            count, more than :data:`~gpufeed.wire.protocol.MAX_RANGES` items, or
+            a length over :data:`~gpufeed.wire.protocol.MAX_RANGE_BYTES`.
+    """
+    count = len(req.offsets) // 8
+    if len(req.offsets) % 8 or len(req.lengths) != 4 * count or count > p.MAX_RANGES:
+        raise InvalidArgument(f"GETR takes offsets (uint64) and lengths (uint32) of one count, at most "
+                              f"{p.MAX_RANGES} items; got {len(req.offsets)} and {len(req.lengths)} bytes")
+    offsets, lengths = array("Q", req.offsets), array("I", req.lengths)
+    if not _LITTLE:
+        offsets.byteswap()
+        lengths.byteswap()
+    if count and max(lengths) > p.MAX_RANGE_BYTES:
+        raise InvalidArgument(f"a GETR range is at most {p.MAX_RANGE_BYTES} bytes")
+    return offsets, lengths
+
+
+def _swapped(code: str, values: list[int]) -> bytes:
+    a = array(code, values)
+    a.byteswap()
+    return a.tobytes()
+
+
+def _range_extents(h: ObjectHandle, offsets: array, lengths: array) -> tuple[list[int], dict[int, GpufeedError], list]:
+    """A large TCP GETR: each range as checked pieces to send (:meth:`ObjectHandle.extents`)."""
+    size = h.info.size
+    n, errors, pieces = [0] * len(offsets), {}, []
+    for i, (start, want) in enumerate(zip(offsets, lengths)):
+        try:
+            if start > size or (want and start == size):
+                raise InvalidRange(f"offset {start} is outside the object ({size} bytes)")
+            k = min(want, size - start)
+            pieces += h.extents(start, k)
+            n[i] = k
+        except GpufeedError as exc:
+            n[i], errors[i] = -1, exc
+    return n, errors, pieces
 
 
 def _extent(item: p.Get, size: int) -> tuple[int, int]:

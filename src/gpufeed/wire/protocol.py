@@ -50,7 +50,7 @@ __all__ = [
     "List", "BucketReq", "Empty", "ObjectMeta", "GetReply", "GetVReply", "ListReply",
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
     "close_fds", "ListEntry", "MapReply", "decode", "Auth", "AuthReply", "auth_key", "auth_proof", "ChunkReq",
-    "ChunkReply",
+    "ChunkReply", "GetRanges", "GetRangesReply", "MAX_RANGES", "MAX_RANGE_BYTES",
     "AUTH_LABEL", "NONCE_BYTES", "MapExtentsReply", "FDS_PER_MESSAGE",
 ]
 
@@ -59,6 +59,9 @@ VERSION = 1
 HEADER = struct.Struct("<2sBBIQQ")
 HEADER_SIZE = HEADER.size  # 24 bytes
 MAX_META = 16 << 20  # 16 MiB: a get_many of ~100k items
+#: Most items of one GETR, and most bytes of one of its ranges.
+MAX_RANGES = 1 << 16
+MAX_RANGE_BYTES = 64 << 20
 REPLY = 0x80
 ERROR_OP = 0xFF
 #: Most descriptors one message carries (Linux's ``SCM_MAX_FD``): a MAP_EXTENTS
@@ -88,6 +91,7 @@ class Op(IntEnum):
     MAP = 20  # shm only: the object's read-only data file travels with the reply (SCM_RIGHTS)
     MAP_EXTENTS = 21  # shm only: the object's data files travel with the reply and its payload
     CHUNK = 22  # cluster peers only: a chunk's stored bytes, from the node that holds its data file
+    GETR = 23  # many ranges of one object version, into one region or as one payload
 
 
 # --- metadata structs (msgpack arrays, field order is the wire order) -----------
@@ -228,6 +232,32 @@ class GetV(msgspec.Struct, array_like=True, frozen=True):
     items: list[Get]
 
 
+class GetRanges(msgspec.Struct, array_like=True, frozen=True):
+    """Many ranges of one object version, described as columns instead of one
+    :class:`Get` per item (a batch of samples of one shard, a KV page table).
+
+    ``offsets``: little-endian uint64 per item, the object offset of each range;
+    ``lengths``: little-endian uint32 per item, its bytes (at most
+    :data:`MAX_RANGE_BYTES`); both the same number of items, at most
+    :data:`MAX_RANGES`. A range that runs past the object's end is cut there;
+    one that starts at or past the end fails alone (``InvalidRange``).
+
+    ``region`` -1: the delivered bytes of every item follow as the reply's
+    payload, in item order (TCP). Otherwise item ``i`` lands in registered
+    region ``region`` at ``region_offset + lengths[0] + ... + lengths[i-1]``
+    (the items packed in order, each in a slot of its full length).
+    """
+
+    bucket: str
+    key: str
+    offsets: bytes
+    lengths: bytes
+    region: int = -1
+    region_offset: int = 0
+    version_id: str | None = None
+    snapshot: str | None = None
+
+
 class Put(msgspec.Struct, array_like=True, frozen=True):
     """Write an object of ``length`` bytes: from the payload (``region`` -1) or
     from registered region ``region`` at ``region_offset``."""
@@ -329,6 +359,18 @@ class GetVReply(msgspec.Struct, array_like=True, frozen=True):
     digests: dict[int, list[int]] = {}
 
 
+class GetRangesReply(msgspec.Struct, array_like=True, frozen=True):
+    """GETR's reply: the version's ``size`` and ``etag``; ``n``: little-endian
+    int64 per item, the bytes delivered (less than asked only at the object's
+    end), or -1 with ``errors[i]`` = [code, message] (a range past the end, a
+    damaged chunk: the item's bytes are not good and were not counted)."""
+
+    size: int
+    etag: str
+    n: bytes
+    errors: dict[int, tuple[str, str]] = {}
+
+
 class ListEntry(msgspec.Struct, array_like=True, frozen=True):
     key: str
     size: int
@@ -395,7 +437,7 @@ REQUEST_TYPES: dict[int, type] = {
     Op.GET: Get, Op.GETV: GetV, Op.PUT: Put, Op.DELETE: Delete, Op.LIST: List,
     Op.CREATE_BUCKET: BucketReq, Op.LIST_BUCKETS: Empty, Op.DELETE_BUCKET: BucketReq,
     Op.BUCKET_STATS: BucketReq, Op.ALLOC_REGION: AllocRegion, Op.FORKED: Empty,
-    Op.MAP: Head, Op.MAP_EXTENTS: Head, Op.AUTH: Auth, Op.CHUNK: ChunkReq,
+    Op.MAP: Head, Op.MAP_EXTENTS: Head, Op.AUTH: Auth, Op.CHUNK: ChunkReq, Op.GETR: GetRanges,
 }
 REPLY_TYPES: dict[int, type] = {
     Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
@@ -403,7 +445,7 @@ REPLY_TYPES: dict[int, type] = {
     Op.LIST: ListReply, Op.CREATE_BUCKET: Empty, Op.LIST_BUCKETS: BucketsReply,
     Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats, Op.ALLOC_REGION: AllocRegionReply,
     Op.FORKED: Empty, Op.MAP: MapReply, Op.MAP_EXTENTS: MapExtentsReply, Op.AUTH: AuthReply,
-    Op.CHUNK: ChunkReply,
+    Op.CHUNK: ChunkReply, Op.GETR: GetRangesReply,
 }
 
 #: Messages that gained trailing fields after their first form: type -> number

@@ -11,14 +11,16 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import sys
 import threading
 import weakref
+from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from ...config import host_memory_bytes
-from ...errors import InvalidArgument, RequestTimeout, TransportError
+from ...errors import InvalidArgument, NotImplementedByGpufeed, RequestTimeout, TransportError
 from ...wire import protocol as p
 from .._auth import Credentials, authenticate
 from .._conn import Connection
@@ -162,6 +164,28 @@ class PooledTransport(Transport):
 
     def request(self, op: int, meta) -> Future:
         return self.conn().request(op, meta)
+
+    def submit_get_ranges_into(self, bucket: str, key: str, dest: memoryview, offsets: bytes,
+                               lengths: list[int], version_id: str | None = None,
+                               snapshot: str | None = None) -> Future:
+        """GETR: into ``dest`` where it lies in registered memory (the node writes
+        there), else as the reply's payload, each range received into its place."""
+        if "ranges" not in self.features:
+            raise NotImplementedByGpufeed("this node has no GETR (get_ranges_into); use get_many_into")
+        lens = array("I", lengths)
+        if sys.byteorder != "little":
+            lens.byteswap()
+        found = self.find_region(dest)
+        if found is not None:
+            region, off = found
+            return self.conn().request(p.Op.GETR, p.GetRanges(bucket, key, offsets, lens.tobytes(), region.region_id,
+                                                              off, version_id, snapshot))
+        dests, pos = [], 0
+        for n in lengths:
+            dests.append(dest[pos:pos + n])
+            pos += n
+        return self.conn().request(p.Op.GETR, p.GetRanges(bucket, key, offsets, lens.tobytes(), -1, 0,
+                                                          version_id, snapshot), dests=dests)
 
     def executor_submit(self, fn, *args) -> Future:
         if self._closed:

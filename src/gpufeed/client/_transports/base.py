@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ...errors import InvalidArgument
+from ...errors import InvalidArgument, NotImplementedByGpufeed
 from .._auth import Credentials, resolve_credentials
 from .._types import ReadRequest
 
@@ -176,6 +176,18 @@ class Transport(ABC):
                              digests_out: list | None, errors_out: list | None) -> Future:
         """Batch read (``dests[i]`` is the checked destination of ``reqs[i]``);
         resolves to bytes per item (see ``Client.submit_get_many_into``)."""
+
+    def submit_get_ranges_into(self, bucket: str, key: str, dest: memoryview, offsets: bytes,
+                               lengths: list[int], version_id: str | None = None,
+                               snapshot: str | None = None) -> Future:
+        """Read many ranges of one object into ``dest``, packed in order (the
+        GETR op: ``offsets`` little-endian uint64 per range, ``lengths[i]`` its
+        bytes); resolves to the ``GetRangesReply``.
+
+        Raises:
+            NotImplementedByGpufeed: the transport or node has no GETR.
+        """
+        raise NotImplementedByGpufeed(f"get_ranges_into needs a node and transport with GETR, not {self.name}")
 
     @abstractmethod
     def submit_put(self, bucket: str, key: str, data: memoryview, content_type: str | None,

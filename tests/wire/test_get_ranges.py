@@ -1,0 +1,164 @@
+"""Many ranges of one object in one request (``Client.get_ranges_into``, op
+GETR) against a real node: bit-identical bytes over shm (into ``alloc``
+memory, and into a plain buffer) and TCP, in the node's native batch loop and
+in its Python loop (``GPUFEED_NATIVE=0``); ranges that are not whole blocks,
+that run past the end, or that start past it; compressed and deduplicated
+buckets; a damaged block fails only its range; bad input is a typed error and
+the connection stays usable."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpufeed import _native
+from gpufeed.bench.integrity import _chunks  # the catalog's chunk list of one object
+from gpufeed.client import Client
+from gpufeed.engine import Engine
+from gpufeed.errors import DamagedObject, InvalidArgument, InvalidRange, NoSuchKey
+from gpufeed.testing.node import start_node
+
+BLOCK = 4096
+SIZE = (4 << 20) + 1000  # not a whole number of blocks: the last range is cut
+
+
+def _data(n: int, seed: int = 0) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+@pytest.fixture(scope="module", params=["native", "python"])
+def node(request, tmp_path_factory):
+    if request.param == "native" and _native.read_ranges is None:
+        pytest.skip("the native batch loop is not built here")
+    data = tmp_path_factory.mktemp("ranges") / "data"
+    with Engine(data, fsync=False) as e:
+        for name, policy in [("raw", {}), ("zst", {"compression": "zstd"}),
+                             ("ddp", {"dedup": True, "chunk_bytes": 256 << 10})]:
+            e.create_bucket(name)
+            if policy:
+                e.set_bucket_data(name, **policy)
+    n = start_node(data, env={"GPUFEED_NATIVE": "0" if request.param == "python" else "1"})
+    data_bytes = _data(SIZE)
+    with Client(n.tcp_url, access_key=n.access_key, secret_key=n.secret_key) as c:
+        for bucket in ("raw", "zst", "ddp"):
+            c.put(bucket, "obj", data_bytes)
+    yield n, data_bytes
+    assert n.stop() == 0, n.log_path.read_text()
+
+
+def _client(n, transport: str) -> Client:
+    return Client(n.shm_url if transport == "shm" else n.tcp_url, access_key=n.access_key,
+                  secret_key=n.secret_key)
+
+
+def _expect(data: bytes, offsets, lengths) -> bytes:
+    return b"".join(data[o:o + k].ljust(k, b"\0")[:k] for o, k in zip(offsets, lengths))
+
+
+@pytest.mark.parametrize("transport,dest_kind", [("shm", "alloc"), ("shm", "bytearray"), ("tcp", "bytearray")])
+@pytest.mark.parametrize("bucket", ["raw", "zst", "ddp"])
+def test_ranges_land_packed_and_bit_identical(node, transport, dest_kind, bucket):
+    n, data = node
+    rng = np.random.default_rng(3)
+    blocks = rng.integers(0, SIZE // BLOCK, 300) * BLOCK
+    odd = rng.integers(0, SIZE - 70_000, 40)  # not block-aligned, odd lengths: the careful path
+    offsets = np.concatenate([blocks, odd, [SIZE - 1000, SIZE - 5]])
+    lengths = [BLOCK] * 300 + rng.integers(1, 70_000, 40).tolist() + [1000, 4096]
+    with _client(n, transport) as c:
+        total = sum(lengths)
+        dest = c.alloc(total) if dest_kind == "alloc" else bytearray(total)
+        memoryview(dest)[:] = b"\xee" * total
+        got = c.get_ranges_into(bucket, "obj", dest, offsets, lengths)
+        want = [min(k, SIZE - o) for o, k in zip(offsets.tolist(), lengths)]
+        assert got.dtype == np.int64 and got.tolist() == want  # the last range is cut at the end
+        pos = 0
+        for o, k, w in zip(offsets.tolist(), lengths, want):
+            assert bytes(memoryview(dest)[pos:pos + w]) == data[o:o + w]
+            pos += k
+        # one length for all ranges
+        same = c.get_ranges_into(bucket, "obj", dest, blocks[:8], BLOCK)
+        assert same.tolist() == [BLOCK] * 8
+        assert bytes(memoryview(dest)[:8 * BLOCK]) == _expect(data, blocks[:8].tolist(), [BLOCK] * 8)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_range_past_the_end_fails_alone(node, transport):
+    n, data = node
+    with _client(n, transport) as c:
+        dest = bytearray(3 * BLOCK)
+        errors: list = []
+        got = c.get_ranges_into("raw", "obj", dest, [0, SIZE, BLOCK], BLOCK, errors_out=errors)
+        assert got.tolist() == [BLOCK, -1, BLOCK]
+        assert errors[0] is None and errors[2] is None and isinstance(errors[1], InvalidRange)
+        assert "range 1" in str(errors[1])
+        assert bytes(dest[2 * BLOCK:]) == data[BLOCK:2 * BLOCK]
+        with pytest.raises(InvalidRange, match="range 1"):
+            c.get_ranges_into("raw", "obj", dest, [0, SIZE + BLOCK], BLOCK)
+        assert c.get_ranges_into("raw", "obj", dest, [], BLOCK).tolist() == []
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_bad_arguments_are_typed_errors_before_anything_is_sent(node, transport):
+    n, _ = node
+    with _client(n, transport) as c:
+        dest = bytearray(4 * BLOCK)
+        with pytest.raises(InvalidArgument, match="lengths"):
+            c.get_ranges_into("raw", "obj", dest, [0, BLOCK], [BLOCK])
+        with pytest.raises(InvalidArgument):
+            c.get_ranges_into("raw", "obj", dest, [-1], BLOCK)
+        with pytest.raises(InvalidArgument, match="exceeds"):
+            c.get_ranges_into("raw", "obj", dest, [0] * 5, BLOCK)  # dest too small
+        with pytest.raises(InvalidArgument):
+            c.get_ranges_into("raw", "obj", bytes(BLOCK), [0], BLOCK)  # read-only
+        with pytest.raises(InvalidArgument, match="at most"):
+            c.get_ranges_into("raw", "obj", dest, np.zeros(70_000, dtype=np.int64), 0)
+        with pytest.raises(NoSuchKey):
+            c.get_ranges_into("raw", "missing", dest, [0], BLOCK)
+        assert c.get_ranges_into("raw", "obj", dest, [0], BLOCK).tolist() == [BLOCK]  # still usable
+
+
+def test_a_large_tcp_batch_is_sent_from_the_files(node):
+    n, data = node
+    offsets = list(range(0, SIZE - (1 << 20), 1 << 20))  # 4 ranges of 1 MiB + 1 past the buffer limit
+    with _client(n, "tcp") as c:
+        dest = bytearray(len(offsets) * (1 << 20) + (1 << 20))
+        got = c.get_ranges_into("raw", "obj", dest, offsets + [0], 1 << 20)
+        assert got.tolist() == [1 << 20] * (len(offsets) + 1)
+        assert bytes(dest) == _expect(data, offsets + [0], [1 << 20] * (len(offsets) + 1))
+
+
+def _flip(path, pos: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_damaged_block_fails_only_its_range(tmp_path, native, transport):
+    if native == "1" and _native.read_ranges is None:
+        pytest.skip("the native batch loop is not built here")
+    n = start_node(tmp_path / "data", env={"GPUFEED_NATIVE": native})
+    try:
+        data = _data(1 << 20, 5)
+        with _client(n, transport) as c:
+            c.create_bucket("hurt")
+            c.put("hurt", "obj", data)
+            ((_chunk, file, offset, _stored),) = _chunks(n.data_dir / "catalog.sqlite3", "hurt", "obj")
+            _flip(n.data_dir / "blobs" / file[:2] / file[2:4] / file, offset + 40 * BLOCK + 77)
+            blocks = [39, 40, 41, 255]
+            dest = c.alloc(len(blocks) * BLOCK) if transport == "shm" else bytearray(len(blocks) * BLOCK)
+            errors: list = []
+            got = c.get_ranges_into("hurt", "obj", dest, [b * BLOCK for b in blocks], BLOCK, errors_out=errors)
+            assert got.tolist() == [BLOCK, -1, BLOCK, BLOCK]
+            assert isinstance(errors[1], DamagedObject) and "hurt/obj" in str(errors[1])
+            for i in (0, 2, 3):
+                assert bytes(memoryview(dest)[i * BLOCK:(i + 1) * BLOCK]) == \
+                    data[blocks[i] * BLOCK:(blocks[i] + 1) * BLOCK]
+            with pytest.raises(DamagedObject):
+                c.get_ranges_into("hurt", "obj", dest, [40 * BLOCK], BLOCK)
+            assert c.get_ranges_into("hurt", "obj", dest, [41 * BLOCK], BLOCK).tolist() == [BLOCK]
+    finally:
+        assert n.stop() == 0, n.log_path.read_text()
