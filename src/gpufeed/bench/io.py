@@ -311,6 +311,7 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
 
         def iops(path: str, ranges: bool = False) -> float:
             r = random.Random(2)
+            np_rng = np.random.default_rng(2)
             limit = max(size - 4096, 1)
             done, t_end = 0, time.perf_counter() + iops_seconds
             t0 = time.perf_counter()
@@ -330,7 +331,7 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
                         base = (k % 4) * batch * 4096
                         k += 1
                         if ranges:  # one GETR of 256 offsets (columns), packed into the batch's slot
-                            offsets = [r.randrange(0, limit) // 4096 * 4096 for _ in range(batch)]
+                            offsets = np_rng.integers(0, limit // 4096, batch) * 4096
                             inflight.append(client.submit_get_ranges_into(
                                 BUCKET, key, bufs[base:base + batch * 4096], offsets, 4096))
                             continue
