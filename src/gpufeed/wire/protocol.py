@@ -91,7 +91,7 @@ class Op(IntEnum):
     MAP = 20  # shm only: the object's read-only data file travels with the reply (SCM_RIGHTS)
     MAP_EXTENTS = 21  # shm only: the object's data files travel with the reply and its payload
     CHUNK = 22  # cluster peers only: a chunk's stored bytes, from the node that holds its data file
-    GETR = 23  # many ranges of one object version, into one region or as one payload
+    GETR = 24  # many ranges of one object version, into one region or as one payload
 
 
 # --- metadata structs (msgpack arrays, field order is the wire order) -----------
