@@ -751,7 +751,7 @@ def test_data_survives_reopen(tmp_path):
         e.upload_part(B, "m", up.upload_id, 1, b"part")
     with Engine(tmp_path, fsync=True) as e:
         assert e.recovered == {"tmp": 0, "blobs": 0, "uploads": 0, "parts": 0, "adopted": 0, "missing": 0,
-                               "orphan_manifests": 0, "missing_files": 0}
+                               "orphan_manifests": 0, "missing_files": 0, "replica_staging": 0}
         assert e.head_object(B, "k") == info
         assert e.get_object(B, "k") == b"durable"
         assert [p.part_number for p in e.list_parts(B, "m", up.upload_id)] == [1]
@@ -791,7 +791,7 @@ def test_restart_removes_leftovers(tmp_path):
     (tmp_path / "uploads" / up.upload_id / "00002.deadbeef").write_bytes(b"orphan part")
     with Engine(tmp_path, fsync=False) as e:
         assert e.recovered == {"tmp": 2, "blobs": 2, "uploads": 1, "parts": 1, "adopted": 0, "missing": 0,
-                               "orphan_manifests": 0, "missing_files": 0}
+                               "orphan_manifests": 0, "missing_files": 0, "replica_staging": 0}
         assert os.listdir(tmp_path / "tmp") == []
         assert blob_files(e) == {keep.blob_id}
         assert os.listdir(tmp_path / "uploads") == [up.upload_id]
