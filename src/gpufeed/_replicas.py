@@ -174,18 +174,12 @@ class Replicas:
             p.CopyChunk(r.chunk_id, r.file_offset, r.stored, r.size, r.codec, r.digest, r.domain, r.sum_kind,
                         len(r.sums)) for r in recs]))
         sums = b"".join(r.sums for r in recs)
-        fd = os.open(self._engine.data_file_path(file), os.O_RDONLY | os.O_CLOEXEC)
-        try:
+        with open(self._engine.data_file_path(file), "rb") as f:
             started = time.monotonic()
             sock.sendall(p.pack_header(p.Op.CHUNK_PUT, len(meta), 1, len(sums) + length) + meta + sums)
-            sent = 0
-            while sent < length:
-                n = os.sendfile(sock.fileno(), fd, sent, length - sent)
-                if n == 0:
-                    raise ProtocolError(f"data file {file} ended after {sent} of {length} bytes")
-                sent += n
-        finally:
-            os.close(fd)
+            sent = sock.sendfile(f, 0, length)  # os.sendfile, waiting up to the socket's timeout per send
+            if sent != length:
+                raise ProtocolError(f"data file {file} ended after {sent} of {length} bytes")
         got, payload = read_reply(sock, p.Op.CHUNK_PUT, started)
         if payload:
             raise ProtocolError(f"a payload of {payload} bytes on a CHUNK_PUT reply")
