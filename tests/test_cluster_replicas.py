@@ -148,7 +148,8 @@ def test_a_write_that_cannot_reach_enough_nodes_is_refused_and_copy_pushes_are_c
             s3.put_object(Bucket="raw", Key="refused", Body=b"r" * 10_000)
         err = got.value.response
         assert err["ResponseMetadata"]["HTTPStatusCode"] == 503 and err["Error"]["Code"] == "ServiceUnavailable"
-        assert f"node {_node_id(c)}" in err["Error"]["Message"] and "the write was not stored" in err["Error"]["Message"]
+        message = err["Error"]["Message"]
+        assert f"node {_node_id(c)}" in message and "the write was not stored" in message
         with pytest.raises(ClientError, match="404"):
             s3.head_object(Bucket="raw", Key="refused")
         assert len(_copies(postgres_url)) == 1  # nothing of it in the catalog
