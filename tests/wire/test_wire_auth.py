@@ -164,7 +164,8 @@ def _frames_of_every_op() -> dict[str, bytes]:
         p.Op.CHUNK: ["0" * 32], p.Op.CHUNK_PUT: ["ab" * 16, 4, [["ab" * 16, 0, 4, 4, "", b"d" * 16, None, 1, 0]]],
     }
     assert set(metas) | {p.Op.HELLO, p.Op.AUTH} == set(p.REQUEST_TYPES)  # every op
-    return {p.Op(op).name: raw_frame(op, msgspec.msgpack.encode(m), b"xxxx" if op in (p.Op.PUT, p.Op.CHUNK_PUT) else b"")
+    paid = (p.Op.PUT, p.Op.CHUNK_PUT)  # ops whose payload follows the frame
+    return {p.Op(op).name: raw_frame(op, msgspec.msgpack.encode(m), b"xxxx" if op in paid else b"")
             for op, m in metas.items()}
 
 
