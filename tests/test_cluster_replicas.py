@@ -188,7 +188,7 @@ def _push(sock: socket.socket, data: bytes, sums: bytes) -> None:
 
 
 def test_re_replication_restores_the_factor_after_a_node_is_lost(tmp_path, postgres_url):
-    env = {"GPUFEED_CLUSTER_REREPLICATE_INTERVAL_S": "0.3"}
+    env = {"GPUFEED_CLUSTER_REREPLICATE_INTERVAL_S": "0.3", "GPUFEED_CLUSTER_ORPHAN_GRACE_S": "4"}
     a, b, c = (_member(tmp_path / n, postgres_url, **env) for n in "abc")
     try:
         s3 = a.boto3_client()
@@ -210,6 +210,12 @@ def test_re_replication_restores_the_factor_after_a_node_is_lost(tmp_path, postg
         assert all({_node_id(a), _node_id(c)} <= n for n in copies.values())
         assert all(_has_file(c, f) for f in copies)
         print(f"time to full redundancy after the kill: {took:.1f} s (expiry 1.5 s, {len(on_b)} files re-copied)")
+        before = _copies(postgres_url)
+        c.boto3_client().delete_object(Bucket="raw", Key="k0")  # through c: a frees its copy by its sweep
+        [gone] = [f for f in before if f not in _copies(postgres_url)]
+        assert not _has_file(c, gone)
+        _wait_for(lambda: not _has_file(a, gone), 15)  # a's sweep: the file is older than the grace
+        del want["k0"]
         a.kill()  # every file is on c now: c alone serves everything
         s3c = c.boto3_client(retries={"max_attempts": 1, "mode": "standard"})
         for k, data in want.items():

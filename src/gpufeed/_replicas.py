@@ -18,7 +18,10 @@ replicated until more are live). When fewer nodes than that take a file, the
 write fails with ``ServiceUnavailable`` (503) naming each node's failure and
 nothing of it becomes visible.
 
-**Re-replication** (:class:`ReReplicator`, one daemon thread per node):
+**Re-replication** (:class:`ReReplicator`, one daemon thread per node;
+it also deletes, once they are ``orphan_grace_s`` old, the data files in the
+node's folder that no chunk names: copies of deleted data, copies a refused
+write left behind):
 every ``interval_s`` it asks the catalog for data files with a chunk that has
 fewer copies on live members than the (capped) factor; for each, the first
 live node holding it in rank order is the one that copies it (so two nodes
@@ -195,6 +198,9 @@ class ReReplicator:
         interval_s: seconds between passes (> 0).
         rate_bytes_s: most bytes sent per second, over a pass (> 0).
         batch: data files asked of the catalog at a time.
+        orphan_grace_s: data files in the folder that no chunk names are deleted
+            once this many seconds old (checked about every quarter of it, at
+            most once a pass; 0: never).
 
     Attributes:
         copied_files, copied_bytes: what it copied since start.
@@ -203,7 +209,7 @@ class ReReplicator:
     """
 
     def __init__(self, engine: Engine, replicas: Replicas, *, interval_s: float, rate_bytes_s: float,
-                 batch: int = 500) -> None:
+                 batch: int = 500, orphan_grace_s: float = 0.0) -> None:
         if not interval_s > 0 or not rate_bytes_s > 0:
             raise ValueError("the re-replication interval and rate must be > 0")
         self._engine, self._r = engine, replicas
@@ -213,6 +219,10 @@ class ReReplicator:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpufeed-rereplicate", daemon=True)
         self._next_send = 0.0
+        self.orphan_grace_s = orphan_grace_s
+        self._swept_at = time.monotonic()
+        #: data files no chunk names that the sweeps deleted since start
+        self.freed_files = 0
 
     def start(self) -> None:
         """Start the thread."""
@@ -228,6 +238,9 @@ class ReReplicator:
         while not self._stop.wait(self.interval_s):
             try:
                 self.run_pass()
+                if self.orphan_grace_s > 0 and time.monotonic() - self._swept_at >= self.orphan_grace_s / 4:
+                    self._swept_at = time.monotonic()
+                    self.freed_files += self._engine.free_unnamed_files(self.orphan_grace_s)
             except GpufeedError as exc:
                 log.warning("re-replication pass stopped: %s", exc.message)
             except Exception:

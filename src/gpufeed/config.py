@@ -335,6 +335,11 @@ class NodeConfig:
             ``GPUFEED_CLUSTER_REREPLICATE_INTERVAL_S``.
         cluster_rereplicate_bytes_s: most bytes per second a node sends when
             it restores the factor (> 0). Env ``GPUFEED_CLUSTER_REREPLICATE_RATE``.
+        cluster_orphan_grace_s: data files in a member's folder that no chunk
+            names (copies of data deleted through another node, copies a
+            refused write left) are deleted once this many seconds old, by a
+            sweep about every quarter of it; longer than any write takes
+            (0: only at the next start). Env ``GPUFEED_CLUSTER_ORPHAN_GRACE_S``.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -384,6 +389,7 @@ class NodeConfig:
     cluster_copy_max_bytes: int = 64 << 30  # 64 GiB
     cluster_rereplicate_interval_s: float = 10.0
     cluster_rereplicate_bytes_s: int = 100 << 20  # 100 MiB/s
+    cluster_orphan_grace_s: float = 3600.0  # 1 hour
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -442,6 +448,7 @@ class NodeConfig:
                                                 cls.cluster_rereplicate_interval_s),
             cluster_rereplicate_bytes_s=_env("GPUFEED_CLUSTER_REREPLICATE_RATE", _size,
                                              cls.cluster_rereplicate_bytes_s),
+            cluster_orphan_grace_s=_env("GPUFEED_CLUSTER_ORPHAN_GRACE_S", _seconds, cls.cluster_orphan_grace_s),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

@@ -351,11 +351,10 @@ class Node:
                                      timeout_s=cfg.cluster_copy_timeout_s)
             engine.use_peers(link.fetch, self.replicas.push if cfg.cluster_replicas > 1 else None,
                              copy_max_bytes=cfg.cluster_copy_max_bytes)
-            if cfg.cluster_replicas > 1:
-                self.rereplicator = ReReplicator(engine, self.replicas,
-                                                 interval_s=cfg.cluster_rereplicate_interval_s,
-                                                 rate_bytes_s=cfg.cluster_rereplicate_bytes_s)
-                self.rereplicator.start()
+            self.rereplicator = ReReplicator(engine, self.replicas, interval_s=cfg.cluster_rereplicate_interval_s,
+                                             rate_bytes_s=cfg.cluster_rereplicate_bytes_s,
+                                             orphan_grace_s=cfg.cluster_orphan_grace_s)
+            self.rereplicator.start()
         warnings = []
         if not engine.catalog_is_shared:
             warnings.append(f"cluster {cfg.cluster!r} on the SQLite catalog has this node as its only member; "

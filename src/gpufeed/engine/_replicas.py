@@ -23,6 +23,7 @@ finds a file it does not hold as the holder can read it as a copy.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -85,6 +86,26 @@ class ReplicaCalls:
         """Data files (ids after ``after``, at most ``limit``) with a chunk that has fewer
         than ``factor`` copies on the nodes ``live``."""
         return self._cat.under_replicated_files(live, factor, after, limit)
+
+    def free_unnamed_files(self, older_than_s: float) -> int:
+        """Delete the data files in this node's folder that no chunk of the catalog
+        names and that were last written more than ``older_than_s`` seconds ago
+        (copies of deleted data, copies a refused write left behind). A write
+        publishes its files before its commit names them, so ``older_than_s``
+        must be longer than any write takes. Returns how many were deleted."""
+        named = self._cat.data_files() | self._cat.copy_files() | self._cat.unheld_files()
+        now = time.time()
+        freed = 0
+        for f in self._chunks.files.list_data_files():
+            path = self._chunks.file_path(f)
+            try:
+                if f in named or now - os.stat(path).st_mtime < older_than_s or self._cat.file_records(f):
+                    continue
+            except OSError:
+                continue
+            remove_quietly(path)
+            freed += 1
+        return freed
 
     def record_file_copies(self, file: str, nodes: list[str]) -> None:
         """Record, in a write transaction of its own, that ``nodes`` hold copies of
