@@ -32,7 +32,9 @@ import json
 import os
 import platform
 import random
+import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -152,7 +154,8 @@ def run(cycles: int, run_s: float, workdir: Path) -> dict:
                                                       timeout_s=120) for i in range(3)]
         db = PostgresCatalog(url, pool_size=2)
         traffic = Traffic(nodes)
-        threads = [threading.Thread(target=traffic.write_loop), threading.Thread(target=traffic.read_loop)]
+        threads = [threading.Thread(target=traffic.write_loop, daemon=True),
+                   threading.Thread(target=traffic.read_loop, daemon=True)]
         try:
             assert nodes[0] is not None
             nodes[0].boto3_client().create_bucket(Bucket=_BUCKET)
@@ -221,6 +224,7 @@ def main() -> None:
     ap.add_argument("--run", type=float, default=2.0, help="seconds of traffic on three nodes before each kill")
     ap.add_argument("--json", default=None, help="write the results here")
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the nodes and the database on the way out
     with tempfile.TemporaryDirectory(prefix="gpufeed-kill9-") as d:
         doc = run(a.cycles, a.run, Path(d))
     print(json.dumps({k: doc[k] for k in ("totals", "acknowledged_writes", "acknowledged_lost",

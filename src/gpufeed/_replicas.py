@@ -53,6 +53,8 @@ __all__ = ["Replicas", "ReReplicator"]
 log = logging.getLogger("gpufeed.cluster")
 
 Files = list[tuple[str, list[ChunkRecord]]]
+#: Data files re-replication pushes at a time (over one connection per target node).
+_GROUP = 64
 
 
 class Replicas:
@@ -258,43 +260,54 @@ class ReReplicator:
             if not files:
                 break
             after = files[-1]
-            for f in files:
+            for i in range(0, len(files), _GROUP):
                 if self._stop.is_set():
                     break
-                sent = self._restore(f, live, factor)
-                if sent is None:
-                    counts["left"] += 1
-                elif sent:
-                    counts["files"] += 1
-                    counts["bytes"] += sent
+                done, sent, left = self._restore(files[i:i + _GROUP], live, factor)
+                counts["files"] += done
+                counts["bytes"] += sent
+                counts["left"] += left
         self.last_pass = counts
         return counts
 
-    def _restore(self, f: str, live: dict[str, NodeInfo], factor: int) -> int | None:
-        """Copy data file ``f`` to the nodes it lacks, when this node is the one to:
-        the bytes sent, or ``None`` when it was left (for another node, or it failed)."""
+    def _restore(self, files: list[str], live: dict[str, NodeInfo], factor: int) -> tuple[int, int, int]:
+        """Copy the data files of ``files`` that this node is the one to copy (the
+        first live holder by rank) to the live nodes they lack, one connection per
+        node. Returns ``(files restored, bytes sent, files left)``."""
         me = self._r.node_id
-        holders = set(self._engine.file_holders(f))
-        live_holders = [n for n in holders if n in live]
-        if not live_holders or rank(f.encode(), live_holders)[0] != me:
-            return None
-        recs = self._engine.file_records(f)
-        if not recs or not os.path.exists(self._engine.data_file_path(f)):
-            return None
+        by_need: dict[int, list[tuple[str, list[ChunkRecord]]]] = {}
+        have: dict[str, set[str]] = {}
+        left = 0
+        for f in files:
+            recs, holders = self._engine.file_holders(f)
+            live_holders = [n for n in holders if n in live]
+            if not recs or not live_holders or rank(f.encode(), live_holders)[0] != me \
+                    or not os.path.exists(self._engine.data_file_path(f)):
+                left += 1
+                continue
+            have[f] = set(holders)
+            by_need.setdefault(factor - len(live_holders), []).append((f, recs))
         peers = {n: info for n, info in live.items() if n != me and info.wire_port}
-        need = factor - len(live_holders)
-        got, errors = self._r.place([(f, recs)], peers, need, {f: holders})
-        if got[f]:
-            self._engine.record_file_copies(f, got[f])
-            sent = copy_length(recs) * len(got[f])
-            self.copied_files += 1
-            self.copied_bytes += sent
-            self._pace(sent)
-        if len(got[f]) < need:
-            log.warning("re-replication of data file %s: %d of %d copies made (%s)", f, len(got[f]), need,
-                        "; ".join(errors[f]) or "no live member lacks it")
-            return None
-        return copy_length(recs) * len(got[f])
+        done = sent = 0
+        for need, group in by_need.items():
+            got, errors = self._r.place(group, peers, need, have)
+            made = {f: nodes for f, nodes in got.items() if nodes}
+            if made:
+                self._engine.record_file_copies(made)
+            lengths = {f: copy_length(recs) for f, recs in group}
+            nbytes = sum(lengths[f] * len(nodes) for f, nodes in made.items())
+            for f, _ in group:
+                if len(got[f]) < need:
+                    left += 1
+                    log.warning("re-replication of data file %s: %d of %d copies made (%s)", f, len(got[f]), need,
+                                "; ".join(errors[f]) or "no live member lacks it")
+                else:
+                    done += 1
+            self.copied_files += len(made)
+            self.copied_bytes += nbytes
+            sent += nbytes
+            self._pace(nbytes)
+        return done, sent, left
 
     def _pace(self, sent: int) -> None:
         """Wait so that the bytes sent stay under ``rate_bytes_s`` on average."""

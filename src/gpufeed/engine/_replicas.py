@@ -73,10 +73,11 @@ class ReplicaCalls:
         """The chunks that live in data file ``file``, by offset (empty: no chunk names it now)."""
         return self._cat.file_records(file)
 
-    def file_holders(self, file: str) -> list[str]:
-        """The node ids holding data file ``file``: its chunks' holder first, then the copies."""
+    def file_holders(self, file: str) -> tuple[list[ChunkRecord], list[str]]:
+        """The chunks in data file ``file`` (by offset) and the node ids holding it:
+        the chunks' holder first, then the copies (both empty: no chunk names it)."""
         recs = self._cat.file_records(file)
-        return self._chunks.holders(recs[0]) if recs else []
+        return recs, (self._chunks.holders(recs[0]) if recs else [])
 
     def under_replicated(self, live: list[str], factor: int) -> int:
         """Chunks with fewer than ``factor`` copies on the nodes ``live``."""
@@ -107,11 +108,11 @@ class ReplicaCalls:
             freed += 1
         return freed
 
-    def record_file_copies(self, file: str, nodes: list[str]) -> None:
-        """Record, in a write transaction of its own, that ``nodes`` hold copies of
-        data file ``file`` (nothing when no chunk names the file any more)."""
+    def record_file_copies(self, copies: dict[str, list[str]]) -> None:
+        """Record, in one write transaction of its own, that the nodes ``copies[file]``
+        hold copies of each data file ``file`` (nothing for a file no chunk names any more)."""
         with self._cat.write() as w:
-            w.add_file_copies(file, nodes)
+            record_copies(w, copies)
 
 
 def replicate_staged(store: "ChunkStore", st: "Staged") -> dict[str, list[str]]:
