@@ -27,7 +27,8 @@ fewer copies on live members than the (capped) factor; for each, the first
 live node holding it in rank order is the one that copies it (so two nodes
 never both copy it), sending it to the next-ranked live nodes that lack it
 and recording the new copies; at most ``rate_bytes_s`` bytes per second are
-sent (a pause after each file).
+sent (files go 64 at a time, over one connection per target node, with a
+pause after each group).
 """
 
 from __future__ import annotations
