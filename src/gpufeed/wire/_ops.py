@@ -200,6 +200,8 @@ class Ops:
         refusal: GpufeedError | None = None
         if who is None or who.tenant != PEER_TENANT:
             refusal = AccessDenied("CHUNK_PUT is accepted from the nodes of this node's cluster only")
+        elif any(min(ch.sums_len, ch.file_offset, ch.stored, ch.size) < 0 for ch in req.chunks):
+            refusal = InvalidArgument("a CHUNK_PUT chunk with a negative offset or length")
         elif sums_len > req.length // 512 + 64 * len(req.chunks) + 64:
             refusal = InvalidArgument(f"{sums_len} bytes of block sums for {req.length} bytes of data")
         if refusal is not None:
