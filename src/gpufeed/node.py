@@ -236,7 +236,9 @@ class Node:
             CatalogDamaged: the catalog fails its check at start (nothing was changed).
             CatalogInUse: the PostgreSQL catalog belongs to another cluster or node.
             NodeIdInUse: a live member of the cluster holds this data folder's id.
-            ValueError: the cluster's heartbeat and expiry do not fit (expiry <= heartbeat).
+            ValueError: the cluster's heartbeat and expiry do not fit (expiry <= heartbeat), or
+                a copy or re-replication setting is out of range (factor < 1, a timeout,
+                interval or rate <= 0).
         """
         cfg = self.config
         data_dir = Path(cfg.data_dir).resolve()
