@@ -61,12 +61,12 @@ def _wait_for(check, timeout_s: float = 10.0):
 def test_nodes_join_leave_and_expire(tmp_path, postgres_url):
     nodes = [_member(tmp_path / f"n{i}", postgres_url) for i in range(3)]
     try:
-        assert nodes[0].warnings == () and any("2 other live node(s)" in w for w in nodes[2].warnings)
+        assert nodes[0].warnings == () and nodes[2].warnings == ()  # replication factor 2: no warning
         report = _status(nodes[0])
         assert report["cluster"] == "c1" and report["live"] == 3 and report["expiry_s"] == 1.5
         assert set(_health(report).values()) == {"live"}
-        assert report["under_replicated_chunks"] is None
-        assert "not copied across nodes" in report["under_replicated_note"]
+        assert report["under_replicated_chunks"] == 0 and report["replicas"] == 2
+        assert "fewer copies on live nodes" in report["under_replicated_note"]
         for n in report["nodes"]:
             assert n["host"] == "127.0.0.1" and n["wire_port"] > 0 and n["since_heartbeat_s"] < 1.5
             assert n["node_id"] == (tmp_path / f"n{[_port(x) for x in nodes].index(n['s3_port'])}" / "node.id"
@@ -89,7 +89,7 @@ def test_nodes_join_leave_and_expire(tmp_path, postgres_url):
         out = _gf("admin", "--url", nodes[0].s3_url, "cluster", "status")  # the table
         assert out.returncode == 0, out.stderr
         assert "cluster c1: 1 of 3 nodes live" in out.stdout and "expired" in out.stdout and "left" in out.stdout
-        assert "under-replicated chunks: n/a" in out.stdout
+        assert "under-replicated chunks: 0 (replication factor 2" in out.stdout
         out = _gf("admin", "--catalog", postgres_url, "cluster", "status", "--json")  # no node asked
         assert out.returncode == 0, out.stderr
         assert _health(json.loads(out.stdout)) == _health(report)

@@ -11,7 +11,8 @@ from gpufeed.admin import RemoteAdmin
 from gpufeed.engine._postgres import PostgresCatalog
 from gpufeed.testing.node import NodeProcess, start_node
 
-FAST = {"GPUFEED_CLUSTER_HEARTBEAT_S": "0.2", "GPUFEED_CLUSTER_EXPIRY_S": "1.5"}
+FAST = {"GPUFEED_CLUSTER_HEARTBEAT_S": "0.2", "GPUFEED_CLUSTER_EXPIRY_S": "1.5",
+        "GPUFEED_CLUSTER_REPLICAS": "1"}  # each chunk on its writer only (tests/test_cluster_replicas.py: copies)
 
 
 def _member(path, url: str) -> NodeProcess:

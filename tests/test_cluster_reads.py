@@ -13,7 +13,7 @@ import time
 import pytest
 from botocore.exceptions import ClientError
 
-from gpufeed._peers import PeerLink, _call, _request
+from gpufeed._peers import PeerLink, call, request
 from gpufeed.client import Client
 from gpufeed.engine._postgres import PostgresCatalog
 from gpufeed.engine.types import ChunkRecord
@@ -22,7 +22,7 @@ from gpufeed.testing.node import NodeProcess, start_node
 from gpufeed.wire import protocol as p
 
 FAST = {"GPUFEED_CLUSTER_HEARTBEAT_S": "0.2", "GPUFEED_CLUSTER_EXPIRY_S": "1.5",
-        "GPUFEED_CLUSTER_FETCH_TIMEOUT_S": "3"}
+        "GPUFEED_CLUSTER_FETCH_TIMEOUT_S": "3", "GPUFEED_CLUSTER_REPLICAS": "1"}  # each chunk on its writer only
 
 
 def _member(path, url: str) -> NodeProcess:
@@ -116,21 +116,21 @@ def test_chunk_is_served_only_to_members_of_the_cluster(pair, postgres_url):
     [chunk] = _chunks(postgres_url)
     host, port = a.tcp_url.removeprefix("gpufeed+tcp://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as sock:  # no AUTH
-        _call(sock, p.Op.HELLO, p.Hello("t"), p.HelloReply)
+        call(sock, p.Op.HELLO, p.Hello("t"), p.HelloReply)
         with pytest.raises(HolderUnavailable, match="AccessDenied"):
-            _request(sock, p.Op.CHUNK, p.ChunkReq(chunk.chunk_id))
+            request(sock, p.Op.CHUNK, p.ChunkReq(chunk.chunk_id))
     with socket.create_connection((host, int(port)), timeout=5) as sock:  # the node's own S3 key: no node key
-        hello = _call(sock, p.Op.HELLO, p.Hello("t"), p.HelloReply)
+        hello = call(sock, p.Op.HELLO, p.Hello("t"), p.HelloReply)
         mine = os.urandom(32)
         proof = p.auth_proof(p.auth_key(a.secret_key), "client", "tcp", a.access_key, hello.nonce, mine)
-        _call(sock, p.Op.AUTH, p.Auth(a.access_key, mine, proof), p.AuthReply)
+        call(sock, p.Op.AUTH, p.Auth(a.access_key, mine, proof), p.AuthReply)
         with pytest.raises(HolderUnavailable, match="AccessDenied"):
-            _request(sock, p.Op.CHUNK, p.ChunkReq(chunk.chunk_id))
+            request(sock, p.Op.CHUNK, p.ChunkReq(chunk.chunk_id))
     cat = PostgresCatalog(postgres_url)
     try:  # a node id that is no member: AUTH is refused
         stranger = PeerLink(cat.membership, cluster="c1", node_id="0" * 32, expiry_s=1.5, timeout_s=3, fetches=1)
         with pytest.raises(HolderUnavailable, match="InvalidAccessKeyId"):
-            stranger.fetch(chunk, os.open(os.devnull, os.O_WRONLY))
+            stranger.fetch(chunk, [chunk.holder], os.open(os.devnull, os.O_WRONLY))
     finally:
         cat.close()
 

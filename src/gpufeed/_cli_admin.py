@@ -387,10 +387,10 @@ def cluster_status(ctx, cluster_name, expiry_s, as_json) -> None:
         from .admin import catalog_cluster_status
 
         result = catalog_cluster_status(catalog_url, cluster_name or cfg.cluster, expiry_s=expiry,
-                                        timeout_s=cfg.catalog_timeout_s)
+                                        timeout_s=cfg.catalog_timeout_s, replicas=cfg.cluster_replicas)
         click.echo(json.dumps(result) if as_json else _cluster_table(result))
         return
-    _run(ctx, lambda a: a.cluster_status(expiry), as_json, _cluster_table)
+    _run(ctx, lambda a: a.cluster_status(expiry, cfg.cluster_replicas), as_json, _cluster_table)
 
 
 def _cluster_table(r: dict) -> str:
@@ -413,5 +413,6 @@ def _cluster_table(r: dict) -> str:
     console = Console(file=out, width=120, force_terminal=False)
     console.print(table)
     console.print(f"bytes stored on live nodes: {r['bytes_stored']:,}")
-    console.print(f"under-replicated chunks: {'n/a' if under is None else under} ({r['under_replicated_note']})")
+    console.print(f"under-replicated chunks: {'n/a' if under is None else under} (replication factor "
+                  f"{r.get('replicas', 'n/a')}: {r['under_replicated_note']})")
     return out.getvalue().rstrip("\n")

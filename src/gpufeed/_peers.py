@@ -39,7 +39,7 @@ from .errors import DamagedObject, GpufeedError, HolderUnavailable, ProtocolErro
 from .wire import protocol as p
 from .wire._auth import PEER_KEY_PREFIX
 
-__all__ = ["PeerLink", "node_secret", "PIECE_BYTES"]
+__all__ = ["PeerLink", "node_secret", "PIECE_BYTES", "call", "request", "read_reply"]
 
 #: Bytes read from a holder's socket at a time (and the most a fetch holds in memory).
 PIECE_BYTES = 1 << 20  # 1 MiB
@@ -114,16 +114,29 @@ class PeerLink:
             raise HolderUnavailable(f"{where} serves no fast-path TCP port, which node-to-node reads use")
         return info
 
-    def fetch(self, c: ChunkRecord, fd: int) -> None:
-        """Write chunk ``c``'s stored bytes, as its holder sends them, at
-        ``c.file_offset`` of ``fd`` (unchecked: the engine checks them).
+    def fetch(self, c: ChunkRecord, nodes: list[str], fd: int) -> None:
+        """Write chunk ``c``'s stored bytes, as a node of ``nodes`` sends them
+        (each asked in turn until one answers), at ``c.file_offset`` of ``fd``
+        (unchecked: the engine checks them).
 
         Raises:
-            HolderUnavailable: the holder is not live, or a wait passed ``timeout_s``,
-                or the connection failed.
-            DamagedObject: the holder reports the chunk damaged.
+            HolderUnavailable: no node of ``nodes`` is live, or each wait passed
+                ``timeout_s``, or each connection failed (the message names each).
+            DamagedObject: the nodes that answered report the chunk damaged.
         """
-        info = self._holder(c.holder)
+        failures: list[GpufeedError] = []
+        for node in nodes:
+            try:
+                self._fetch_from(node, c, fd)
+                return
+            except (HolderUnavailable, DamagedObject) as exc:
+                failures.append(exc)
+        if failures and all(isinstance(f, DamagedObject) for f in failures):
+            raise DamagedObject("; ".join(f.message for f in failures))
+        raise HolderUnavailable("; ".join(f.message for f in failures) or "no node holds it")
+
+    def _fetch_from(self, node: str, c: ChunkRecord, fd: int) -> None:
+        info = self._holder(node)
         if not self._slots.acquire(timeout=self.timeout_s):
             raise HolderUnavailable(f"every one of this node's fetches from other nodes stayed busy for "
                                     f"{self.timeout_s:.1f} s (GPUFEED_CLUSTER_FETCHES)")
@@ -131,24 +144,33 @@ class PeerLink:
             with socket.create_connection((info.host, info.wire_port), timeout=self.timeout_s) as sock:
                 self._fetch_over(sock, c, fd)
         except TimeoutError as exc:
-            raise HolderUnavailable(f"node {c.holder} at {info.host}:{info.wire_port} did not answer within "
+            raise HolderUnavailable(f"node {node} at {info.host}:{info.wire_port} did not answer within "
                                     f"{self.timeout_s:.1f} s (GPUFEED_CLUSTER_FETCH_TIMEOUT_S)") from exc
         except (OSError, ProtocolError) as exc:
-            raise HolderUnavailable(f"node {c.holder} at {info.host}:{info.wire_port} could not be read from: "
+            raise HolderUnavailable(f"node {node} at {info.host}:{info.wire_port} could not be read from: "
                                     f"{exc}") from exc
         finally:
             self._slots.release()
 
-    def _fetch_over(self, sock: socket.socket, c: ChunkRecord, fd: int) -> None:
-        hello = _call(sock, p.Op.HELLO, p.Hello("gpufeed-peer"), p.HelloReply)
+    def authenticate(self, sock: socket.socket) -> None:
+        """HELLO and AUTH with this node's node key on a fresh connection to a member.
+
+        Raises:
+            HolderUnavailable: the node refused.
+            ProtocolError: its proof is not the cluster's (it is no member).
+        """
+        hello = call(sock, p.Op.HELLO, p.Hello("gpufeed-peer"), p.HelloReply)
         access_key = PEER_KEY_PREFIX + self.node_id
         key = p.auth_key(node_secret(self._cluster_key(), self.node_id))
         mine = secrets.token_bytes(32)
         proof = p.auth_proof(key, "client", "tcp", access_key, hello.nonce, mine)
-        reply = _call(sock, p.Op.AUTH, p.Auth(access_key, mine, proof), p.AuthReply)
+        reply = call(sock, p.Op.AUTH, p.Auth(access_key, mine, proof), p.AuthReply)
         if not hmac.compare_digest(reply.proof, p.auth_proof(key, "server", "tcp", access_key, hello.nonce, mine)):
             raise ProtocolError("the node's AUTH proof is not the cluster's: it is not a member of this cluster")
-        got, payload = _request(sock, p.Op.CHUNK, p.ChunkReq(c.chunk_id))
+
+    def _fetch_over(self, sock: socket.socket, c: ChunkRecord, fd: int) -> None:
+        self.authenticate(sock)
+        got, payload = request(sock, p.Op.CHUNK, p.ChunkReq(c.chunk_id))
         head = p.decode(p.ChunkReply, got)
         if head.stored != c.stored or payload != c.stored:
             raise ProtocolError(f"the node sent {payload} bytes for chunk {c.chunk_id}, whose record says "
@@ -181,7 +203,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(out)
 
 
-def _request(sock: socket.socket, op: int, req) -> tuple[bytes, int]:
+def request(sock: socket.socket, op: int, req) -> tuple[bytes, int]:
     """Send one request; returns the reply's metadata and its payload length
     (the payload is left on the socket).
 
@@ -193,21 +215,32 @@ def _request(sock: socket.socket, op: int, req) -> tuple[bytes, int]:
     meta = p.encode(req)
     started = time.monotonic()
     sock.sendall(p.pack_header(op, len(meta), 1) + meta)
+    return read_reply(sock, op, started)
+
+
+def read_reply(sock: socket.socket, op: int, started: float) -> tuple[bytes, int]:
+    """The reply to request ``op`` sent at ``started`` (monotonic s): its metadata
+    and payload length (the payload is left on the socket).
+
+    Raises:
+        HolderUnavailable, DamagedObject: the node answered with an error.
+        ProtocolError: the reply is not a reply to it.
+    """
     rop, meta_len, _, payload = p.unpack_header(_recv_exact(sock, p.HEADER_SIZE), max_meta=64 << 10)
     got = _recv_exact(sock, meta_len)
     if rop == p.ERROR_OP:
         err = p.error_from_reply(p.decode(p.ErrorReply, got))
         if isinstance(err, DamagedObject):
             raise DamagedObject(f"its holder reports it damaged: {err.message}")
-        raise HolderUnavailable(f"the holder refused ({err.code}, after {time.monotonic() - started:.2f} s): "
+        raise HolderUnavailable(f"the node refused ({err.code}, after {time.monotonic() - started:.2f} s): "
                                 f"{err.message}")
     if rop != op | p.REPLY:
         raise ProtocolError(f"a reply of op {rop} to op {op}")
     return got, payload
 
 
-def _call(sock: socket.socket, op: int, req, reply_type: type):
-    got, payload = _request(sock, op, req)
+def call(sock: socket.socket, op: int, req, reply_type: type):
+    got, payload = request(sock, op, req)
     if payload:
         raise ProtocolError(f"a payload of {payload} bytes on a reply to op {op}")
     return p.decode(reply_type, got)

@@ -135,9 +135,9 @@ class Admin:
         """End the scrub in progress: ``{"stopped", ...status}``."""
         raise NotImplementedError
 
-    def cluster_status(self, expiry_s: float = 10.0) -> dict:
-        """The members of the node's cluster and their health
-        (:func:`gpufeed.engine._membership.cluster_report`). A running node
+    def cluster_status(self, expiry_s: float = 10.0, replicas: int = 2) -> dict:
+        """The members of the node's cluster, their health and the chunks with fewer
+        live copies than ``replicas`` (:func:`gpufeed.engine._membership.cluster_report`). A running node
         answers by its own expiry setting; a stopped node's folder by
         ``expiry_s``. InvalidArgument when the node has no cluster name."""
         raise NotImplementedError
@@ -310,7 +310,7 @@ class RemoteAdmin(Admin):
     def scrub_stop(self) -> dict:
         return self._call("DELETE", "scrub")
 
-    def cluster_status(self, expiry_s: float = 10.0) -> dict:
+    def cluster_status(self, expiry_s: float = 10.0, replicas: int = 2) -> dict:
         return self._call("GET", "cluster")
 
     def replication_add(self, bucket: str, target: str, target_bucket: str, access_key: str,
@@ -476,18 +476,20 @@ class LocalAdmin(Admin):
         return self._engine.set_snapshot_schedule(bucket, hourly=now["hourly"] if hourly is None else hourly,
                                                   daily=now["daily"] if daily is None else daily)
 
-    def cluster_status(self, expiry_s: float = 10.0) -> dict:
+    def cluster_status(self, expiry_s: float = 10.0, replicas: int = 2) -> dict:
         from .engine._membership import cluster_report
 
         if not self._cluster:
             raise InvalidArgument("name the node's cluster (--cluster NAME or GPUFEED_CLUSTER)")
-        return cluster_report(self._engine.membership, self._cluster, expiry_s)
+        return cluster_report(self._engine.membership, self._cluster, expiry_s,
+                              count_under=self._engine.under_replicated, replicas=replicas)
 
     def close(self) -> None:
         self._engine.close()
 
 
-def catalog_cluster_status(url: str, cluster: str = "", *, expiry_s: float = 10.0, timeout_s: float = 5.0) -> dict:
+def catalog_cluster_status(url: str, cluster: str = "", *, expiry_s: float = 10.0, timeout_s: float = 5.0,
+                           replicas: int = 2) -> dict:
     """The cluster report read straight from a PostgreSQL catalog, with no node
     or data folder (:func:`gpufeed.engine._membership.cluster_report`).
 
@@ -496,6 +498,7 @@ def catalog_cluster_status(url: str, cluster: str = "", *, expiry_s: float = 10.
         cluster: the cluster's name; ``""``: the cluster that owns the catalog.
         expiry_s: seconds without a heartbeat after which a member is expired.
         timeout_s: seconds to wait for the database.
+        replicas: the replication factor under-replicated chunks are counted against.
 
     Raises:
         InvalidArgument: ``url`` is not a PostgreSQL URL, or no cluster owns the catalog.
@@ -516,6 +519,7 @@ def catalog_cluster_status(url: str, cluster: str = "", *, expiry_s: float = 10.
                 raise InvalidArgument(f"the catalog at {catalog.where} belongs to no cluster "
                                       f"({'owner ' + repr(owner) if owner else 'no owner yet'})")
             cluster = owner.removeprefix("cluster:")
-        return cluster_report(catalog.membership, cluster, expiry_s)
+        return cluster_report(catalog.membership, cluster, expiry_s, count_under=catalog.under_replicated,
+                              replicas=replicas)
     finally:
         catalog.close()

@@ -93,9 +93,12 @@ main.add_command(replicate)
 @click.option("--catalog-pool", "catalog_pool", type=click.IntRange(min=2), default=None,
               help="PostgreSQL catalog: most database connections (default 8; env GPUFEED_CATALOG_POOL_SIZE).")
 @CLUSTER_OPTION
+@click.option("--replicas", type=click.IntRange(min=1), default=None,
+              help="Cluster: copies of each data file a write stores before it is acknowledged, capped to the "
+                   "live members (default 2; 1 = the writer's only; env GPUFEED_CLUSTER_REPLICAS).")
 def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no_fsync,
           region_pool, log_level, access_log, metrics_port, capacity, scrub_interval, scrub_rate,
-          catalog_check, catalog_url, catalog_pool, cluster) -> None:
+          catalog_check, catalog_url, catalog_pool, cluster, replicas) -> None:
     """Run a storage node: S3 endpoint plus the fast data path.
 
     Prints the endpoints as one JSON line on stdout, then serves until
@@ -115,6 +118,7 @@ def serve(data_dir, host, s3_port, port, socket_path, access_key, secret_key, no
         region_pool_bytes=region_pool, access_log=access_log, metrics_port=metrics_port,
         capacity_bytes=capacity, scrub_interval_s=scrub_interval, scrub_rate_bytes=scrub_rate,
         catalog_check=catalog_check, catalog=catalog_url, catalog_pool_size=catalog_pool, cluster=cluster,
+        cluster_replicas=replicas,
     )
     node = Node(cfg)
     endpoints = node.start()

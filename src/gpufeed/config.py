@@ -321,6 +321,25 @@ class NodeConfig:
         cluster_fetches: most chunks fetched from other nodes at once; a read
             that finds them all busy waits up to ``cluster_fetch_timeout_s``
             (>= 1). Env ``GPUFEED_CLUSTER_FETCHES``.
+        cluster_replicas: copies of each data file a write stores before it is
+            acknowledged, the writer's included (>= 1; capped to the live
+            members; 1: only the writer's). Env ``GPUFEED_CLUSTER_REPLICAS``.
+        cluster_copy_timeout_s: seconds any one wait of a push of a copy to
+            another node may take (connecting, each send, its reply); past it
+            the next-ranked node is tried (> 0). Env ``GPUFEED_CLUSTER_COPY_TIMEOUT_S``.
+        cluster_copy_max_bytes: largest data file a node takes as a copy from
+            another, bytes (its block sums, 1/1024 of it, sit in memory while it
+            is checked). Env ``GPUFEED_CLUSTER_COPY_MAX_BYTES``.
+        cluster_rereplicate_interval_s: seconds between a node's passes that
+            restore the replication factor of data files it holds (> 0). Env
+            ``GPUFEED_CLUSTER_REREPLICATE_INTERVAL_S``.
+        cluster_rereplicate_bytes_s: most bytes per second a node sends when
+            it restores the factor (> 0). Env ``GPUFEED_CLUSTER_REREPLICATE_RATE``.
+        cluster_orphan_grace_s: data files in a member's folder that no chunk
+            names (copies of data deleted through another node, copies a
+            refused write left) are deleted once this many seconds old, by a
+            sweep about every quarter of it; longer than any write takes
+            (0: only at the next start). Env ``GPUFEED_CLUSTER_ORPHAN_GRACE_S``.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -365,6 +384,12 @@ class NodeConfig:
     cluster_bytes_interval_s: float = 60.0  # 1 minute
     cluster_fetch_timeout_s: float = 10.0
     cluster_fetches: int = 8
+    cluster_replicas: int = 2
+    cluster_copy_timeout_s: float = 30.0
+    cluster_copy_max_bytes: int = 64 << 30  # 64 GiB
+    cluster_rereplicate_interval_s: float = 10.0
+    cluster_rereplicate_bytes_s: int = 100 << 20  # 100 MiB/s
+    cluster_orphan_grace_s: float = 3600.0  # 1 hour
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -416,6 +441,14 @@ class NodeConfig:
                                           cls.cluster_bytes_interval_s),
             cluster_fetch_timeout_s=_env("GPUFEED_CLUSTER_FETCH_TIMEOUT_S", _seconds, cls.cluster_fetch_timeout_s),
             cluster_fetches=_env("GPUFEED_CLUSTER_FETCHES", _count, cls.cluster_fetches),
+            cluster_replicas=_env("GPUFEED_CLUSTER_REPLICAS", _count, cls.cluster_replicas),
+            cluster_copy_timeout_s=_env("GPUFEED_CLUSTER_COPY_TIMEOUT_S", _seconds, cls.cluster_copy_timeout_s),
+            cluster_copy_max_bytes=_env("GPUFEED_CLUSTER_COPY_MAX_BYTES", _size, cls.cluster_copy_max_bytes),
+            cluster_rereplicate_interval_s=_env("GPUFEED_CLUSTER_REREPLICATE_INTERVAL_S", _seconds,
+                                                cls.cluster_rereplicate_interval_s),
+            cluster_rereplicate_bytes_s=_env("GPUFEED_CLUSTER_REREPLICATE_RATE", _size,
+                                             cls.cluster_rereplicate_bytes_s),
+            cluster_orphan_grace_s=_env("GPUFEED_CLUSTER_ORPHAN_GRACE_S", _seconds, cls.cluster_orphan_grace_s),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

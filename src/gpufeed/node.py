@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ._cluster import ClusterMember, advertised_host
 from ._metrics import NodeMetrics
 from ._peers import PeerLink
+from ._replicas import Replicas, ReReplicator
 from .config import DEFAULT_SECRET_KEY, NodeConfig
 from .engine import CatalogSettings, Engine
 from .engine._catalogs import node_id
@@ -215,6 +216,9 @@ class Node:
         self._snapshots: SnapshotWorker | None = None
         #: the node's cluster membership (``None``: not in a cluster)
         self.member: ClusterMember | None = None
+        #: copies of data files on other members, and the job that restores their factor (``None``: none)
+        self.replicas: Replicas | None = None
+        self.rereplicator: ReReplicator | None = None
         #: The node's replication rules (``None`` until started).
         self.replicator: Replicator | None = None
         self._replication: ReplicationWorker | None = None
@@ -232,7 +236,9 @@ class Node:
             CatalogDamaged: the catalog fails its check at start (nothing was changed).
             CatalogInUse: the PostgreSQL catalog belongs to another cluster or node.
             NodeIdInUse: a live member of the cluster holds this data folder's id.
-            ValueError: the cluster's heartbeat and expiry do not fit (expiry <= heartbeat).
+            ValueError: the cluster's heartbeat and expiry do not fit (expiry <= heartbeat), or
+                a copy or re-replication setting is out of range (factor < 1, a timeout,
+                interval or rate <= 0).
         """
         cfg = self.config
         data_dir = Path(cfg.data_dir).resolve()
@@ -342,17 +348,25 @@ class Node:
                             fetches=cfg.cluster_fetches)
             if self._wire is not None:
                 self._wire.auth.peers = link.secret_for
-            engine.use_peers(link.fetch)
+            self.replicas = Replicas(engine, link, engine.membership, cluster=cfg.cluster, node_id=me.node_id,
+                                     factor=cfg.cluster_replicas, expiry_s=cfg.cluster_expiry_s,
+                                     timeout_s=cfg.cluster_copy_timeout_s)
+            engine.use_peers(link.fetch, self.replicas.push if cfg.cluster_replicas > 1 else None,
+                             copy_max_bytes=cfg.cluster_copy_max_bytes)
+            self.rereplicator = ReReplicator(engine, self.replicas, interval_s=cfg.cluster_rereplicate_interval_s,
+                                             rate_bytes_s=cfg.cluster_rereplicate_bytes_s,
+                                             orphan_grace_s=cfg.cluster_orphan_grace_s)
+            self.rereplicator.start()
         warnings = []
         if not engine.catalog_is_shared:
             warnings.append(f"cluster {cfg.cluster!r} on the SQLite catalog has this node as its only member; "
                             "nodes of one cluster share a PostgreSQL catalog (--catalog postgresql://...)")
         others = [n for n in engine.membership.nodes(cfg.cluster)
                   if n.node_id != me.node_id and n.live(cfg.cluster_expiry_s)]
-        if others:
-            warnings.append(f"cluster {cfg.cluster!r} has {len(others)} other live node(s): each chunk is stored on "
-                            "the node that wrote it only (no replicas), so an object is readable while that node is "
-                            "live (docs/cluster.md)")
+        if others and engine.catalog_is_shared and cfg.cluster_replicas < 2:
+            warnings.append(f"cluster {cfg.cluster!r} has {len(others)} other live node(s) and replication factor "
+                            f"{cfg.cluster_replicas}: each chunk is stored on the node that wrote it only, so an "
+                            "object is readable while that node is live (docs/cluster.md)")
         for w in warnings:
             log.warning(w)
         return warnings
@@ -376,6 +390,8 @@ class Node:
 
     def stop(self) -> None:
         """Leave the cluster, stop every endpoint and the background workers, and close the engine. Idempotent."""
+        if self.rereplicator is not None:
+            self.rereplicator.stop()
         if self.member is not None:
             self.member.stop()
             self.member = None

@@ -109,6 +109,7 @@ def test_version_1_catalog_gains_the_nodes_table(postgres_url):
     c.close()
     with psycopg.connect(postgres_url, autocommit=True) as conn:  # as the first release left it
         conn.execute("DROP TABLE nodes")
+        conn.execute("DROP TABLE file_copies")
         conn.execute("DROP INDEX chunks_by_holder")
         conn.execute("ALTER TABLE chunks DROP COLUMN holder")
         conn.execute("UPDATE gpufeed_meta SET value = '1' WHERE name = 'schema_version'")
@@ -122,7 +123,8 @@ def test_version_1_catalog_gains_the_nodes_table(postgres_url):
         c.close()
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         row = conn.execute("SELECT value FROM gpufeed_meta WHERE name = 'schema_version'").fetchone()
-    assert row is not None and row[0] == str(SCHEMA_VERSION) == "3"
+        copies = conn.execute("SELECT COUNT(*) FROM file_copies").fetchone()
+    assert row is not None and row[0] == str(SCHEMA_VERSION) == "4" and copies == (0,)
 
 
 def _record(cid: str) -> ChunkRecord:
@@ -166,6 +168,34 @@ def test_a_catalog_owned_by_one_node_gives_it_every_chunk(postgres_url):
         assert c.data_files() == {"file-c1"} and c.unheld_files() == set() and c.chunk("c1").holder == "n1"
     finally:
         c.close()
+
+
+def test_copies_of_data_files_are_recorded_counted_and_freed(postgres_url):
+    a = PostgresCatalog(postgres_url, owner="cluster:c1", holder="A")
+    b = PostgresCatalog(postgres_url, owner="cluster:c1", holder="B")
+    try:
+        with a.write() as w:
+            for cid in ("c1", "c2"):
+                w.insert_chunk(_record(cid), 1)
+            w.insert_manifest("blob1", 20, ["c1", "c2"])
+            w.add_file_copies("file-c1", ["B"])
+            w.add_file_copies("no-such-file", ["B"])  # a file no chunk names gets no row
+        assert a.file_copies("file-c1") == ["B"] and a.file_copies("no-such-file") == []
+        assert b.copy_files() == {"file-c1"} and b.data_files() == set() and a.copy_files() == set()
+        assert [r.chunk_id for r in a.file_records("file-c1")] == ["c1"]
+        assert a.under_replicated(["A", "B"], 2) == 1  # c2 is on A only
+        assert a.under_replicated(["B"], 2) == 2 and a.under_replicated(["A", "B"], 1) == 0
+        assert a.under_replicated_files(["A", "B"], 2, "", 10) == ["file-c2"]
+        assert a.under_replicated_files(["A", "B"], 2, "file-c2", 10) == []
+        assert b.drop_file_copies({"file-c1"}) == 1 and a.file_copies("file-c1") == []
+        with a.write() as w:
+            w.add_file_copies("file-c1", ["B", "C"])
+        with a.write() as w:  # the last reference goes: the copies' rows with it
+            files, _ = w.release_manifest("blob1")
+        assert sorted(files) == ["file-c1", "file-c2"] and a.file_copies("file-c1") == []
+    finally:
+        a.close()
+        b.close()
 
 
 def test_unreachable_database_is_named_without_password(postgres_server):

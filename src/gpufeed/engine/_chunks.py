@@ -182,7 +182,9 @@ class ChunkStore:
         #: trust that check; a chunk found damaged leaves it). Bounded.
         self.mapped_ok = _BoundedSet(_MAPPED_OK_MAX)
         #: How chunks held by other cluster nodes are fetched (:mod:`._remote`); ``None``: they are not.
-        self.remote: Callable[[ChunkRecord, int], None] | None = None
+        self.remote: Callable[[ChunkRecord, list[str], int], None] | None = None
+        #: How new data files are copied to other cluster nodes (:mod:`._replicas`); ``None``: they are not.
+        self.push: Callable[[list[tuple[str, list[ChunkRecord]]]], dict[str, list[str]]] | None = None
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads that compress chunks (made on first use)."""
@@ -220,6 +222,10 @@ class ChunkStore:
         """Whether another cluster node's data folder holds chunk ``c``'s data file
         (it is then never looked for, nor marked missing or damaged, here)."""
         return bool(c.holder) and c.holder != self._cat.holder
+
+    def holders(self, c: ChunkRecord) -> list[str]:
+        """Nodes holding chunk ``c``'s data file: its holder, then the copies the catalog records."""
+        return [c.holder] + [n for n in self._cat.file_copies(c.file) if n != c.holder]
 
     def file_path(self, file_id: str) -> str:
         """Absolute path of data file ``file_id``."""

@@ -97,9 +97,15 @@ class ObjectHandle:
         f = self._held.get(c.file)
         if f is None and self._store.held_elsewhere(c):
             fd = self._remote.get(c.chunk_id)
-            if fd is None:
+            if fd is not None:
+                return fd
+            try:  # a copy of it here (a present data file is always whole and checked)
+                f = self._files.acquire(c.file, self._store.file_path(c.file))
+            except FileNotFoundError:
                 fd = self._remote[c.chunk_id] = fetch_chunk(self._store, c, self.info.bucket, self.info.key)
-            return fd
+                return fd
+            self._held[c.file] = f
+            f.size = os.fstat(f.fd).st_size
         if f is None:
             try:
                 f = self._files.acquire(c.file, self._store.file_path(c.file))

@@ -310,26 +310,30 @@ class PgMembership(Membership):
 
 
 #: What ``under_replicated_chunks`` counts, as the report states it.
-UNDER_REPLICATED_NOTE = ("chunks with fewer copies than the replication factor; n/a: chunks are not copied across "
-                         "nodes yet (each chunk is held by the node that wrote it)")
+UNDER_REPLICATED_NOTE = ("chunks with fewer copies on live nodes than the replication factor (capped to the live "
+                         "nodes); n/a: not counted (no live node, or no catalog to count in)")
 
 
-def cluster_report(membership: Membership, cluster: str, expiry_s: float) -> dict:
+def cluster_report(membership: Membership, cluster: str, expiry_s: float, *,
+                   count_under: Callable[[list[str], int], int] | None = None, replicas: int = 2) -> dict:
     """What ``gpufeed admin cluster status`` shows.
 
     Args:
         membership: the catalog's membership.
         cluster: the cluster's name.
         expiry_s: seconds without a heartbeat after which a member is expired.
+        count_under: ``count_under(live node ids, factor)``: chunks with fewer
+            copies on those nodes (the catalog's ``under_replicated``); ``None``: not counted.
+        replicas: the replication factor the count is against (capped to the live members).
 
     Returns:
-        ``{"cluster", "expiry_s", "live", "nodes", "bytes_stored",
+        ``{"cluster", "expiry_s", "live", "nodes", "bytes_stored", "replicas",
         "under_replicated_chunks", "under_replicated_note"}``: ``nodes`` one
         ``{"node_id", "host", "s3_port", "wire_port", "health"
         ("live"|"expired"|"left"), "since_heartbeat_s", "started_at",
         "heartbeat_at", "bytes_stored"}`` per member (times by the
         database's clock); ``bytes_stored`` the live members' total;
-        ``under_replicated_chunks`` ``None`` (see :data:`UNDER_REPLICATED_NOTE`).
+        ``under_replicated_chunks`` ``None`` when not counted (see :data:`UNDER_REPLICATED_NOTE`).
 
     Raises:
         CatalogUnavailable: the catalog's database cannot be reached.
@@ -341,6 +345,9 @@ def cluster_report(membership: Membership, cluster: str, expiry_s: float) -> dic
                       "health": health, "since_heartbeat_s": round(n.age_s, 3), "started_at": n.started_at,
                       "heartbeat_at": n.heartbeat_at, "bytes_stored": n.bytes_stored})
     live = [n for n in nodes if n["health"] == "live"]
+    under = None
+    if count_under is not None and live:
+        under = count_under([str(n["node_id"]) for n in live], min(replicas, len(live)))
     return {"cluster": cluster, "expiry_s": expiry_s, "live": len(live), "nodes": nodes,
-            "bytes_stored": sum(n["bytes_stored"] for n in live), "under_replicated_chunks": None,
-            "under_replicated_note": UNDER_REPLICATED_NOTE}
+            "bytes_stored": sum(n["bytes_stored"] for n in live), "replicas": replicas,
+            "under_replicated_chunks": under, "under_replicated_note": UNDER_REPLICATED_NOTE}

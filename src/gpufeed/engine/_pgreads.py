@@ -20,6 +20,7 @@ import json
 from collections.abc import Callable, Generator, Iterator
 
 from ..errors import InvalidArgument
+from ._pgcopies import PgCopyReads
 from .catalog import CompletedUpload, LiveFiles, ObjectUse, PartRecord
 from .types import (
     DEFAULT_TENANT,
@@ -121,7 +122,7 @@ def _chunk(row: tuple) -> ChunkRecord:
     return ChunkRecord(cid, file, off, stored, size, codec, bytes(digest), bytes(sums), domain, kind, holder)
 
 
-class PgReads:
+class PgReads(PgCopyReads):
     """Every read of the catalog interface, over :meth:`_rows`."""
 
     _blob_path: Callable[[str], str]
@@ -400,6 +401,10 @@ class PgReads:
 
     def file_chunks(self, file: str) -> list[str]:
         return [r[0] for r in self._rows("SELECT chunk_id FROM chunks WHERE file = %s ORDER BY chunk_id", (file,))]
+
+    def file_records(self, file: str) -> list[ChunkRecord]:
+        return [_chunk(r) for r in self._rows(
+            f"SELECT {CHUNK_COLS} FROM chunks WHERE file = %s ORDER BY file_offset, chunk_id", (file,))]
 
     def parts_total(self) -> int:
         return int(self._rows("SELECT COALESCE(SUM(size), 0) FROM parts")[0][0])

@@ -38,7 +38,7 @@ __all__ = ["SCHEMA_VERSION", "MIGRATIONS", "META_TABLE", "migrate", "claim_owner
 #: Bumped when the schema changes; stored in ``gpufeed_meta`` as
 #: ``schema_version``. An older catalog is brought up to this one on open
 #: (:data:`MIGRATIONS`); a newer one is refused.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 META_TABLE = """
 CREATE TABLE IF NOT EXISTS gpufeed_meta (
@@ -213,6 +213,16 @@ _VERSION_3 = [
     "CREATE INDEX IF NOT EXISTS chunks_by_holder ON chunks (holder, file)",
 ]
 
+#: Version 4: ``file_copies``, the other nodes that hold a copy of a data file
+#: (a cluster's replicas, :mod:`._pgcopies`); the chunks' holder is not listed.
+_VERSION_4 = [
+    """CREATE TABLE IF NOT EXISTS file_copies (
+    file TEXT COLLATE "C" NOT NULL,
+    node TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (file, node))""",
+    "CREATE INDEX IF NOT EXISTS file_copies_by_node ON file_copies (node, file)",
+]
+
 #: ``version -> statements`` that take a catalog of version ``version - 1`` to
 #: ``version``. Each statement is idempotent (``IF NOT EXISTS``). Append a step
 #: when bumping :data:`SCHEMA_VERSION`.
@@ -220,6 +230,7 @@ MIGRATIONS: dict[int, list[str]] = {
     1: _VERSION_1,
     2: [NODES_TABLE],  # cluster membership (:mod:`._membership`)
     3: _VERSION_3,  # which node holds each chunk's data file
+    4: _VERSION_4,  # which other nodes hold a copy of each data file
 }
 
 #: ``(sql, args) -> rows``: how these functions run a statement (the caller's

@@ -307,7 +307,15 @@ class PgWrites:
         for bucket, stored in freed.items():
             self._add_chunk_usage(bucket, -stored, -gone[bucket])
         free = [f for f in files if not self._rows("SELECT 1 FROM chunks WHERE file = %s LIMIT 1", (f,))]
+        if free:  # other nodes' copies: each node deletes its own file (docs/cluster.md)
+            self._count("DELETE FROM file_copies WHERE file = ANY(%s)", (free,))
         return free, sum(freed.values())
+
+    def add_file_copies(self, file: str, nodes: list[str]) -> None:
+        for node in nodes:
+            self._count("INSERT INTO file_copies (file, node) SELECT %s, %s WHERE EXISTS"
+                        " (SELECT 1 FROM chunks WHERE file = %s) ON CONFLICT (file, node) DO NOTHING",
+                        (file, node, file))
 
     def repair_chunk(self, chunk_id: str, record: ChunkRecord) -> str | None:
         rows = self._rows("SELECT file FROM chunks WHERE chunk_id = %s", (chunk_id,))

@@ -379,6 +379,13 @@ class PostgresCatalog(PgReads, Catalog):
                          (self._holder, sorted(files)))
         return len(got)
 
+    def drop_file_copies(self, files: set[str]) -> int:
+        """Forget this node's copies of ``files`` (missing from its folder)."""
+        if not files or not self._holder:
+            return 0
+        return len(self._rows("DELETE FROM file_copies WHERE node = %s AND file = ANY(%s) RETURNING file",
+                              (self._holder, sorted(files))))
+
     def owner(self) -> str:
         """The deployment recorded as the catalog's owner (``"cluster:NAME"``,
         ``"node:<id>"``), ``""`` when none is yet."""

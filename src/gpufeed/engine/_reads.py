@@ -22,6 +22,7 @@ from ._chunkreads import ChunkDamage, Manifest
 from ._chunks import ChunkStore
 from ._handles import ObjectHandle
 from ._remote import FetchChunk
+from ._replicas import COPY_MAX_BYTES, PushFiles
 from ._writes import as_bytes_view
 from .catalog import Catalog
 from .types import ChunkRecord, ObjectInfo
@@ -98,33 +99,41 @@ class ObjectReads:
         except FileNotFoundError:  # NoSuchKey: freed between the lookup and the open
             return None
 
-    def use_peers(self, fetch: FetchChunk | None) -> None:
+    def use_peers(self, fetch: FetchChunk | None, push: PushFiles | None = None, *,
+                  copy_max_bytes: int = COPY_MAX_BYTES) -> None:
         """Read chunks that other nodes of the cluster hold through ``fetch``
-        (:mod:`._remote`; ``None``: such reads fail with HolderUnavailable)."""
+        (:mod:`._remote`; ``None``: such reads fail with HolderUnavailable);
+        copy every new data file to other nodes through ``push`` before a write
+        commits (:mod:`._replicas`; ``None``: no copies); take copies other
+        nodes push of at most ``copy_max_bytes`` bytes."""
         self._chunks.remote = fetch
+        self._chunks.push = push
+        self._copy_max_bytes = copy_max_bytes
 
     @contextmanager
     def held_chunk(self, chunk_id: str) -> Iterator[tuple[int, int, int]]:
-        """The stored bytes of a chunk whose data file this node holds, as
+        """The stored bytes of a chunk whose data file this node holds (as the
+        chunks' holder, or a copy of it), as
         ``(fd, file_offset, stored)`` (the descriptor is this node's shared one:
         never close it; it stays valid until the block ends). Unchecked: the
         asker checks them against the block sums its catalog holds.
 
         Raises:
             NoSuchKey: no chunk ``chunk_id`` (freed meanwhile).
-            InvalidArgument: another node holds it.
+            InvalidArgument: another node holds it and this node has no copy.
             DamagedObject: its data file is missing or shorter than the chunk
-                (the chunk is marked damaged here, its holder).
+                (marked damaged when this node is the holder).
         """
         store = self._chunks
         c = self._cat.chunk(chunk_id)
         if c is None:
             raise NoSuchKey(f"no chunk {chunk_id} (it was freed)")
-        if store.held_elsewhere(c):
-            raise InvalidArgument(f"chunk {chunk_id} is held by node {c.holder}, not by this node")
         try:
             f = self._files.open_files.acquire(c.file, store.file_path(c.file))
         except FileNotFoundError:
+            if store.held_elsewhere(c):  # a copy this node does not have (or no longer has)
+                raise InvalidArgument(f"chunk {chunk_id} is held by node {c.holder}, and this node has no "
+                                      "copy of it") from None
             store.report_damage(chunk_id, "data file is missing")
             raise DamagedObject(f"chunk {chunk_id}: its data file is missing on its holder",
                                 chunk=chunk_id) from None
@@ -132,7 +141,8 @@ class ObjectReads:
             size = os.fstat(f.fd).st_size
             if c.file_offset + c.stored > size:
                 reason = f"data file has {size} bytes, the chunk needs {c.file_offset + c.stored}"
-                store.report_damage(chunk_id, reason)
+                if not store.held_elsewhere(c):  # a copy's holder judges the chunk
+                    store.report_damage(chunk_id, reason)
                 raise DamagedObject(f"chunk {chunk_id} on its holder: {reason}", chunk=chunk_id)
             yield f.fd, c.file_offset, c.stored
         finally:

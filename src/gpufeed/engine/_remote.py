@@ -2,9 +2,10 @@
 node when a read needs them, and checked before a byte of them is served.
 
 A node of a cluster records, for each chunk, which node's data folder holds
-its data file (:attr:`~.types.ChunkRecord.holder`). A read through another
-node finds the chunk's record in the shared catalog and asks the holder for
-the chunk's stored bytes (the fetch function the node installs with
+its data file (:attr:`~.types.ChunkRecord.holder`), and which other nodes
+hold a copy of that file (:mod:`._replicas`). A read through a node that has
+neither finds the chunk's record in the shared catalog and asks the holder,
+then each node with a copy, for the chunk's stored bytes (the fetch function the node installs with
 :meth:`~gpufeed.engine.Engine.use_peers`, over the fast path's TCP transport:
 :mod:`gpufeed._peers`). The bytes land at the chunk's own offset of a private
 temp file, unlinked at once (so the chunk's record reads it unchanged, and
@@ -32,45 +33,56 @@ if TYPE_CHECKING:
 
 __all__ = ["FetchChunk", "fetch_chunk"]
 
-#: ``fetch(chunk, fd)``: write the chunk's ``stored`` bytes at its ``file_offset``
-#: of ``fd``. Raises HolderUnavailable (the holder is not live, or did not answer
-#: in time) or DamagedObject (the holder reports the chunk damaged), each with a
-#: message that names the holder and the reason.
-FetchChunk = Callable[[ChunkRecord, int], None]
+#: ``fetch(chunk, nodes, fd)``: write the chunk's ``stored`` bytes at its
+#: ``file_offset`` of ``fd``, asking the nodes ``nodes`` (its holder, then the
+#: nodes with a copy) in turn until one sends them. Raises HolderUnavailable (no
+#: node is live, or none answered in time) or DamagedObject (every node that
+#: answered reports the chunk damaged), each with a message that names the
+#: nodes and the reasons.
+FetchChunk = Callable[[ChunkRecord, list[str], int], None]
 
 
 def fetch_chunk(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str) -> int:
-    """Fetch chunk ``c`` of object ``bucket/key`` from its holder and check it.
+    """Fetch chunk ``c`` of object ``bucket/key`` from a node that holds it, and check it:
+    its holder first, then each node with a copy, until one sends bytes that pass.
 
     Returns:
         A descriptor of a private unlinked file holding the chunk's stored bytes
         at ``c.file_offset`` (the caller closes it).
 
     Raises:
-        HolderUnavailable: this node cannot reach the holder (not live, no
-            answer in time, or this node fetches from no one).
-        DamagedObject: the bytes the holder sent fail their check, or the holder
-            reports the chunk damaged.
+        HolderUnavailable: no node that holds it could be read from (not live, no
+            answer in time, or this node fetches from no one); the message names each.
+        DamagedObject: every node that answered sent bytes that fail their check,
+            or reports the chunk damaged.
     """
-    where = f"{bucket}/{key}: chunk {c.chunk_id} (held by node {c.holder})"
+    nodes = [n for n in store.holders(c) if n and n != store.holder]
+    where = f"{bucket}/{key}: chunk {c.chunk_id} (held by node {c.holder}" + \
+        (f"; copies on {', '.join(nodes[1:])})" if len(nodes) > 1 else ")")
     fetch = store.remote
     if fetch is None:
         raise HolderUnavailable(f"{where}: this node reads only the data files it holds (it fetches from no "
                                 "other node)", bucket=bucket, key=key, chunk=c.chunk_id)
-    fd, path = store.files.new_temp()
-    os.unlink(path)
-    try:
+    failures: list[HolderUnavailable | DamagedObject] = []
+    for node in nodes:
+        fd, path = store.files.new_temp()
+        os.unlink(path)
         try:
-            fetch(c, fd)
-        except HolderUnavailable as exc:
-            raise HolderUnavailable(f"{where}: {exc.message}", bucket=bucket, key=key, chunk=c.chunk_id) from None
-        except DamagedObject as exc:
-            raise DamagedObject(f"{where}: {exc.message}", chunk=c.chunk_id, bucket=bucket, key=key) from None
-        reason = check_chunk_fd(fd, c)
-        if reason is not None:
-            raise DamagedObject(f"{where}: the bytes the holder sent failed their check ({reason}); nothing of "
-                                "them was served", chunk=c.chunk_id, bucket=bucket, key=key)
-        return fd
-    except BaseException:
+            fetch(c, [node], fd)
+            reason = check_chunk_fd(fd, c)
+            if reason is None:
+                return fd
+            sender = "the holder" if node == c.holder else f"node {node}"
+            failures.append(DamagedObject(f"the bytes {sender} sent failed their check ({reason}); nothing of "
+                                          "them was served"))
+        except (HolderUnavailable, DamagedObject) as exc:
+            failures.append(exc)
+        except BaseException:
+            os.close(fd)
+            raise
         os.close(fd)
-        raise
+    message = f"{where}: " + "; ".join(f.message for f in failures)
+    if failures and all(isinstance(f, DamagedObject) for f in failures):
+        raise DamagedObject(message, chunk=c.chunk_id, bucket=bucket, key=key)
+    raise HolderUnavailable(message if failures else f"{where}: no node holds it", bucket=bucket, key=key,
+                            chunk=c.chunk_id)

@@ -152,7 +152,7 @@ def scrub(store: ChunkStore, catalog: Catalog, *, rate_bytes_s: float = 0, stop:
         if len(page) < _PAGE:
             break
         after = page[-1].chunk_id
-    live = catalog.data_files()
+    live = catalog.data_files() | catalog.copy_files()
     rep.orphan_files = sorted(f for f in store.files.list_data_files() if f not in live)
     rep.complete = True
     rep.seconds = time.monotonic() - t0

@@ -44,6 +44,7 @@ from ._chunks import ChunkStore
 from ._kvpolicy import KVBucketPolicy
 from ._names import check_str_map
 from ._release import releasable
+from ._replicas import record_copies, replicate_staged
 from ._tenants import check_quota
 from ._versions import check_tags, place_version
 from .catalog import Catalog, CatalogWriter, require_bucket
@@ -169,6 +170,7 @@ class WritePath:
                 raise NoSuchBucket(f"bucket {bucket!r} does not exist", bucket=bucket)
             domain = b0.owner or DEFAULT_TENANT
         staged = self._chunks.stage(tmp, size, policy, domain, sums=block_sums, bucket=bucket)
+        copies = replicate_staged(self._chunks, staged)  # other nodes' copies, before anything is visible
         blob_id = staged.blob_id
         etag = etag if etag is not None else "n" + blob_id  # a bucket with ETag policy "none"
         info = ObjectInfo(bucket, key, size, etag, time.time(), content_type or _DEFAULT_TYPE,
@@ -177,6 +179,7 @@ class WritePath:
         try:
             with self._cat.write() as w:
                 self._chunks.commit(w, staged)
+                record_copies(w, copies)
                 if extra is not None:
                     extra(w, info)
                 b = require_bucket(w, bucket)

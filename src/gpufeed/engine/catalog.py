@@ -37,7 +37,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..errors import NoSuchBucket
+from ..errors import InternalError, NoSuchBucket
 from ._membership import LocalMembership, Membership
 from .types import (
     AccessKeyInfo,
@@ -343,6 +343,29 @@ class CatalogReader(ABC):
         written before holders were recorded); empty where one node holds all."""
         return set()
 
+    # Copies of data files on other cluster nodes (:mod:`._pgcopies`); a catalog that
+    # one node opens keeps none, so these default to "none".
+    def copy_files(self) -> set[str]:
+        """Ids of the data files this node holds as copies of another node's."""
+        return set()
+
+    def file_copies(self, file: str) -> list[str]:
+        """Node ids holding a copy of data file ``file`` besides its chunks' holder."""
+        return []
+
+    def file_records(self, file: str) -> list[ChunkRecord]:
+        """The chunks that live in data file ``file``, by offset."""
+        return []
+
+    def under_replicated(self, live: list[str], factor: int) -> int:
+        """Chunks with fewer than ``factor`` copies on the nodes ``live``."""
+        return 0
+
+    def under_replicated_files(self, live: list[str], factor: int, after: str, limit: int) -> list[str]:
+        """Ids (after ``after``, at most ``limit``, in order) of data files with a
+        chunk that has fewer than ``factor`` copies on the nodes ``live``."""
+        return []
+
     @abstractmethod
     def file_chunks(self, file: str) -> list[str]:
         """Ids of the chunks that live in data file ``file``."""
@@ -379,6 +402,15 @@ class CatalogWriter(CatalogReader):
     """The open write transaction: reads see its own changes."""
 
     # chunks and manifests ----------------------------------------------------
+    def add_file_copies(self, file: str, nodes: list[str]) -> None:
+        """Record that ``nodes`` hold a copy of data file ``file`` (while a chunk names it).
+
+        Raises:
+            InternalError: this catalog keeps no copies (one node opens it).
+        """
+        if nodes:
+            raise InternalError("this catalog is one node's: it records no copies on other nodes")
+
     @abstractmethod
     def insert_chunk(self, record: ChunkRecord, refs: int, bucket: str = "") -> None:
         """Add a chunk with ``refs`` references (the caller made its id unique),
@@ -635,6 +667,10 @@ class Catalog(CatalogReader):
     def claim_files(self, files: set[str]) -> int:
         """Record this node as the holder of ``files`` among :meth:`unheld_files`
         (found in its folder). Returns the chunks claimed."""
+        return 0
+
+    def drop_file_copies(self, files: set[str]) -> int:
+        """Forget this node's copies of ``files`` (found missing from its folder). Returns the rows removed."""
         return 0
 
     @cached_property

@@ -93,6 +93,7 @@ from ._names import MAX_KEY_BYTES, check_key, check_text
 from ._private import FILE_MODE, check_private, make_private_dirs
 from ._reads import ObjectReads
 from ._replica import ReplicaTarget
+from ._replicas import ReplicaCalls
 from ._scrub import ScrubRunner
 from ._snapshot_schedule import ScheduledSnapshots
 from ._snapshots import SnapshotCalls
@@ -115,8 +116,8 @@ from .types import (
 __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PARTS"]
 
 
-class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, ObjectCopies, ObjectReads, SnapshotCalls,
-             ScheduledSnapshots, ReplicaTarget):
+class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, ObjectCopies, ObjectReads, ReplicaCalls,
+             SnapshotCalls, ScheduledSnapshots, ReplicaTarget):
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
@@ -191,7 +192,9 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         #: and data files the catalog names that are not on disk (``"missing_files"``,
         #: their chunks marked damaged); on a cluster's catalog with rows that name no
         #: holder, the data files found here and claimed for this node (``"claimed_files"``);
-        #: replica staging folders and chunk temp files removed (``"replica_staging"``).
+        #: replica staging folders and chunk temp files removed (``"replica_staging"``);
+        #: copies of other nodes' data files the catalog names here but the folder lacks
+        #: (``"missing_copies"``, forgotten: re-replication makes new ones).
         self._chunks = ChunkStore(self._files, self._cat, capacity_bytes)
         self._files.release = self._chunks.release
         self.recovered = self._recover()
@@ -209,10 +212,13 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         live = self._cat.live_files()
         data = self._cat.data_files()  # the files this node holds
         unheld = self._cat.unheld_files()  # no holder recorded: kept, and claimed when found here
+        copies = self._cat.copy_files()  # copies of other nodes' files: kept; a missing one is forgotten
         present: set[str] = set()
-        counts.update(self._files.sweep(data | unheld, live.parts, present=present))
+        counts.update(self._files.sweep(data | unheld | copies, live.parts, present=present))
         if unheld:
             counts["claimed_files"] = self._cat.claim_files(present & unheld)
+        if copies - present - data:
+            counts["missing_copies"] = self._cat.drop_file_copies(copies - present - data)
         counts["missing_files"] = self._chunks.mark_missing(data - present)
         counts["replica_staging"] = self.sweep_staging()
         return counts

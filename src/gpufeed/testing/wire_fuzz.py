@@ -162,6 +162,7 @@ def _valid(rng: random.Random, op: int) -> list[Any]:
         p.Op.LIST: [b, "", "", None, 10, ""], p.Op.CREATE_BUCKET: [b], p.Op.LIST_BUCKETS: [],
         p.Op.DELETE_BUCKET: ["nobucket"], p.Op.BUCKET_STATS: [b], p.Op.MAP: [b, k, vid],
         p.Op.MAP_EXTENTS: [b, k, vid], p.Op.CHUNK: [rng.choice(["0" * 32, "", "k" * 300])],
+        p.Op.CHUNK_PUT: [rng.choice(["0" * 32, "", "../x"]), 0, []],
         p.Op.AUTH: [DEFAULT_ACCESS_KEY, rng.randbytes(32), rng.randbytes(32)],
         p.Op.GETR: [b, k, rng.randbytes(8 * rng.randrange(0, 4)), rng.randbytes(4 * rng.randrange(0, 4)),
                     -1, 0, vid],

@@ -21,8 +21,9 @@ from __future__ import annotations
 import os
 import sys
 from array import array
+from collections.abc import Iterator
 
-from ..engine import ChunkDamage, Engine, ObjectHandle, ObjectInfo
+from ..engine import ChunkDamage, ChunkRecord, Engine, ObjectHandle, ObjectInfo
 from ..errors import AccessDenied, GpufeedError, InvalidArgument, InvalidRange, ProtocolError
 from ..store import OffsetByteRequest, RangeByteRequest, resolve_range
 from . import protocol as p
@@ -190,6 +191,45 @@ class Ops:
         with self.engine.held_chunk(req.chunk_id) as (fd, offset, stored):
             conn.reply_with_files(p.Op.CHUNK, rid, p.ChunkReply(stored), [(fd, offset, stored)] if stored else [])
 
+    def chunk_put(self, conn: Connection, rid: int, req: p.ChunkPut, payload_len: int) -> None:
+        """CHUNK_PUT: store a copy of a cluster peer's data file (only a connection
+        authenticated with a node key may send it); the reply says the copy is
+        checked and durable.
+
+        Raises:
+            ProtocolError: the payload length disagrees with the request, or the
+                connection closed mid-payload (the connection is then closed).
+        """
+        sums_len = sum(ch.sums_len for ch in req.chunks)
+        if payload_len != sums_len + req.length or sums_len < 0 or req.length < 0:
+            raise ProtocolError(f"CHUNK_PUT of {req.length} bytes and {sums_len} bytes of sums != payload "
+                                f"{payload_len}")
+        who = conn.principal
+        refusal: GpufeedError | None = None
+        if who is None or who.tenant != PEER_TENANT:
+            refusal = AccessDenied("CHUNK_PUT is accepted from the nodes of this node's cluster only")
+        elif any(min(ch.sums_len, ch.file_offset, ch.stored, ch.size) < 0 for ch in req.chunks):
+            refusal = InvalidArgument("a CHUNK_PUT chunk with a negative offset or length")
+        elif sums_len > req.length // 512 + 64 * len(req.chunks) + 64:
+            refusal = InvalidArgument(f"{sums_len} bytes of block sums for {req.length} bytes of data")
+        if refusal is not None:
+            conn.drain(payload_len)
+            conn.reply_error(rid, refusal)
+            return
+        pieces = conn.recv_payload(payload_len)
+        sums, left = _take(pieces, sums_len)
+        records, pos = [], 0
+        for ch in req.chunks:
+            records.append(ChunkRecord(ch.chunk_id, req.file, ch.file_offset, ch.stored, ch.size, ch.codec,
+                                       ch.digest, bytes(sums[pos:pos + ch.sums_len]), ch.domain, ch.sum_kind))
+            pos += ch.sums_len
+        try:
+            stored = self.engine.receive_copy(req.file, records, req.length, _rest(left, pieces))
+        except GpufeedError as exc:
+            conn.reply_error(rid, exc)
+            return
+        conn.reply(p.Op.CHUNK_PUT, rid, p.ChunkPutReply(stored))
+
     def get(self, conn: Connection, rid: int, req: p.Get) -> None:
         """One range of an object version, checked against its block sums before
         the reply says it is good: sent by ``sendfile`` (TCP) or read into a
@@ -335,13 +375,16 @@ class Ops:
             src.release()
         conn.reply(p.Op.PUT, rid, _meta(info))
 
-    def put_stream(self, conn: Connection, rid: int, req: p.Put, payload_len: int) -> None:
-        """A PUT whose bytes follow on the socket (TCP); runs on the reader thread.
+    def put_stream(self, conn: Connection, rid: int, req: p.Put | p.ChunkPut, payload_len: int) -> None:
+        """A PUT (or CHUNK_PUT) whose bytes follow on the socket (TCP); runs on the reader thread.
 
         Raises:
             ProtocolError: the payload length disagrees with the request, or the
                 connection closed mid-payload (the connection is then closed).
         """
+        if isinstance(req, p.ChunkPut):
+            self.chunk_put(conn, rid, req, payload_len)
+            return
         if req.region != -1 or payload_len != req.length:
             raise ProtocolError(f"PUT length {req.length} != payload {payload_len}")
         try:
@@ -534,3 +577,18 @@ def _extent(item: p.Get, size: int) -> tuple[int, int]:
     if item.length < 0:
         return resolve_range(OffsetByteRequest(item.offset), size)
     return resolve_range(RangeByteRequest(item.offset, item.offset + item.length), size)
+
+
+def _take(pieces: Iterator[memoryview], n: int) -> tuple[bytes, bytes]:
+    """The first ``n`` bytes of ``pieces``, and what is left of the piece they end in."""
+    head = bytearray()
+    while len(head) < n:
+        head += next(pieces)
+    return bytes(head[:n]), bytes(head[n:])
+
+
+def _rest(left: bytes, pieces: Iterator[memoryview]) -> Iterator[memoryview]:
+    """The bytes after :func:`_take`'s: ``left``, then the rest of ``pieces``."""
+    if left:
+        yield memoryview(left)
+    yield from pieces

@@ -50,7 +50,8 @@ __all__ = [
     "List", "BucketReq", "Empty", "ObjectMeta", "GetReply", "GetVReply", "ListReply",
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
     "close_fds", "ListEntry", "MapReply", "decode", "Auth", "AuthReply", "auth_key", "auth_proof", "ChunkReq",
-    "ChunkReply", "GetRanges", "GetRangesReply", "MAX_RANGES", "MAX_RANGE_BYTES",
+    "ChunkReply", "CopyChunk", "ChunkPut", "ChunkPutReply", "GetRanges", "GetRangesReply", "MAX_RANGES",
+    "MAX_RANGE_BYTES",
     "AUTH_LABEL", "NONCE_BYTES", "MapExtentsReply", "FDS_PER_MESSAGE",
 ]
 
@@ -91,6 +92,7 @@ class Op(IntEnum):
     MAP = 20  # shm only: the object's read-only data file travels with the reply (SCM_RIGHTS)
     MAP_EXTENTS = 21  # shm only: the object's data files travel with the reply and its payload
     CHUNK = 22  # cluster peers only: a chunk's stored bytes, from the node that holds its data file
+    CHUNK_PUT = 23  # cluster peers only: a copy of a data file (the payload follows the frame)
     GETR = 24  # many ranges of one object version, into one region or as one payload
 
 
@@ -421,6 +423,41 @@ class ChunkReply(msgspec.Struct, array_like=True, frozen=True):
     stored: int
 
 
+class CopyChunk(msgspec.Struct, array_like=True, frozen=True):
+    """One chunk of a data file pushed with CHUNK_PUT, as the pusher's catalog
+    records it (fields of ``ChunkRecord``); its ``sums_len`` bytes of block sums
+    are in the payload."""
+
+    chunk_id: str
+    file_offset: int
+    stored: int
+    size: int
+    codec: str
+    digest: bytes
+    domain: str | None
+    sum_kind: int
+    sums_len: int
+
+
+class ChunkPut(msgspec.Struct, array_like=True, frozen=True):
+    """CHUNK_PUT: store a copy of data file ``file`` (asked by a cluster peer
+    authenticated with its node key). The payload is the block sums of each
+    chunk of ``chunks``, in order, then the file's first ``length`` bytes; the
+    receiver checks every chunk against its sums before it fsyncs the copy and
+    replies."""
+
+    file: str
+    length: int
+    chunks: list[CopyChunk]
+
+
+class ChunkPutReply(msgspec.Struct, array_like=True, frozen=True):
+    """The copy is durable (fsynced) and checked; ``stored``: false when the
+    node had the file already."""
+
+    stored: bool
+
+
 class ErrorReply(msgspec.Struct, array_like=True, frozen=True):
     """An error: S3's ``code`` and a ``message``. ``delete_marker``: the key's
     latest version (NoSuchKey), or the version named (MethodNotAllowed), is a
@@ -437,7 +474,8 @@ REQUEST_TYPES: dict[int, type] = {
     Op.GET: Get, Op.GETV: GetV, Op.PUT: Put, Op.DELETE: Delete, Op.LIST: List,
     Op.CREATE_BUCKET: BucketReq, Op.LIST_BUCKETS: Empty, Op.DELETE_BUCKET: BucketReq,
     Op.BUCKET_STATS: BucketReq, Op.ALLOC_REGION: AllocRegion, Op.FORKED: Empty,
-    Op.MAP: Head, Op.MAP_EXTENTS: Head, Op.AUTH: Auth, Op.CHUNK: ChunkReq, Op.GETR: GetRanges,
+    Op.MAP: Head, Op.MAP_EXTENTS: Head, Op.AUTH: Auth, Op.CHUNK: ChunkReq, Op.CHUNK_PUT: ChunkPut,
+    Op.GETR: GetRanges,
 }
 REPLY_TYPES: dict[int, type] = {
     Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
@@ -445,7 +483,7 @@ REPLY_TYPES: dict[int, type] = {
     Op.LIST: ListReply, Op.CREATE_BUCKET: Empty, Op.LIST_BUCKETS: BucketsReply,
     Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats, Op.ALLOC_REGION: AllocRegionReply,
     Op.FORKED: Empty, Op.MAP: MapReply, Op.MAP_EXTENTS: MapExtentsReply, Op.AUTH: AuthReply,
-    Op.CHUNK: ChunkReply, Op.GETR: GetRangesReply,
+    Op.CHUNK: ChunkReply, Op.CHUNK_PUT: ChunkPutReply, Op.GETR: GetRangesReply,
 }
 
 #: Messages that gained trailing fields after their first form: type -> number

@@ -1,0 +1,317 @@
+"""Copies of data files across the nodes of a cluster: the push that a write
+waits for, and the background job that restores the replication factor.
+
+**Placement.** The nodes that should hold data file ``f`` are ranked by
+rendezvous hashing of ``f``'s id over the live members
+(:func:`gpufeed.engine._placement.rank`); every node computes the same order.
+
+**Writes** (:meth:`Replicas.push`, installed as the engine's push function,
+:mod:`gpufeed.engine._replicas`): the writing node keeps its own copy and
+sends each new data file to ``factor - 1`` other live members, in rank order,
+over the fast path's TCP transport (op CHUNK_PUT, authenticated with node
+keys like CHUNK, :mod:`gpufeed._peers`): the receiver checks every chunk
+against its block sums, fsyncs, and only then replies. A node that fails
+(refuses the connection, times out, answers an error) is replaced by the
+next-ranked one. The factor is capped to the live members: with fewer live
+members than ``factor`` a write is stored on all of them (and counted under
+replicated until more are live). When fewer nodes than that take a file, the
+write fails with ``ServiceUnavailable`` (503) naming each node's failure and
+nothing of it becomes visible.
+
+**Re-replication** (:class:`ReReplicator`, one daemon thread per node;
+it also deletes, once they are ``orphan_grace_s`` old, the data files in the
+node's folder that no chunk names: copies of deleted data, copies a refused
+write left behind):
+every ``interval_s`` it asks the catalog for data files with a chunk that has
+fewer copies on live members than the (capped) factor; for each, the first
+live node holding it in rank order is the one that copies it (so two nodes
+never both copy it), sending it to the next-ranked live nodes that lack it
+and recording the new copies; at most ``rate_bytes_s`` bytes per second are
+sent (files go 64 at a time, over one connection per target node, with a
+pause after each group).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ._peers import PeerLink, read_reply
+from .engine import Engine
+from .engine._membership import Membership, NodeInfo
+from .engine._placement import rank
+from .engine._replicas import copy_length
+from .engine.types import ChunkRecord
+from .errors import GpufeedError, ProtocolError, ServiceUnavailable
+from .wire import protocol as p
+
+__all__ = ["Replicas", "ReReplicator"]
+
+log = logging.getLogger("gpufeed.cluster")
+
+Files = list[tuple[str, list[ChunkRecord]]]
+#: Data files re-replication pushes at a time (over one connection per target node).
+_GROUP = 64
+
+
+class Replicas:
+    """This node's side of copies of data files.
+
+    Args:
+        engine: the node's engine (it reads its own data files through it).
+        link: the node's peer link (node keys, handshake).
+        membership: the catalog's membership.
+        cluster: the cluster's name.
+        node_id: this node's id.
+        factor: copies each data file should have (>= 1), this node's included.
+        expiry_s: seconds after its last heartbeat at which a member is not live.
+        timeout_s: the longest any one wait of a push may take (connecting, each send, the reply).
+
+    Raises:
+        ValueError: ``factor`` < 1 or ``timeout_s`` <= 0.
+    """
+
+    def __init__(self, engine: Engine, link: PeerLink, membership: Membership, *, cluster: str, node_id: str,
+                 factor: int, expiry_s: float, timeout_s: float) -> None:
+        if factor < 1:
+            raise ValueError(f"the replication factor must be >= 1, not {factor}")
+        if not timeout_s > 0:
+            raise ValueError(f"the cluster copy timeout must be > 0 s, not {timeout_s}")
+        self._engine, self._link, self._m = engine, link, membership
+        self.cluster, self.node_id = cluster, node_id
+        self.factor, self.expiry_s, self.timeout_s = factor, expiry_s, timeout_s
+
+    def live(self) -> list[NodeInfo]:
+        """The live members (this node among them while its heartbeats arrive)."""
+        return [n for n in self._m.nodes(self.cluster) if n.live(self.expiry_s)]
+
+    def push(self, files: Files) -> dict[str, list[str]]:
+        """Copy each local data file of ``files`` to ``factor - 1`` other live
+        members (capped to those live), in rank order, the next-ranked taking
+        over from one that fails.
+
+        Returns:
+            ``{file id: node ids that acknowledged}``.
+
+        Raises:
+            ServiceUnavailable: a file reached fewer nodes than needed (naming each failure).
+        """
+        if self.factor <= 1:
+            return {f: [] for f, _ in files}
+        peers = {n.node_id: n for n in self.live() if n.node_id != self.node_id and n.wire_port}
+        need = min(self.factor, len(peers) + 1) - 1
+        got, errors = self.place(files, peers, need, {})
+        short = [f for f, _ in files if len(got[f]) < need]
+        if short:
+            f = short[0]
+            why = "; ".join(errors[f]) or "no other live member to take it"
+            raise ServiceUnavailable(
+                f"data file {f} reached {len(got[f])} of the {need} other nodes that replication factor "
+                f"{self.factor} needs with {len(peers) + 1} live members ({why}); the write was not stored "
+                "(GPUFEED_CLUSTER_REPLICAS)")
+        return got
+
+    def place(self, files: Files, peers: dict[str, NodeInfo], need: int,
+              have: dict[str, set[str]]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """Send each file to ``need`` nodes of ``peers`` it is not on (``have``), in rank
+        order, trying the next-ranked node for each failure; one connection per node.
+
+        Returns:
+            ``({file: nodes that took it}, {file: failures, one line per node})``.
+        """
+        recs = dict(files)
+        got: dict[str, list[str]] = {f: [] for f in recs}
+        errors: dict[str, list[str]] = {f: [] for f in recs}
+        order = {f: [n for n in rank(f.encode(), peers) if n not in have.get(f, ())] for f in recs}
+        while True:
+            plan: dict[str, list[str]] = {}
+            for f in recs:
+                asked = 0
+                while len(got[f]) + asked < need and order[f]:
+                    plan.setdefault(order[f].pop(0), []).append(f)
+                    asked += 1
+            if not plan:
+                return got, errors
+            with ThreadPoolExecutor(len(plan), thread_name_prefix="gpufeed-push") as pool:
+                done = list(pool.map(lambda item: (item[0], self._push_to(peers[item[0]], item[1], recs)),
+                                     plan.items()))
+            for node, (ok, failed) in done:
+                for f in ok:
+                    got[f].append(node)
+                for f, why in failed.items():
+                    errors[f].append(why)
+
+    def _push_to(self, info: NodeInfo, files: list[str],
+                 recs: dict[str, list[ChunkRecord]]) -> tuple[list[str], dict[str, str]]:
+        """Push ``files`` to one node over one connection: ``(taken, {file: why not})``."""
+        where = f"node {info.node_id} at {info.host}:{info.wire_port}"
+        ok: list[str] = []
+        failed: dict[str, str] = {}
+        try:
+            with socket.create_connection((info.host, info.wire_port), timeout=self.timeout_s) as sock:
+                self._link.authenticate(sock)
+                for f in files:
+                    try:
+                        self._send_file(sock, f, recs[f])
+                        ok.append(f)
+                    except GpufeedError as exc:  # an error reply: the connection stays framed
+                        failed[f] = f"{where}: {exc.message}"
+        except TimeoutError:
+            why = f"{where} did not answer within {self.timeout_s:.1f} s (GPUFEED_CLUSTER_COPY_TIMEOUT_S)"
+            failed.update({f: why for f in files if f not in ok and f not in failed})
+        except (OSError, ProtocolError, GpufeedError) as exc:
+            why = f"{where}: {exc.message if isinstance(exc, GpufeedError) else exc}"
+            failed.update({f: why for f in files if f not in ok and f not in failed})
+        return ok, failed
+
+    def _send_file(self, sock: socket.socket, file: str, recs: list[ChunkRecord]) -> None:
+        """One CHUNK_PUT: the chunks' sums, then the file's bytes by ``sendfile``; waits for the reply.
+
+        Raises:
+            GpufeedError: the node answered with an error.
+            OSError, ProtocolError: the connection failed (it is then unusable).
+        """
+        length = copy_length(recs)
+        meta = p.encode(p.ChunkPut(file, length, [
+            p.CopyChunk(r.chunk_id, r.file_offset, r.stored, r.size, r.codec, r.digest, r.domain, r.sum_kind,
+                        len(r.sums)) for r in recs]))
+        sums = b"".join(r.sums for r in recs)
+        with open(self._engine.data_file_path(file), "rb") as f:
+            started = time.monotonic()
+            sock.sendall(p.pack_header(p.Op.CHUNK_PUT, len(meta), 1, len(sums) + length) + meta + sums)
+            sent = sock.sendfile(f, 0, length)  # os.sendfile, waiting up to the socket's timeout per send
+            if sent != length:
+                raise ProtocolError(f"data file {file} ended after {sent} of {length} bytes")
+        got, payload = read_reply(sock, p.Op.CHUNK_PUT, started)
+        if payload:
+            raise ProtocolError(f"a payload of {payload} bytes on a CHUNK_PUT reply")
+        p.decode(p.ChunkPutReply, got)
+
+
+class ReReplicator:
+    """Restores the replication factor in the background (see the module's text).
+
+    Args:
+        engine: the node's engine.
+        replicas: the node's :class:`Replicas`.
+        interval_s: seconds between passes (> 0).
+        rate_bytes_s: most bytes sent per second, over a pass (> 0).
+        batch: data files asked of the catalog at a time.
+        orphan_grace_s: data files in the folder that no chunk names are deleted
+            once this many seconds old (checked about every quarter of it, at
+            most once a pass; 0: never).
+
+    Attributes:
+        copied_files, copied_bytes: what it copied since start.
+        last_pass: counts of the last pass (``files``, ``bytes``, ``left``: files
+            still under-replicated that this node could not copy or was not the one to).
+    """
+
+    def __init__(self, engine: Engine, replicas: Replicas, *, interval_s: float, rate_bytes_s: float,
+                 batch: int = 500, orphan_grace_s: float = 0.0) -> None:
+        if not interval_s > 0 or not rate_bytes_s > 0:
+            raise ValueError("the re-replication interval and rate must be > 0")
+        self._engine, self._r = engine, replicas
+        self.interval_s, self.rate_bytes_s, self._batch = interval_s, rate_bytes_s, batch
+        self.copied_files = self.copied_bytes = 0
+        self.last_pass: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpufeed-rereplicate", daemon=True)
+        self._next_send = 0.0
+        self.orphan_grace_s = orphan_grace_s
+        self._swept_at = time.monotonic()
+        #: data files no chunk names that the sweeps deleted since start
+        self.freed_files = 0
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop after the file in progress."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.run_pass()
+                if self.orphan_grace_s > 0 and time.monotonic() - self._swept_at >= self.orphan_grace_s / 4:
+                    self._swept_at = time.monotonic()
+                    self.freed_files += self._engine.free_unnamed_files(self.orphan_grace_s)
+            except GpufeedError as exc:
+                log.warning("re-replication pass stopped: %s", exc.message)
+            except Exception:
+                log.exception("re-replication pass failed")
+
+    def run_pass(self) -> dict[str, int]:
+        """One pass over the under-replicated data files. Returns its counts."""
+        live = {n.node_id: n for n in self._r.live()}
+        me = self._r.node_id
+        factor = min(self._r.factor, len(live))
+        counts = {"files": 0, "bytes": 0, "left": 0}
+        after = ""
+        while factor > 1 and me in live and not self._stop.is_set():
+            files = self._engine.under_replicated_files(sorted(live), factor, after, self._batch)
+            if not files:
+                break
+            after = files[-1]
+            for i in range(0, len(files), _GROUP):
+                if self._stop.is_set():
+                    break
+                done, sent, left = self._restore(files[i:i + _GROUP], live, factor)
+                counts["files"] += done
+                counts["bytes"] += sent
+                counts["left"] += left
+        self.last_pass = counts
+        return counts
+
+    def _restore(self, files: list[str], live: dict[str, NodeInfo], factor: int) -> tuple[int, int, int]:
+        """Copy the data files of ``files`` that this node is the one to copy (the
+        first live holder by rank) to the live nodes they lack, one connection per
+        node. Returns ``(files restored, bytes sent, files left)``."""
+        me = self._r.node_id
+        by_need: dict[int, list[tuple[str, list[ChunkRecord]]]] = {}
+        have: dict[str, set[str]] = {}
+        left = 0
+        for f in files:
+            recs, holders = self._engine.file_holders(f)
+            live_holders = [n for n in holders if n in live]
+            if not recs or not live_holders or rank(f.encode(), live_holders)[0] != me \
+                    or not os.path.exists(self._engine.data_file_path(f)):
+                left += 1
+                continue
+            have[f] = set(holders)
+            by_need.setdefault(factor - len(live_holders), []).append((f, recs))
+        peers = {n: info for n, info in live.items() if n != me and info.wire_port}
+        done = sent = 0
+        for need, group in by_need.items():
+            got, errors = self._r.place(group, peers, need, have)
+            made = {f: nodes for f, nodes in got.items() if nodes}
+            if made:
+                self._engine.record_file_copies(made)
+            lengths = {f: copy_length(recs) for f, recs in group}
+            nbytes = sum(lengths[f] * len(nodes) for f, nodes in made.items())
+            for f, _ in group:
+                if len(got[f]) < need:
+                    left += 1
+                    log.warning("re-replication of data file %s: %d of %d copies made (%s)", f, len(got[f]), need,
+                                "; ".join(errors[f]) or "no live member lacks it")
+                else:
+                    done += 1
+            self.copied_files += len(made)
+            self.copied_bytes += nbytes
+            sent += nbytes
+            self._pace(nbytes)
+        return done, sent, left
+
+    def _pace(self, sent: int) -> None:
+        """Wait so that the bytes sent stay under ``rate_bytes_s`` on average."""
+        now = time.monotonic()
+        self._next_send = max(self._next_send, now) + sent / self.rate_bytes_s
+        self._stop.wait(max(0.0, self._next_send - now))

@@ -1,0 +1,62 @@
+"""Where a cluster's copies of data files are: the PostgreSQL catalog's
+``file_copies`` table (schema version 4).
+
+Each chunk's row names its **holder**, the node that wrote its data file; a
+row ``(file, node)`` of ``file_copies`` says that ``node``'s data folder holds
+a whole, checked copy of data file ``file`` too (the holder is never listed
+there). Copies are kept per data file, not per chunk: a chunk lives in one
+data file, and the chunks of a compressed version share one. The copies of
+chunk ``c`` are therefore its holder and the rows of ``file_copies`` for
+``c.file``.
+
+A chunk's **live copies** are those on live members; the statements here take
+the live node ids as a parameter (membership is judged by the node's expiry
+setting, :mod:`._membership`). Only ``= ANY(array)``, correlated subqueries,
+``INSERT ... ON CONFLICT`` and plain DML are used (accepted by PostgreSQL,
+CockroachDB and YugabyteDB alike).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+__all__ = ["PgCopyReads", "UNDER_SQL"]
+
+#: Rows of ``chunks c`` with fewer live copies than the factor; parameters:
+#: live node ids (array), live node ids again, the factor.
+UNDER_SQL = ("(CASE WHEN c.holder = ANY(%s) THEN 1 ELSE 0 END) + (SELECT COUNT(*) FROM file_copies f"
+             " WHERE f.file = c.file AND f.node = ANY(%s) AND f.node <> c.holder) < %s")
+
+
+class PgCopyReads:
+    """Reads of ``file_copies`` over :meth:`_rows` (mixed into the catalog's readers)."""
+
+    _holder: str = ""
+
+    if TYPE_CHECKING:
+        def _rows(self, sql: str, args: tuple = ()) -> list[tuple]:
+            """Run one statement; its rows."""
+
+    def file_copies(self, file: str) -> list[str]:
+        """Node ids that hold a copy of data file ``file`` besides its chunks' holder, sorted."""
+        return [r[0] for r in self._rows("SELECT node FROM file_copies WHERE file = %s ORDER BY node", (file,))]
+
+    def copy_files(self) -> set[str]:
+        """Ids of the data files this node holds as copies (named by a chunk)."""
+        if not self._holder:
+            return set()
+        return {r[0] for r in self._rows(
+            "SELECT f.file FROM file_copies f WHERE f.node = %s AND EXISTS"
+            " (SELECT 1 FROM chunks c WHERE c.file = f.file)", (self._holder,))}
+
+    def under_replicated(self, live: list[str], factor: int) -> int:
+        """Chunks with fewer than ``factor`` copies on the nodes ``live``."""
+        return int(self._rows(f"SELECT COUNT(*) FROM chunks c WHERE {UNDER_SQL}",
+                              (sorted(live), sorted(live), factor))[0][0])
+
+    def under_replicated_files(self, live: list[str], factor: int, after: str, limit: int) -> list[str]:
+        """Ids of data files after ``after`` (in id order, at most ``limit``) with a
+        chunk that has fewer than ``factor`` copies on the nodes ``live``."""
+        return [r[0] for r in self._rows(
+            f"SELECT DISTINCT c.file FROM chunks c WHERE c.file > %s AND {UNDER_SQL} ORDER BY c.file LIMIT %s",
+            (after, sorted(live), sorted(live), factor, limit))]

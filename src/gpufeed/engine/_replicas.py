@@ -1,0 +1,226 @@
+"""Copies of data files on other nodes of a cluster: what a write pushes before
+it commits, and what a node stores when another pushes a copy to it.
+
+A write of a cluster node stages its data files in its own folder first
+(:meth:`~._chunks.ChunkStore.stage`); :func:`replicate_staged` then hands every
+new data file, with the records of the chunks in it, to the push function
+the node installed (:meth:`~gpufeed.engine.Engine.use_peers`; over the fast
+path, :mod:`gpufeed._replicas`), which returns the nodes that acknowledged a
+durable, checked copy. Only then does the write's catalog transaction run,
+recording those nodes (:func:`record_copies`, the ``file_copies`` table of
+:mod:`._pgcopies`) with the version. A push that cannot reach enough nodes
+raises before anything is recorded: the staged files are removed here, and
+copies some nodes did take are named by no row (each node's orphan sweep
+deletes them, ``docs/cluster.md``).
+
+The receiving side (:func:`receive_copy`) writes the bytes to a temp file,
+checks every chunk in it against the block sums (and a shared chunk's
+digest) the pusher sent, fsyncs it and only then renames it into place, so
+a data file present in a folder is always whole and checked: a node that
+finds a file it does not hold as the holder can read it as a copy.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from ..errors import DamagedObject, InternalError, InvalidArgument, StorageFull
+from ._blobs import remove_quietly, write_all
+from ._scrub import check_chunk_fd
+from .catalog import Catalog, CatalogWriter
+from .types import ChunkRecord
+
+if TYPE_CHECKING:
+    from ._chunks import ChunkStore, Staged
+
+__all__ = ["PushFiles", "replicate_staged", "record_copies", "receive_copy", "copy_length", "COPY_MAX_BYTES",
+           "ReplicaCalls"]
+
+#: ``push([(file id, chunk records in it, by offset), ...]) -> {file id: node ids}``:
+#: copies each local data file to enough other nodes and returns, per file, the
+#: nodes that acknowledged (empty lists when the factor is 1). Raises
+#: ServiceUnavailable, naming the file and each node's failure, when a file
+#: could not reach enough nodes.
+PushFiles = Callable[[list[tuple[str, list[ChunkRecord]]]], dict[str, list[str]]]
+
+#: Largest data file a node takes as a copy unless configured, bytes (its block
+#: sums, 1/1024 of it, are held in memory while it is checked).
+COPY_MAX_BYTES = 64 << 30  # 64 GiB
+
+
+class ReplicaCalls:
+    """The engine's calls for copies of data files on other cluster nodes, mixed
+    into :class:`~gpufeed.engine.Engine` (the node's :mod:`gpufeed._replicas` uses them)."""
+
+    _chunks: "ChunkStore"
+    _cat: Catalog
+
+    def receive_copy(self, file: str, records: list[ChunkRecord], length: int,
+                     pieces: Iterable[memoryview]) -> bool:
+        """Store a copy of another node's data file ``file``: :func:`receive_copy`
+        (which documents the errors), with the limit :meth:`use_peers` set."""
+        return receive_copy(self._chunks, file, records, length, pieces,
+                            getattr(self, "_copy_max_bytes", COPY_MAX_BYTES))
+
+    def data_file_path(self, file: str) -> str:
+        """The path data file ``file`` has in this node's folder (whether or not it is there)."""
+        return self._chunks.file_path(file)
+
+    def file_records(self, file: str) -> list[ChunkRecord]:
+        """The chunks that live in data file ``file``, by offset (empty: no chunk names it now)."""
+        return self._cat.file_records(file)
+
+    def file_holders(self, file: str) -> tuple[list[ChunkRecord], list[str]]:
+        """The chunks in data file ``file`` (by offset) and the node ids holding it:
+        the chunks' holder first, then the copies (both empty: no chunk names it)."""
+        recs = self._cat.file_records(file)
+        return recs, (self._chunks.holders(recs[0]) if recs else [])
+
+    def under_replicated(self, live: list[str], factor: int) -> int:
+        """Chunks with fewer than ``factor`` copies on the nodes ``live``."""
+        return self._cat.under_replicated(live, factor)
+
+    def under_replicated_files(self, live: list[str], factor: int, after: str = "", limit: int = 1000) -> list[str]:
+        """Data files (ids after ``after``, at most ``limit``) with a chunk that has fewer
+        than ``factor`` copies on the nodes ``live``."""
+        return self._cat.under_replicated_files(live, factor, after, limit)
+
+    def free_unnamed_files(self, older_than_s: float) -> int:
+        """Delete the data files in this node's folder that no chunk of the catalog
+        names and that were last written more than ``older_than_s`` seconds ago
+        (copies of deleted data, copies a refused write left behind). A write
+        publishes its files before its commit names them, so ``older_than_s``
+        must be longer than any write takes. Returns how many were deleted."""
+        named = self._cat.data_files() | self._cat.copy_files() | self._cat.unheld_files()
+        now = time.time()
+        freed = 0
+        for f in self._chunks.files.list_data_files():
+            path = self._chunks.file_path(f)
+            try:
+                if f in named or now - os.stat(path).st_mtime < older_than_s or self._cat.file_records(f):
+                    continue
+            except OSError:
+                continue
+            remove_quietly(path)
+            freed += 1
+        return freed
+
+    def record_file_copies(self, copies: dict[str, list[str]]) -> None:
+        """Record, in one write transaction of its own, that the nodes ``copies[file]``
+        hold copies of each data file ``file`` (nothing for a file no chunk names any more)."""
+        with self._cat.write() as w:
+            record_copies(w, copies)
+
+
+def replicate_staged(store: "ChunkStore", st: "Staged") -> dict[str, list[str]]:
+    """Push the data files a staged write made to other nodes (before its commit).
+
+    Returns:
+        ``{file id: node ids holding a copy}`` for :func:`record_copies`.
+
+    Raises:
+        ServiceUnavailable: too few nodes took a file (the staged files are
+            removed; nothing is visible).
+    """
+    push = store.push
+    if push is None:
+        return {}
+    files: dict[str, list[ChunkRecord]] = {}
+    for rec, _ in st.new.values():
+        files.setdefault(rec.file, []).append(rec)
+    for rec in st.repairs.values():
+        files.setdefault(rec.file, []).append(rec)
+    if not files:
+        return {}
+    try:
+        return push([(f, sorted(recs, key=lambda r: r.file_offset)) for f, recs in sorted(files.items())])
+    except BaseException:
+        store.discard(st)
+        raise
+
+
+def record_copies(w: CatalogWriter, copies: dict[str, list[str]]) -> None:
+    """Record the copies :func:`replicate_staged` made, in the write's transaction
+    (a file the commit no longer names, a duplicate found meanwhile, gets no row)."""
+    for file, nodes in sorted(copies.items()):
+        if nodes:
+            w.add_file_copies(file, nodes)
+
+
+def copy_length(records: list[ChunkRecord]) -> int:
+    """Bytes of a data file that hold ``records`` (the end of the last one)."""
+    return max((r.file_offset + r.stored for r in records), default=0)
+
+
+def receive_copy(store: "ChunkStore", file: str, records: list[ChunkRecord], length: int,
+                 pieces: Iterable[memoryview], max_bytes: int = COPY_MAX_BYTES) -> bool:
+    """Store a copy of data file ``file`` that another node pushed: its first
+    ``length`` bytes arrive as ``pieces`` (always read to the end, so the
+    connection stays framed); each chunk of ``records`` is checked in the
+    temp file before it is fsynced and renamed into place.
+
+    Returns:
+        Whether the copy was stored (``False``: the file was here already; a
+        data file in a folder is always whole, so it is kept as it is).
+
+    Raises:
+        InvalidArgument: ``file`` is not a data file id, ``length`` is over
+        ``max_bytes`` or does not cover the records.
+        DamagedObject: a chunk's bytes fail their check (nothing is kept).
+        StorageFull: the disk is full.
+        InternalError: the file system failed otherwise.
+    """
+    problem: InvalidArgument | None = None
+    if not file or not all(ch.isalnum() for ch in file):
+        problem = InvalidArgument(f"{file!r} is not a data file id")
+    elif length > max_bytes:
+        problem = InvalidArgument(f"a copy of {length} bytes is over this node's limit of {max_bytes} bytes "
+                                  "(GPUFEED_CLUSTER_COPY_MAX_BYTES)")
+    elif not records or copy_length(records) != length:
+        problem = InvalidArgument(f"a copy of {length} bytes does not match the chunks it names")
+    here = problem is None and os.path.exists(store.file_path(file))
+    if problem is not None or here:
+        for _ in pieces:
+            pass
+        if problem is not None:
+            raise problem
+        return False
+    fd, tmp = store.files.new_temp()
+    try:
+        failure = _write_pieces(fd, pieces)
+        if failure is not None:
+            if failure.errno == 28:  # ENOSPC
+                raise StorageFull(f"the disk of the data folder is full: {failure}")
+            raise InternalError(f"storing a copy of data file {file} failed: {failure}")
+        for rec in records:
+            reason = check_chunk_fd(fd, rec)
+            if reason is not None:
+                raise DamagedObject(f"the copy of chunk {rec.chunk_id} (data file {file}) failed its check "
+                                    f"({reason}); nothing of it was kept", chunk=rec.chunk_id)
+        if store.files.fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        remove_quietly(tmp)
+        raise
+    os.close(fd)
+    store.files.publish_blob(tmp, file)
+    return True
+
+
+def _write_pieces(fd: int, pieces: Iterable[memoryview]) -> OSError | None:
+    """Write ``pieces`` one after another from offset 0; every piece is read even
+    after a failed write (returned)."""
+    pos = 0
+    failure: OSError | None = None
+    for piece in pieces:
+        if failure is None:
+            try:
+                write_all(fd, piece, pos)
+            except OSError as exc:
+                failure = exc
+        pos += len(piece)
+    return failure
