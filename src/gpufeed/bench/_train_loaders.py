@@ -30,6 +30,7 @@ benchmark's main thread (DataLoader workers fork there).
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import tarfile
@@ -448,23 +449,35 @@ class _Endless(tud.IterableDataset):
                 raise RuntimeError("the dataset yields no samples for this worker")
 
 
-def gpufeed_loader(src: Source, rank: int, world: int) -> tud.DataLoader:
+def gpufeed_loader(src: Source, rank: int, world: int, *, raw_tensors: bool = True) -> tud.DataLoader:
     """The gpufeed path: :class:`gpufeed.ai.data.ObjectDataset` (one object per
-    sample, each batch read with batched ``get_many_into`` in ``__getitems__``;
-    the samples handed to the collate as the views read, without a ``bytes`` copy)
-    or :class:`gpufeed.ai.data.ShardDataset` (tar shards read whole), over the
-    node's fast path (``src.fast_url``), in the same DataLoader as the other paths.
+    sample) or :class:`gpufeed.ai.data.ShardDataset` (tar shards read whole),
+    over the node's fast path (``src.fast_url``), in the same DataLoader as the
+    other paths.
+
+    One object per sample: with ``raw_tensors`` (the ``gpufeed`` path) the
+    dataset is made with ``dtype=torch.uint8``, so each batch is read with
+    batched ``get_many_into`` straight into its ``[batch, sample_bytes]``
+    tensor (in the worker, memory shared with the main process) and
+    :func:`gpufeed.ai.data.collate` hands that tensor on: the same tensor
+    :func:`collate_samples` makes, without its copy. Without (the
+    ``gpufeed_decode`` path) the samples are handed to :func:`collate_samples`
+    as the views read (``decode=``), which copies them into the batch.
 
     Every accelerator's shard stream reads all shards (``rank`` 0 of 1, as the
     baselines' streams do), in an order of its own (shard order shuffled with
     seed ``rank``, no sample buffer)."""
-    from ..ai.data import ObjectDataset, ShardDataset
+    from ..ai.data import ObjectDataset, ShardDataset, collate
 
     url = f"{src.fast_url}/{src.bucket}"
     prefix = src.keys[0].rpartition("/")[0] + "/"
     if src.samples_per_file == 1:
-        ds = ObjectDataset(url, prefix, decode=_view, access_key=src.access_key, secret_key=src.secret_key)
-        return data_loader(ds, src, sampler=CyclicSampler(len(ds), rank * len(ds) // world))
+        key = {"access_key": src.access_key, "secret_key": src.secret_key}
+        sampler = CyclicSampler(len(src.keys), rank * len(src.keys) // world)
+        if raw_tensors:
+            return data_loader(ObjectDataset(url, prefix, dtype=torch.uint8, **key), src, sampler=sampler,
+                               collate_fn=collate)
+        return data_loader(ObjectDataset(url, prefix, decode=_view, **key), src, sampler=sampler)
     shards = ShardDataset(url, prefix, decode=_bin, format="tar", shuffle=True, shuffle_buffer=0, seed=rank,
                           rank=0, world_size=1, access_key=src.access_key, secret_key=src.secret_key)
     return data_loader(_Endless(shards), src)
@@ -477,5 +490,8 @@ LOADERS: dict[str, LoaderFactory] = {
     "s3fs": reader_loader("s3fs"),
     "s3torchconnector": reader_loader("s3torchconnector"),
     "gpufeed": gpufeed_loader,
+    # ObjectDataset with decode=, its samples copied into the batch by collate_samples
+    # (not in PATHS; ask for it by name to compare)
+    "gpufeed_decode": functools.partial(gpufeed_loader, raw_tensors=False),
     "memory": reader_loader("memory"),  # the harness's ceiling (not a storage path)
 }
