@@ -472,12 +472,13 @@ def gpufeed_loader(src: Source, rank: int, world: int, *, raw_tensors: bool = Tr
     url = f"{src.fast_url}/{src.bucket}"
     prefix = src.keys[0].rpartition("/")[0] + "/"
     if src.samples_per_file == 1:
-        key = {"access_key": src.access_key, "secret_key": src.secret_key}
         sampler = CyclicSampler(len(src.keys), rank * len(src.keys) // world)
         if raw_tensors:
-            return data_loader(ObjectDataset(url, prefix, dtype=torch.uint8, **key), src, sampler=sampler,
-                               collate_fn=collate)
-        return data_loader(ObjectDataset(url, prefix, decode=_view, **key), src, sampler=sampler)
+            ds = ObjectDataset(url, prefix, dtype=torch.uint8, access_key=src.access_key,
+                               secret_key=src.secret_key)
+            return data_loader(ds, src, sampler=sampler, collate_fn=collate)
+        ds = ObjectDataset(url, prefix, decode=_view, access_key=src.access_key, secret_key=src.secret_key)
+        return data_loader(ds, src, sampler=sampler)
     shards = ShardDataset(url, prefix, decode=_bin, format="tar", shuffle=True, shuffle_buffer=0, seed=rank,
                           rank=0, world_size=1, access_key=src.access_key, secret_key=src.secret_key)
     return data_loader(_Endless(shards), src)
