@@ -2,9 +2,12 @@
 
 Every path reads the same samples (written once per run by :func:`write_dataset`)
 through a ``torch.utils.data.DataLoader`` with the same ``num_workers``,
-``prefetch_factor`` and batch size, and the same collate (one ``[batch,
-sample_bytes]`` uint8 tensor, written straight into shared memory in a worker,
-as ``default_collate`` does), so what differs is only how bytes reach the worker:
+``prefetch_factor`` and batch size, and delivers the same batch (one ``[batch,
+sample_bytes]`` uint8 tensor, in shared memory when made in a worker): paths
+that hand over samples one by one share one collate (:func:`collate_samples`,
+which copies them into the batch as ``default_collate`` does), and gpufeed's
+raw-tensor dataset reads the batch tensor itself. What differs is how bytes
+reach the batch:
 
 * ``local``: plain files on this machine's disk (``open().read()``), the
   physical limit;
@@ -12,8 +15,11 @@ as ``default_collate`` does), so what differs is only how bytes reach the worker
 * ``s3fs``: ``S3FileSystem.cat_file`` / ``open`` against the same endpoint;
 * ``s3torchconnector``: Amazon's ``S3MapDataset`` (one reader per object)
   against the same endpoint;
-* ``gpufeed``: :class:`gpufeed.ai.data.ObjectDataset` / ``ShardDataset`` over
-  the node's fast path (shared memory); see :func:`gpufeed_loader`.
+* ``gpufeed``: :class:`gpufeed.ai.data.ObjectDataset` (``dtype=torch.uint8``)
+  / ``ShardDataset`` over the node's fast path (shared memory); see
+  :func:`gpufeed_loader`;
+* ``gpufeed_decode`` (only when asked for): ``ObjectDataset`` with ``decode=``,
+  through :func:`collate_samples`.
 
 Workloads with one sample per file are read map-style (a cyclic sampler per
 emulated accelerator, starting at its own place in the data set); workloads
