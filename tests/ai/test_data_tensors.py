@@ -142,8 +142,9 @@ def test_resumable_loader_with_the_batch_collate(node, prefixes):
     first = next(it)
     state = loader.state_dict()
     rest = [b.clone() for b in it]
-    again = ResumableLoader(ds, batch_size=3, num_workers=2, collate_fn=collate,
+    again = ResumableLoader(ds, batch_size=3, num_workers=2,  # collate_fn defaults to collate
                             sampler=ds.sampler(shuffle=True, seed=7))
     again.load_state_dict(state)
+    assert again.collate_fn.collate is collate
     assert first.shape == (3, BIG)
     assert all(torch.equal(a, b) for a, b in zip(rest, again, strict=True))
