@@ -125,7 +125,9 @@ class ObjectDataset(DatasetBase, torch.utils.data.Dataset):
 
         Returns:
             The decoded samples in order; under ``on_error="skip"`` the ones
-            that could not be read or decoded are left out.
+            that could not be read or decoded are left out. With ``dtype``, a
+            batch of equal-sized objects read whole comes as a
+            :class:`~gpufeed.ai.data.TensorBatch` (rows of one batch tensor).
 
         Raises:
             IndexError: an index out of range.
