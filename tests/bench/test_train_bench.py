@@ -188,3 +188,30 @@ def test_cli_help_names_the_scales():
     assert res.exit_code == 0, res.output
     for opt in ("--scale", "--compute-scale", "--max-accelerators", "--json", "--paths"):
         assert opt in res.output
+
+
+@pytest.mark.parametrize("sample_bytes", [300 << 10, 5000])  # batches over and under DIRECT_MIN_BYTES
+def test_gpufeed_loaders_deliver_the_local_files_batches(node, tmp_path, sample_bytes):
+    """The raw-tensor ``gpufeed`` loader, ``gpufeed_decode`` and plain files give
+    the same batch tensors, batch for batch, through a DataLoader worker."""
+    from gpufeed.bench._train_loaders import LOADERS, Source, write_dataset
+    from gpufeed.client import Client
+
+    prefix = f"loaders-{sample_bytes}/"
+    with Client(node.shm_url, **node.credentials) as c:
+        try:
+            c.create_bucket("bench-train-loaders")
+        except Exception:  # noqa: BLE001 - made by the other parametrization
+            pass
+        keys = write_dataset(c, "bench-train-loaders", prefix, tmp_path / prefix, files=9,
+                             sample_bytes=sample_bytes, samples_per_file=1)
+    src = Source("bench-train-loaders", tuple(keys), str(tmp_path), sample_bytes, 1, 4, node.s3_url,
+                 node.shm_url, node.access_key, node.secret_key, workers=1, prefetch=2)
+    got = {}
+    for path in ("local", "gpufeed", "gpufeed_decode"):
+        it = iter(LOADERS[path](src, 1, 3))  # rank 1 of 3: starts at sample 3, wraps around
+        got[path] = [next(it).clone() for _ in range(4)]
+        del it
+    for path in ("gpufeed", "gpufeed_decode"):
+        assert all(a.shape == (4, sample_bytes) and a.dtype == b.dtype and np.array_equal(a.numpy(), b.numpy())
+                   for a, b in zip(got[path], got["local"], strict=True)), path

@@ -2,9 +2,12 @@
 
 Every path reads the same samples (written once per run by :func:`write_dataset`)
 through a ``torch.utils.data.DataLoader`` with the same ``num_workers``,
-``prefetch_factor`` and batch size, and the same collate (one ``[batch,
-sample_bytes]`` uint8 tensor, written straight into shared memory in a worker,
-as ``default_collate`` does), so what differs is only how bytes reach the worker:
+``prefetch_factor`` and batch size, and delivers the same batch (one ``[batch,
+sample_bytes]`` uint8 tensor, in shared memory when made in a worker): paths
+that hand over samples one by one share one collate (:func:`collate_samples`,
+which copies them into the batch as ``default_collate`` does), and gpufeed's
+raw-tensor dataset reads the batch tensor itself. What differs is how bytes
+reach the batch:
 
 * ``local``: plain files on this machine's disk (``open().read()``), the
   physical limit;
@@ -12,8 +15,11 @@ as ``default_collate`` does), so what differs is only how bytes reach the worker
 * ``s3fs``: ``S3FileSystem.cat_file`` / ``open`` against the same endpoint;
 * ``s3torchconnector``: Amazon's ``S3MapDataset`` (one reader per object)
   against the same endpoint;
-* ``gpufeed``: :class:`gpufeed.ai.data.ObjectDataset` / ``ShardDataset`` over
-  the node's fast path (shared memory); see :func:`gpufeed_loader`.
+* ``gpufeed``: :class:`gpufeed.ai.data.ObjectDataset` (``dtype=torch.uint8``)
+  / ``ShardDataset`` over the node's fast path (shared memory); see
+  :func:`gpufeed_loader`;
+* ``gpufeed_decode`` (only when asked for): ``ObjectDataset`` with ``decode=``,
+  through :func:`collate_samples`.
 
 Workloads with one sample per file are read map-style (a cyclic sampler per
 emulated accelerator, starting at its own place in the data set); workloads
@@ -30,6 +36,7 @@ benchmark's main thread (DataLoader workers fork there).
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import tarfile
@@ -448,23 +455,36 @@ class _Endless(tud.IterableDataset):
                 raise RuntimeError("the dataset yields no samples for this worker")
 
 
-def gpufeed_loader(src: Source, rank: int, world: int) -> tud.DataLoader:
+def gpufeed_loader(src: Source, rank: int, world: int, *, raw_tensors: bool = True) -> tud.DataLoader:
     """The gpufeed path: :class:`gpufeed.ai.data.ObjectDataset` (one object per
-    sample, each batch read with batched ``get_many_into`` in ``__getitems__``;
-    the samples handed to the collate as the views read, without a ``bytes`` copy)
-    or :class:`gpufeed.ai.data.ShardDataset` (tar shards read whole), over the
-    node's fast path (``src.fast_url``), in the same DataLoader as the other paths.
+    sample) or :class:`gpufeed.ai.data.ShardDataset` (tar shards read whole),
+    over the node's fast path (``src.fast_url``), in the same DataLoader as the
+    other paths.
+
+    One object per sample: with ``raw_tensors`` (the ``gpufeed`` path) the
+    dataset is made with ``dtype=torch.uint8``, so each batch is read with
+    batched ``get_many_into`` straight into its ``[batch, sample_bytes]``
+    tensor (in the worker, memory shared with the main process) and
+    :func:`gpufeed.ai.data.collate` hands that tensor on: the same tensor
+    :func:`collate_samples` makes, without its copy. Without (the
+    ``gpufeed_decode`` path) the samples are handed to :func:`collate_samples`
+    as the views read (``decode=``), which copies them into the batch.
 
     Every accelerator's shard stream reads all shards (``rank`` 0 of 1, as the
     baselines' streams do), in an order of its own (shard order shuffled with
     seed ``rank``, no sample buffer)."""
-    from ..ai.data import ObjectDataset, ShardDataset
+    from ..ai.data import ObjectDataset, ShardDataset, collate
 
     url = f"{src.fast_url}/{src.bucket}"
     prefix = src.keys[0].rpartition("/")[0] + "/"
     if src.samples_per_file == 1:
+        sampler = CyclicSampler(len(src.keys), rank * len(src.keys) // world)
+        if raw_tensors:
+            ds = ObjectDataset(url, prefix, dtype=torch.uint8, access_key=src.access_key,
+                               secret_key=src.secret_key)
+            return data_loader(ds, src, sampler=sampler, collate_fn=collate)
         ds = ObjectDataset(url, prefix, decode=_view, access_key=src.access_key, secret_key=src.secret_key)
-        return data_loader(ds, src, sampler=CyclicSampler(len(ds), rank * len(ds) // world))
+        return data_loader(ds, src, sampler=sampler)
     shards = ShardDataset(url, prefix, decode=_bin, format="tar", shuffle=True, shuffle_buffer=0, seed=rank,
                           rank=0, world_size=1, access_key=src.access_key, secret_key=src.secret_key)
     return data_loader(_Endless(shards), src)
@@ -477,5 +497,8 @@ LOADERS: dict[str, LoaderFactory] = {
     "s3fs": reader_loader("s3fs"),
     "s3torchconnector": reader_loader("s3torchconnector"),
     "gpufeed": gpufeed_loader,
+    # ObjectDataset with decode=, its samples copied into the batch by collate_samples
+    # (not in PATHS; ask for it by name to compare)
+    "gpufeed_decode": functools.partial(gpufeed_loader, raw_tensors=False),
     "memory": reader_loader("memory"),  # the harness's ceiling (not a storage path)
 }

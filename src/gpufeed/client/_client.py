@@ -30,7 +30,9 @@ from ..errors import InvalidArgument, NotImplementedByGpufeed, TransportError
 from ..wire import protocol as p
 from ._auth import resolve_credentials
 from ._ranges import RangeReads
+from ._region import SharedBuffer
 from ._transports import TRANSPORTS, Transport, TransportOptions
+from ._transports._pooled import MAX_ALLOC_BYTES
 from ._types import (
     DeleteResult,
     ListEntry,
@@ -243,6 +245,31 @@ class Client(RangeReads):
         if type(nbytes) is not int or nbytes < 0:
             raise InvalidArgument("nbytes must be an int >= 0")
         return self._t.alloc(nbytes)
+
+    def alloc_shared(self, nbytes: int) -> SharedBuffer:
+        """Fresh memory that other processes can map by its memfd, and that the
+        node writes reads into directly on shm (:meth:`alloc` memory is pooled and
+        never leaves this process; this is neither).
+
+        Read into ``buf.view``, hand ``buf.fd`` on (``torch.UntypedStorage.
+        _new_shared_fd_cpu(buf.fd, buf.nbytes)`` makes a storage that a DataLoader
+        worker passes to its main process without a copy), then
+        ``buf.close()`` once no read into it is in flight.
+
+        Args:
+            nbytes: size in bytes (>= 1).
+
+        Returns:
+            A :class:`~gpufeed.client._region.SharedBuffer`.
+
+        Raises:
+            InvalidArgument: ``nbytes`` is not an int >= 1, is more than half the
+                host's memory, or the node refuses to map that much.
+            TransportError: the client is closed, or was created before ``os.fork()``.
+        """
+        if type(nbytes) is not int or not 1 <= nbytes <= MAX_ALLOC_BYTES:
+            raise InvalidArgument(f"nbytes must be an int in [1, {MAX_ALLOC_BYTES}]: {nbytes!r}")
+        return self._t.alloc_shared(nbytes)
 
     def map_ahead(self, buf: memoryview) -> threading.Thread | None:
         """Start mapping the pages of an :meth:`alloc` buffer into this process, in

@@ -13,10 +13,11 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Callable
 
 from .._memory import address_of
 
-__all__ = ["Region", "address_of", "StagingPool"]
+__all__ = ["Region", "address_of", "StagingPool", "SharedBuffer"]
 
 
 class Region:
@@ -132,3 +133,60 @@ class StagingPool:
         with self._cond:
             self._free.append(offset // self.slot_bytes)
             self._cond.notify_all()
+
+
+class SharedBuffer:
+    """Fresh memory that another process can map too, by its memfd
+    (``Client.alloc_shared``). On shm the node writes reads into it directly.
+
+    Not pooled: once another process maps it (a tensor handed to a
+    DataLoader's main process), this client cannot know when it is done.
+
+    Args:
+        region: the memfd region (this process's mapping).
+        release: called once by :meth:`close` (unregisters it from the node);
+            ``None``: nothing to undo.
+
+    Attributes:
+        nbytes: size in bytes.
+    """
+
+    def __init__(self, region: Region, release: Callable[[Region], None] | None) -> None:
+        self._region: Region | None = region
+        self._release = release
+        self.nbytes = region.size
+
+    @property
+    def fd(self) -> int:
+        """The memfd (owned by this buffer: valid until :meth:`close`; map it or
+        ``dup`` it, e.g. ``torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)``).
+
+        Raises:
+            ValueError: the buffer is closed.
+        """
+        if self._region is None:
+            raise ValueError("the shared buffer is closed")
+        return self._region.fd
+
+    @property
+    def view(self) -> memoryview:
+        """A writable ``memoryview`` of :attr:`nbytes` bytes over this process's mapping.
+
+        Raises:
+            ValueError: the buffer is closed.
+        """
+        if self._region is None:
+            raise ValueError("the shared buffer is closed")
+        return self._region.view(0, self.nbytes)
+
+    def close(self) -> None:
+        """Stop the node writing into it, close the descriptor and unmap this
+        process's mapping (it stays while views of it are alive). Mappings made
+        from the descriptor (and the bytes in them) stay. Idempotent. Call it
+        only once no read into the buffer is in flight."""
+        region, self._region = self._region, None
+        if region is None:
+            return
+        if self._release is not None:
+            self._release(region)
+        region.close()

@@ -10,6 +10,8 @@
 * :class:`ResumableLoader`: a ``DataLoader`` whose ``state_dict()`` resumes
   mid-epoch at the next batch (save it with :func:`gpufeed.ai.save`).
 * :func:`write_shard`, :func:`parse_shard`: the tar shard format.
+* :func:`collate`: the ``collate_fn`` for ``ObjectDataset(..., dtype=...)``:
+  each batch was read straight into its tensor, handed on without a copy.
 
 The whole guide: ``docs/training-data.md``.
 
@@ -21,6 +23,7 @@ The package, one concern a module, imports in one direction::
     _source    node + bucket + prefix, one client per process, listing, ErrorPolicy
     _fetch     Reader: bounded read-ahead, batched small reads, the error policy
     _common    what both datasets share (decode under the policy, fingerprint)
+    _tensors   raw-tensor samples: batches read straight into their tensor, collate
     _objects   ObjectDataset, ResumableSampler
     _tarstream one worker's tar sample stream, and its resume from sample counts
     _shards    ShardDataset
@@ -45,6 +48,7 @@ from ._objects import ObjectDataset, ResumableSampler
 from ._shards import MAX_WORKERS, ShardDataset
 from ._source import ErrorPolicy
 from ._tar import parse_shard, write_shard
+from ._tensors import TensorBatch, collate
 
 __all__ = [
     "ObjectDataset",
@@ -56,6 +60,8 @@ __all__ = [
     "MAX_WORKERS",
     "write_shard",
     "parse_shard",
+    "collate",
+    "TensorBatch",
     "DataError",
     "SampleMissing",
     "SampleChanged",

@@ -26,6 +26,7 @@ from ...errors import InvalidArgument
 from ._objects import ObjectDataset, ResumableSampler
 from ._sampling import worker
 from ._shards import ShardDataset, stream_positions
+from ._tensors import collate as collate_tensors
 
 __all__ = ["ResumableLoader"]
 
@@ -67,7 +68,9 @@ class ResumableLoader(torch.utils.data.DataLoader):
 
     Args:
         dataset: a :class:`ShardDataset` or :class:`ObjectDataset`.
-        **kwargs: ``DataLoader``'s. With an :class:`ObjectDataset`,
+        **kwargs: ``DataLoader``'s (``collate_fn`` defaults to
+            :func:`~gpufeed.ai.data.collate` for an ``ObjectDataset`` made
+            with ``dtype=``). With an :class:`ObjectDataset`,
             ``sampler`` must be a :class:`ResumableSampler` (default: the
             dataset's ``sampler(shuffle=shuffle)``, seed 0, ranks as
             :class:`ResumableSampler` finds them).
@@ -97,7 +100,9 @@ class ResumableLoader(torch.utils.data.DataLoader):
             raise InvalidArgument(f"ResumableLoader reads a ShardDataset or an ObjectDataset, "
                                   f"not {type(dataset).__name__}")
         batched = kwargs.get("batch_size", 1) is not None
-        collate = kwargs.pop("collate_fn", None) or (default_collate if batched else default_convert)
+        collate = kwargs.pop("collate_fn", None) or (
+            (collate_tensors if getattr(dataset, "dtype", None) is not None else default_collate)
+            if batched else default_convert)
         super().__init__(dataset, collate_fn=_TagCollate(collate, uid), **kwargs)
         self._positions: list[int] = []
         self._next_worker = 0

@@ -15,6 +15,7 @@ from ._errors import DataError
 from ._fetch import ReadLimits
 from ._sampling import epoch_order, resolve_rank, split
 from ._source import Listed
+from ._tensors import as_sample, check_dtype, read_tensor_batch
 
 __all__ = ["ObjectDataset", "ResumableSampler"]
 
@@ -43,7 +44,16 @@ class ObjectDataset(DatasetBase, torch.utils.data.Dataset):
             ``memoryview`` of exactly the object's bytes, in memory of the
             process's read pool that is reused only once no view of it is left
             (``torch.frombuffer(data, dtype=...)`` keeps it without a copy).
-            Default: the object's ``bytes``.
+            Default: the object's ``bytes``. Not with ``dtype``.
+        dtype: samples are raw tensors of this ``torch.dtype`` (native byte
+            order): ``ds[i]`` is the object's bytes viewed as a tensor, and a
+            batch of equal-sized objects is read straight into one
+            ``[batch, *shape]`` tensor (in a DataLoader worker, in memory shared
+            with the main process); pass :func:`~gpufeed.ai.data.collate` as
+            the DataLoader's ``collate_fn`` to take that tensor without a copy.
+            An object whose size does not fit fails to decode (``on_error``
+            applies). See :mod:`gpufeed.ai.data._tensors`.
+        shape: with ``dtype``, each sample's shape (default: 1-D).
         on_error: ``"raise"`` (default), ``"skip"`` or ``"retry"``; see
             :class:`~gpufeed.ai.data.ErrorPolicy`. Skipped samples leave their
             batch shorter; ``ds[i]`` alone raises for a sample it cannot give.
@@ -68,7 +78,14 @@ class ObjectDataset(DatasetBase, torch.utils.data.Dataset):
                  on_error: str = "raise", max_retries: int = 3, retry_backoff_s: float = 0.5,
                  limits: ReadLimits | None = None, access_key: str | None = None,
                  secret_key: str | None = None, request_timeout_s: float = 30.0,
-                 connections: int | None = None) -> None:
+                 connections: int | None = None, dtype: torch.dtype | None = None,
+                 shape: Sequence[int] | None = None) -> None:
+        if dtype is not None and decode is not None:
+            raise InvalidArgument("decode= and dtype= exclude each other (dtype samples are raw tensors)")
+        if dtype is None and shape is not None:
+            raise InvalidArgument("shape= needs dtype=")
+        self.shape = check_dtype(dtype, shape) if dtype is not None else None
+        self.dtype = dtype
         self._setup(url, prefix, on_error=on_error, max_retries=max_retries, retry_backoff_s=retry_backoff_s,
                     limits=limits, access_key=access_key, secret_key=secret_key,
                     request_timeout_s=request_timeout_s, connections=connections)
@@ -108,17 +125,25 @@ class ObjectDataset(DatasetBase, torch.utils.data.Dataset):
 
         Returns:
             The decoded samples in order; under ``on_error="skip"`` the ones
-            that could not be read or decoded are left out.
+            that could not be read or decoded are left out. With ``dtype``, a
+            batch of equal-sized objects read whole comes as a
+            :class:`~gpufeed.ai.data.TensorBatch` (rows of one batch tensor).
 
         Raises:
             IndexError: an index out of range.
             DataError: as :meth:`__getitem__` (not for skipped samples).
         """
         items = [self.items[self._index(i)] for i in indices]
+        decode = self.decode or bytes
+        if self.dtype is not None:
+            batch = read_tensor_batch(self.reader, items, self.dtype, self.shape)
+            if batch is not None:
+                return batch
+            decode = functools.partial(as_sample, dtype=self.dtype, shape=self.shape)
         out = []
         for item, data in self.reader.read(items):
             sample = SKIP if data is None else self.decode_or_skip(
-                self.decode or bytes, data, item.key, functools.partial(self._reread, item))
+                decode, data, item.key, functools.partial(self._reread, item))
             if sample is SKIP:
                 if _alone:
                     raise DataError(f"{self.source.where(item.key)}: skipped (on_error='skip')",

@@ -8,6 +8,7 @@ directly instead.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import socket
@@ -76,6 +77,9 @@ class PooledTransport(Transport):
         self.regions_lock = threading.Lock()
         self._rr = itertools.count()
         self._idle: list = []        # alloc() regions whose buffers are gone, for reuse
+        # regions whose buffers just went (appended by finalizers, which take no lock:
+        # one can run inside any allocation, on a thread that holds regions_lock)
+        self._returned: collections.deque = collections.deque()
         self._quarantine: list = []  # memory of requests that failed without a reply
         self._retire: list = []      # regions over the idle cap, to release
         self.max_idle_bytes = options.max_idle_bytes
@@ -210,9 +214,9 @@ class PooledTransport(Transport):
         if self._closed:
             raise TransportError("the client is closed")
         self.check_process()
+        region = self._take_idle(nbytes)
         if self._retire:
             self._retire_regions()
-        region = self._take_idle(nbytes)
         if region is None:
             region = self._fresh_region(nbytes)
         owner = np.frombuffer(region.mm, dtype=np.uint8, count=nbytes)
@@ -224,6 +228,7 @@ class PooledTransport(Transport):
         if self.lost_connection:
             return None
         with self.regions_lock:
+            self._pool_returned()
             fits = [r for r in self._idle if nbytes <= r.size <= max(2 * nbytes, 1 << 20)]
             if not fits:
                 return None
@@ -232,17 +237,24 @@ class PooledTransport(Transport):
             return best
 
     def _recycle(self, region) -> None:
-        """Finalizer of an alloc() buffer: keep the region for reuse (bounded)."""
+        """Finalizer of an alloc() buffer: queue the region for reuse. Takes no
+        lock (see ``_returned``); the next :meth:`alloc` pools it."""
         if self._closed or self.lost_connection:
             region.close()
             return
-        with self.regions_lock:
-            self._idle.append(region)
-            idle = sum(r.size for r in self._idle)
-            while idle > self.max_idle_bytes and len(self._idle) > 1:
-                old = self._idle.pop(0)
-                idle -= old.size
-                self._retire.append(old)
+        self._returned.append(region)
+
+    def _pool_returned(self) -> None:
+        """Move returned regions to the idle pool, bounded (``regions_lock`` held)."""
+        if not self._returned:
+            return
+        while self._returned:
+            self._idle.append(self._returned.popleft())
+        idle = sum(r.size for r in self._idle)
+        while idle > self.max_idle_bytes and len(self._idle) > 1:
+            old = self._idle.pop(0)
+            idle -= old.size
+            self._retire.append(old)
 
     def _retire_regions(self) -> None:
         """Release regions the pool dropped (not done in finalizers: they may run
@@ -276,6 +288,7 @@ class PooledTransport(Transport):
         if self._exec is not None:
             self._exec.shutdown(wait=True)
         with self.regions_lock:
+            self._pool_returned()
             regions = list(dict.fromkeys(self.regions + self._idle + self._retire))
             self.regions, self._idle, self._retire = [], [], []
         kept = False

@@ -21,7 +21,7 @@ from ...errors import GpufeedError, InternalError, InvalidArgument, InvalidRange
 from ...wire import protocol as p
 from .._auth import Credentials, authenticate
 from .._conn import Connection, connect_unix
-from .._region import Region, StagingPool, address_of
+from .._region import Region, SharedBuffer, StagingPool, address_of
 from .._types import ReadRequest, then
 from ._pooled import MAX_ALLOC_BYTES, PooledTransport
 from ._shm_batch import submit_batch
@@ -138,6 +138,41 @@ class ShmTransport(PooledTransport):
         return region
 
     _fresh_region = new_region
+
+    def alloc_shared(self, nbytes: int) -> SharedBuffer:
+        """A memfd of this client's own (never a lent one: another process may map
+        it for as long as it likes), registered on every connection."""
+        self.conn()  # TransportError when closed or in a forked child
+        region = Region(next(self._region_ids), nbytes, name="gpufeed-shared")
+        done: list[Connection] = []
+        try:
+            for conn in self.conns:
+                conn.call(p.Op.REGISTER, p.Register(region.region_id, region.size), fds=[region.fd])
+                done.append(conn)
+        except BaseException:
+            self._unregister_shared(region, done)
+            region.close()
+            raise
+        with self.regions_lock:
+            self.regions.append(region)
+        return SharedBuffer(region, self._unregister_shared)
+
+    def _unregister_shared(self, region: Region, conns: list[Connection] | None = None) -> None:
+        """Forget an :meth:`alloc_shared` region here and on the node (without
+        waiting for the replies). After a lost connection nothing is sent: the
+        node drops that connection's regions itself."""
+        with self.regions_lock:
+            if region in self.regions:
+                self.regions.remove(region)
+        if self._closed:
+            return
+        for conn in self.conns if conns is None else conns:
+            if conn.closed:
+                continue
+            try:
+                conn.request(p.Op.UNREGISTER, p.Unregister(region.region_id, False))
+            except GpufeedError:
+                pass
 
     def find_region(self, mv: memoryview) -> tuple[Region, int] | None:
         """``(region, offset)`` when ``mv`` lies inside a registered region."""

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ...errors import InvalidArgument, NotImplementedByGpufeed
+from ...errors import InvalidArgument, NotImplementedByGpufeed, TransportError
 from .._auth import Credentials, resolve_credentials
+from .._region import Region, SharedBuffer
 from .._types import ReadRequest
 
 __all__ = ["Transport", "TransportOptions"]
@@ -197,6 +198,13 @@ class Transport(ABC):
     @abstractmethod
     def alloc(self, nbytes: int) -> memoryview:
         """Pooled memory of ``nbytes`` (see ``Client.alloc``)."""
+
+    def alloc_shared(self, nbytes: int) -> SharedBuffer:
+        """Fresh memfd-backed memory another process can map (see
+        ``Client.alloc_shared``); here not registered with the node."""
+        if self.closed:
+            raise TransportError("the client is closed")
+        return SharedBuffer(Region(0, nbytes, name="gpufeed-shared"), None)
 
     def map_ahead(self, buf: memoryview) -> threading.Thread | None:
         """Start mapping the pages of an :meth:`alloc` buffer (see ``Client.map_ahead``);
