@@ -21,7 +21,7 @@ import pytest
 from gpufeed.admin import RemoteAdmin, catalog_cluster_status
 from gpufeed.engine._postgres import PostgresCatalog
 from gpufeed.errors import InvalidArgument
-from gpufeed.testing.node import NodeProcess, start_node
+from gpufeed.testing.node import NodeProcess, start_node, wait_for
 
 FAST = {"GPUFEED_CLUSTER_HEARTBEAT_S": "0.2", "GPUFEED_CLUSTER_EXPIRY_S": "1.5"}
 
@@ -47,16 +47,6 @@ def _port(node: NodeProcess) -> int:
     return int(node.s3_url.rsplit(":", 1)[1])
 
 
-def _wait_for(check, timeout_s: float = 10.0):
-    """``check()`` until it returns something true, or fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got or time.monotonic() > deadline:
-            assert got, "the condition did not hold in time"
-            return got
-        time.sleep(0.1)
-
 
 def test_nodes_join_leave_and_expire(tmp_path, postgres_url):
     nodes = [_member(tmp_path / f"n{i}", postgres_url) for i in range(3)]
@@ -81,7 +71,7 @@ def test_nodes_join_leave_and_expire(tmp_path, postgres_url):
             r = _status(nodes[0])
             return r if _health(r)[_port(nodes[2])] == "expired" else None
 
-        report = _wait_for(expired)
+        report = wait_for(expired)
         assert time.monotonic() - started < 5
         assert report["live"] == 1 and _health(report)[_port(nodes[0])] == "live"
         [gone] = [n for n in report["nodes"] if n["s3_port"] == _port(nodes[2])]
@@ -138,11 +128,11 @@ def test_database_down_mid_run_is_logged_and_ridden_out(tmp_path, postgres_serve
     try:
         postgres_server.stop()
         try:
-            _wait_for(lambda: "heartbeat failed, retrying" in a.log_path.read_text())
+            wait_for(lambda: "heartbeat failed, retrying" in a.log_path.read_text())
             assert a.proc.poll() is None  # still serving
         finally:
             postgres_server.start()
-        _wait_for(lambda: "heartbeats resumed after" in a.log_path.read_text())
+        wait_for(lambda: "heartbeats resumed after" in a.log_path.read_text())
         assert _status(a)["live"] == 1
     finally:
         assert a.stop() == 0, a.log_path.read_text()
@@ -209,11 +199,11 @@ def test_a_member_whose_id_was_taken_over_logs_it_and_keeps_trying(tmp_path, cap
     try:
         other = NodeClaim("c1", "n1", "10.0.0.2", 9100, 0, "other", "elsewhere", "/copy")
         m.register(other, expiry_s=0)  # as if this member's row had expired
-        _wait_for(lambda: "this node keeps trying" in caplog.text)
+        wait_for(lambda: "this node keeps trying" in caplog.text)
         assert caplog.text.count("this node keeps trying") == 1
         assert [n.s3_port for n in m.nodes("c1")] == [9100]
         m.leave(other)
-        _wait_for(lambda: "registered again" in caplog.text)
+        wait_for(lambda: "registered again" in caplog.text)
         [back] = m.nodes("c1")
         assert (back.s3_port, back.state, back.bytes_stored) == (9000, "up", 7)
     finally:

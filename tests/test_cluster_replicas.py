@@ -19,7 +19,7 @@ from gpufeed.admin import RemoteAdmin
 from gpufeed.client import Client
 from gpufeed.engine._postgres import PostgresCatalog
 from gpufeed.errors import DamagedObject, HolderUnavailable
-from gpufeed.testing.node import NodeProcess, start_node
+from gpufeed.testing.node import NodeProcess, start_node, wait_for
 from gpufeed.wire import protocol as p
 
 FAST = {"GPUFEED_CLUSTER_HEARTBEAT_S": "0.2", "GPUFEED_CLUSTER_EXPIRY_S": "1.5",
@@ -53,15 +53,6 @@ def _has_file(node: NodeProcess, file: str) -> bool:
 def _status(node: NodeProcess) -> dict:
     return RemoteAdmin(node.s3_url, node.access_key, node.secret_key).cluster_status()
 
-
-def _wait_for(check, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got or time.monotonic() > deadline:
-            assert got, "the condition did not hold in time"
-            return got
-        time.sleep(0.1)
 
 
 def _write_all_kinds(a: NodeProcess) -> dict[tuple[str, str], bytes]:
@@ -117,7 +108,7 @@ def test_every_write_path_is_on_two_nodes_and_reads_survive_a_killed_holder(tmp_
         def counted() -> int:
             r = _status(b)
             return r["under_replicated_chunks"] if r["live"] == 2 else 0
-        assert _wait_for(counted, 10) > 0  # a expired: its copies no longer count
+        assert wait_for(counted, 10) > 0  # a expired: its copies no longer count
         s3b = b.boto3_client()
         s3b.delete_object(Bucket="raw", Key="sdk")  # the rows go at once; each node frees its own file
         [(file, nodes)] = [(f, n) for f, n in copies.items() if f not in _copies(postgres_url)]
@@ -204,7 +195,7 @@ def test_re_replication_restores_the_factor_after_a_node_is_lost(tmp_path, postg
         def restored() -> bool:
             r = _status(a)
             return r["live"] == 2 and r["under_replicated_chunks"] == 0
-        _wait_for(restored, 20)
+        wait_for(restored, 20)
         took = time.monotonic() - killed
         copies = _copies(postgres_url)
         assert all({_node_id(a), _node_id(c)} <= n for n in copies.values())
@@ -214,7 +205,7 @@ def test_re_replication_restores_the_factor_after_a_node_is_lost(tmp_path, postg
         c.boto3_client().delete_object(Bucket="raw", Key="k0")  # through c: a frees its copy by its sweep
         [gone] = [f for f in before if f not in _copies(postgres_url)]
         assert not _has_file(c, gone)
-        _wait_for(lambda: not _has_file(a, gone), 15)  # a's sweep: the file is older than the grace
+        wait_for(lambda: not _has_file(a, gone), 15)  # a's sweep: the file is older than the grace
         del want["k0"]
         a.kill()  # every file is on c now: c alone serves everything
         s3c = c.boto3_client(retries={"max_attempts": 1, "mode": "standard"})

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-__all__ = ["NodeProcess", "NodeCredentials", "start_node", "socket_path"]
+__all__ = ["NodeProcess", "NodeCredentials", "start_node", "socket_path", "wait_for"]
 
 
 class NodeCredentials(TypedDict):
@@ -181,3 +181,18 @@ def _given_secret(args: list[str], env: dict) -> str:
         if arg.startswith("--secret-key="):
             return arg.split("=", 1)[1]
     return env.get("GPUFEED_SECRET_KEY", "")
+
+
+def wait_for(check, timeout_s: float = 10.0):
+    """Call ``check()`` every 0.1 s until it returns something true, and return that.
+
+    Raises:
+        AssertionError: it did not within ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got or time.monotonic() > deadline:
+            assert got, f"the condition did not hold within {timeout_s} s"
+            return got
+        time.sleep(0.1)
