@@ -8,12 +8,14 @@ the connection stays usable."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from gpufeed import _native
 from gpufeed.bench.integrity import _chunks  # the catalog's chunk list of one object
-from gpufeed.client import Client
+from gpufeed.client import AsyncClient, Client
 from gpufeed.engine import Engine
 from gpufeed.errors import DamagedObject, InvalidArgument, InvalidRange, NoSuchKey
 from gpufeed.testing.node import start_node
@@ -112,6 +114,12 @@ def test_bad_arguments_are_typed_errors_before_anything_is_sent(node, transport)
             c.get_ranges_into("raw", "obj", bytes(BLOCK), [0], BLOCK)  # read-only
         with pytest.raises(InvalidArgument, match="at most"):
             c.get_ranges_into("raw", "obj", dest, np.zeros(70_000, dtype=np.int64), 0)
+        for offsets, lengths in [(np.linspace(0, 17, 4), 1), ([1.7], 1), ([0], [2.9]), (["1"], 1), ([0], True),
+                                 ([[0, 1]], 1), ([None], 1)]:
+            with pytest.raises(InvalidArgument, match="integers"):  # never truncated or cast silently
+                c.get_ranges_into("raw", "obj", dest, offsets, lengths)
+        with pytest.raises(InvalidArgument, match="errors_out"):
+            c.get_ranges_into("raw", "obj", dest, [0], BLOCK, errors_out=())
         with pytest.raises(NoSuchKey):
             c.get_ranges_into("raw", "missing", dest, [0], BLOCK)
         assert c.get_ranges_into("raw", "obj", dest, [0], BLOCK).tolist() == [BLOCK]  # still usable
@@ -162,3 +170,16 @@ def test_a_damaged_block_fails_only_its_range(tmp_path, native, transport):
             assert c.get_ranges_into("hurt", "obj", dest, [41 * BLOCK], BLOCK).tolist() == [BLOCK]
     finally:
         assert n.stop() == 0, n.log_path.read_text()
+
+
+def test_the_async_form(node):
+    n, data = node
+
+    async def main():
+        async with await AsyncClient.connect(n.tcp_url, access_key=n.access_key, secret_key=n.secret_key) as ac:
+            dest = bytearray(2 * BLOCK)
+            got = await ac.get_ranges_into("raw", "obj", dest, [BLOCK, 7 * BLOCK], BLOCK)
+            return got.tolist(), bytes(dest)
+
+    got, dest = asyncio.run(main())
+    assert got == [BLOCK, BLOCK] and dest == data[BLOCK:2 * BLOCK] + data[7 * BLOCK:8 * BLOCK]

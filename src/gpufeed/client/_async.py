@@ -51,6 +51,10 @@ class AsyncClient:
     async def get_many_into(self, requests, **kw) -> list[int]:
         return await asyncio.wrap_future(self.sync.submit_get_many_into(requests, **kw))
 
+    async def get_ranges_into(self, bucket: str, key: str, dest, offsets, lengths, **kw):
+        """:meth:`Client.get_ranges_into`: a ``numpy.int64`` array of bytes per range."""
+        return await asyncio.wrap_future(self.sync.submit_get_ranges_into(bucket, key, dest, offsets, lengths, **kw))
+
     async def delete(self, bucket: str, key: str, **kw) -> DeleteResult:
         return await asyncio.wrap_future(self.sync.submit_delete(bucket, key, **kw))
 

@@ -47,21 +47,22 @@ class RangeReads:
         check_object(bucket, key)
         self._check_version(version_id)
         self._check_snapshot(snapshot)
-        offs = np.ascontiguousarray(offsets, dtype=np.int64).reshape(-1)
+        if errors_out is not None and not isinstance(errors_out, list):
+            raise InvalidArgument("errors_out is a list (filled with one entry per range), "
+                                  f"not {type(errors_out).__name__}")
+        offs = _integers("offsets", offsets, 0, (1 << 64) - 1)
         count = len(offs)
-        if np.ndim(lengths) == 0:
-            lens = [int(lengths)] * count
+        if count > p.MAX_RANGES:
+            raise InvalidArgument(f"at most {p.MAX_RANGES} ranges per call, not {count}")
+        if isinstance(lengths, (int, np.integer)) and not isinstance(lengths, (bool, np.bool_)):
+            lens = _integers("lengths", [lengths], 0, p.MAX_RANGE_BYTES).tolist() * count
         else:
-            lens = np.asarray(lengths, dtype=np.int64).reshape(-1).tolist()
+            lens = _integers("lengths", lengths, 0, p.MAX_RANGE_BYTES).tolist()
             if len(lens) != count:
                 raise InvalidArgument(f"{count} offsets and {len(lens)} lengths: give one length per range "
                                       "(or one length for all)")
-        if count > p.MAX_RANGES:
-            raise InvalidArgument(f"at most {p.MAX_RANGES} ranges per call, not {count}")
-        if count and (int(offs.min()) < 0 or min(lens) < 0 or max(lens) > p.MAX_RANGE_BYTES):
-            raise InvalidArgument(f"offsets are >= 0 and lengths 0-{p.MAX_RANGE_BYTES} bytes")
         view = writable_dest(dest, sum(lens))
-        fut = self._t.submit_get_ranges_into(bucket, key, view, offs.astype("<u8").tobytes(), lens,
+        fut = self._t.submit_get_ranges_into(bucket, key, view, offs.astype("<u8", copy=False).tobytes(), lens,
                                              version_id, snapshot)
         return then(fut, lambda reply: _counts(reply, count, bucket, key, errors_out))
 
@@ -107,6 +108,27 @@ class RangeReads:
                                            snapshot=snapshot, errors_out=errors_out).result()
 
 
+def _integers(name: str, values, low: int, high: int) -> np.ndarray:
+    """``values`` (a sequence or 1-D array of integers) as a ``uint64`` array.
+
+    Raises:
+        InvalidArgument: not integers (floats, bools, strings, ``None``), not
+            one-dimensional, or a value outside ``[low, high]`` (the message
+            names the first one and its index).
+    """
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidArgument(f"{name} must be a sequence or array of integers") from None
+    if arr.ndim != 1 or not (arr.dtype.kind in "iu" or (arr.size == 0 and arr.dtype.kind == "f")):
+        raise InvalidArgument(f"{name} must be a one-dimensional sequence or array of integers, "
+                              f"not {arr.ndim}-D {arr.dtype}")
+    if arr.size and (int(arr.min()) < low or int(arr.max()) > high):
+        bad = int(np.flatnonzero((arr < low) | (arr > high))[0])
+        raise InvalidArgument(f"{name}[{bad}] = {int(arr[bad])} is outside {low}-{high}")
+    return arr.astype(np.uint64)
+
+
 def _counts(reply: p.GetRangesReply, count: int, bucket: str, key: str,
             errors_out: list | None) -> np.ndarray:
     """Bytes per range from a GETR reply (see :meth:`RangeReads.get_ranges_into`).
@@ -119,7 +141,8 @@ def _counts(reply: p.GetRangesReply, count: int, bucket: str, key: str,
         raise ProtocolError(f"the node answered {len(n)} counts for {count} ranges")
 
     def err(i: int, code: str, msg: str) -> GpufeedError:
-        return error_from_code(code, f"range {i} of {bucket}/{key}: {msg}")
+        where = f"range {i}" if f"{bucket}/{key}" in msg else f"range {i} of {bucket}/{key}"
+        return error_from_code(code, f"{where}: {msg}")
 
     if errors_out is not None:
         errors_out[:] = [None] * count

@@ -223,7 +223,7 @@ class ObjectHandle:
         Returns:
             ``(n, errors)``: bytes delivered per range, -1 for a failed one, whose
             typed error is ``errors[i]`` (``InvalidRange``: it starts at or past
-            the end of a non-empty object; ``DamagedObject``: a chunk failed its
+            the end (one byte or more; an empty object included); ``DamagedObject``: a chunk failed its
             check and is marked damaged: that range's bytes must not be used).
         """
         size = self.info.size

@@ -311,7 +311,9 @@ class PgMembership(Membership):
 
 #: What ``under_replicated_chunks`` counts, as the report states it.
 UNDER_REPLICATED_NOTE = ("chunks with fewer copies on live nodes than the replication factor (capped to the live "
-                         "nodes); n/a: not counted (no live node, or no catalog to count in)")
+                         "nodes), as the catalog records the copies: a copy whose bytes went bad counts until "
+                         "scrub finds it")
+_NOT_COUNTED_NOTE = "not counted: no live node, or no catalog to count in"
 
 
 def cluster_report(membership: Membership, cluster: str, expiry_s: float, *,
@@ -350,4 +352,5 @@ def cluster_report(membership: Membership, cluster: str, expiry_s: float, *,
         under = count_under([str(n["node_id"]) for n in live], min(replicas, len(live)))
     return {"cluster": cluster, "expiry_s": expiry_s, "live": len(live), "nodes": nodes,
             "bytes_stored": sum(n["bytes_stored"] for n in live), "replicas": replicas,
-            "under_replicated_chunks": under, "under_replicated_note": UNDER_REPLICATED_NOTE}
+            "under_replicated_chunks": under,
+            "under_replicated_note": UNDER_REPLICATED_NOTE if under is not None else _NOT_COUNTED_NOTE}
