@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from awscrt.checksums import combine_crc32c, crc32c
+from awscrt.checksums import crc32c
 
 from .. import _native
 from ..errors import DamagedObject, GpufeedError, InvalidArgument, InvalidRange, NoSuchKey
@@ -37,7 +37,6 @@ __all__ = ["ObjectHandle", "MAX_STEP"]
 MAX_STEP = 16 << 20
 #: Largest verified piece :meth:`ObjectHandle.extents` checks at once.
 _EXTENT_STEP = 8 << 20
-_BLOCK_SHIFT = SUM_BLOCK.bit_length() - 1  # offset >> _BLOCK_SHIFT: its sum block
 
 
 _local = threading.local()
@@ -198,7 +197,8 @@ class ObjectHandle:
         if os.preadv(fd, [dest], c.file_offset + rel) != n:
             read_whole_blocks(fd, c, sums, rel, dest)  # short: the careful path says why
             return True
-        if crc32c(dest) != sums[last - 1] ^ combine_crc32c(sums[first - 1] if first else 0, 0, n):
+        # the running CRC continued over these bytes from the block before them
+        if crc32c(dest, sums[first - 1] if first else 0) != sums[last - 1]:
             read_whole_blocks(fd, c, sums, rel, dest)  # raises ChunkDamage naming the block
         return True
 
@@ -208,12 +208,12 @@ class ObjectHandle:
         """Read many ranges of this version, each checked, into ``dest``: range
         ``i`` (``lengths[i]`` bytes at object offset ``offsets[i]``, cut at the
         object's end) lands at ``dest[sum(lengths[:i]):]``, the ranges packed in
-        order. The whole-block ranges of a one-file raw object run in one tight
-        loop: one ``pread`` and one CRC32C continued from the previous block's
-        running sum each (:mod:`._blocksums`), in C with the interpreter lock
-        released once for the batch where :mod:`gpufeed._native` is built, else
-        in Python. The others go through :meth:`read_small` or :meth:`steps`.
-        Each range fails alone.
+        order. The whole-block ranges of a one-file raw object run in one C loop
+        with the interpreter lock released once for the batch (one ``pread`` and
+        one CRC32C continued from the previous block's running sum each,
+        :mod:`._blocksums`) where :mod:`gpufeed._native` is built; every other
+        range, and every range without it, goes through :meth:`read_small` or
+        :meth:`steps`. Each range fails alone.
 
         Args:
             offsets, lengths: bytes offsets (>= 0) and lengths (>= 0), one per range.
@@ -233,18 +233,17 @@ class ObjectHandle:
         fast = (self.verify and len(m.chunks) == 1 and not m.chunks[0].codec
                 and m.chunks[0].sum_kind == SUM_KIND and m.chunks[0].stored == size)
         todo: Iterable[int] = range(len(offsets))
-        if fast:
-            sums = m.sums[0]
-            fd, base, nsums = self.file_fd(0), m.chunks[0].file_offset, len(sums)
-            if _native.read_ranges is not None and isinstance(sums, array) and sums.itemsize == 4 \
-                    and min(offsets, default=0) >= 0:
-                done = array("q", bytes(8 * len(offsets)))
-                _native.read_ranges(fd, base, size, _column("Q", offsets), _column("I", lengths), dest, sums, done)
-                out = done.tolist()
-                todo = [i for i, k in enumerate(out) if k == -2]  # the C loop's leftovers, served below
-                if not todo:
-                    return out, errors
-        preadv = os.preadv
+        fd = self.file_fd(0) if fast else -1  # a missing or short data file fails the whole call
+        sums = m.sums[0] if fast else None
+        if (fast and _native.read_ranges is not None and isinstance(sums, array) and sums.itemsize == 4
+                and (isinstance(offsets, array) and offsets.typecode == "Q" or min(offsets, default=0) >= 0)):
+            done = array("q", bytes(8 * len(offsets)))
+            _native.read_ranges(fd, m.chunks[0].file_offset, size, _column("Q", offsets), _column("I", lengths),
+                                dest, sums, done)
+            out = done.tolist()
+            todo = [i for i, k in enumerate(out) if k == -2]  # the C loop's leftovers, served below
+            if not todo:
+                return out, errors
         starts = list(accumulate(lengths, initial=0))
         for i in todo:
             start, pos = offsets[i], starts[i]
@@ -255,13 +254,6 @@ class ObjectHandle:
                 continue
             n = min(want, size - start)
             view = dest[pos:pos + n]
-            if fast and not start % SUM_BLOCK and (not n % SUM_BLOCK or start + n == size):
-                first = start >> _BLOCK_SHIFT
-                last = first + ((n + SUM_BLOCK - 1) >> _BLOCK_SHIFT)
-                if last <= nsums and preadv(fd, (view,), base + start) == n and \
-                        crc32c(view, sums[first - 1] if first else 0) == sums[last - 1]:
-                    out[i] = n
-                    continue  # else: the careful path below says what is wrong
             try:
                 if not self.read_small(start, view):
                     self.run(self.steps(view, start), runner)
