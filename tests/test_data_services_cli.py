@@ -16,20 +16,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from gpufeed.client import Client
 from gpufeed.errors import DamagedObject
-from gpufeed.testing.node import start_node
+from gpufeed.testing.node import flip_bits, start_node
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpufeed", *args], capture_output=True, text=True,
                           timeout=120, env={**os.environ, **(env or {})})
 
-
-def _flip(path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 1]))
 
 
 @pytest.fixture
@@ -71,7 +64,7 @@ def test_bucket_data_policy_scrub_and_damage_report(node):
     db = sqlite3.connect(f"file:{node.data_dir / 'catalog.sqlite3'}?mode=ro", uri=True)
     blob = db.execute("SELECT blob_id FROM objects WHERE bucket='raw' AND key='w.bin'").fetchone()[0]
     db.close()
-    _flip(node.data_dir / "blobs" / blob[:2] / blob[2:4] / blob, 123_456)
+    flip_bits(node.data_dir / "blobs" / blob[:2] / blob[2:4] / blob, 123_456, 1)
     r = _cli("scrub", "--endpoint", node.s3_url, "--access-key", node.access_key,
              "--secret-key", node.secret_key, "--json")
     assert r.returncode == 1, r.stdout + r.stderr
@@ -149,7 +142,7 @@ def test_s3_get_aborts_when_damage_is_found_after_the_headers(node):
     db = sqlite3.connect(f"file:{node.data_dir / 'catalog.sqlite3'}?mode=ro", uri=True)
     blob = db.execute("SELECT blob_id FROM objects WHERE bucket='large' AND key='big'").fetchone()[0]
     db.close()
-    _flip(node.data_dir / "blobs" / blob[:2] / blob[2:4] / blob, 15 << 20)  # past the first checked piece
+    flip_bits(node.data_dir / "blobs" / blob[:2] / blob[2:4] / blob, 15 << 20, 1)  # past the first checked piece
     url = s3.generate_presigned_url("get_object", Params={"Bucket": "large", "Key": "big"})
     host, port = node.s3_url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)

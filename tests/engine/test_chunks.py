@@ -13,6 +13,7 @@ import pytest
 from gpufeed.engine import Engine
 from gpufeed.errors import DamagedObject, InvalidArgument, NoSuchKey, StorageFull
 from gpufeed.store import RangeByteRequest
+from gpufeed.testing.node import flip_bits
 
 POLICIES = {
     "raw": {},
@@ -148,13 +149,6 @@ def test_concurrent_puts_of_the_same_content(tmp_path):
         assert e.node_data_stats()["chunks"] == 0 and _data_files(tmp_path) == {}
 
 
-def _flip(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x10]))
-
 
 @pytest.mark.parametrize("name", ["raw", "zstd", "dedup"])
 @pytest.mark.parametrize("harm", ["flip", "truncate", "delete"])
@@ -169,7 +163,7 @@ def test_damage_is_detected_never_served(tmp_path, name, harm):
         c = m.chunks[len(m.chunks) // 2]
         path = e._chunks.file_path(c.file)
         if harm == "flip":
-            _flip(path, c.file_offset + c.stored // 2)
+            flip_bits(path, c.file_offset + c.stored // 2, 0x10)
         elif harm == "truncate":
             os.truncate(path, c.file_offset + c.stored - 1)
         else:
@@ -196,7 +190,7 @@ def test_good_ranges_of_a_damaged_object_still_read(engine):
     engine.create_bucket("bkt")
     data = _random(1 << 20)
     info = engine.put_object("bkt", "k", data)
-    _flip(info.path, 700_000)
+    flip_bits(info.path, 700_000, 0x10)
     engine._files.open_files.close()
     assert engine.get_object("bkt", "k", RangeByteRequest(0, 65536)) == data[:65536]
     with pytest.raises(DamagedObject):
@@ -211,14 +205,14 @@ def test_whole_block_reads_check_exactly_their_blocks(engine, length):
     info = engine.put_object("bkt", "k", data)
     start = 999_424 if length == 1_000_000 - 999_424 else 40 * 4096
     bad = start + length // 2
-    _flip(info.path, bad)
+    flip_bits(info.path, bad, 0x10)
     engine._files.open_files.close()
     with pytest.raises(DamagedObject) as got:
         engine.get_object("bkt", "k", RangeByteRequest(start, start + length))
     assert f"block {bad // 4096} " in str(got.value)
     before = RangeByteRequest(start - 4096, start)
     assert engine.get_object("bkt", "k", before) == data[start - 4096:start]
-    _flip(info.path, bad)  # mended: the same read is served
+    flip_bits(info.path, bad, 0x10)  # mended: the same read is served
     assert engine.get_object("bkt", "k", RangeByteRequest(start, start + length)) == data[start:start + length]
 
 
@@ -227,10 +221,10 @@ def test_scrub_clears_a_repaired_chunk_and_reports_orphans(tmp_path):
         e.create_bucket("bkt")
         data = _random(200_000)
         info = e.put_object("bkt", "k", data)
-        _flip(info.path, 10)
+        flip_bits(info.path, 10, 0x10)
         e._files.open_files.close()
         assert len(e.scrub().damaged) == 1
-        _flip(info.path, 10)  # repaired by hand
+        flip_bits(info.path, 10, 0x10)  # repaired by hand
         os.makedirs(tmp_path / "blobs" / "ab" / "cd", exist_ok=True)
         (tmp_path / "blobs" / "ab" / "cd" / ("ab" + "c" * 30)).write_bytes(b"stray")
         rep = e.scrub()
@@ -274,7 +268,7 @@ def test_data_of_an_older_layout_is_adopted(tmp_path):
         assert e2.get_object("bkt", "k") == data
         with pytest.raises(DamagedObject):
             e2.get_object("bkt", "gone")
-        _flip(info.path, 5)
+        flip_bits(info.path, 5, 0x10)
         e2._files.open_files.close()
         with pytest.raises(DamagedObject):  # adopted data is checked too
             e2.get_object("bkt", "k")
@@ -400,7 +394,7 @@ def test_a_write_of_the_same_data_repairs_a_damaged_shared_chunk(tmp_path, harm)
         elif harm == "truncate":
             os.truncate(path, 10)
         else:
-            _flip(path, 100)
+            flip_bits(path, 100, 0x10)
         e._files.open_files.close()
         with pytest.raises(DamagedObject):
             e.get_object("bkt", "a")  # marks the chunk

@@ -18,7 +18,7 @@ from gpufeed.bench.integrity import _chunks  # the catalog's chunk list of one o
 from gpufeed.client import AsyncClient, Client
 from gpufeed.engine import Engine
 from gpufeed.errors import DamagedObject, InvalidArgument, InvalidRange, NoSuchKey
-from gpufeed.testing.node import start_node
+from gpufeed.testing.node import flip_bits, start_node
 
 BLOCK = 4096
 SIZE = (4 << 20) + 1000  # not a whole number of blocks: the last range is cut
@@ -135,13 +135,6 @@ def test_a_large_tcp_batch_is_sent_from_the_files(node):
         assert bytes(dest) == _expect(data, offsets + [0], [1 << 20] * (len(offsets) + 1))
 
 
-def _flip(path, pos: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(pos)
-        b = f.read(1)
-        f.seek(pos)
-        f.write(bytes([b[0] ^ 0x10]))
-
 
 @pytest.mark.parametrize("native", ["1", "0"])
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
@@ -155,7 +148,7 @@ def test_a_damaged_block_fails_only_its_range(tmp_path, native, transport):
             c.create_bucket("hurt")
             c.put("hurt", "obj", data)
             ((_chunk, file, offset, _stored),) = _chunks(n.data_dir / "catalog.sqlite3", "hurt", "obj")
-            _flip(n.data_dir / "blobs" / file[:2] / file[2:4] / file, offset + 40 * BLOCK + 77)
+            flip_bits(n.data_dir / "blobs" / file[:2] / file[2:4] / file, offset + 40 * BLOCK + 77, 0x10)
             blocks = [39, 40, 41, 255]
             dest = c.alloc(len(blocks) * BLOCK) if transport == "shm" else bytearray(len(blocks) * BLOCK)
             errors: list = []

@@ -11,16 +11,10 @@ import pytest
 from gpufeed.bench.integrity import _chunks  # the catalog's chunk list of one object
 from gpufeed.client import Client
 from gpufeed.errors import DamagedObject
+from gpufeed.testing.node import flip_bits
 
 BLOCK = 4096
 
-
-def _flip(path, pos: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(pos)
-        b = f.read(1)
-        f.seek(pos)
-        f.write(bytes([b[0] ^ 0x04]))
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
@@ -31,7 +25,7 @@ def test_a_damaged_block_fails_only_its_item(fresh_node, transport):
         c.create_bucket("batch")
         c.put("batch", "obj", data)
         ((_chunk, file, offset, _stored),) = _chunks(fresh_node.data_dir / "catalog.sqlite3", "batch", "obj")
-        _flip(fresh_node.data_dir / "blobs" / file[:2] / file[2:4] / file, offset + 40 * BLOCK + 123)
+        flip_bits(fresh_node.data_dir / "blobs" / file[:2] / file[2:4] / file, offset + 40 * BLOCK + 123, 0x04)
         blocks = [39, 40, 41, 255]  # the damaged block, its neighbours, the last one
         buf = c.alloc(BLOCK * len(blocks))
         view = memoryview(buf)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-__all__ = ["NodeProcess", "NodeCredentials", "start_node", "socket_path", "wait_for"]
+__all__ = ["NodeProcess", "NodeCredentials", "start_node", "socket_path", "wait_for", "flip_bits"]
 
 
 class NodeCredentials(TypedDict):
@@ -196,3 +196,13 @@ def wait_for(check, timeout_s: float = 10.0):
             assert got, f"the condition did not hold within {timeout_s} s"
             return got
         time.sleep(0.1)
+
+
+def flip_bits(path, offset: int, mask: int) -> None:
+    """Damage a stored file the way a bad sector would: XOR the byte at
+    ``offset`` of ``path`` with ``mask`` (1-255), in place."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ mask]))
