@@ -39,8 +39,10 @@ from .errors import DamagedObject, GpufeedError, HolderUnavailable, ProtocolErro
 from .wire import protocol as p
 from .wire._auth import PEER_KEY_PREFIX
 
-__all__ = ["PeerLink", "node_secret", "PIECE_BYTES", "call", "request", "read_reply"]
+__all__ = ["PeerLink", "node_secret", "PIECE_BYTES", "MEMBERS_MAX_AGE_S", "call", "request", "read_reply"]
 
+#: Seconds a member list read for LOCATE is answered again before it is read anew.
+MEMBERS_MAX_AGE_S = 0.5
 #: Bytes read from a holder's socket at a time (and the most a fetch holds in memory).
 PIECE_BYTES = 1 << 20  # 1 MiB
 _KEY_LABEL = b"gpufeed-node-key/1 "
@@ -76,6 +78,8 @@ class PeerLink:
         self.expiry_s, self.timeout_s = expiry_s, timeout_s
         self._slots = threading.BoundedSemaphore(fetches)
         self._key: bytes | None = None
+        self._members: tuple[float, list[p.Member]] = (-float("inf"), [])
+        self._members_lock = threading.Lock()
 
     def _cluster_key(self) -> bytes:
         if self._key is None:
@@ -90,6 +94,29 @@ class PeerLink:
         if not any(n.node_id == node and n.state == "up" for n in self._m.nodes(self.cluster)):
             return None
         return node_secret(self._cluster_key(), node)
+
+    def members(self) -> list[p.Member]:
+        """The cluster's members as LOCATE answers them (read from the catalog at
+        most every :data:`MEMBERS_MAX_AGE_S` seconds; a failed read answers the
+        last list, or raises when there is none).
+
+        Raises:
+            ServiceUnavailable: the membership cannot be read and none was read before.
+        """
+        with self._members_lock:
+            read_at, members = self._members
+            now = time.monotonic()
+            if now - read_at < MEMBERS_MAX_AGE_S:
+                return members
+            try:
+                nodes = self._m.nodes(self.cluster)
+            except GpufeedError:
+                if read_at == -float("inf"):
+                    raise
+                return members
+            members = [p.Member(n.node_id, n.host, n.wire_port, n.live(self.expiry_s)) for n in nodes]
+            self._members = (now, members)
+            return members
 
     def _holder(self, node_id: str) -> NodeInfo:
         """The live member ``node_id``.

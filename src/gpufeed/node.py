@@ -348,6 +348,7 @@ class Node:
                             fetches=cfg.cluster_fetches)
             if self._wire is not None:
                 self._wire.auth.peers = link.secret_for
+                self._wire.ops.cluster = link  # LOCATE names members (cluster-routing clients)
             self.replicas = Replicas(engine, link, engine.membership, cluster=cfg.cluster, node_id=me.node_id,
                                      factor=cfg.cluster_replicas, expiry_s=cfg.cluster_expiry_s,
                                      timeout_s=cfg.cluster_copy_timeout_s)

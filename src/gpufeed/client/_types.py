@@ -59,22 +59,23 @@ class ListEntry:
 
 
 def parse_url(url: str) -> tuple[str, object]:
-    """``gpufeed+tcp://h:p`` -> ``("tcp", (h, p))``; ``gpufeed+shm:///x.sock`` -> ``("shm", "/x.sock")``.
+    """``gpufeed+tcp://h:p`` -> ``("tcp", (h, p))``; ``gpufeed+cluster://h:p`` -> ``("cluster", (h, p))``;
+    ``gpufeed+shm:///x.sock`` -> ``("shm", "/x.sock")``.
 
     Raises:
         InvalidArgument: any other form.
     """
     parts = urlsplit(url)
-    if parts.scheme == "gpufeed+tcp":
+    if parts.scheme in ("gpufeed+tcp", "gpufeed+cluster"):
         if not parts.hostname or not parts.port:
-            raise InvalidArgument(f"{url!r}: expected gpufeed+tcp://HOST:PORT")
-        return "tcp", (parts.hostname, parts.port)
+            raise InvalidArgument(f"{url!r}: expected {parts.scheme}://HOST:PORT")
+        return parts.scheme[len("gpufeed+"):], (parts.hostname, parts.port)
     if parts.scheme == "gpufeed+shm":
         path = parts.netloc + parts.path if parts.netloc else parts.path
         if not path:
             raise InvalidArgument(f"{url!r}: expected gpufeed+shm:///path/to/gpufeed.sock")
         return "shm", path
-    raise InvalidArgument(f"{url!r}: the scheme must be gpufeed+tcp or gpufeed+shm")
+    raise InvalidArgument(f"{url!r}: the scheme must be gpufeed+tcp, gpufeed+cluster or gpufeed+shm")
 
 
 def as_bytes(buf) -> memoryview:

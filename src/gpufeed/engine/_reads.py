@@ -30,6 +30,8 @@ from .types import ChunkRecord, ObjectInfo
 __all__ = ["ObjectReads"]
 
 _READ_RETRIES = 64  # a version replaced between lookup and open is looked up again this often
+#: Most data files :meth:`ObjectReads.object_holders` looks up the copies of for one version.
+LOCATE_MAX_FILES = 16
 
 
 class ObjectReads:
@@ -199,6 +201,44 @@ class ObjectReads:
             if c.chunk_id not in store.mapped_ok:
                 h.extents(m.starts[i], c.size)
                 store.mapped_ok.add(c.chunk_id)
+
+    def object_holders(self, bucket: str, key: str, version_id: str | None = None, *,
+                       snapshot: str | None = None) -> tuple[ObjectInfo, list[str]]:
+        """Which cluster nodes hold all of an object version's data in their
+        folders: the nodes every chunk's data file is held by (as its holder or
+        as a copy), the first chunk's holder first. Opens no data file.
+
+        Args:
+            bucket, key, version_id, snapshot: the version, as :meth:`head_object` names it.
+
+        Returns:
+            The version's metadata and the node ids; no ids when the node is in
+            no cluster (its chunks name no holder), when no node holds every
+            chunk, or when the chunks lie in more than :data:`LOCATE_MAX_FILES`
+            data files (not worth the catalog lookups).
+
+        Raises:
+            NoSuchBucket, NoSuchKey, NoSuchVersion, MethodNotAllowed, InvalidArgument:
+                as :meth:`head_object`.
+        """
+        info = self.head_object(bucket, key, version_id, snapshot=snapshot)
+        store = self._chunks
+        m = store.manifest(info.blob_id) if info.blob_id else None
+        if m is None or not m.chunks or len({c.file for c in m.chunks}) > LOCATE_MAX_FILES:
+            return info, []
+        common: list[str] | None = None
+        seen: set[str] = set()
+        for c in m.chunks:
+            if not c.holder:
+                return info, []
+            if c.file in seen:  # a data file lies in its holder's folder: one answer per file
+                continue
+            seen.add(c.file)
+            nodes = store.holders(c)
+            common = nodes if common is None else [n for n in common if n in nodes]
+            if not common:
+                return info, []
+        return info, common or []
 
     def get_object(self, bucket: str, key: str, byte_range: ByteRequest | None = None,
                    version_id: str | None = None, *, snapshot: str | None = None) -> bytes:

@@ -22,6 +22,7 @@ import os
 import sys
 from array import array
 from collections.abc import Iterator
+from typing import Protocol
 
 from ..engine import ChunkDamage, ChunkRecord, Engine, ObjectHandle, ObjectInfo
 from ..errors import AccessDenied, GpufeedError, InvalidArgument, InvalidRange, ProtocolError
@@ -33,7 +34,16 @@ from ._lending import Lending
 from ._mapping import send_map
 from ._reads import SplitReader, piece_digests
 
-__all__ = ["Ops"]
+__all__ = ["Ops", "ClusterView"]
+
+
+class ClusterView(Protocol):
+    """What LOCATE needs of the node's cluster membership."""
+
+    node_id: str
+
+    def members(self) -> list[p.Member]:
+        """The cluster's members, each with its fast-path address and liveness."""
 
 #: A GETV batch of at least this many bytes is served by the split pool in parallel.
 GETV_PARALLEL_BYTES = 4 << 20  # 4 MiB
@@ -96,13 +106,17 @@ class Ops:
             p.Op.MAP_EXTENTS: self.map_extents,
             p.Op.CHUNK: self.chunk,
             p.Op.GETR: self.getr,
+            p.Op.LOCATE: self.locate,
         }
+        #: the node's cluster (its id and ``members()``, :class:`gpufeed._peers.PeerLink`);
+        #: ``None``: LOCATE answers as a node outside a cluster
+        self.cluster: ClusterView | None = None
 
     # --- session and memory --------------------------------------------------------
     def hello(self, conn: Connection, rid: int, req: p.Hello) -> None:
         """Name the server, its protocol version, transport and optional features."""
-        features = (["alloc_region", "auth", "map", "map_extents", "versions", "snapshots", "ranges"]
-                    if conn.transport == "shm" else ["auth", "versions", "snapshots", "ranges"])
+        features = (["alloc_region", "auth", "map", "map_extents", "versions", "snapshots", "ranges", "locate"]
+                    if conn.transport == "shm" else ["auth", "versions", "snapshots", "ranges", "locate"])
         conn.reply(p.Op.HELLO, rid, p.HelloReply(self.server_name, p.VERSION, conn.transport,
                                                  features, conn.server_nonce))
 
@@ -181,6 +195,20 @@ class Ops:
             send_map(conn, op, rid, h.info.size, h.info.etag, h.file_extents())
         finally:
             h.close()
+
+    def locate(self, conn: Connection, rid: int, req: p.Head) -> None:
+        """LOCATE: which live members hold all of a version's data, and the
+        cluster's members (authorized as a read of the version)."""
+        self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
+        info, holders = self.engine.object_holders(req.bucket, req.key, req.version_id, snapshot=req.snapshot)
+        cluster = self.cluster
+        if cluster is None:
+            conn.reply(p.Op.LOCATE, rid, p.LocateReply("", info.size, info.etag, [], []))
+            return
+        members = cluster.members()
+        live = {m.node_id for m in members if m.live}
+        conn.reply(p.Op.LOCATE, rid, p.LocateReply(cluster.node_id, info.size, info.etag,
+                                                   [n for n in holders if n in live], members))
 
     def chunk(self, conn: Connection, rid: int, req: p.ChunkReq) -> None:
         """A chunk's stored bytes, by ``sendfile``, to a cluster peer (only a

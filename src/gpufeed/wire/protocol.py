@@ -51,7 +51,7 @@ __all__ = [
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
     "close_fds", "ListEntry", "MapReply", "decode", "Auth", "AuthReply", "auth_key", "auth_proof", "ChunkReq",
     "ChunkReply", "CopyChunk", "ChunkPut", "ChunkPutReply", "GetRanges", "GetRangesReply", "MAX_RANGES",
-    "MAX_RANGE_BYTES",
+    "MAX_RANGE_BYTES", "Member", "LocateReply",
     "AUTH_LABEL", "NONCE_BYTES", "MapExtentsReply", "FDS_PER_MESSAGE",
 ]
 
@@ -94,6 +94,7 @@ class Op(IntEnum):
     CHUNK = 22  # cluster peers only: a chunk's stored bytes, from the node that holds its data file
     CHUNK_PUT = 23  # cluster peers only: a copy of a data file (the payload follows the frame)
     GETR = 24  # many ranges of one object version, into one region or as one payload
+    LOCATE = 25  # which cluster members hold an object version's data (cluster-routing clients)
 
 
 # --- metadata structs (msgpack arrays, field order is the wire order) -----------
@@ -458,6 +459,30 @@ class ChunkPutReply(msgspec.Struct, array_like=True, frozen=True):
     stored: bool
 
 
+class Member(msgspec.Struct, array_like=True, frozen=True):
+    """A cluster member as LOCATE tells it: its fast-path TCP address
+    (``wire_port`` 0: none) and whether it is live."""
+
+    node_id: str
+    host: str
+    wire_port: int
+    live: bool
+
+
+class LocateReply(msgspec.Struct, array_like=True, frozen=True):
+    """LOCATE's reply: the answering node's id (``""``: not a cluster member),
+    the version's ``size`` and ``etag``, ``holders``: the live members whose
+    data folders hold all of its data (holder first, then copies; empty when no
+    live member holds it whole, or outside a cluster), and ``members``: the
+    cluster's members (empty outside a cluster)."""
+
+    node: str
+    size: int
+    etag: str
+    holders: list[str]
+    members: list[Member]
+
+
 class ErrorReply(msgspec.Struct, array_like=True, frozen=True):
     """An error: S3's ``code`` and a ``message``. ``delete_marker``: the key's
     latest version (NoSuchKey), or the version named (MethodNotAllowed), is a
@@ -475,7 +500,7 @@ REQUEST_TYPES: dict[int, type] = {
     Op.CREATE_BUCKET: BucketReq, Op.LIST_BUCKETS: Empty, Op.DELETE_BUCKET: BucketReq,
     Op.BUCKET_STATS: BucketReq, Op.ALLOC_REGION: AllocRegion, Op.FORKED: Empty,
     Op.MAP: Head, Op.MAP_EXTENTS: Head, Op.AUTH: Auth, Op.CHUNK: ChunkReq, Op.CHUNK_PUT: ChunkPut,
-    Op.GETR: GetRanges,
+    Op.GETR: GetRanges, Op.LOCATE: Head,
 }
 REPLY_TYPES: dict[int, type] = {
     Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
@@ -483,7 +508,7 @@ REPLY_TYPES: dict[int, type] = {
     Op.LIST: ListReply, Op.CREATE_BUCKET: Empty, Op.LIST_BUCKETS: BucketsReply,
     Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats, Op.ALLOC_REGION: AllocRegionReply,
     Op.FORKED: Empty, Op.MAP: MapReply, Op.MAP_EXTENTS: MapExtentsReply, Op.AUTH: AuthReply,
-    Op.CHUNK: ChunkReply, Op.CHUNK_PUT: ChunkPutReply, Op.GETR: GetRangesReply,
+    Op.CHUNK: ChunkReply, Op.CHUNK_PUT: ChunkPutReply, Op.GETR: GetRangesReply, Op.LOCATE: LocateReply,
 }
 
 #: Messages that gained trailing fields after their first form: type -> number

@@ -8,13 +8,14 @@ its URL scheme to ``parse_url``); nothing above the SDK changes.
 
 from __future__ import annotations
 
+from ._cluster import ClusterTransport, RoutingOptions
 from ._pooled import MAX_ALLOC_BYTES
 from ._shm import ShmTransport
 from ._tcp import SPLIT_BYTES, TcpTransport
 from .base import Transport, TransportOptions
 
-__all__ = ["Transport", "TransportOptions", "TcpTransport", "ShmTransport", "TRANSPORTS", "MAX_ALLOC_BYTES",
-           "SPLIT_BYTES"]
+__all__ = ["Transport", "TransportOptions", "TcpTransport", "ShmTransport", "ClusterTransport", "RoutingOptions",
+           "TRANSPORTS", "MAX_ALLOC_BYTES", "SPLIT_BYTES"]
 
 #: Transport name -> class.
-TRANSPORTS: dict[str, type[Transport]] = {"tcp": TcpTransport, "shm": ShmTransport}
+TRANSPORTS: dict[str, type[Transport]] = {"tcp": TcpTransport, "shm": ShmTransport, "cluster": ClusterTransport}
