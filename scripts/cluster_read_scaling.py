@@ -17,7 +17,8 @@ reads objects picked at random with ``get_into`` into a buffer of its own for
 ``--seconds`` seconds. The figure is the bytes all readers read over the
 timed window. For every node process and the readers, the CPU seconds they
 used in the window (``/proc/PID/stat`` utime + stime) are recorded, with the
-machine's load average and core count: on a machine with fewer cores than
+cores the whole machine kept busy meanwhile (``/proc/stat``: other work
+included), its load average and core count: on a machine with fewer cores than
 processes, the cores are the limit, and the CPU shares say who used them.
 
 Setups (each with its own database and nodes):
@@ -59,6 +60,14 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def machine_busy_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, every process's (``/proc/stat``)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]  # idle + iowait
+    return (sum(v) - idle) / _TICK, sum(v) / _TICK
 
 
 def reader(args: argparse.Namespace) -> None:
@@ -140,6 +149,7 @@ def measure(name: str, nodes, keys, opts: argparse.Namespace, routed: bool, fold
             raise RuntimeError(f"a reader failed to warm up: {line!r}")
     pids = {f"node{i}": n.pid for i, n in enumerate(nodes)} | {f"reader{i}": pr.pid for i, pr in enumerate(procs)}
     before = {k: cpu_s(pid) for k, pid in pids.items()}
+    machine_before = machine_busy_s()
     load_before = os.getloadavg()
     started = time.monotonic()
     for pr in procs:
@@ -148,11 +158,13 @@ def measure(name: str, nodes, keys, opts: argparse.Namespace, routed: bool, fold
         pr.stdin.flush()
     results = []
     mid_cpu: dict[str, float] = {}
+    machine_after = machine_before
     for pr in procs:
         assert pr.stdout is not None
         line = pr.stdout.readline()
         if not mid_cpu:  # read the CPU counters right when the first reader is done
             mid_cpu = {k: cpu_s(pid) for k, pid in pids.items()}
+            machine_after = machine_busy_s()
         results.append(json.loads(line))
         pr.wait()
     window = time.monotonic() - started
@@ -168,6 +180,7 @@ def measure(name: str, nodes, keys, opts: argparse.Namespace, routed: bool, fold
             "cpu_s": cpu, "cpu_s_nodes": round(sum(v for k, v in cpu.items() if k.startswith("node")), 2),
             "cpu_s_readers": round(sum(v for k, v in cpu.items() if k.startswith("reader")), 2),
             "cores_busy": round(sum(cpu.values()) / secs, 2), "window_s": round(window, 2),
+            "machine_cores_busy": round((machine_after[0] - machine_before[0]) / secs, 2),
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
 
@@ -222,11 +235,12 @@ def main() -> None:
         rows += setup("three", 3, pg, folder, opts, routed_too=True)
     one = rows[0]["gb_s"]
     ratio = round(rows[1]["gb_s"] / (3 * one), 3) if one else None
-    print(f"{'setup':<26} {'GB/s':>6} {'node CPU s':>10} {'reader CPU s':>12} {'cores busy':>10}  per node CPU s")
+    print(f"{'setup':<26} {'GB/s':>6} {'node CPU s':>10} {'reader CPU s':>12} {'cores busy':>10} "
+          f"{'machine busy':>12}  per node CPU s")
     for r in rows:
         per = " ".join(f"{k}={v}" for k, v in r["cpu_s"].items() if k.startswith("node"))
         print(f"{r['setup']:<26} {r['gb_s']:>6.2f} {r['cpu_s_nodes']:>10.1f} {r['cpu_s_readers']:>12.1f} "
-              f"{r['cores_busy']:>10.2f}  {per}")
+              f"{r['cores_busy']:>10.2f} {r['machine_cores_busy']:>12.2f}  {per}")
     print(f"three_nodes_routed / (3 x one_node) = {ratio}; cores on this machine: {os.cpu_count()}")
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)

@@ -114,7 +114,7 @@ def test_locate_is_refused_before_auth_and_to_node_keys(trio, postgres_url):
 
 def test_routing_client_reads_from_the_holders(trio, postgres_url):
     a, b, c = trio
-    objs = _write(a)
+    objs = _write(a, 24)  # b and c each hold about 12: each is picked for some (all but surely)
     ids = {_node_id(n): n for n in trio}
     with ClusterClient(a.tcp_url, **a.credentials) as cl:
         for key, data in objs.items():

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ...errors import DamagedObject, GpufeedError, InvalidArgument, ServiceUnavailable, TransportError, error_from_code
 from ...wire import protocol as p
@@ -52,6 +53,7 @@ ROUTING_THREADS = 8
 #: Errors after which a routed read is sent again to the given node.
 _FALLBACK = (TransportError, ServiceUnavailable, DamagedObject)
 _Key = tuple[str, str, "str | None", "str | None"]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,8 +239,12 @@ class ClusterTransport(Transport):
         return "" if best == self.given_node else best
 
     def _route(self, bucket: str, key: str, version_id: str | None, snapshot: str | None) -> str:
+        """The node to read ``bucket/key`` from (``""``: the given node), located if need be."""
+        if not self.routes:
+            return ""
         name = (bucket, key, version_id, snapshot)
-        return self._choose(name, self._locate_many([name])[name]) if self.routes else ""
+        holders = self._cached(name)
+        return self._choose(name, self._locate_many([name])[name] if holders is None else holders)
 
     # --- members' transports ----------------------------------------------------------------
     def _transport(self, node: str) -> Transport | None:
@@ -283,6 +289,26 @@ class ClusterTransport(Transport):
             held = self._nodes.pop(node, None)
         if held is not None:
             held[1].close()
+
+    def _blocking(self, node: str, read: Callable[[Transport], _T]) -> _T:
+        """``read(transport)`` of ``node`` on this thread; one that fails there for a
+        reason :data:`_FALLBACK` names is done again on the given node."""
+        t = self._transport(node)
+        if t is None:
+            self.fallbacks += 1
+            t = self._given
+        if t is self._given:
+            self.reads[self.given_node] += 1
+            return read(t)
+        self.reads[node] += 1
+        try:
+            return read(t)
+        except _FALLBACK as exc:
+            if isinstance(exc, TransportError):
+                self._failed(node)
+            self.fallbacks += 1
+            self.reads[self.given_node] += 1
+            return read(self._given)
 
     def _routed(self, node: str, start: Callable[[Transport], Future], count: int = 1) -> Future:
         """Start a read on ``node`` (``start(transport)``); one that fails there for
@@ -331,8 +357,7 @@ class ClusterTransport(Transport):
     def get(self, bucket: str, key: str, offset: int, length: int | None,
             version_id: str | None = None, snapshot: str | None = None) -> memoryview:
         node = self._route(bucket, key, version_id, snapshot)
-        return self._routed(node, lambda t: t.submit_get(bucket, key, offset, length, version_id,
-                                                         snapshot)).result()
+        return self._blocking(node, lambda t: t.get(bucket, key, offset, length, version_id, snapshot))
 
     def submit_get_into(self, bucket: str, key: str, dest: memoryview, offset: int,
                         version_id: str | None = None, snapshot: str | None = None) -> Future:
@@ -346,16 +371,15 @@ class ClusterTransport(Transport):
     def get_into(self, bucket: str, key: str, dest: memoryview, offset: int,
                  version_id: str | None = None, snapshot: str | None = None) -> int:
         node = self._route(bucket, key, version_id, snapshot)
-        return self._routed(node, lambda t: t.submit_get_into(bucket, key, dest, offset, version_id,
-                                                              snapshot)).result()
+        return self._blocking(node, lambda t: t.get_into(bucket, key, dest, offset, version_id, snapshot))
 
     def submit_get_ranges_into(self, bucket: str, key: str, dest: memoryview, offsets: bytes,
                                lengths: list[int], version_id: str | None = None,
                                snapshot: str | None = None) -> Future:
         def run() -> p.GetRangesReply:
             node = self._route(bucket, key, version_id, snapshot)
-            return self._routed(node, lambda t: t.submit_get_ranges_into(
-                bucket, key, dest, offsets, lengths, version_id, snapshot)).result()
+            return self._blocking(node, lambda t: t.submit_get_ranges_into(
+                bucket, key, dest, offsets, lengths, version_id, snapshot).result())
         return self._submit(run)
 
     def submit_get_many_into(self, reqs: Sequence[ReadRequest], dests: Sequence[memoryview],
