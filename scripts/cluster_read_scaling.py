@@ -2,26 +2,30 @@
 against one node, against three nodes through the cluster-routing client,
 and against three nodes through a plain client of one of them.
 
-    PYTHONPATH=src python scripts/cluster_read_scaling.py [--objects 160] [--seconds 8] \\
+    PYTHONPATH=src python scripts/cluster_read_scaling.py [--objects 160] [--seconds 5] [--rounds 3] \\
         [--json docs/bench/cluster-read-scaling.json]
 
-Starts a throwaway PostgreSQL (``gpufeed.testing.postgres``) and, per setup,
-fresh ``gpufeed serve --cluster`` nodes on 127.0.0.1 (each its own data
-folder and free ports; replication factor 2, capped to 1 on one node). It
-writes ``--objects`` objects of random bytes, sizes spread evenly over
-``--min-size``..``--max-size``, through the nodes in turn (so each node holds
-about as much as the others), then starts ``--procs`` reader processes of
-``--threads`` threads each. Every reader reads each object once (untimed: it
-warms the page cache, the connections and the client's location cache), then
-reads objects picked at random with ``get_into`` into a buffer of its own for
-``--seconds`` seconds. The figure is the bytes all readers read over the
-timed window. For every node process and the readers, the CPU seconds they
-used in the window (``/proc/PID/stat`` utime + stime) are recorded, with the
-cores the whole machine kept busy meanwhile (``/proc/stat``: other work
-included), its load average and core count: on a machine with fewer cores than
-processes, the cores are the limit, and the CPU shares say who used them.
+Starts a throwaway PostgreSQL (``gpufeed.testing.postgres``) and two
+clusters of ``gpufeed serve --cluster`` nodes on 127.0.0.1, each on a
+database of its own (each node its own data folder and free ports;
+replication factor 2, capped to 1 on the one-node cluster): one node, and
+three nodes. Into each it writes ``--objects`` objects of random bytes,
+sizes spread evenly over ``--min-size``..``--max-size``, through its nodes
+in turn (so each node holds about as much as the others). Each round then
+measures the three setups below, one after the other (alternated, so the
+machine's other load hits each alike): ``--procs`` reader processes of
+``--threads`` threads each; every reader reads each object once (untimed:
+it warms the page cache, the connections and the client's location cache),
+then reads objects picked at random with ``get_into`` into a buffer of its
+own for ``--seconds`` seconds. The figure is the bytes all readers read
+over the timed window. For every node process and the readers, the CPU
+seconds they used in the window (``/proc/PID/stat`` utime + stime) are
+recorded, with the cores the whole machine kept busy meanwhile
+(``/proc/stat``: other work included), its load average and core count:
+on a machine with fewer cores than processes, the cores are the limit, and
+the CPU shares say who used them.
 
-Setups (each with its own database and nodes):
+Setups:
 
 * ``one_node``: one node, a plain TCP client (``gpufeed+tcp://``).
 * ``three_nodes_routed``: three nodes, the routing client
@@ -30,8 +34,9 @@ Setups (each with its own database and nodes):
 * ``three_nodes_one_endpoint``: three nodes, a plain TCP client of the first
   node, which reads its own copies and fetches the rest from the others.
 
-Prints a table and, with ``--json``, writes the settings, each setup and
-the ratio ``three_nodes_routed / (3 x one_node)``.
+Prints a table and the medians over the rounds; with ``--json``, writes the
+settings, every round, the medians and the ratio of medians
+``three_nodes_routed / (3 x one_node)``.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -180,32 +186,45 @@ def measure(name: str, nodes, keys, opts: argparse.Namespace, routed: bool, fold
             "cpu_s": cpu, "cpu_s_nodes": round(sum(v for k, v in cpu.items() if k.startswith("node")), 2),
             "cpu_s_readers": round(sum(v for k, v in cpu.items() if k.startswith("reader")), 2),
             "cores_busy": round(sum(cpu.values()) / secs, 2), "window_s": round(window, 2),
+            "gb_per_cpu_s": round(total / 1e9 / max(sum(cpu.values()), 1e-9), 3),
+            "node_cpu_s_per_gb": round(sum(v for k, v in cpu.items() if k.startswith("node")) / max(total / 1e9, 1e-9),
+                                       3),
             "machine_cores_busy": round((machine_after[0] - machine_before[0]) / secs, 2),
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
 
 
-def setup(name: str, count: int, pg, folder: Path, opts: argparse.Namespace, routed_too: bool) -> list[dict]:
-    """Start ``count`` nodes on a fresh database, write the objects, measure."""
+def start(name: str, count: int, pg, folder: Path, opts: argparse.Namespace, nodes: list) -> list:
+    """Start ``count`` nodes on a fresh database (appended to ``nodes`` as they start)
+    and write the objects through them; returns (key, size) of each."""
     from gpufeed.testing.node import start_node
 
     url = pg.create_database(name)
-    nodes = []
-    try:
-        for i in range(count):
-            nodes.append(start_node(folder / f"{name}-{i}",
-                                    extra_args=["--catalog", url, "--cluster", _CLUSTER], env=_SETTINGS))
-        began = time.monotonic()
-        keys = _write(nodes, opts.objects, opts.min_size, opts.max_size)
-        print(f"{name}: wrote {len(keys)} objects ({sum(s for _, s in keys) / 1e6:.0f} MB) in "
-              f"{time.monotonic() - began:.1f} s", flush=True)
-        if routed_too:
-            return [measure("three_nodes_routed", nodes, keys, opts, True, folder),
-                    measure("three_nodes_one_endpoint", nodes, keys, opts, False, folder)]
-        return [measure("one_node", nodes, keys, opts, False, folder)]
-    finally:
-        for n in nodes:
-            n.stop()
+    mine = []
+    for i in range(count):
+        mine.append(start_node(folder / f"{name}-{i}", extra_args=["--catalog", url, "--cluster", _CLUSTER],
+                               env=_SETTINGS))
+        nodes.append(mine[-1])
+    began = time.monotonic()
+    keys = _write(mine, opts.objects, opts.min_size, opts.max_size)
+    print(f"{name}: wrote {len(keys)} objects ({sum(s for _, s in keys) / 1e6:.0f} MB) in "
+          f"{time.monotonic() - began:.1f} s", flush=True)
+    return keys
+
+
+def summary(rows: list[dict]) -> dict:
+    """Median GB/s and GB per CPU second of each setup over the rounds."""
+    out = {}
+    for name in dict.fromkeys(r["setup"] for r in rows):
+        mine = [r for r in rows if r["setup"] == name]
+        out[name] = {"gb_s_median": round(statistics.median(r["gb_s"] for r in mine), 3),
+                     "gb_s_all": [r["gb_s"] for r in mine],
+                     "gb_per_cpu_s_median": round(statistics.median(r["gb_per_cpu_s"] for r in mine), 3),
+                     "node_cpu_s_per_gb_median": round(statistics.median(r["node_cpu_s_per_gb"] for r in mine), 3),
+                     "cores_busy_median": round(statistics.median(r["cores_busy"] for r in mine), 2),
+                     "machine_cores_busy_median": round(statistics.median(r["machine_cores_busy"] for r in mine),
+                                                        2)}
+    return out
 
 
 def main() -> None:
@@ -215,7 +234,8 @@ def main() -> None:
     ap.add_argument("--max-size", type=int, default=4 << 20)
     ap.add_argument("--procs", type=int, default=3, help="reader processes")
     ap.add_argument("--threads", type=int, default=4, help="reader threads per process")
-    ap.add_argument("--seconds", type=float, default=8.0, help="timed window of each setup")
+    ap.add_argument("--seconds", type=float, default=5.0, help="timed window of each setup in each round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the three setups, alternated")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--reader", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--routed", action="store_true", help=argparse.SUPPRESS)
@@ -229,27 +249,43 @@ def main() -> None:
         return
     from gpufeed.testing.postgres import PostgresServer
 
+    rows: list[dict] = []
+    nodes: list = []
     with tempfile.TemporaryDirectory(prefix="gf-scaling-") as tmp, PostgresServer() as pg:
         folder = Path(tmp)
-        rows = setup("one", 1, pg, folder, opts, routed_too=False)
-        rows += setup("three", 3, pg, folder, opts, routed_too=True)
-    one = rows[0]["gb_s"]
-    ratio = round(rows[1]["gb_s"] / (3 * one), 3) if one else None
+        try:
+            one_keys = start("one", 1, pg, folder, opts, nodes)
+            three_keys = start("three", 3, pg, folder, opts, nodes)
+            for rnd in range(opts.rounds):  # the setups alternate: the machine's other load hits each alike
+                for name, members, keys, routed in (("one_node", nodes[:1], one_keys, False),
+                                                    ("three_nodes_routed", nodes[1:], three_keys, True),
+                                                    ("three_nodes_one_endpoint", nodes[1:], three_keys, False)):
+                    rows.append(measure(name, members, keys, opts, routed, folder) | {"round": rnd})
+                    print(f"round {rnd} {name}: {rows[-1]['gb_s']:.2f} GB/s", flush=True)
+        finally:
+            for n in nodes:
+                n.stop()
+    med = summary(rows)
+    one = med["one_node"]["gb_s_median"]
+    ratio = round(med["three_nodes_routed"]["gb_s_median"] / (3 * one), 3) if one else None
     print(f"{'setup':<26} {'GB/s':>6} {'node CPU s':>10} {'reader CPU s':>12} {'cores busy':>10} "
           f"{'machine busy':>12}  per node CPU s")
     for r in rows:
         per = " ".join(f"{k}={v}" for k, v in r["cpu_s"].items() if k.startswith("node"))
         print(f"{r['setup']:<26} {r['gb_s']:>6.2f} {r['cpu_s_nodes']:>10.1f} {r['cpu_s_readers']:>12.1f} "
               f"{r['cores_busy']:>10.2f} {r['machine_cores_busy']:>12.2f}  {per}")
-    print(f"three_nodes_routed / (3 x one_node) = {ratio}; cores on this machine: {os.cpu_count()}")
+    for name, m in med.items():
+        print(f"median {name:<26} {m['gb_s_median']:.2f} GB/s, {m['gb_per_cpu_s_median']:.2f} GB per CPU s, "
+              f"node CPU {m['node_cpu_s_per_gb_median']:.2f} s/GB")
+    print(f"three_nodes_routed / (3 x one_node), medians = {ratio}; cores on this machine: {os.cpu_count()}")
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
         opts.json.write_text(json.dumps({
             "command": "PYTHONPATH=src python scripts/cluster_read_scaling.py " + " ".join(sys.argv[1:]),
             "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
             "settings": {k: v for k, v in vars(opts).items() if k in ("objects", "min_size", "max_size", "procs",
-                                                                     "threads", "seconds")},
-            "setups": rows, "routed_over_3x_one_node": ratio,
+                                                                     "threads", "seconds", "rounds")},
+            "medians": med, "routed_over_3x_one_node": ratio, "rounds": rows,
         }, indent=2) + "\n")
         print(f"wrote {opts.json}")
 
