@@ -180,3 +180,12 @@ def test_a_node_outside_a_cluster_is_read_as_a_plain_client(tmp_path):
             ClusterClient(node.tcp_url, **node.credentials, locations=0)
     finally:
         node.stop()
+
+
+def test_locate_reply_bytes_are_the_spec():
+    """LOCATE's reply from docs/wire-protocol.md and the msgpack spec, not from the encoder."""
+    reply = p.LocateReply("n1", 5, "e", ["n1"], [p.Member("n1", "h", 9400, True)])
+    want = (b"\x95" + b"\xa2n1" + b"\x05" + b"\xa1e" + b"\x91\xa2n1"
+            + b"\x91" + b"\x94\xa2n1\xa1h\xcd\x24\xb8\xc3")
+    assert p.encode(reply) == want and p.decode(p.LocateReply, want) == reply
+    assert p.REQUEST_TYPES[p.Op.LOCATE] is p.Head and p.Op.LOCATE == 25

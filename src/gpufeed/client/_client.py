@@ -57,7 +57,8 @@ class Client(RangeReads):
     child (create a new one there).
 
     Args:
-        url: ``gpufeed+tcp://HOST:PORT`` or ``gpufeed+shm:///path/gpufeed.sock``.
+        url: ``gpufeed+tcp://HOST:PORT``, ``gpufeed+shm:///path/gpufeed.sock`` or
+            ``gpufeed+cluster://HOST:PORT`` (reads go to cluster members that hold each object).
         access_key, secret_key: the key each connection proves it holds (both or
             neither). Neither: ``GPUFEED_ACCESS_KEY`` / ``GPUFEED_SECRET_KEY``,
             else ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, else the
