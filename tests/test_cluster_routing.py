@@ -189,3 +189,14 @@ def test_locate_reply_bytes_are_the_spec():
             + b"\x91" + b"\x94\xa2n1\xa1h\xcd\x24\xb8\xc3")
     assert p.encode(reply) == want and p.decode(p.LocateReply, want) == reply
     assert p.REQUEST_TYPES[p.Op.LOCATE] is p.Head and p.Op.LOCATE == 25
+
+
+def test_a_dataset_reads_through_a_cluster_url(trio):
+    from gpufeed.ai.data import ObjectDataset
+
+    a, _, _ = trio
+    objs = _write(a, 6)
+    url = a.tcp_url.replace("gpufeed+tcp", "gpufeed+cluster") + "/data"
+    ds = ObjectDataset(url, access_key=a.access_key, secret_key=a.secret_key)
+    assert [it.key for it in ds.items] == sorted(objs)
+    assert [bytes(x) for x in ds.__getitems__(list(range(len(ds))))] == [objs[k] for k in sorted(objs)]

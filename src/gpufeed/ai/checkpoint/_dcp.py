@@ -425,7 +425,8 @@ class Writer(_Located, StorageWriter, AsyncStager):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return isinstance(checkpoint_id, str) and checkpoint_id.startswith(("gpufeed+tcp://", "gpufeed+shm://"))
+        return isinstance(checkpoint_id, str) and checkpoint_id.startswith(("gpufeed+tcp://", "gpufeed+shm://",
+                                                                             "gpufeed+cluster://"))
 
     # --- AsyncStager -----------------------------------------------------------------------
     def stage(self, state_dict):

@@ -95,7 +95,8 @@ def parse_checkpoint_url(url: str, *, bucket: str | None = None,
 
     Forms:
 
-    * ``gpufeed+tcp://HOST:PORT/BUCKET/PREFIX...``
+    * ``gpufeed+tcp://HOST:PORT/BUCKET/PREFIX...`` (or ``gpufeed+cluster://``: reads
+      routed to the cluster members that hold each object)
     * ``gpufeed+shm:///path/to/gpufeed.sock/BUCKET/PREFIX...``: the socket path
       ends at the first path element ending in ``.sock``.
     * a bare node URL (``gpufeed+tcp://HOST:PORT``, ``gpufeed+shm:///x/node.socket``)
@@ -113,7 +114,7 @@ def parse_checkpoint_url(url: str, *, bucket: str | None = None,
         InvalidArgument: another scheme, or no bucket anywhere.
     """
     parts = urlsplit(url)
-    if parts.scheme == "gpufeed+tcp":
+    if parts.scheme in ("gpufeed+tcp", "gpufeed+cluster"):
         node = f"{parts.scheme}://{parts.netloc}"
         rest = parts.path
     elif parts.scheme == "gpufeed+shm":
@@ -126,7 +127,8 @@ def parse_checkpoint_url(url: str, *, bucket: str | None = None,
             node = "gpufeed+shm://" + "/".join(elems[: cut + 1])
             rest = "/".join(elems[cut + 1:])
     else:
-        raise InvalidArgument(f"{url!r}: a gpufeed URL starts with gpufeed+tcp:// or gpufeed+shm://")
+        raise InvalidArgument(f"{url!r}: a gpufeed URL starts with gpufeed+tcp://, gpufeed+cluster:// or "
+                              "gpufeed+shm://")
     rest = rest.strip("/")
     url_bucket, _, url_prefix = rest.partition("/")
     bucket = bucket if bucket is not None else url_bucket
