@@ -156,12 +156,14 @@ def test_reads_go_on_through_the_given_node_when_a_holder_is_killed(trio):
             assert bytes(cl.get("data", key)) == data
         assert cl.routing_stats()["reads"].get(_node_id(c), 0) > 0
         c.kill()
-        for key, data in objs.items():  # c is routed to until its connection fails, then passed over
-            assert bytes(cl.get("data", key)) == data
-        dests = [bytearray(len(v)) for v in objs.values()]
+        dests = [bytearray(len(v)) for v in objs.values()]  # a batch first: c's part goes to a
         assert cl.get_many_into([ReadRequest("data", k, d) for k, d in zip(objs, dests)]) == \
             [len(v) for v in objs.values()]
         assert dests == list(objs.values())
+        for key, data in objs.items():  # c is passed over once its connection failed
+            assert bytes(cl.get("data", key)) == data
+            buf = bytearray(len(data))
+            assert cl.submit_get_into("data", key, buf).result() == len(data) and buf == data
         assert cl.routing_stats()["fallbacks"] >= 1
 
 
