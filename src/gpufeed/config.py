@@ -153,6 +153,11 @@ class WireLimits:
         node_memory_bytes: the same for all clients together, plus lent regions
             waiting for their process to exit, bytes. Default: 3/4 of the host's
             memory. Env ``GPUFEED_WIRE_NODE_MEMORY_BYTES``.
+        lease_s: longest life of a read lease (op LEASE, shm only), seconds:
+            a client reads a leased object version in its own process until
+            the node's catalog commits anything or this time passes, whichever
+            comes first (``docs/wire-protocol.md``). 0 offers no leases.
+            Env ``GPUFEED_WIRE_LEASE_S``.
     """
 
     max_connections: int = 1024
@@ -162,6 +167,7 @@ class WireLimits:
     idle_timeout_s: float = 0.0
     client_memory_bytes: int = field(default_factory=lambda: host_memory_bytes() // 2)
     node_memory_bytes: int = field(default_factory=lambda: host_memory_bytes() * 3 // 4)
+    lease_s: float = 1.0
 
     @classmethod
     def from_env(cls) -> "WireLimits":
@@ -180,6 +186,7 @@ class WireLimits:
             idle_timeout_s=_env("GPUFEED_WIRE_IDLE_TIMEOUT_S", _seconds, d.idle_timeout_s),
             client_memory_bytes=_env("GPUFEED_WIRE_CLIENT_MEMORY_BYTES", _size, d.client_memory_bytes),
             node_memory_bytes=_env("GPUFEED_WIRE_NODE_MEMORY_BYTES", _size, d.node_memory_bytes),
+            lease_s=_env("GPUFEED_WIRE_LEASE_S", _seconds, d.lease_s),
         )
 
 

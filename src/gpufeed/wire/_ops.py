@@ -24,11 +24,12 @@ from array import array
 from collections.abc import Iterator
 
 from ..engine import ChunkDamage, ChunkRecord, Engine, ObjectHandle, ObjectInfo
-from ..errors import AccessDenied, GpufeedError, InvalidArgument, InvalidRange, ProtocolError
+from ..errors import AccessDenied, GpufeedError, InvalidArgument, InvalidRange, NotImplementedByGpufeed, ProtocolError
 from ..store import OffsetByteRequest, RangeByteRequest, resolve_range
 from . import protocol as p
 from ._auth import PEER_TENANT
 from ._conn import Connection, Handler
+from ._leases import LeaseBoard, serve_lease
 from ._lending import Lending
 from ._mapping import send_map
 from ._reads import SplitReader, piece_digests
@@ -75,6 +76,7 @@ class Ops:
         self.reader = reader
         self.lending = lending
         self.server_name = server_name
+        self.leases: LeaseBoard | None = None  # set by the server when it offers leases
         #: op -> handler, for every op but a PUT whose payload follows on the socket
         self.handlers: dict[int, Handler] = {
             p.Op.HELLO: self.hello,
@@ -96,6 +98,7 @@ class Ops:
             p.Op.MAP_EXTENTS: self.map_extents,
             p.Op.CHUNK: self.chunk,
             p.Op.GETR: self.getr,
+            p.Op.LEASE: self.lease,
         }
 
     # --- session and memory --------------------------------------------------------
@@ -103,6 +106,8 @@ class Ops:
         """Name the server, its protocol version, transport and optional features."""
         features = (["alloc_region", "auth", "map", "map_extents", "versions", "snapshots", "ranges"]
                     if conn.transport == "shm" else ["auth", "versions", "snapshots", "ranges"])
+        if conn.transport == "shm" and self.leases is not None:
+            features.append("lease")
         conn.reply(p.Op.HELLO, rid, p.HelloReply(self.server_name, p.VERSION, conn.transport,
                                                  features, conn.server_nonce))
 
@@ -181,6 +186,15 @@ class Ops:
             send_map(conn, op, rid, h.info.size, h.info.etag, h.file_extents())
         finally:
             h.close()
+
+    def lease(self, conn: Connection, rid: int, req: p.Head) -> None:
+        """LEASE: the current version's data file, its block sums and the node's
+        commit counter, for reads in the client's own process (:mod:`._leases`)."""
+        if self.leases is None:
+            raise NotImplementedByGpufeed("this node offers no read leases (GPUFEED_WIRE_LEASE_S=0, or "
+                                          "its catalog is shared with other nodes)")
+        self.allow(conn, READ, req.bucket, req.key)
+        serve_lease(self.engine, self.leases, conn, rid, req)
 
     def chunk(self, conn: Connection, rid: int, req: p.ChunkReq) -> None:
         """A chunk's stored bytes, by ``sendfile``, to a cluster peer (only a
