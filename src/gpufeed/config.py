@@ -347,6 +347,9 @@ class NodeConfig:
             refused write left) are deleted once this many seconds old, by a
             sweep about every quarter of it; longer than any write takes
             (0: only at the next start). Env ``GPUFEED_CLUSTER_ORPHAN_GRACE_S``.
+        cluster_rebalance: move data files to the nodes their placement ranks
+            first when the live members change (a node joins or returns), at
+            the re-replication rate. Env ``GPUFEED_CLUSTER_REBALANCE`` (``0`` off).
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -397,6 +400,7 @@ class NodeConfig:
     cluster_rereplicate_interval_s: float = 10.0
     cluster_rereplicate_bytes_s: int = 100 << 20  # 100 MiB/s
     cluster_orphan_grace_s: float = 3600.0  # 1 hour
+    cluster_rebalance: bool = True
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -456,6 +460,8 @@ class NodeConfig:
             cluster_rereplicate_bytes_s=_env("GPUFEED_CLUSTER_REREPLICATE_RATE", _size,
                                              cls.cluster_rereplicate_bytes_s),
             cluster_orphan_grace_s=_env("GPUFEED_CLUSTER_ORPHAN_GRACE_S", _seconds, cls.cluster_orphan_grace_s),
+            cluster_rebalance=_env("GPUFEED_CLUSTER_REBALANCE", lambda v: v not in ("0", "false", "no"),
+                                   cls.cluster_rebalance),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

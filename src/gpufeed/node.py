@@ -355,7 +355,8 @@ class Node:
                              copy_max_bytes=cfg.cluster_copy_max_bytes)
             self.rereplicator = ReReplicator(engine, self.replicas, interval_s=cfg.cluster_rereplicate_interval_s,
                                              rate_bytes_s=cfg.cluster_rereplicate_bytes_s,
-                                             orphan_grace_s=cfg.cluster_orphan_grace_s)
+                                             orphan_grace_s=cfg.cluster_orphan_grace_s,
+                                             rebalance=cfg.cluster_rebalance)
             self.rereplicator.start()
         warnings = []
         if not engine.catalog_is_shared:
