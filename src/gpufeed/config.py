@@ -340,6 +340,9 @@ class NodeConfig:
             refused write left) are deleted once this many seconds old, by a
             sweep about every quarter of it; longer than any write takes
             (0: only at the next start). Env ``GPUFEED_CLUSTER_ORPHAN_GRACE_S``.
+        cluster_repair_queue: most data files waiting for a repair from another
+            node's copy after a read found them damaged (more are left to the
+            next scrub; 0: reads ask for none). Env ``GPUFEED_CLUSTER_REPAIR_QUEUE``.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -390,6 +393,7 @@ class NodeConfig:
     cluster_rereplicate_interval_s: float = 10.0
     cluster_rereplicate_bytes_s: int = 100 << 20  # 100 MiB/s
     cluster_orphan_grace_s: float = 3600.0  # 1 hour
+    cluster_repair_queue: int = 1024
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -449,6 +453,7 @@ class NodeConfig:
             cluster_rereplicate_bytes_s=_env("GPUFEED_CLUSTER_REREPLICATE_RATE", _size,
                                              cls.cluster_rereplicate_bytes_s),
             cluster_orphan_grace_s=_env("GPUFEED_CLUSTER_ORPHAN_GRACE_S", _seconds, cls.cluster_orphan_grace_s),
+            cluster_repair_queue=_env("GPUFEED_CLUSTER_REPAIR_QUEUE", _count, cls.cluster_repair_queue),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

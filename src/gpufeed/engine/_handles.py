@@ -131,8 +131,9 @@ class ObjectHandle:
     def fall_back(self, exc: ChunkDamage) -> int | None:
         """After chunk ``exc.chunk`` failed its check in this node's own data file
         (held here, or a copy): fetch it, checked, from another node that holds
-        it (:func:`._remote.fetch_chunk`), read it from there from now on, and
-        ask for a repair of the file here (:mod:`._repair`).
+        it (:func:`._remote.fetch_chunk`), read it from there from now on, mark
+        it damaged (held here; not counted as a refused read) and ask for a
+        repair of the file here (:mod:`._repair`), which clears the mark.
 
         Returns:
             The fetched chunk's descriptor; ``None`` when this node fetches from
@@ -150,17 +151,18 @@ class ObjectHandle:
             return None
         self._fds = {i: d for i, d in self._fds.items() if self.manifest.chunks[i].chunk_id != c.chunk_id}
         log.warning("chunk %s is damaged here (%s); read from another node, repair asked", c.chunk_id, exc.reason)
+        if not store.held_elsewhere(c):
+            store.report_damage(c.chunk_id, exc.reason, counted=False)
         if store.repair is not None:
             store.repair(c.file)
         return fd
 
     def _fall_back_or_raise(self, exc: ChunkDamage) -> int:
-        """Record the damage (:meth:`damaged`); the chunk's descriptor from
-        :meth:`fall_back`, else raise the DamagedObject."""
-        err = self.damaged(exc)
+        """The chunk's descriptor from :meth:`fall_back`, else raise the
+        DamagedObject (:meth:`damaged`)."""
         fd = self.fall_back(exc)
         if fd is None:
-            raise err
+            raise self.damaged(exc)
         return fd
 
     # reads ----------------------------------------------------------------------
@@ -299,14 +301,14 @@ class ObjectHandle:
                     self.run(self.steps(view, start), runner)
                 out[i] = n
             except ChunkDamage as exc:
-                errors[i], out[i] = self.damaged(exc), -1
-                if self.fall_back(exc) is not None:  # the range again, the chunk from another node
-                    try:
-                        self.run(self.steps(view, start), runner)
-                        del errors[i]
-                        out[i] = n
-                    except GpufeedError as again:
-                        errors[i] = again
+                if self.fall_back(exc) is None:
+                    errors[i], out[i] = self.damaged(exc), -1
+                    continue
+                try:  # the range again, the chunk from another node
+                    self.run(self.steps(view, start), runner)
+                    out[i] = n
+                except GpufeedError as again:
+                    errors[i], out[i] = again, -1
             except GpufeedError as exc:
                 errors[i], out[i] = exc, -1
         return out, errors
@@ -330,10 +332,9 @@ class ObjectHandle:
                     return sum(run_step(s) for s in steps)
                 return sum(runner(steps))
             except ChunkDamage as exc:
-                err = self.damaged(exc)
                 fd = self.fall_back(exc)
                 if fd is None:
-                    raise err from None
+                    raise self.damaged(exc) from None
                 bad = exc.chunk.chunk_id
                 steps = [dataclasses.replace(s, fd=fd) if s.chunk.chunk_id == bad else s for s in steps]
 

@@ -21,8 +21,9 @@ is dropped and the file deleted, so the under-replicated count shows it and
 re-replication makes a new copy elsewhere.
 
 :class:`RepairQueue` runs the repairs that reads ask for, one file at a time
-on a thread of its own, at most :data:`QUEUE_FILES` files waiting (a read
-that finds the queue full asks nothing: the next scrub finds the file).
+on a thread of its own, at most ``max_files`` files waiting
+(``GPUFEED_CLUSTER_REPAIR_QUEUE``, :data:`QUEUE_FILES` unless set; a read that
+finds the queue full asks nothing: the next scrub finds the file).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ __all__ = ["Repair", "repair", "RepairQueue", "QUEUE_FILES"]
 
 log = logging.getLogger("gpufeed.engine")
 
-#: Most data files waiting in a :class:`RepairQueue`.
+#: Most data files waiting in a :class:`RepairQueue` unless configured.
 QUEUE_FILES = 1024
 _COPY_STEP = 8 << 20  # 8 MiB: bytes copied from the local file at a time
 
