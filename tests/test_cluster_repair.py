@@ -113,6 +113,13 @@ def test_scrub_repairs_the_holders_file_and_a_copy_from_a_good_copy(tmp_path, po
         assert report["damaged"] == [] and report["chunks"] >= 1
         assert _path(copy_node, file).read_bytes() == before[file]
         assert _copy_rows(postgres_url, file) == [_node_id(copy_node)]
+        packed = next(f for f in where if len(before[f]) != 300_000)  # a file of many compressed chunks
+        _path(a, packed).unlink()  # the holder's file gone: every chunk of it fetched from the copy
+        report = _admin(a).scrub()["last"]
+        assert {r["file"] for r in report["repaired"]} == {packed} and len(report["repaired"]) > 1
+        assert all(r["reason"] == "data file is missing" for r in report["repaired"]) and report["damaged"] == []
+        assert _path(a, packed).read_bytes() == before[packed]
+        _reads_everywhere([a], want)
         a.kill()  # the copies alone serve everything, bit-identical
         _reads_everywhere(nodes[1:], want)
     finally:

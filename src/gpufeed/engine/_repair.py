@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import DamagedObject, GpufeedError, HolderUnavailable
-from ._blobs import remove_quietly
+from ._blobs import remove_quietly, write_all
 from ._replicas import copy_length
 from ._scrub import check_chunk_fd
 from .catalog import Catalog
@@ -161,23 +161,31 @@ def _rebuild(store: "ChunkStore", file: str, recs: list[ChunkRecord], out: Repai
 
 
 def _copy_local(path: str, fd: int, length: int) -> None:
-    """Copy the first ``length`` bytes of ``path`` (what it has of them; none when
-    it is missing) to ``fd``, and size ``fd`` to ``length`` bytes."""
+    """Copy the first ``length`` bytes of ``path`` to ``fd`` in 8 MiB steps, as
+    far as they can be read (a missing file: none; a step the disk cannot
+    read is left as zeros, so its chunks fail their check and are fetched),
+    and size ``fd`` to ``length`` bytes."""
+    os.ftruncate(fd, length)
     try:
         src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        src = -1
-    if src >= 0:
-        try:
-            pos = 0
-            while pos < length:
-                n = os.copy_file_range(src, fd, min(_COPY_STEP, length - pos), pos, pos)
-                if n == 0:
-                    break
+        return
+    try:
+        buf = memoryview(bytearray(min(_COPY_STEP, length) or 1))
+        pos = 0
+        while pos < length:
+            n = min(len(buf), length - pos)
+            try:
+                got = os.preadv(src, [buf[:n]], pos)
+            except OSError:  # an unreadable stretch (a bad sector)
                 pos += n
-        finally:
-            os.close(src)
-    os.ftruncate(fd, length)
+                continue
+            if got <= 0:
+                break  # the file is short: the rest stays zeros
+            write_all(fd, buf[:got], pos)
+            pos += got
+    finally:
+        os.close(src)
 
 
 def _fetch_good(store: "ChunkStore", c: ChunkRecord, fd: int) -> tuple[str | None, str]:
