@@ -58,7 +58,8 @@ class ScrubReport:
         seconds: wall time.
         damaged: ``{"chunk", "reason", "objects": [[bucket, key, version_id], ...]}``
             of each chunk that failed (missing files included) and was not
-            repaired; ``"repair"``: why no repair was made (a cluster node).
+            repaired; ``"repair"``: why no repair was made (a cluster node);
+            ``"copy": True``: a chunk of a copy this node keeps (never marked).
         cleared: chunks marked damaged before that now check out.
         repaired: ``{"chunk", "file", "reason", "from", "copy"}`` of each damaged
             chunk whose data file was rebuilt with good bytes from node ``from``
