@@ -190,3 +190,38 @@ def test_every_copy_damaged_serves_nothing_and_drops_the_damaged_copy(tmp_path, 
     finally:
         for n in nodes:
             n.stop()
+
+
+def test_every_read_path_falls_back_while_the_file_stays_damaged(tmp_path, postgres_url):
+    env = {**FAST, "GPUFEED_CLUSTER_REPAIR_QUEUE": "0"}  # reads ask for no repair: each one falls back
+    nodes = [start_node(tmp_path / n, extra_args=["--catalog", postgres_url, "--cluster", "c1"], env=env)
+             for n in "abc"]
+    a = nodes[0]
+    try:
+        s3 = a.boto3_client(retries={"max_attempts": 1, "mode": "standard"})
+        s3.create_bucket(Bucket="raw")
+        data = os.urandom(300_000)
+        s3.put_object(Bucket="raw", Key="obj", Body=data)
+        [(file, (holder, _))] = _where(postgres_url, nodes).items()
+        assert holder is a
+        flip_bits(_path(a, file), 8192 + 5, 0x40)  # block 2 of the holder's file
+        assert s3.get_object(Bucket="raw", Key="obj", Range="bytes=8000-9000")["Body"].read() == data[8000:9001]
+        with Client(a.tcp_url, **a.credentials) as cl:
+            assert bytes(cl.get("raw", "obj")) == data
+            assert bytes(cl.get("raw", "obj", offset=8192, length=4096)) == data[8192:12288]  # the small read
+            dest = bytearray(3 * 4096)
+            got = cl.get_ranges_into("raw", "obj", dest, [0, 8192, 200_000], [4096, 4096, 4096])
+            assert list(got) == [4096] * 3
+            assert bytes(dest) == data[:4096] + data[8192:12288] + data[200_000:204_096]
+            bufs = [bytearray(4096), bytearray(20_000)]
+            assert cl.get_many_into([("raw", "obj", bufs[0], 8192, 4096), ("raw", "obj", bufs[1], 0, 20_000)]) \
+                == [4096, 20_000]
+            assert bufs[0] == data[8192:12288] and bufs[1] == data[:20_000]
+        assert _path(a, file).read_bytes() != data  # still damaged: every read above came from the copy
+        assert [d["chunk"] for d in _admin(a).damaged()["chunks"]] == [file]  # and the holder marked it
+        report = _admin(a).scrub()["last"]
+        assert [r["chunk"] for r in report["repaired"]] == [file] and report["damaged"] == []
+        assert _path(a, file).read_bytes() == data and _admin(a).damaged()["chunks"] == []
+    finally:
+        for n in nodes:
+            n.stop()

@@ -297,18 +297,9 @@ class ObjectHandle:
             n = min(want, size - start)
             view = dest[pos:pos + n]
             try:
-                if not self.read_small(start, view):
+                if not self.read_small_or_fall_back(start, view):
                     self.run(self.steps(view, start), runner)
                 out[i] = n
-            except ChunkDamage as exc:
-                if self.fall_back(exc) is None:
-                    errors[i], out[i] = self.damaged(exc), -1
-                    continue
-                try:  # the range again, the chunk from another node
-                    self.run(self.steps(view, start), runner)
-                    out[i] = n
-                except GpufeedError as again:
-                    errors[i], out[i] = again, -1
             except GpufeedError as exc:
                 errors[i], out[i] = exc, -1
         return out, errors
@@ -326,6 +317,9 @@ class ObjectHandle:
             DamagedObject: a chunk failed its check (it is marked damaged); the
                 destination may hold unchecked bytes and must not be used.
         """
+        if self._remote:  # steps planned before a chunk fell back read it from there
+            steps = [dataclasses.replace(s, fd=self._remote[s.chunk.chunk_id])
+                     if s.chunk.chunk_id in self._remote else s for s in steps]
         while True:  # each round: one more damaged chunk read from another node instead
             try:
                 if runner is None:
@@ -337,6 +331,38 @@ class ObjectHandle:
                     raise self.damaged(exc) from None
                 bad = exc.chunk.chunk_id
                 steps = [dataclasses.replace(s, fd=fd) if s.chunk.chunk_id == bad else s for s in steps]
+
+    def read_small_or_fall_back(self, start: int, dest: memoryview) -> bool:
+        """:meth:`read_small`; a chunk that fails its check there is fetched from
+        another node (:meth:`fall_back`) and ``False`` returned (read it with
+        :meth:`steps` and :meth:`run`, which then read it from there).
+
+        Raises:
+            DamagedObject: the bytes failed their check and no other node sent
+                good ones, or the data file is missing.
+        """
+        try:
+            return self.read_small(start, dest)
+        except ChunkDamage as exc:
+            if self.fall_back(exc) is None:
+                raise self.damaged(exc) from None
+            return False
+
+    def run_again(self, exc: ChunkDamage, steps: list[ReadStep]) -> GpufeedError | None:
+        """After ``steps`` failed with ``exc`` outside :meth:`run`: fetch the
+        chunk from another node (:meth:`fall_back`) and run them again.
+
+        Returns:
+            ``None`` when they then read good bytes, else the error (the
+            DamagedObject of :meth:`damaged` when no other node sent good bytes).
+        """
+        if self.fall_back(exc) is None:
+            return self.damaged(exc)
+        try:
+            self.run(steps)
+        except GpufeedError as err:
+            return err
+        return None
 
     def read_into(self, dest, start: int = 0) -> int:
         """Read from object offset ``start`` into ``dest`` (a writable buffer), checked.
