@@ -350,6 +350,9 @@ class NodeConfig:
         cluster_rebalance: move data files to the nodes their placement ranks
             first when the live members change (a node joins or returns), at
             the re-replication rate. Env ``GPUFEED_CLUSTER_REBALANCE`` (``0`` off).
+        cluster_repair_queue: most data files waiting for a repair from another
+            node's copy after a read found them damaged (more are left to the
+            next scrub; 0: reads ask for none). Env ``GPUFEED_CLUSTER_REPAIR_QUEUE``.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -401,6 +404,7 @@ class NodeConfig:
     cluster_rereplicate_bytes_s: int = 100 << 20  # 100 MiB/s
     cluster_orphan_grace_s: float = 3600.0  # 1 hour
     cluster_rebalance: bool = True
+    cluster_repair_queue: int = 1024
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -462,6 +466,7 @@ class NodeConfig:
             cluster_orphan_grace_s=_env("GPUFEED_CLUSTER_ORPHAN_GRACE_S", _seconds, cls.cluster_orphan_grace_s),
             cluster_rebalance=_env("GPUFEED_CLUSTER_REBALANCE", lambda v: v not in ("0", "false", "no"),
                                    cls.cluster_rebalance),
+            cluster_repair_queue=_env("GPUFEED_CLUSTER_REPAIR_QUEUE", _count, cls.cluster_repair_queue),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

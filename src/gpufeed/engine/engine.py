@@ -257,6 +257,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
             return
         self._closed = True
         self.scrubber.stop()
+        if self.repairs is not None:
+            self.repairs.stop()
         self._kv.flush()
         self._cat.close()
         self._writes.close()

@@ -23,8 +23,16 @@ import sys
 from array import array
 from collections.abc import Iterator
 
-from ..engine import ChunkDamage, ChunkRecord, Engine, ObjectHandle, ObjectInfo
-from ..errors import AccessDenied, GpufeedError, InvalidArgument, InvalidRange, NotImplementedByGpufeed, ProtocolError
+from ..engine import ChunkRecord, Engine, ObjectHandle, ObjectInfo
+from ..errors import (
+    AccessDenied,
+    DamagedObject,
+    GpufeedError,
+    InvalidArgument,
+    InvalidRange,
+    NotImplementedByGpufeed,
+    ProtocolError,
+)
 from ..store import OffsetByteRequest, RangeByteRequest, resolve_range
 from . import protocol as p
 from ._auth import PEER_TENANT
@@ -258,10 +266,7 @@ class Ops:
                 return
             dest = conn.memory.region(req.region).view(req.region_offset, n)
             try:
-                try:
-                    small = h.read_small(start, dest)
-                except ChunkDamage as exc:
-                    raise h.damaged(exc) from None
+                small = h.read_small_or_fall_back(start, dest)
                 got = n if small else h.run(h.steps(dest, start), self.reader.run_steps)
             finally:
                 dest.release()
@@ -347,11 +352,10 @@ class Ops:
             batch.views.append(dest)
             if batch.serial and not item.digest:  # read now, in order: the small-read path
                 try:
-                    if h.read_small(start, dest):
+                    if h.read_small_or_fall_back(start, dest):
                         batch.results[i] = n
                         return
-                except ChunkDamage as exc:
-                    err = h.damaged(exc)
+                except DamagedObject as err:
                     batch.results[i] = -1
                     batch.errors[i] = (err.code, err.message)
                     return
@@ -367,9 +371,9 @@ class Ops:
         tasks = [(k, st) for k, it in enumerate(items) for st in it[2]]
         total = sum(len(st.dest) for _, st in tasks)
         failed = self.reader.run_checked(tasks, parallel=total >= GETV_PARALLEL_BYTES and len(tasks) > 1)
-        for k, (i, h, _steps, digest, dest) in enumerate(items):
-            if k in failed:
-                err = h.damaged(failed[k])
+        for k, (i, h, steps, digest, dest) in enumerate(items):
+            err = h.run_again(failed[k], steps) if k in failed else None  # from another node, or why not
+            if err is not None:
                 batch.results[i] = -1
                 batch.errors[i] = (err.code, err.message)
             elif digest > 0:
@@ -529,11 +533,8 @@ def _payload(h: ObjectHandle, start: int, n: int) -> list:
     """
     if 0 < n <= SMALL_PAYLOAD_BYTES:
         buf = memoryview(bytearray(n))
-        try:
-            if h.read_small(start, buf):
-                return [buf]
-        except ChunkDamage as exc:
-            raise h.damaged(exc) from None
+        if h.read_small_or_fall_back(start, buf):
+            return [buf]
     return h.extents(start, n)
 
 
