@@ -29,7 +29,7 @@ BUCKET = "data-shard-tensor-tests"
 SHARDS, PER_SHARD, NBYTES = 5, 9, 1200  # shards, samples per shard, bytes per sample (300 float32)
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
-              pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")]
+              pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning"), pytest.mark.usefixtures("bucket")]
 
 
 def sample(i: int, nbytes: int = NBYTES) -> bytes:
@@ -54,14 +54,20 @@ def put_shards(c: Client, prefix: str, shards: int = SHARDS, per: int = PER_SHAR
 
 
 @pytest.fixture(scope="module")
-def shards(node):
-    """``{"one": prefix (one file per sample), "two": prefix (bin + cls)}``."""
-    base = uuid.uuid4().hex[:8]
+def bucket(node) -> str:
     with Client(node.tcp_url) as c:
         try:
             c.create_bucket(BUCKET)
         except Exception:  # noqa: BLE001 - made by an earlier test of the session
             pass
+    return BUCKET
+
+
+@pytest.fixture(scope="module")
+def shards(node, bucket):
+    """``{"one": prefix (one file per sample), "two": prefix (bin + cls)}``."""
+    base = uuid.uuid4().hex[:8]
+    with Client(node.tcp_url) as c:
         put_shards(c, f"{base}/one/")
         put_shards(c, f"{base}/two/", cls="7")
     return {"one": f"{base}/one/", "two": f"{base}/two/"}
@@ -215,3 +221,35 @@ def test_a_shard_deleted_or_rewritten_mid_epoch_is_named(node, change):
             next(first)
         with pytest.raises(want, match=r"0001\.tar"):
             list(later)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_deleted_shard_is_skipped_or_retried_then_named(node, workers):
+    prefix = uuid.uuid4().hex[:8] + "/"
+    with Client(node.tcp_url) as c:
+        put_shards(c, prefix, shards=3)
+        skipping = tensors(node, prefix, shuffle=False, batch_size=100, on_error="skip")
+        retrying = tensors(node, prefix, shuffle=False, batch_size=100, on_error="retry", max_retries=1,
+                           retry_backoff_s=0.0)
+        c.delete(BUCKET, f"{prefix}0001.tar")
+    got = [ids(b) for b in DataLoader(skipping, batch_size=None, num_workers=workers)]
+    assert sorted(i for b in got for i in b) == list(range(PER_SHARD)) + list(range(2 * PER_SHARD, 3 * PER_SHARD))
+    with pytest.raises(SampleMissing, match=r"0001\.tar: listed, but gone"):
+        list(DataLoader(retrying, batch_size=None, num_workers=workers))
+
+
+def test_resume_refuses_a_shard_whose_sample_count_changed(node):
+    prefix = uuid.uuid4().hex[:8] + "/"
+    with Client(node.tcp_url) as c:
+        put_shards(c, prefix, shards=2)
+        loader = ResumableLoader(tensors(node, prefix, shuffle=False, batch_size=4), num_workers=1)
+        it = iter(loader)
+        assert ids(next(it)) == [0, 1, 2, 3]
+        state = loader.state_dict()
+        del it
+        c.put(BUCKET, f"{prefix}0000.tar", write_shard(
+            [{"__key__": f"00{j:03d}", "bin": sample(j)} for j in range(PER_SHARD - 1)]))
+    again = ResumableLoader(tensors(node, prefix, shuffle=False, batch_size=4), num_workers=1)
+    again.load_state_dict(state)
+    with pytest.raises(SampleChanged, match=r"0000\.tar: holds 8 samples, 9 when the position was saved"):
+        list(again)
