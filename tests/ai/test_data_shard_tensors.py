@@ -253,3 +253,21 @@ def test_resume_refuses_a_shard_whose_sample_count_changed(node):
     again.load_state_dict(state)
     with pytest.raises(SampleChanged, match=r"0000\.tar: holds 8 samples, 9 when the position was saved"):
         list(again)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_batches_of_a_mebibyte_and_more_go_to_the_main_process_by_descriptor(node, transport):
+    from gpufeed.ai.data._tensors import DIRECT_MIN_BYTES
+
+    prefix, big = uuid.uuid4().hex[:8] + "/", 128 << 10
+    with Client(node.tcp_url) as c:
+        for s in range(2):
+            c.put(BUCKET, f"{prefix}{s:04d}.tar", write_shard(
+                [{"__key__": f"{s}{j:03d}", "bin": sample(s * 10 + j, big)} for j in range(10)]))
+    ds = tensors(node, prefix, transport, shape=(big // 4,), batch_size=9, shuffle_buffer=4)
+    assert 9 * big >= DIRECT_MIN_BYTES
+    got = []
+    for batch in DataLoader(ds, batch_size=None, num_workers=2):
+        assert batch.is_shared() and batch.shape[1:] == (big // 4,)
+        got += ids(batch)
+    assert sorted(got) == [s * 10 + j for s in range(2) for j in range(10)]
