@@ -304,9 +304,10 @@ def scrub(url, data_dir, access_key, secret_key, rate, no_wait, stop, catalog_ur
     """Read and check every stored chunk; report damaged, missing and orphaned ones.
 
     Damaged chunks are marked (reads of them fail with DamagedObject) until a
-    later scrub finds them good again. A scrub already running on the node is
-    waited for (with progress on stderr), not started twice; ``--stop`` ends
-    it. Exits 1 when damage was found.
+    later scrub finds them good again; on a cluster node, a damaged data file
+    is first rebuilt from another node's good copy (docs/cluster.md). A scrub
+    already running on the node is waited for (with progress on stderr), not
+    started twice; ``--stop`` ends it. Exits 1 when damage remains.
     """
     a = _opener(url, data_dir, access_key, secret_key, catalog_url)()
     shown = [0.0]
@@ -352,10 +353,19 @@ def _print_scrub(status: dict, as_json: bool, stop: bool) -> None:
     rep = status["last"] or {}
     click.echo(f"scrub: {rep.get('chunks', 0)} chunks, {rep.get('bytes', 0)} bytes checked in "
                f"{rep.get('seconds', 0)} s; {len(rep.get('damaged', []))} damaged, "
-               f"{len(rep.get('cleared', []))} cleared, {len(rep.get('orphan_files', []))} orphaned files")
+               f"{len(rep.get('cleared', []))} cleared, {len(rep.get('repaired', []))} repaired from other nodes, "
+               f"{len(rep.get('dropped_copies', []))} damaged copies dropped, "
+               f"{len(rep.get('orphan_files', []))} orphaned files")
+    for d in rep.get("repaired", []):
+        what = "copy of data file" if d["copy"] else "data file"
+        click.echo(f"  repaired {d['chunk']} ({what} {d['file']}: {d['reason']}) from node {d['from']}")
+    for d in rep.get("dropped_copies", []):
+        click.echo(f"  dropped the copy of data file {d['file']}: chunk {d['chunk']} {d['reason']}; "
+                   f"not repaired: {d['repair']}")
     for d in rep.get("damaged", []):
         users = ", ".join("/".join(o[:2]) for o in d["objects"]) or "no object"
-        click.echo(f"  damaged {d['chunk']}: {d['reason']} (used by {users})")
+        why = f"; not repaired: {d['repair']}" if d.get("repair") else ""
+        click.echo(f"  damaged {d['chunk']}: {d['reason']} (used by {users}){why}")
 
 
 @admin.group()

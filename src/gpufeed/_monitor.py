@@ -29,7 +29,8 @@ name                                             labels   meaning
 ``gpufeed_damaged_chunks``                       -        chunks marked damaged (by a read or a scrub)
 ``gpufeed_damaged_reads``                        -        reads refused since start: data failed its check
 ``gpufeed_scrub_last_finished_seconds``          -        when the last complete scrub ended (0: never)
-``gpufeed_scrub_last_damaged_chunks``            -        damaged chunks it found
+``gpufeed_scrub_last_damaged_chunks``            -        damaged chunks it found (and did not repair)
+``gpufeed_scrub_last_repaired_chunks``           -        damaged chunks it repaired from other nodes
 ``gpufeed_start_time_seconds``                   -        Unix time the node started
 ``gpufeed_build_info``                           version  always 1
 =============================================== ======== =============================================
@@ -91,6 +92,8 @@ def _data_families(engine: Engine) -> list[Metric]:
               last.get("finished", 0.0)),
         gauge("gpufeed_scrub_last_damaged_chunks", "Damaged chunks the last complete scrub found.",
               len(last.get("damaged", []))),
+        gauge("gpufeed_scrub_last_repaired_chunks", "Damaged chunks the last complete scrub repaired from "
+              "other nodes' copies.", len(last.get("repaired", []))),
     ]
 
 

@@ -29,6 +29,22 @@ never both copy it), sending it to the next-ranked live nodes that lack it
 and recording the new copies; at most ``rate_bytes_s`` bytes per second are
 sent (files go 64 at a time, over one connection per target node, with a
 pause after each group).
+
+**Rebalancing** (:meth:`ReReplicator.rebalance_pass`, after each pass while
+the set of live members differs from the one it last balanced for: a node
+joined, came back, or left): each node walks the data files it holds (as
+holder or copy). A file's **targets** are the first ``factor`` live members
+by rank. When a member that is new to this node's view is a target of a file
+and lacks it, the file's first live holder by rank sends it there (paced like
+re-replication) and records the copy. When a file has more live holders than
+the factor, the holders ranked below the first ``factor`` of them give their
+copies up, each its own, in a catalog transaction that checks that ``factor``
+other live nodes still hold it (:meth:`gpufeed.engine.Engine.give_up_file`),
+and delete their files. So a joining node takes about ``factor / n`` of the
+files, and the extra copies left by a node that returned after its files were
+copied again elsewhere are trimmed. Files move only toward new members: a
+file stays where its write put it (the writer and the next-ranked nodes)
+until a change of members makes a new member one of its targets.
 """
 
 from __future__ import annotations
@@ -212,7 +228,7 @@ class ReReplicator:
     """
 
     def __init__(self, engine: Engine, replicas: Replicas, *, interval_s: float, rate_bytes_s: float,
-                 batch: int = 500, orphan_grace_s: float = 0.0) -> None:
+                 batch: int = 500, orphan_grace_s: float = 0.0, rebalance: bool = True) -> None:
         if not interval_s > 0 or not rate_bytes_s > 0:
             raise ValueError("the re-replication interval and rate must be > 0")
         self._engine, self._r = engine, replicas
@@ -226,6 +242,10 @@ class ReReplicator:
         self._swept_at = time.monotonic()
         #: data files no chunk names that the sweeps deleted since start
         self.freed_files = 0
+        self.rebalance = rebalance
+        self.last_rebalance: dict[str, int] = {}
+        self._balanced_for: frozenset[str] | None = None  # live members of the last complete rebalance
+        self._rebalance_tries = 0
 
     def start(self) -> None:
         """Start the thread."""
@@ -241,6 +261,8 @@ class ReReplicator:
         while not self._stop.wait(self.interval_s):
             try:
                 self.run_pass()
+                if self.rebalance:
+                    self.rebalance_pass()
                 if self.orphan_grace_s > 0 and time.monotonic() - self._swept_at >= self.orphan_grace_s / 4:
                     self._swept_at = time.monotonic()
                     self.freed_files += self._engine.free_unnamed_files(self.orphan_grace_s)
@@ -309,6 +331,78 @@ class ReReplicator:
             sent += nbytes
             self._pace(nbytes)
         return done, sent, left
+
+    def rebalance_pass(self) -> dict[str, int]:
+        """Move this node's data files toward their targets once the live members
+        changed (see the module's text). Returns its counts: ``copied`` (copies
+        made), ``bytes`` (sent), ``given_up`` (this node's copies deleted),
+        ``left`` (files waiting for another node or a failed step)."""
+        live = {n.node_id: n for n in self._r.live()}
+        members = frozenset(live)
+        counts = {"copied": 0, "bytes": 0, "given_up": 0, "left": 0}
+        factor = min(self._r.factor, len(live))
+        if members == self._balanced_for or self._r.node_id not in live or factor < 1:
+            return counts
+        # members new to this node's view; at its start, itself (the others see it join)
+        new = members - self._balanced_for if self._balanced_for is not None else {self._r.node_id}
+        after = ""
+        while not self._stop.is_set():
+            files = self._engine.files_held(after, self._batch)
+            if not files:
+                break
+            after = files[-1]
+            for i in range(0, len(files), _GROUP):
+                for k, v in self._rebalance(files[i:i + _GROUP], live, factor, new).items():
+                    counts[k] += v
+        self._rebalance_tries += 1
+        if not self._stop.is_set() and (counts["left"] == 0 or self._rebalance_tries >= 5):
+            if counts["left"]:
+                log.warning("rebalancing for %d live members: %d data files still off their targets after %d "
+                            "passes; the next change of members tries again", len(live), counts["left"],
+                            self._rebalance_tries)
+            self._balanced_for, self._rebalance_tries = members, 0
+        self.last_rebalance = counts
+        return counts
+
+    def _rebalance(self, files: list[str], live: dict[str, NodeInfo], factor: int,
+                   new: set[str] | frozenset[str]) -> dict[str, int]:
+        me = self._r.node_id
+        counts = {"copied": 0, "bytes": 0, "given_up": 0, "left": 0}
+        sends: dict[tuple[str, ...], Files] = {}  # missing targets -> files this node sends them
+        have: dict[str, set[str]] = {}
+        for f in files:
+            recs, holders = self._engine.file_holders(f)
+            live_holders = rank(f.encode(), [n for n in holders if n in live])
+            if not recs or not live_holders:
+                continue
+            targets = rank(f.encode(), list(live))[:factor]
+            missing = tuple(n for n in targets if n in new and n not in holders)
+            if missing:
+                if live_holders[0] != me or not os.path.exists(self._engine.data_file_path(f)):
+                    counts["left"] += 1  # its first live holder sends it
+                    continue
+                have[f] = set(holders)
+                sends.setdefault(missing, []).append((f, recs))
+            elif len(live_holders) > factor and me in live_holders[factor:]:
+                gave = self._engine.give_up_file(f, sorted(live), factor, live_holders[:factor])
+                counts["given_up" if gave else "left"] += 1
+        for missing, group in sends.items():
+            peers = {n: live[n] for n in missing if live[n].wire_port}
+            got, errors = self._r.place(group, peers, len(missing), have)
+            made = {f: nodes for f, nodes in got.items() if nodes}
+            if made:
+                self._engine.record_file_copies(made)
+            nbytes = sum(copy_length(recs) * len(got[f]) for f, recs in group)
+            for f, _ in group:
+                if len(got[f]) < len(missing):
+                    counts["left"] += 1
+                    log.warning("rebalancing data file %s: %d of %d copies made (%s)", f, len(got[f]),
+                                len(missing), "; ".join(errors[f]) or "no target took it")
+            counts["copied"] += sum(len(n) for n in made.values())
+            counts["bytes"] += nbytes
+            self.copied_bytes += nbytes
+            self._pace(nbytes)
+        return counts
 
     def _pace(self, sent: int) -> None:
         """Wait so that the bytes sent stay under ``rate_bytes_s`` on average."""

@@ -126,7 +126,7 @@ class Admin:
         already running is waited for, not started again (``"started"``: False).
         Returns the scrub status ``{"started", "running", "chunks", "bytes",
         "started_at", "last"}`` (``last``: the last complete report:
-        ``damaged``, ``cleared``, ``orphan_files``, ...); a stopped node's adds
+        ``damaged``, ``cleared``, ``repaired``, ``dropped_copies``, ``orphan_files``, ...); a stopped node's adds
         ``"recovered"``, what opening its folder cleaned up first
         (:attr:`gpufeed.engine.Engine.recovered`)."""
         raise NotImplementedError

@@ -153,6 +153,11 @@ class WireLimits:
         node_memory_bytes: the same for all clients together, plus lent regions
             waiting for their process to exit, bytes. Default: 3/4 of the host's
             memory. Env ``GPUFEED_WIRE_NODE_MEMORY_BYTES``.
+        lease_s: longest life of a read lease (op LEASE, shm only), seconds:
+            a client reads a leased object version in its own process until
+            the node's catalog commits anything or this time passes, whichever
+            comes first (``docs/wire-protocol.md``). 0 offers no leases.
+            Env ``GPUFEED_WIRE_LEASE_S``.
     """
 
     max_connections: int = 1024
@@ -162,6 +167,7 @@ class WireLimits:
     idle_timeout_s: float = 0.0
     client_memory_bytes: int = field(default_factory=lambda: host_memory_bytes() // 2)
     node_memory_bytes: int = field(default_factory=lambda: host_memory_bytes() * 3 // 4)
+    lease_s: float = 1.0
 
     @classmethod
     def from_env(cls) -> "WireLimits":
@@ -180,6 +186,7 @@ class WireLimits:
             idle_timeout_s=_env("GPUFEED_WIRE_IDLE_TIMEOUT_S", _seconds, d.idle_timeout_s),
             client_memory_bytes=_env("GPUFEED_WIRE_CLIENT_MEMORY_BYTES", _size, d.client_memory_bytes),
             node_memory_bytes=_env("GPUFEED_WIRE_NODE_MEMORY_BYTES", _size, d.node_memory_bytes),
+            lease_s=_env("GPUFEED_WIRE_LEASE_S", _seconds, d.lease_s),
         )
 
 
@@ -340,6 +347,12 @@ class NodeConfig:
             refused write left) are deleted once this many seconds old, by a
             sweep about every quarter of it; longer than any write takes
             (0: only at the next start). Env ``GPUFEED_CLUSTER_ORPHAN_GRACE_S``.
+        cluster_rebalance: move data files to the nodes their placement ranks
+            first when the live members change (a node joins or returns), at
+            the re-replication rate. Env ``GPUFEED_CLUSTER_REBALANCE`` (``0`` off).
+        cluster_repair_queue: most data files waiting for a repair from another
+            node's copy after a read found them damaged (more are left to the
+            next scrub; 0: reads ask for none). Env ``GPUFEED_CLUSTER_REPAIR_QUEUE``.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -390,6 +403,8 @@ class NodeConfig:
     cluster_rereplicate_interval_s: float = 10.0
     cluster_rereplicate_bytes_s: int = 100 << 20  # 100 MiB/s
     cluster_orphan_grace_s: float = 3600.0  # 1 hour
+    cluster_rebalance: bool = True
+    cluster_repair_queue: int = 1024
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -449,6 +464,9 @@ class NodeConfig:
             cluster_rereplicate_bytes_s=_env("GPUFEED_CLUSTER_REREPLICATE_RATE", _size,
                                              cls.cluster_rereplicate_bytes_s),
             cluster_orphan_grace_s=_env("GPUFEED_CLUSTER_ORPHAN_GRACE_S", _seconds, cls.cluster_orphan_grace_s),
+            cluster_rebalance=_env("GPUFEED_CLUSTER_REBALANCE", lambda v: v not in ("0", "false", "no"),
+                                   cls.cluster_rebalance),
+            cluster_repair_queue=_env("GPUFEED_CLUSTER_REPAIR_QUEUE", _count, cls.cluster_repair_queue),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

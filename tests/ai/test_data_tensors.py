@@ -148,3 +148,19 @@ def test_resumable_loader_with_the_batch_collate(node, prefixes):
     assert again.collate_fn.collate is collate
     assert first.shape == (3, BIG)
     assert all(torch.equal(a, b) for a, b in zip(rest, again, strict=True))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_objects_of_different_sizes_without_shape_fail_collate_by_name(node, prefixes, workers):
+    ds = ObjectDataset(url(node, "shm"), prefixes["mixed"], dtype=torch.uint8)
+    loader = DataLoader(ds, batch_size=3, num_workers=workers, collate_fn=collate)
+    with pytest.raises(InvalidArgument, match=r"differ in size.*0000\.bin \(4096 bytes\).*0001\.bin "
+                                              r"\(4100 bytes\).*pass shape=.*pads"):
+        next(iter(loader))
+
+    def pad(batch):  # what the message suggests instead: a collate that pads
+        width = max(t.numel() for t in batch)
+        return torch.stack([torch.nn.functional.pad(t, (0, width - t.numel())) for t in batch])
+
+    padded = next(iter(DataLoader(ds, batch_size=3, num_workers=workers, collate_fn=pad)))
+    assert padded.shape == (3, SMALL + 8)

@@ -43,6 +43,7 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -470,9 +471,15 @@ def gpufeed_loader(src: Source, rank: int, world: int, *, raw_tensors: bool = Tr
     ``gpufeed_decode`` path) the samples are handed to :func:`collate_samples`
     as the views read (``decode=``), which copies them into the batch.
 
-    Every accelerator's shard stream reads all shards (``rank`` 0 of 1, as the
-    baselines' streams do), in an order of its own (shard order shuffled with
-    seed ``rank``, no sample buffer)."""
+    Tar shards: with ``raw_tensors`` the dataset is made with
+    ``dtype=torch.uint8, shape=(sample_bytes,), batch_size=batch`` and yields
+    whole batch tensors (the DataLoader's ``batch_size=None``): each batch's
+    samples are read by their place in the shard (``get_ranges_into``)
+    straight into the batch tensor. Without (``gpufeed_decode``) the shards
+    are read whole, parsed, and the samples' ``.bin`` bytes go through
+    :func:`collate_samples`. Every accelerator's shard stream reads all shards
+    (``rank`` 0 of 1, as the baselines' streams do), in an order of its own
+    (shard order shuffled with seed ``rank``, no sample buffer)."""
     from ..ai.data import ObjectDataset, ShardDataset, collate
 
     url = f"{src.fast_url}/{src.bucket}"
@@ -485,8 +492,15 @@ def gpufeed_loader(src: Source, rank: int, world: int, *, raw_tensors: bool = Tr
             return data_loader(ds, src, sampler=sampler, collate_fn=collate)
         ds = ObjectDataset(url, prefix, decode=_view, access_key=src.access_key, secret_key=src.secret_key)
         return data_loader(ds, src, sampler=sampler)
-    shards = ShardDataset(url, prefix, decode=_bin, format="tar", shuffle=True, shuffle_buffer=0, seed=rank,
-                          rank=0, world_size=1, access_key=src.access_key, secret_key=src.secret_key)
+    common: dict[str, Any] = {"format": "tar", "shuffle": True, "shuffle_buffer": 0, "seed": rank, "rank": 0,
+                              "world_size": 1, "access_key": src.access_key, "secret_key": src.secret_key}
+    if raw_tensors:
+        shards = ShardDataset(url, prefix, dtype=torch.uint8, shape=(src.sample_bytes,), batch_size=src.batch,
+                              **common)
+        return tud.DataLoader(_Endless(shards), batch_size=None, num_workers=src.workers,
+                              prefetch_factor=src.prefetch if src.workers else None,
+                              multiprocessing_context="fork" if src.workers else None)
+    shards = ShardDataset(url, prefix, decode=_bin, **common)
     return data_loader(_Endless(shards), src)
 
 

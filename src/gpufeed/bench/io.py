@@ -156,6 +156,28 @@ def _latency(fn, offsets: list[int]) -> tuple[float, float]:
     return lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6
 
 
+def _lease_row(node, key: str, offsets: list[int], seconds: float) -> dict:
+    """Single 4 KiB gets of the same offsets through a client with read leases
+    (``Client(leases=True)``: reads in this process, checked, while the lease
+    holds): ``p50_us_lease``, ``p99_us_lease`` and ``iops_4k_lease`` (one thread,
+    one read at a time); ``{}`` when the node offers no leases."""
+    from ..client import Client
+
+    with Client(node.shm_url, leases=True, **node.credentials) as c:
+        if c.leases is None:  # the node offers none
+            return {}
+        buf = bytearray(4096)
+        c.get_into(BUCKET, key, buf)  # the first read takes the lease
+        p50, p99 = _latency(lambda off: c.get_into(BUCKET, key, buf, offset=off), offsets)
+        done, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for off in offsets[:256]:
+                c.get_into(BUCKET, key, buf, offset=off)
+            done += 256
+        return {"p50_us_lease": p50, "p99_us_lease": p99, "iops_4k_lease": done / (time.perf_counter() - t0),
+                "lease_hits": c.leases.hits}
+
+
 def _unchecked_row(node, shm, region, dest, size: int, repeat: int, meter, *, by_path: list[dict]) -> dict:
     """``shm_unchecked``: the shm read of the same object from a bucket with read
     checks off (``verify`` off), timed in turns with the checked ``shm`` read;
@@ -366,6 +388,8 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
             })
             if path in ("shm", "tcp"):
                 results[-1]["iops_4k_ranges"] = iops(path, ranges=True)
+            if path == "shm":
+                results[-1].update(_lease_row(node, key, offsets, iops_seconds))
         floors = None
         if {"shm", "tcp"} & set(paths):
             console.print("  floors: bare Unix-socket round trip, bare preadv loop ...")
@@ -431,6 +455,9 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
             vs = f" ({r['iops_ranges_vs_floor']:.2f} x the preadv floor)" if "iops_ranges_vs_floor" in r else ""
             console.print(f"  {r['path']}: 4 KiB reads as one GETR of 256 ranges per request: "
                           f"{r['iops_4k_ranges']:,.0f}/s{vs}")
+        if r.get("p50_us_lease"):
+            console.print(f"  {r['path']} with read leases: single 4 KiB get p50 {r['p50_us_lease']:.1f} µs, "
+                          f"p99 {r['p99_us_lease']:.1f} µs, {r['iops_4k_lease']:,.0f} gets/s on one thread")
     if write_out is not None:
         _print_writes(console, write_out)
     if json_path:
@@ -450,6 +477,8 @@ def _floors(results: list[dict], data_file: str, size: int, iops_seconds: float)
         if r["path"] in ("shm", "tcp"):
             r["p50_vs_floor"] = round(r["p50_us"] / p50, 2)
             r["iops_vs_floor"] = round(r["iops_4k"] / iops, 3)
+            if "p50_us_lease" in r:
+                r["p50_lease_vs_floor"] = round(r["p50_us_lease"] / p50, 2)
             if r.get("iops_4k_ranges"):
                 r["iops_ranges_vs_floor"] = round(r["iops_4k_ranges"] / iops, 3)
     return {"unix_round_trip_p50_us": p50, "unix_round_trip_p99_us": p99, "preadv_4k_iops": iops,

@@ -29,6 +29,7 @@ import msgspec
 from ..errors import InvalidArgument, NotImplementedByGpufeed, TransportError
 from ..wire import protocol as p
 from ._auth import resolve_credentials
+from ._leases import Leases
 from ._ranges import RangeReads
 from ._region import SharedBuffer
 from ._transports import TRANSPORTS, Transport, TransportOptions
@@ -57,8 +58,7 @@ class Client(RangeReads):
     child (create a new one there).
 
     Args:
-        url: ``gpufeed+tcp://HOST:PORT``, ``gpufeed+shm:///path/gpufeed.sock`` or
-            ``gpufeed+cluster://HOST:PORT`` (reads go to cluster members that hold each object).
+        url: ``gpufeed+tcp://HOST:PORT``, ``gpufeed+shm:///path/gpufeed.sock`` or ``gpufeed+cluster://HOST:PORT``.
         access_key, secret_key: the key each connection proves it holds (both or
             neither). Neither: ``GPUFEED_ACCESS_KEY`` / ``GPUFEED_SECRET_KEY``,
             else ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, else the
@@ -75,6 +75,9 @@ class Client(RangeReads):
         allow_unauthenticated: talk to a node that does not authenticate
             clients (its HELLO lists no ``"auth"``: a node older than
             authentication) instead of refusing it with TransportError.
+        leases: over shm, serve :meth:`get_into` of a current version up to
+            1 MiB from a read lease, in this process, checked, with no round
+            trip (``docs/small-reads.md``); ignored elsewhere.
 
     Attributes:
         url: the URL it was made with.
@@ -91,13 +94,13 @@ class Client(RangeReads):
                  connections: int | None = None, timeout_s: float = 30.0,
                  request_timeout_s: float | None = 60.0,
                  staging_bytes: int = 64 << 20, slot_bytes: int = 4 << 20,
-                 max_idle_bytes: int = 4 << 30, allow_unauthenticated: bool = False) -> None:
+                 max_idle_bytes: int = 4 << 30, allow_unauthenticated: bool = False,
+                 leases: bool = False) -> None:
         self.url = url
         name, address = parse_url(url)
-        options = TransportOptions(connections, timeout_s, request_timeout_s, staging_bytes,
-                                   slot_bytes, max_idle_bytes,
-                                   resolve_credentials(access_key, secret_key),
-                                   bool(allow_unauthenticated))
+        options = TransportOptions(connections, timeout_s, request_timeout_s, staging_bytes, slot_bytes,
+                                   max_idle_bytes, resolve_credentials(access_key, secret_key),
+                                   bool(allow_unauthenticated), bool(leases))
         self._t: Transport = TRANSPORTS[name](address, options)
 
     # --- what the transport can do -----------------------------------------------------
@@ -112,6 +115,11 @@ class Client(RangeReads):
         """The tenant the client's key acts for, as the node said when it accepted
         the key (``None``: the node does not authenticate)."""
         return self._t.tenant
+
+    @property
+    def leases(self) -> Leases | None:
+        """The read leases (``leases=True`` over shm to a node that offers them), else None."""
+        return getattr(self._t, "leases", None)
 
     @property
     def supports_map(self) -> bool:

@@ -372,6 +372,8 @@ class Connection:
             raise
         if isinstance(reply, p.MapExtentsReply):  # descriptors came with it
             pend.future.set_result((reply, self._recv_fds(reply.files, payload_len)))
+        elif isinstance(reply, p.LeaseReply):  # the data file and the commit counter
+            pend.future.set_result((reply, self._recv_fds(2, payload_len)))
         elif isinstance(reply, (p.AllocRegionReply, p.MapReply)):  # an fd came with it
             if not self._fds_in:
                 missing = ProtocolError(f"{p.Op(op & ~p.REPLY).name} reply arrived without "

@@ -185,6 +185,8 @@ class ChunkStore:
         self.remote: Callable[[ChunkRecord, list[str], int], None] | None = None
         #: How new data files are copied to other cluster nodes (:mod:`._replicas`); ``None``: they are not.
         self.push: Callable[[list[tuple[str, list[ChunkRecord]]]], dict[str, list[str]]] | None = None
+        #: Asks for a repair of a data file here that a read found damaged (:mod:`._repair`); ``None``: none.
+        self.repair: Callable[[str], bool] | None = None
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads that compress chunks (made on first use)."""

@@ -6,10 +6,12 @@ the node's capacity, and scrub. A mixin, like :mod:`._versioning`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable
 
 from ._chunks import CDC_DEFAULT_BYTES, POLICY_CONFIG, ChunkStore, parse_policy, policy_json
+from ._repair import repair
 from ._scrub import ScrubReport, ScrubRunner, scrub
 from .catalog import Catalog, require_bucket
 from .types import DataPolicy
@@ -107,7 +109,9 @@ class DataServices:
     def scrub(self, *, rate_bytes_s: float = 0, stop: threading.Event | None = None,
               progress: Callable[[int, int], None] | None = None) -> ScrubReport:
         """Read and check every chunk (see :mod:`._scrub`); safe while the node
-        serves requests.
+        serves requests. A node that fetches from other nodes of its cluster
+        (:meth:`use_peers`) repairs each damaged data file from another node's
+        good copy (:mod:`._repair`).
 
         Args:
             rate_bytes_s: most bytes read per second (0: no limit).
@@ -117,4 +121,5 @@ class DataServices:
         Returns:
             A :class:`~gpufeed.engine._scrub.ScrubReport`.
         """
-        return scrub(self._chunks, self._cat, rate_bytes_s=rate_bytes_s, stop=stop, progress=progress)
+        fix = functools.partial(repair, self._chunks, self._cat) if self._chunks.remote is not None else None
+        return scrub(self._chunks, self._cat, rate_bytes_s=rate_bytes_s, stop=stop, progress=progress, repair=fix)

@@ -9,6 +9,8 @@ after overwrites and deletes.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import threading
 from array import array
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING
 from awscrt.checksums import crc32c
 
 from .. import _native
-from ..errors import DamagedObject, GpufeedError, InvalidArgument, InvalidRange, NoSuchKey
+from ..errors import DamagedObject, GpufeedError, HolderUnavailable, InvalidArgument, InvalidRange, NoSuchKey
 from ._blocksums import SUM_BLOCK, SUM_KIND
 from ._chunkreads import SMALL_STEP, STEP_ALIGN, ChunkDamage, Manifest, ReadStep, read_whole_blocks, run_step
 from ._openfiles import OpenFile, OpenFiles
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
     from ._chunks import ChunkStore
 
 __all__ = ["ObjectHandle", "MAX_STEP"]
+
+log = logging.getLogger("gpufeed.engine")
 
 #: Largest read step; large reads are cut into steps of this size (whole blocks)
 #: so they can run on several threads.
@@ -84,20 +88,21 @@ class ObjectHandle:
     # files ----------------------------------------------------------------------
     def file_fd(self, index: int) -> int:
         """The descriptor of chunk ``index``'s data file (opened on first use; a
-        chunk another cluster node holds is fetched from it and checked, :mod:`._remote`).
+        chunk another cluster node holds is fetched from it and checked, :mod:`._remote`,
+        as is one whose file here is missing, short or damaged, :meth:`fall_back`).
 
         Raises:
-            DamagedObject: the file is missing or shorter than the chunk, or the
-                bytes a holder sent fail their check.
+            DamagedObject: the file is missing or shorter than the chunk, and no
+                other node sent good bytes of it, or the bytes a holder sent fail their check.
             HolderUnavailable: the chunk's holder is not live or did not answer in time.
             NoSuchKey: the version was deleted before its file was opened.
         """
         c = self.manifest.chunks[index]
+        fd = self._remote.get(c.chunk_id)
+        if fd is not None:
+            return fd
         f = self._held.get(c.file)
         if f is None and self._store.held_elsewhere(c):
-            fd = self._remote.get(c.chunk_id)
-            if fd is not None:
-                return fd
             try:  # a copy of it here (a present data file is always whole and checked)
                 f = self._files.acquire(c.file, self._store.file_path(c.file))
             except FileNotFoundError:
@@ -110,18 +115,55 @@ class ObjectHandle:
                 f = self._files.acquire(c.file, self._store.file_path(c.file))
             except FileNotFoundError:
                 if self._store.manifest_alive(self.manifest.blob_id):
-                    raise self.damaged(ChunkDamage(c, "data file is missing")) from None
+                    return self._fall_back_or_raise(ChunkDamage(c, "data file is missing"))
                 raise NoSuchKey(f"{self.info.bucket}/{self.info.key} was deleted while being read",
                                 bucket=self.info.bucket, key=self.info.key) from None
             self._held[c.file] = f
             st = os.fstat(f.fd)  # now, not when the cache opened it: the file may have changed since
             if st.st_nlink == 0 and self._store.manifest_alive(self.manifest.blob_id):
-                raise self.damaged(ChunkDamage(c, "data file was deleted"))
+                return self._fall_back_or_raise(ChunkDamage(c, "data file was deleted"))
             f.size = st.st_size
         if c.file_offset + c.stored > f.size:
-            raise self.damaged(ChunkDamage(c, f"data file has {f.size} bytes, the chunk needs "
-                                              f"{c.file_offset + c.stored}"))
+            return self._fall_back_or_raise(ChunkDamage(c, f"data file has {f.size} bytes, the chunk needs "
+                                                           f"{c.file_offset + c.stored}"))
         return f.fd
+
+    def fall_back(self, exc: ChunkDamage) -> int | None:
+        """After chunk ``exc.chunk`` failed its check in this node's own data file
+        (held here, or a copy): fetch it, checked, from another node that holds
+        it (:func:`._remote.fetch_chunk`), read it from there from now on, mark
+        it damaged (held here; not counted as a refused read) and ask for a
+        repair of the file here (:mod:`._repair`), which clears the mark.
+
+        Returns:
+            The fetched chunk's descriptor; ``None`` when this node fetches from
+            no other node, or none sent good bytes (logged).
+        """
+        c, store = exc.chunk, self._store
+        if store.remote is None or c.chunk_id in self._remote or not c.file:
+            return None
+        try:
+            if not [n for n in store.holders(c) if n and n != store.holder]:
+                return None
+            fd = self._remote[c.chunk_id] = fetch_chunk(store, c, self.info.bucket, self.info.key)
+        except (HolderUnavailable, DamagedObject) as err:
+            log.warning("chunk %s is damaged here and no other node sent it: %s", c.chunk_id, err.message)
+            return None
+        self._fds = {i: d for i, d in self._fds.items() if self.manifest.chunks[i].chunk_id != c.chunk_id}
+        log.warning("chunk %s is damaged here (%s); read from another node, repair asked", c.chunk_id, exc.reason)
+        if not store.held_elsewhere(c):
+            store.report_damage(c.chunk_id, exc.reason, counted=False)
+        if store.repair is not None:
+            store.repair(c.file)
+        return fd
+
+    def _fall_back_or_raise(self, exc: ChunkDamage) -> int:
+        """The chunk's descriptor from :meth:`fall_back`, else raise the
+        DamagedObject (:meth:`damaged`)."""
+        fd = self.fall_back(exc)
+        if fd is None:
+            raise self.damaged(exc)
+        return fd
 
     # reads ----------------------------------------------------------------------
     def steps(self, dest: memoryview, start: int, max_step: int = MAX_STEP) -> list[ReadStep]:
@@ -255,18 +297,18 @@ class ObjectHandle:
             n = min(want, size - start)
             view = dest[pos:pos + n]
             try:
-                if not self.read_small(start, view):
+                if not self.read_small_or_fall_back(start, view):
                     self.run(self.steps(view, start), runner)
                 out[i] = n
-            except ChunkDamage as exc:
-                errors[i], out[i] = self.damaged(exc), -1
             except GpufeedError as exc:
                 errors[i], out[i] = exc, -1
         return out, errors
 
     def run(self, steps: list[ReadStep], runner: Callable[[list[ReadStep]], Iterable[int]] | None = None) -> int:
         """Run read steps (``runner(steps)`` runs them, e.g. on several threads;
-        default: one after another here).
+        default: one after another here). A chunk that fails its check in this
+        node's own file is read from another node that holds it, when one
+        sends good bytes (:meth:`fall_back`), and the steps run again.
 
         Returns:
             Bytes read.
@@ -275,12 +317,52 @@ class ObjectHandle:
             DamagedObject: a chunk failed its check (it is marked damaged); the
                 destination may hold unchecked bytes and must not be used.
         """
+        if self._remote:  # steps planned before a chunk fell back read it from there
+            steps = [dataclasses.replace(s, fd=self._remote[s.chunk.chunk_id])
+                     if s.chunk.chunk_id in self._remote else s for s in steps]
+        while True:  # each round: one more damaged chunk read from another node instead
+            try:
+                if runner is None:
+                    return sum(run_step(s) for s in steps)
+                return sum(runner(steps))
+            except ChunkDamage as exc:
+                fd = self.fall_back(exc)
+                if fd is None:
+                    raise self.damaged(exc) from None
+                bad = exc.chunk.chunk_id
+                steps = [dataclasses.replace(s, fd=fd) if s.chunk.chunk_id == bad else s for s in steps]
+
+    def read_small_or_fall_back(self, start: int, dest: memoryview) -> bool:
+        """:meth:`read_small`; a chunk that fails its check there is fetched from
+        another node (:meth:`fall_back`) and ``False`` returned (read it with
+        :meth:`steps` and :meth:`run`, which then read it from there).
+
+        Raises:
+            DamagedObject: the bytes failed their check and no other node sent
+                good ones, or the data file is missing.
+        """
         try:
-            if runner is None:
-                return sum(run_step(s) for s in steps)
-            return sum(runner(steps))
+            return self.read_small(start, dest)
         except ChunkDamage as exc:
-            raise self.damaged(exc) from None
+            if self.fall_back(exc) is None:
+                raise self.damaged(exc) from None
+            return False
+
+    def run_again(self, exc: ChunkDamage, steps: list[ReadStep]) -> GpufeedError | None:
+        """After ``steps`` failed with ``exc`` outside :meth:`run`: fetch the
+        chunk from another node (:meth:`fall_back`) and run them again.
+
+        Returns:
+            ``None`` when they then read good bytes, else the error (the
+            DamagedObject of :meth:`damaged` when no other node sent good bytes).
+        """
+        if self.fall_back(exc) is None:
+            return self.damaged(exc)
+        try:
+            self.run(steps)
+        except GpufeedError as err:
+            return err
+        return None
 
     def read_into(self, dest, start: int = 0) -> int:
         """Read from object offset ``start`` into ``dest`` (a writable buffer), checked.
@@ -321,9 +403,9 @@ class ObjectHandle:
                 self.run([ReadStep(self.file_fd(i), c, m.sums[i], rel, buf, self.verify)])
                 out.append(buf)
             else:
-                fd = self.file_fd(i)
                 if self.verify:
-                    self.run([ReadStep(fd, c, m.sums[i], rel, _check_buf(stop - pos), True)])
+                    self.run([ReadStep(self.file_fd(i), c, m.sums[i], rel, _check_buf(stop - pos), True)])
+                fd = self.file_fd(i)  # after the check: another node's bytes when it fell back
                 if out and not isinstance(out[-1], memoryview) and out[-1][0] == fd \
                         and out[-1][1] + out[-1][2] == c.file_offset + rel:
                     out[-1] = (fd, out[-1][1], out[-1][2] + stop - pos)

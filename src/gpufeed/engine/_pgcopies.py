@@ -3,8 +3,9 @@
 
 Each chunk's row names its **holder**, the node that wrote its data file; a
 row ``(file, node)`` of ``file_copies`` says that ``node``'s data folder holds
-a whole, checked copy of data file ``file`` too (the holder is never listed
-there). Copies are kept per data file, not per chunk: a chunk lives in one
+a whole, checked copy of data file ``file`` too (the holder is listed there
+only after rebalancing made a copy's node the holder, and is then counted
+once). Copies are kept per data file, not per chunk: a chunk lives in one
 data file, and the chunks of a compressed version share one. The copies of
 chunk ``c`` are therefore its holder and the rows of ``file_copies`` for
 ``c.file``.
@@ -42,12 +43,14 @@ class PgCopyReads:
         return [r[0] for r in self._rows("SELECT node FROM file_copies WHERE file = %s ORDER BY node", (file,))]
 
     def copy_files(self) -> set[str]:
-        """Ids of the data files this node holds as copies (named by a chunk)."""
+        """Ids of the data files this node holds as copies (named by a chunk it is
+        not the holder of: a node that became a file's holder by rebalancing
+        keeps its row, :meth:`PostgresCatalog.give_up_file`)."""
         if not self._holder:
             return set()
         return {r[0] for r in self._rows(
             "SELECT f.file FROM file_copies f WHERE f.node = %s AND EXISTS"
-            " (SELECT 1 FROM chunks c WHERE c.file = f.file)", (self._holder,))}
+            " (SELECT 1 FROM chunks c WHERE c.file = f.file AND c.holder <> f.node)", (self._holder,))}
 
     def under_replicated(self, live: list[str], factor: int) -> int:
         """Chunks with fewer than ``factor`` copies on the nodes ``live``."""

@@ -386,6 +386,49 @@ class PostgresCatalog(PgReads, Catalog):
         return len(self._rows("DELETE FROM file_copies WHERE node = %s AND file = ANY(%s) RETURNING file",
                               (self._holder, sorted(files))))
 
+    def files_held(self, after: str, limit: int) -> list[str]:
+        """Ids of the data files this node holds, as their chunks' holder or as a
+        copy, after ``after`` in id order (at most ``limit``)."""
+        return [r[0] for r in self._rows(
+            "SELECT file FROM (SELECT DISTINCT file FROM chunks WHERE holder = %s AND file > %s"
+            " UNION SELECT file FROM file_copies WHERE node = %s AND file > %s) h ORDER BY file LIMIT %s",
+            (self._holder, after, self._holder, after, limit))]
+
+    def give_up_file(self, file: str, live: list[str], factor: int, prefer: list[str]) -> bool:
+        """Stop holding data file ``file`` on this node, in one write transaction (so
+        two nodes never give up the same file's last copies at once), when at least
+        ``factor`` other nodes of ``live`` hold it. As its chunks' holder, the first
+        node of ``prefer`` with a copy becomes the holder (its ``file_copies`` row
+        stays, so a node whose cached chunk record names the old holder still
+        finds it); as a copy, this node's row goes. The caller deletes its file.
+
+        Returns:
+            Whether it gave the file up (False: too few other live copies, another
+            holder, or it holds the file no longer).
+        """
+        if not self._holder:
+            return False
+        me = self._holder
+        with self.write() as w:
+            assert isinstance(w, _Writer)
+            holders = {r[0] for r in w._rows("SELECT DISTINCT holder FROM chunks WHERE file = %s", (file,))}
+            copies = {r[0] for r in w._rows("SELECT node FROM file_copies WHERE file = %s", (file,))}
+            if len(holders) != 1 or me not in holders | copies:
+                return False
+            (holder,) = holders
+            others = [n for n in (holders | copies) - {me} if n in set(live)]
+            if len(others) < factor:
+                return False
+            if holder != me:
+                w._count("DELETE FROM file_copies WHERE file = %s AND node = %s", (file, me))
+                return True
+            new = next((n for n in prefer if n in others and n in copies), None)
+            if new is None:
+                return False
+            w._count("UPDATE chunks SET holder = %s WHERE file = %s AND holder = %s", (new, file, me))
+            w._count("DELETE FROM file_copies WHERE file = %s AND node = %s", (file, me))
+        return True
+
     def owner(self) -> str:
         """The deployment recorded as the catalog's owner (``"cluster:NAME"``,
         ``"node:<id>"``), ``""`` when none is yet."""

@@ -10,6 +10,7 @@ the chunk store.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from ._chunkreads import ChunkDamage, Manifest
 from ._chunks import ChunkStore
 from ._handles import ObjectHandle
 from ._remote import FetchChunk
+from ._repair import QUEUE_FILES, RepairQueue, repair
 from ._replicas import COPY_MAX_BYTES, PushFiles
 from ._writes import as_bytes_view
 from .catalog import Catalog
@@ -40,6 +42,8 @@ class ObjectReads:
     _files: BlobFiles
     _chunks: ChunkStore
     _cat: Catalog
+    #: Repairs of data files here that reads found damaged (:meth:`use_peers`); ``None``: none are made.
+    repairs: RepairQueue | None = None
     if TYPE_CHECKING:
         def head_object(self, bucket: str, key: str, version_id: str | None = None, *,
                         snapshot: str | None = None) -> ObjectInfo:
@@ -102,15 +106,23 @@ class ObjectReads:
             return None
 
     def use_peers(self, fetch: FetchChunk | None, push: PushFiles | None = None, *,
-                  copy_max_bytes: int = COPY_MAX_BYTES) -> None:
+                  copy_max_bytes: int = COPY_MAX_BYTES, repair_queue: int = QUEUE_FILES) -> None:
         """Read chunks that other nodes of the cluster hold through ``fetch``
         (:mod:`._remote`; ``None``: such reads fail with HolderUnavailable);
         copy every new data file to other nodes through ``push`` before a write
         commits (:mod:`._replicas`; ``None``: no copies); take copies other
-        nodes push of at most ``copy_max_bytes`` bytes."""
+        nodes push of at most ``copy_max_bytes`` bytes. With ``fetch``, a data
+        file here that a read finds damaged is repaired from another node's
+        good copy in the background (:mod:`._repair`), as scrub does, at most
+        ``repair_queue`` files waiting (0: reads ask for no repair)."""
         self._chunks.remote = fetch
         self._chunks.push = push
         self._copy_max_bytes = copy_max_bytes
+        if self.repairs is not None:
+            self.repairs.stop()
+        self.repairs = RepairQueue(functools.partial(repair, self._chunks, self._cat), repair_queue) \
+            if fetch is not None and repair_queue > 0 else None
+        self._chunks.repair = self.repairs.request if self.repairs is not None else None
 
     @contextmanager
     def held_chunk(self, chunk_id: str) -> Iterator[tuple[int, int, int]]:

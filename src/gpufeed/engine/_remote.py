@@ -16,6 +16,9 @@ fails with :class:`~gpufeed.errors.DamagedObject` naming bucket, key, chunk
 and holder; the chunk is not marked damaged here (its holder's own reads and
 scrub judge its file). A holder that is not live, or does not answer in time,
 fails the read with :class:`~gpufeed.errors.HolderUnavailable` (503).
+A node whose own file of a chunk (held or a copy) fails its check fetches
+the chunk from the other nodes that hold it the same way
+(:meth:`~._handles.ObjectHandle.fall_back`).
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ def fetch_chunk(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str) -> i
             or reports the chunk damaged.
     """
     nodes = [n for n in store.holders(c) if n and n != store.holder]
+    copies = [n for n in nodes if n != c.holder]
     where = f"{bucket}/{key}: chunk {c.chunk_id} (held by node {c.holder}" + \
-        (f"; copies on {', '.join(nodes[1:])})" if len(nodes) > 1 else ")")
+        (f"; copies on {', '.join(copies)})" if copies else ")")
     fetch = store.remote
     if fetch is None:
         raise HolderUnavailable(f"{where}: this node reads only the data files it holds (it fetches from no "

@@ -108,6 +108,23 @@ class ReplicaCalls:
             freed += 1
         return freed
 
+    def files_held(self, after: str = "", limit: int = 1000) -> list[str]:
+        """Ids of the data files this node holds as their chunks' holder or as a copy,
+        after ``after`` in id order (at most ``limit``; none outside a cluster)."""
+        return self._cat.files_held(after, limit)
+
+    def give_up_file(self, file: str, live: list[str], factor: int, prefer: list[str]) -> bool:
+        """Stop holding data file ``file`` here when ``factor`` other nodes of ``live``
+        hold it (:meth:`~gpufeed.engine._postgres.PostgresCatalog.give_up_file`: as
+        its holder, the first of ``prefer`` with a copy takes over), then delete this
+        node's file. Cached manifests are dropped (their chunk records may name this
+        node as the holder). Returns whether it gave the file up."""
+        if not self._cat.give_up_file(file, live, factor, prefer):
+            return False
+        self._chunks.manifests.clear()
+        remove_quietly(self._chunks.file_path(file))
+        return True
+
     def record_file_copies(self, copies: dict[str, list[str]]) -> None:
         """Record, in one write transaction of its own, that the nodes ``copies[file]``
         hold copies of each data file ``file`` (nothing for a file no chunk names any more)."""

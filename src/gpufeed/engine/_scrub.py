@@ -5,11 +5,17 @@ chunk's data must also match its digest), at a bounded rate.
 Damaged and missing chunks are marked in the catalog (reads of them fail at
 once with :class:`~gpufeed.errors.DamagedObject`) and reported with the object
 versions that use them; a chunk marked damaged that now checks out is
-cleared. On a cluster node (a catalog shared through PostgreSQL) only the
-chunks whose data files this node holds are checked
-(:attr:`~.types.ChunkRecord.holder`). Data files no chunk names are reported as orphans (they are deleted
+cleared. On a cluster node (a catalog shared through PostgreSQL) the chunks
+whose data files this node holds are checked
+(:attr:`~.types.ChunkRecord.holder`), and those of the copies of other nodes'
+data files it keeps (``file_copies``); only the holder's damage is marked.
+With a ``repair`` function (a cluster node: :func:`._repair.repair`), each
+data file with a damaged chunk is then rebuilt from another node's good copy
+(the report's ``repaired``); one that cannot be stays marked damaged, with
+the reason in its entry, and a copy that cannot be is dropped
+(``dropped_copies``). Data files no chunk names are reported as orphans (they are deleted
 at the next start; scrub never deletes, because a write in progress publishes
-its files before its commit). Repair from a replica needs a second node.
+its files before its commit).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import CatalogUnavailable
 from ._chunkreads import ChunkDamage, ReadStep, chunk_sums, run_step
@@ -29,6 +36,9 @@ from ._codecs import chunk_digest
 from ._private import FILE_MODE
 from .catalog import Catalog
 from .types import ChunkRecord
+
+if TYPE_CHECKING:
+    from ._repair import Repair
 
 __all__ = ["ScrubReport", "ScrubRunner", "scrub", "check_chunk", "check_chunk_fd"]
 
@@ -47,8 +57,15 @@ class ScrubReport:
         bytes: stored bytes read.
         seconds: wall time.
         damaged: ``{"chunk", "reason", "objects": [[bucket, key, version_id], ...]}``
-            of each chunk that failed (missing files included).
+            of each chunk that failed (missing files included) and was not
+            repaired; ``"repair"``: why no repair was made (a cluster node);
+            ``"copy": True``: a chunk of a copy this node keeps (never marked).
         cleared: chunks marked damaged before that now check out.
+        repaired: ``{"chunk", "file", "reason", "from", "copy"}`` of each damaged
+            chunk whose data file was rebuilt with good bytes from node ``from``
+            (``copy``: the file is this node's copy of another node's).
+        dropped_copies: ``{"chunk", "file", "reason", "repair"}`` of each damaged
+            chunk of a copy that could not be repaired (the copy was dropped).
         orphan_files: data files in the folder that no chunk names.
         complete: the walk reached the end (not stopped).
     """
@@ -58,13 +75,16 @@ class ScrubReport:
     seconds: float = 0.0
     damaged: list[dict] = field(default_factory=list)
     cleared: list[str] = field(default_factory=list)
+    repaired: list[dict] = field(default_factory=list)
+    dropped_copies: list[dict] = field(default_factory=list)
     orphan_files: list[str] = field(default_factory=list)
     complete: bool = False
 
     def as_dict(self) -> dict:
         """JSON-ready form."""
         return {"chunks": self.chunks, "bytes": self.bytes, "seconds": round(self.seconds, 3),
-                "damaged": self.damaged, "cleared": self.cleared, "orphan_files": self.orphan_files,
+                "damaged": self.damaged, "cleared": self.cleared, "repaired": self.repaired,
+                "dropped_copies": self.dropped_copies, "orphan_files": self.orphan_files,
                 "complete": self.complete}
 
 
@@ -107,8 +127,9 @@ def check_chunk_fd(fd: int, c: ChunkRecord) -> str | None:
 
 
 def scrub(store: ChunkStore, catalog: Catalog, *, rate_bytes_s: float = 0, stop: threading.Event | None = None,
-          progress: Callable[[int, int], None] | None = None) -> ScrubReport:
-    """Check every chunk this node holds once.
+          progress: Callable[[int, int], None] | None = None,
+          repair: Callable[[str], "Repair"] | None = None) -> ScrubReport:
+    """Check every chunk this node holds once, its copies' included.
 
     Args:
         store: the engine's chunk store.
@@ -116,6 +137,8 @@ def scrub(store: ChunkStore, catalog: Catalog, *, rate_bytes_s: float = 0, stop:
         rate_bytes_s: most bytes read per second (0: as fast as the disk goes).
         stop: set it to end the walk early (``complete`` is then False).
         progress: called with ``(chunks done, bytes done)`` after each chunk.
+        repair: ``repair(file)`` rebuilds a data file with a damaged chunk from
+            another node (:func:`._repair.repair`); ``None``: nothing is repaired.
 
     Returns:
         The :class:`ScrubReport`.
@@ -123,6 +146,8 @@ def scrub(store: ChunkStore, catalog: Catalog, *, rate_bytes_s: float = 0, stop:
     rep = ScrubReport()
     t0 = time.monotonic()
     known = catalog.damaged_chunks()
+    copies = catalog.copy_files()
+    found: dict[str, list[dict]] = {}  # data file -> its damaged chunks' entries
     after = ""
     while True:
         page = catalog.scan_chunks(after, _PAGE)
@@ -130,19 +155,10 @@ def scrub(store: ChunkStore, catalog: Catalog, *, rate_bytes_s: float = 0, stop:
             if stop is not None and stop.is_set():
                 rep.seconds = time.monotonic() - t0
                 return rep
-            if c.holder != catalog.holder:
+            copy = c.holder != catalog.holder
+            if copy and c.file not in copies:
                 continue  # another node's data file (or none recorded): its holder scrubs it
-            reason = check_chunk(store, c)
-            rep.chunks += 1
-            rep.bytes += c.stored
-            if reason is not None:
-                users = [list(u) for u in catalog.chunk_users(c.chunk_id)]
-                rep.damaged.append({"chunk": c.chunk_id, "reason": reason, "objects": users})
-                if c.chunk_id not in known:
-                    store.report_damage(c.chunk_id, reason, counted=False)
-            elif c.chunk_id in known:
-                store.clear_damage(c.chunk_id)
-                rep.cleared.append(c.chunk_id)
+            _check_one(store, catalog, c, copy, known, rep, found)
             if progress is not None:
                 progress(rep.chunks, rep.bytes)
             if rate_bytes_s > 0:
@@ -152,14 +168,67 @@ def scrub(store: ChunkStore, catalog: Catalog, *, rate_bytes_s: float = 0, stop:
         if len(page) < _PAGE:
             break
         after = page[-1].chunk_id
+    _settle(store, rep, found, repair)
     live = catalog.data_files() | catalog.copy_files()
     rep.orphan_files = sorted(f for f in store.files.list_data_files() if f not in live)
     rep.complete = True
     rep.seconds = time.monotonic() - t0
+    if rep.repaired:
+        log.warning("scrub: %d damaged chunks repaired from other nodes (%s)", len(rep.repaired),
+                    ", ".join(f"{d['chunk']} from {d['from']}" for d in rep.repaired[:5]))
+    if rep.dropped_copies:
+        log.warning("scrub: %d damaged chunks in copies that could not be repaired; those copies were dropped (%s)",
+                    len(rep.dropped_copies), ", ".join(d["file"] for d in rep.dropped_copies[:5]))
     if rep.damaged:
         log.error("scrub: %d damaged chunks (%s)", len(rep.damaged),
                   ", ".join(d["chunk"] for d in rep.damaged[:5]))
     return rep
+
+
+def _check_one(store: ChunkStore, catalog: Catalog, c: ChunkRecord, copy: bool, known: dict,
+               rep: ScrubReport, found: dict[str, list[dict]]) -> None:
+    """Check chunk ``c`` (in a copy this node keeps, or held here): count it, note
+    its damage in ``found``; only a holder's chunk is marked or cleared."""
+    reason = check_chunk(store, c)
+    rep.chunks += 1
+    rep.bytes += c.stored
+    if reason is not None:
+        users = [list(u) for u in catalog.chunk_users(c.chunk_id)]
+        entry: dict = {"chunk": c.chunk_id, "reason": reason, "objects": users}
+        if copy:
+            entry["copy"] = True
+        found.setdefault(c.file, []).append(entry)
+        if not copy and c.chunk_id not in known:
+            store.report_damage(c.chunk_id, reason, counted=False)
+    elif not copy and c.chunk_id in known:
+        store.clear_damage(c.chunk_id)
+        rep.cleared.append(c.chunk_id)
+
+
+def _settle(store: ChunkStore, rep: ScrubReport, found: dict[str, list[dict]],
+            repair: Callable[[str], "Repair"] | None) -> None:
+    """Repair each data file of ``found`` (when ``repair`` is given) and sort its
+    entries into the report: repaired, dropped copies, or still damaged."""
+    for file, entries in found.items():
+        done = repair(file) if repair is not None else None
+        copy = bool(entries[0].get("copy"))
+        if done is not None and done.error is None and not done.bad:  # freed, or good again meanwhile
+            for e in entries:
+                if not copy and e["chunk"] in store.damaged:
+                    store.clear_damage(e["chunk"])
+            continue
+        for e in entries:
+            if done is not None and done.repaired:
+                rep.repaired.append({"chunk": e["chunk"], "file": file, "reason": e["reason"],
+                                     "from": done.fetched.get(e["chunk"], ""), "copy": copy})
+                continue
+            if done is not None:
+                e["repair"] = done.error
+            if done is not None and done.dropped:
+                rep.dropped_copies.append({"chunk": e["chunk"], "file": file, "reason": e["reason"],
+                                           "repair": done.error})
+            else:
+                rep.damaged.append(e)
 
 
 class ScrubRunner:

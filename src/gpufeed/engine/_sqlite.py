@@ -518,6 +518,10 @@ class SqliteCatalog(_Reads, Catalog):
         check: the integrity check run before anything else touches the file:
             ``"quick"``, ``"full"`` or ``"off"`` (:mod:`._catalogcheck`).
 
+    Attributes:
+        commit_listeners: called after every commit of :meth:`write`, under the
+            write lock, before its own hooks (the fast path's lease counter).
+
     Raises:
         CatalogDamaged: the check found damage; the file is left unchanged.
         CatalogTooNew: a newer gpufeed wrote the catalog.
@@ -526,12 +530,9 @@ class SqliteCatalog(_Reads, Catalog):
 
     def __init__(self, path: str, *, fsync: bool, blob_path: Callable[[str], str] = _no_path,
                  check: str = "quick") -> None:
-        self._blob_path = blob_path
-        self._path = path
-        self._closed = False
-        self._wlock = threading.Lock()
-        self._rlock = threading.Lock()
-        self._local = threading.local()
+        self._blob_path, self._path, self._closed = blob_path, path, False
+        self._wlock, self._rlock, self._local = threading.Lock(), threading.Lock(), threading.local()
+        self.commit_listeners: list[Callable[[], None]] = []
         self._readers: dict[int, tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = {}
         try:
             if path != ":memory:" and not path.startswith("file:"):
@@ -678,7 +679,7 @@ class SqliteCatalog(_Reads, Catalog):
                 if w.in_transaction:
                     w.execute("ROLLBACK")
                 raise InternalError(f"catalog write failed: {exc}") from exc
-            for fn in hooks:
+            for fn in (*self.commit_listeners, *hooks):
                 fn()
 
     def close(self) -> None:

@@ -9,14 +9,12 @@ implement; both pass one conformance suite
 (:class:`gpufeed.testing.catalog.CatalogTests`), and :mod:`._catalogs` picks
 one from the node's settings.
 
-Shape, after Garage's object / version / upload tables and 3FS's
-``ChunkMetaStore``: plain reads (:class:`CatalogReader`), consistent
-multi-statement reads (:meth:`Catalog.snapshot`), and one serialised write
-transaction at a time (:meth:`Catalog.write`) whose commit is the moment a
-change becomes visible. Records are the engine's own frozen dataclasses
-(:mod:`.types`); the catalog never sees a data file, only blob ids and part
-file names, and learns where blobs live from the ``blob_path`` function it
-was made with (to fill :attr:`ObjectInfo.path`).
+Shape, after Garage's object / version / upload tables and 3FS's ``ChunkMetaStore``: plain reads
+(:class:`CatalogReader`), consistent multi-statement reads (:meth:`Catalog.snapshot`), and one
+serialised write transaction at a time (:meth:`Catalog.write`) whose commit is the moment a change
+becomes visible. Records are the engine's own frozen dataclasses (:mod:`.types`); the catalog never
+sees a data file, only blob ids and part file names, and learns where blobs live from the
+``blob_path`` function it was made with (to fill :attr:`ObjectInfo.path`).
 
 Contract every implementation keeps:
 
@@ -672,6 +670,14 @@ class Catalog(CatalogReader):
     def drop_file_copies(self, files: set[str]) -> int:
         """Forget this node's copies of ``files`` (found missing from its folder). Returns the rows removed."""
         return 0
+
+    def files_held(self, after: str, limit: int) -> list[str]:
+        """Data files this node holds as holder or copy, after ``after`` (a cluster's catalog; else none)."""
+        return []
+
+    def give_up_file(self, file: str, live: list[str], factor: int, prefer: list[str]) -> bool:
+        """Stop holding ``file`` when ``factor`` other live nodes hold it (a cluster's catalog; else False)."""
+        return False
 
     @cached_property
     def membership(self) -> Membership:

@@ -66,7 +66,7 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -233,6 +233,21 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         """Whether the catalog is one several nodes can open (PostgreSQL), not the folder's own SQLite."""
         return not isinstance(self._cat, SqliteCatalog)
 
+    def watch_commits(self, fn: Callable[[], None]) -> bool:
+        """Call ``fn()`` after every commit of the catalog, before the write that
+        made it returns (under the catalog's write lock: keep it short).
+
+        Returns:
+            ``True``; ``False`` (and ``fn`` is never called) when this node does
+            not make every commit itself: a PostgreSQL catalog, which other
+            nodes may write too.
+        """
+        listeners = getattr(self._cat, "commit_listeners", None)
+        if listeners is None:
+            return False
+        listeners.append(fn)
+        return True
+
     def close(self) -> None:
         """Close the catalog connections, stop helper threads, release ``data_dir``; idempotent.
 
@@ -242,6 +257,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
             return
         self._closed = True
         self.scrubber.stop()
+        if self.repairs is not None:
+            self.repairs.stop()
         self._kv.flush()
         self._cat.close()
         self._writes.close()

@@ -70,6 +70,10 @@ class FuzzResult:
         hung: no response and no close within the timeout.
         seconds: time from connect to answer or close.
         request_id: the response carried ``x-amz-request-id`` (False without a response).
+        send_s: time from connect to the last byte handed to the kernel,
+            seconds (a client thread starved of CPU can take longer than the
+            node's header timeout, and the node then rightly closes a
+            connection that sent nothing).
     """
 
     case: FuzzCase
@@ -78,6 +82,7 @@ class FuzzResult:
     hung: bool
     seconds: float
     request_id: bool = False
+    send_s: float = 0.0
 
 
 @dataclass
@@ -87,10 +92,20 @@ class FuzzReport:
     Attributes:
         results: one per case.
         seconds: wall time of the run.
+        idle_close_s: the node's S3 header timeout, seconds, when known: a
+            case whose bytes left the client only after it (:attr:`late`) may
+            be closed unanswered, as any connection idle that long is.
     """
 
     results: list[FuzzResult] = field(default_factory=list)
     seconds: float = 0.0
+    idle_close_s: float | None = None
+
+    def _late(self, r: FuzzResult) -> bool:
+        # the node's timer starts after the client's connect returned, so bytes sent
+        # before the timeout (less a margin for the loop's timer granularity) were
+        # in its socket when it fired, and are read before the timer runs
+        return self.idle_close_s is not None and r.send_s >= 0.95 * self.idle_close_s
 
     @property
     def hangs(self) -> list[FuzzResult]:
@@ -104,8 +119,16 @@ class FuzzReport:
 
     @property
     def unanswered(self) -> list[FuzzResult]:
-        """Complete requests whose connection closed without any response."""
-        return [r for r in self.results if r.case.complete and r.status is None and not r.hung]
+        """Complete requests, sent within the node's header timeout, whose
+        connection closed without any response."""
+        return [r for r in self.results
+                if r.case.complete and r.status is None and not r.hung and not self._late(r)]
+
+    @property
+    def late(self) -> list[FuzzResult]:
+        """Cases closed unanswered whose bytes left the client only after the
+        node's header timeout (the client was starved, not the node wrong)."""
+        return [r for r in self.results if r.status is None and not r.hung and self._late(r)]
 
     @property
     def without_request_id(self) -> list[FuzzResult]:
@@ -123,10 +146,12 @@ class FuzzReport:
         lines = [f"{len(self.results)} cases in {self.seconds:.1f} s; statuses "
                  f"{dict(sorted(statuses.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))}",
                  f"hangs {len(self.hangs)}, internal errors {len(self.internal_errors)}, "
-                 f"unanswered {len(self.unanswered)}, without request id {len(self.without_request_id)}"]
-        for name in ("hangs", "internal_errors", "unanswered", "without_request_id"):
+                 f"unanswered {len(self.unanswered)}, without request id {len(self.without_request_id)}, "
+                 f"sent after the header timeout (closed unanswered) {len(self.late)}"]
+        for name in ("hangs", "internal_errors", "unanswered", "without_request_id", "late"):
             for r in getattr(self, name)[:3]:
-                lines.append(f"  {name}: {r.case.kind}: {r.case.data[:160]!r}")
+                lines.append(f"  {name}: {r.case.kind} (sent in {r.send_s:.3f} s, closed after "
+                             f"{r.seconds:.3f} s): {r.case.data[:160]!r}")
         return "\n".join(lines)
 
 
@@ -300,6 +325,8 @@ def _read_response(sock: socket.socket, head_only: bool) -> tuple[int | None, by
 def _run_one(case: FuzzCase, addr: tuple[str, int], timeout_s: float) -> FuzzResult:
     t0 = time.monotonic()
     sock = socket.create_connection(addr, timeout=timeout_s)
+    connected = time.monotonic()
+    send_s = 0.0
     status: int | None = None
     body = b""
     hung = False
@@ -310,6 +337,7 @@ def _run_one(case: FuzzCase, addr: tuple[str, int], timeout_s: float) -> FuzzRes
                 sock.shutdown(socket.SHUT_WR)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the node answered and closed early (e.g. a line over the limit): read the answer
+        send_s = time.monotonic() - connected
         try:
             status, body = _read_response(sock, head_only=case.data.startswith(b"HEAD "))
         except (ConnectionResetError, BrokenPipeError):
@@ -321,11 +349,12 @@ def _run_one(case: FuzzCase, addr: tuple[str, int], timeout_s: float) -> FuzzRes
     internal = status == 500 or b"<Code>InternalError" in body
     head = body.split(b"\r\n\r\n", 1)[0].lower()
     return FuzzResult(case, status, internal, hung, time.monotonic() - t0,
-                      request_id=b"\r\nx-amz-request-id:" in head)
+                      request_id=b"\r\nx-amz-request-id:" in head, send_s=send_s)
 
 
 def run_fuzz(s3_url: str, access_key: str, secret_key: str, *, cases: int = 3000, seed: int = 0,
-             concurrency: int = 8, timeout_s: float = 10.0, bucket: str = "fuzz") -> FuzzReport:
+             concurrency: int = 8, timeout_s: float = 10.0, bucket: str = "fuzz",
+             idle_close_s: float | None = None) -> FuzzReport:
     """Send :func:`fuzz_cases` to ``s3_url``, ``concurrency`` at a time, one connection each.
 
     Args:
@@ -336,6 +365,10 @@ def run_fuzz(s3_url: str, access_key: str, secret_key: str, *, cases: int = 3000
         timeout_s: seconds a case may go without an answer or a close before it
             counts as a hang: keep it above the node's S3 header and body
             timeouts (start the node with short ones for a quick run).
+        idle_close_s: the node's S3 header timeout, seconds: a case the client
+            could send only after it (a starved client thread) is reported as
+            :attr:`FuzzReport.late`, not unanswered. None: every complete
+            request must be answered.
 
     Returns:
         The report (check :attr:`FuzzReport.ok`).
@@ -347,7 +380,7 @@ def run_fuzz(s3_url: str, access_key: str, secret_key: str, *, cases: int = 3000
     t0 = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(lambda c: _run_one(c, addr, timeout_s), todo))
-    return FuzzReport(results, time.monotonic() - t0)
+    return FuzzReport(results, time.monotonic() - t0, idle_close_s)
 
 
 if __name__ == "__main__":  # pragma: no cover - manual use

@@ -167,6 +167,7 @@ def _valid(rng: random.Random, op: int) -> list[Any]:
         p.Op.GETR: [b, k, rng.randbytes(8 * rng.randrange(0, 4)), rng.randbytes(4 * rng.randrange(0, 4)),
                     -1, 0, vid],
         p.Op.LOCATE: [b, k, vid],
+        p.Op.LEASE: [b, k, vid],
     }
     return requests[op]
 

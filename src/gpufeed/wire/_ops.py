@@ -24,12 +24,21 @@ from array import array
 from collections.abc import Iterator
 from typing import Protocol
 
-from ..engine import ChunkDamage, ChunkRecord, Engine, ObjectHandle, ObjectInfo
-from ..errors import AccessDenied, GpufeedError, InvalidArgument, InvalidRange, ProtocolError
+from ..engine import ChunkRecord, Engine, ObjectHandle, ObjectInfo
+from ..errors import (
+    AccessDenied,
+    DamagedObject,
+    GpufeedError,
+    InvalidArgument,
+    InvalidRange,
+    NotImplementedByGpufeed,
+    ProtocolError,
+)
 from ..store import OffsetByteRequest, RangeByteRequest, resolve_range
 from . import protocol as p
 from ._auth import PEER_TENANT
 from ._conn import Connection, Handler
+from ._leases import LeaseBoard, serve_lease
 from ._lending import Lending
 from ._mapping import send_map
 from ._reads import SplitReader, piece_digests
@@ -85,6 +94,7 @@ class Ops:
         self.reader = reader
         self.lending = lending
         self.server_name = server_name
+        self.leases: LeaseBoard | None = None  # set by the server when it offers leases
         #: op -> handler, for every op but a PUT whose payload follows on the socket
         self.handlers: dict[int, Handler] = {
             p.Op.HELLO: self.hello,
@@ -107,6 +117,7 @@ class Ops:
             p.Op.CHUNK: self.chunk,
             p.Op.GETR: self.getr,
             p.Op.LOCATE: self.locate,
+            p.Op.LEASE: self.lease,
         }
         #: the node's cluster (its id and ``members()``, :class:`gpufeed._peers.PeerLink`);
         #: ``None``: LOCATE answers as a node outside a cluster
@@ -117,6 +128,8 @@ class Ops:
         """Name the server, its protocol version, transport and optional features."""
         features = (["alloc_region", "auth", "map", "map_extents", "versions", "snapshots", "ranges", "locate"]
                     if conn.transport == "shm" else ["auth", "versions", "snapshots", "ranges", "locate"])
+        if conn.transport == "shm" and self.leases is not None:
+            features.append("lease")
         conn.reply(p.Op.HELLO, rid, p.HelloReply(self.server_name, p.VERSION, conn.transport,
                                                  features, conn.server_nonce))
 
@@ -210,6 +223,15 @@ class Ops:
         conn.reply(p.Op.LOCATE, rid, p.LocateReply(cluster.node_id, info.size, info.etag,
                                                    [n for n in holders if n in live], members))
 
+    def lease(self, conn: Connection, rid: int, req: p.Head) -> None:
+        """LEASE: the current version's data file, its block sums and the node's
+        commit counter, for reads in the client's own process (:mod:`._leases`)."""
+        if self.leases is None:
+            raise NotImplementedByGpufeed("this node offers no read leases (GPUFEED_WIRE_LEASE_S=0, or "
+                                          "its catalog is shared with other nodes)")
+        self.allow(conn, READ, req.bucket, req.key)
+        serve_lease(self.engine, self.leases, conn, rid, req)
+
     def chunk(self, conn: Connection, rid: int, req: p.ChunkReq) -> None:
         """A chunk's stored bytes, by ``sendfile``, to a cluster peer (only a
         connection authenticated with a node key may ask; the asker checks them)."""
@@ -272,10 +294,7 @@ class Ops:
                 return
             dest = conn.memory.region(req.region).view(req.region_offset, n)
             try:
-                try:
-                    small = h.read_small(start, dest)
-                except ChunkDamage as exc:
-                    raise h.damaged(exc) from None
+                small = h.read_small_or_fall_back(start, dest)
                 got = n if small else h.run(h.steps(dest, start), self.reader.run_steps)
             finally:
                 dest.release()
@@ -361,11 +380,10 @@ class Ops:
             batch.views.append(dest)
             if batch.serial and not item.digest:  # read now, in order: the small-read path
                 try:
-                    if h.read_small(start, dest):
+                    if h.read_small_or_fall_back(start, dest):
                         batch.results[i] = n
                         return
-                except ChunkDamage as exc:
-                    err = h.damaged(exc)
+                except DamagedObject as err:
                     batch.results[i] = -1
                     batch.errors[i] = (err.code, err.message)
                     return
@@ -381,9 +399,9 @@ class Ops:
         tasks = [(k, st) for k, it in enumerate(items) for st in it[2]]
         total = sum(len(st.dest) for _, st in tasks)
         failed = self.reader.run_checked(tasks, parallel=total >= GETV_PARALLEL_BYTES and len(tasks) > 1)
-        for k, (i, h, _steps, digest, dest) in enumerate(items):
-            if k in failed:
-                err = h.damaged(failed[k])
+        for k, (i, h, steps, digest, dest) in enumerate(items):
+            err = h.run_again(failed[k], steps) if k in failed else None  # from another node, or why not
+            if err is not None:
                 batch.results[i] = -1
                 batch.errors[i] = (err.code, err.message)
             elif digest > 0:
@@ -543,11 +561,8 @@ def _payload(h: ObjectHandle, start: int, n: int) -> list:
     """
     if 0 < n <= SMALL_PAYLOAD_BYTES:
         buf = memoryview(bytearray(n))
-        try:
-            if h.read_small(start, buf):
-                return [buf]
-        except ChunkDamage as exc:
-            raise h.damaged(exc) from None
+        if h.read_small_or_fall_back(start, buf):
+            return [buf]
     return h.extents(start, n)
 
 

@@ -51,7 +51,7 @@ __all__ = [
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
     "close_fds", "ListEntry", "MapReply", "decode", "Auth", "AuthReply", "auth_key", "auth_proof", "ChunkReq",
     "ChunkReply", "CopyChunk", "ChunkPut", "ChunkPutReply", "GetRanges", "GetRangesReply", "MAX_RANGES",
-    "MAX_RANGE_BYTES", "Member", "LocateReply",
+    "MAX_RANGE_BYTES", "Member", "LocateReply", "LeaseReply",
     "AUTH_LABEL", "NONCE_BYTES", "MapExtentsReply", "FDS_PER_MESSAGE",
 ]
 
@@ -95,6 +95,7 @@ class Op(IntEnum):
     CHUNK_PUT = 23  # cluster peers only: a copy of a data file (the payload follows the frame)
     GETR = 24  # many ranges of one object version, into one region or as one payload
     LOCATE = 25  # which cluster members hold an object version's data (cluster-routing clients)
+    LEASE = 26  # shm only: the current version's data file and the node's commit counter (SCM_RIGHTS)
 
 
 # --- metadata structs (msgpack arrays, field order is the wire order) -----------
@@ -186,6 +187,25 @@ class MapReply(msgspec.Struct, array_like=True, frozen=True):
 
     size: int
     etag: str
+
+
+class LeaseReply(msgspec.Struct, array_like=True, frozen=True):
+    """LEASE's reply: the current version (``size`` bytes, ``etag`` without
+    quotes, ``version_id``) whose data file came with the frame, read-only,
+    followed by the node's commit counter (a 4096-byte memfd whose first 8
+    bytes are a native-endian uint64). The lease holds while that counter reads
+    ``generation`` and for at most ``ttl_s`` seconds from its arrival;
+    ``verify``: reads must be checked against ``sums`` (uint32 per 4 KiB block,
+    native-endian: the running CRC32C of the object's bytes up to that block's
+    end); false for a bucket that opted out of checks (``sums`` empty)."""
+
+    size: int
+    etag: str
+    version_id: str | None
+    generation: int
+    ttl_s: float
+    verify: bool
+    sums: bytes
 
 
 class MapExtentsReply(msgspec.Struct, array_like=True, frozen=True):
@@ -500,7 +520,7 @@ REQUEST_TYPES: dict[int, type] = {
     Op.CREATE_BUCKET: BucketReq, Op.LIST_BUCKETS: Empty, Op.DELETE_BUCKET: BucketReq,
     Op.BUCKET_STATS: BucketReq, Op.ALLOC_REGION: AllocRegion, Op.FORKED: Empty,
     Op.MAP: Head, Op.MAP_EXTENTS: Head, Op.AUTH: Auth, Op.CHUNK: ChunkReq, Op.CHUNK_PUT: ChunkPut,
-    Op.GETR: GetRanges, Op.LOCATE: Head,
+    Op.GETR: GetRanges, Op.LOCATE: Head, Op.LEASE: Head,
 }
 REPLY_TYPES: dict[int, type] = {
     Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
@@ -509,6 +529,7 @@ REPLY_TYPES: dict[int, type] = {
     Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats, Op.ALLOC_REGION: AllocRegionReply,
     Op.FORKED: Empty, Op.MAP: MapReply, Op.MAP_EXTENTS: MapExtentsReply, Op.AUTH: AuthReply,
     Op.CHUNK: ChunkReply, Op.CHUNK_PUT: ChunkPutReply, Op.GETR: GetRangesReply, Op.LOCATE: LocateReply,
+    Op.LEASE: LeaseReply,
 }
 
 #: Messages that gained trailing fields after their first form: type -> number

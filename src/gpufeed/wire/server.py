@@ -38,6 +38,7 @@ from ..errors import error_from_code
 from ._auth import Authenticator
 from ._conn import Connection
 from ._frames import FrameIO, set_send_timeout
+from ._leases import LeaseBoard
 from ._lending import Lending
 from ._ops import Ops
 from ._reads import SplitReader
@@ -73,6 +74,12 @@ class WireServer:
                                client_bytes=config.wire.client_memory_bytes,
                                node_bytes=config.wire.node_memory_bytes)
         self.ops = Ops(engine, self.reader, self.lending, f"gpufeed/{__version__}")
+        if config.wire.lease_s > 0 and config.resolved_socket_path:
+            board = LeaseBoard(config.wire.lease_s)
+            if engine.watch_commits(board.bump):
+                self.ops.leases = board
+            else:
+                board.close()
         self.auth = Authenticator(KeyRing(config.access_key, config.secret_key, engine))
         self._listeners: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
@@ -257,6 +264,8 @@ class WireServer:
         for conn in conns:
             conn.close()
         self.lending.close()
+        if self.ops.leases is not None:
+            self.ops.leases.close()
         if self.socket_path:
             try:
                 os.unlink(self.socket_path)

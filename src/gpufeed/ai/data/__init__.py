@@ -6,7 +6,8 @@
 * :class:`ShardDataset`: iterable, over WebDataset tar shards (the
   ``webdataset`` package's format) or raw sample objects; split across ranks
   and DataLoader workers, shard-level shuffle then a sample shuffle buffer,
-  bounded read-ahead.
+  bounded read-ahead; with ``dtype=`` it yields raw-tensor batches whose
+  samples are read by their place in the shard straight into their rows.
 * :class:`ResumableLoader`: a ``DataLoader`` whose ``state_dict()`` resumes
   mid-epoch at the next batch (save it with :func:`gpufeed.ai.save`).
 * :func:`write_shard`, :func:`parse_shard`: the tar shard format.
@@ -26,6 +27,8 @@ The package, one concern a module, imports in one direction::
     _tensors   raw-tensor samples: batches read straight into their tensor, collate
     _objects   ObjectDataset, ResumableSampler
     _tarstream one worker's tar sample stream, and its resume from sample counts
+    _tarindex  where each sample lies in a tar shard (from its headers by range, or parsed)
+    _tarbatches raw-tensor batches of tar shards: placeholders, then GETR into the batch rows
     _shards    ShardDataset
     _loader    ResumableLoader
 

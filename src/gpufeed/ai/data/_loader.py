@@ -70,7 +70,8 @@ class ResumableLoader(torch.utils.data.DataLoader):
         dataset: a :class:`ShardDataset` or :class:`ObjectDataset`.
         **kwargs: ``DataLoader``'s (``collate_fn`` defaults to
             :func:`~gpufeed.ai.data.collate` for an ``ObjectDataset`` made
-            with ``dtype=``). With an :class:`ObjectDataset`,
+            with ``dtype=``; ``batch_size`` to ``None`` for a ``ShardDataset``
+            made with ``dtype=``, which yields whole batches). With an :class:`ObjectDataset`,
             ``sampler`` must be a :class:`ResumableSampler` (default: the
             dataset's ``sampler(shuffle=shuffle)``, seed 0, ranks as
             :class:`ResumableSampler` finds them).
@@ -96,6 +97,9 @@ class ResumableLoader(torch.utils.data.DataLoader):
             self._objects, self._rsampler, uid = dataset, sampler, None
         elif isinstance(dataset, ShardDataset):
             self._shards, uid = dataset, dataset._uid
+            if dataset.spec is not None and kwargs.setdefault("batch_size", None) is not None:
+                raise InvalidArgument("a ShardDataset made with dtype= yields whole batches (its batch_size=): "
+                                      "give the loader batch_size=None")
         else:
             raise InvalidArgument(f"ResumableLoader reads a ShardDataset or an ObjectDataset, "
                                   f"not {type(dataset).__name__}")

@@ -15,7 +15,7 @@ from ._errors import DataError
 from ._fetch import ReadLimits
 from ._sampling import epoch_order, resolve_rank, split
 from ._source import Listed
-from ._tensors import as_sample, check_dtype, read_tensor_batch
+from ._tensors import SampleList, as_sample, check_dtype, read_tensor_batch
 
 __all__ = ["ObjectDataset", "ResumableSampler"]
 
@@ -140,7 +140,7 @@ class ObjectDataset(DatasetBase, torch.utils.data.Dataset):
             if batch is not None:
                 return batch
             decode = functools.partial(as_sample, dtype=self.dtype, shape=self.shape)
-        out = []
+        out, names = [], []
         for item, data in self.reader.read(items):
             sample = SKIP if data is None else self.decode_or_skip(
                 decode, data, item.key, functools.partial(self._reread, item))
@@ -150,7 +150,8 @@ class ObjectDataset(DatasetBase, torch.utils.data.Dataset):
                                     bucket=self.source.bucket, key=item.key)
                 continue
             out.append(sample)
-        return out
+            names.append(self.source.where(item.key))
+        return SampleList(out, names) if self.dtype is not None else out
 
     def _reread(self, item: Listed) -> Any:
         data = self.reader.read_one(item)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
@@ -22,7 +22,10 @@ from ._fetch import ReadLimits
 from ._sampling import ShuffleBuffer, epoch_order, resolve_rank, rng, split, worker
 from ._source import Listed
 from ._tar import parse_shard
+from ._tarbatches import TensorShards, TensorSpec
+from ._tarindex import TarIndex
 from ._tarstream import TarStream
+from ._tensors import check_dtype
 
 __all__ = ["ShardDataset", "MAX_WORKERS", "Progress", "stream_positions"]
 
@@ -98,6 +101,18 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
             ``$RANK`` / ``$WORLD_SIZE``, else ``0`` / ``1``.
         even: drop the last ``units % world_size`` units of each epoch's
             permutation so every rank reads as many units.
+        dtype: tar shards whose samples are raw tensors of this ``torch.dtype``
+            (native byte order): the dataset yields whole ``[batch_size, *shape]``
+            batch tensors, each sample read by its place in the shard straight
+            into its row (no decode, no per-sample ``bytes``); use the
+            DataLoader with ``batch_size=None``. See "Raw tensor batches" in
+            ``docs/training-data.md``. Not with ``decode``.
+        shape: with ``dtype``, each sample's shape (default: 1-D, and a batch's
+            samples must have one size).
+        ext: with ``dtype``, the extension of the file that holds each
+            sample's tensor (default: every sample has exactly one file).
+        batch_size: with ``dtype`` (and needed with it), samples per batch; a
+            worker's last batch of an epoch may be shorter.
         on_error, max_retries, retry_backoff_s, limits, access_key, secret_key,
             request_timeout_s, connections: as for :class:`ObjectDataset`. A
             corrupt shard is skipped whole under ``"skip"``.
@@ -117,7 +132,12 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
                  on_error: str = "raise", max_retries: int = 3, retry_backoff_s: float = 0.5,
                  limits: ReadLimits | None = None, access_key: str | None = None,
                  secret_key: str | None = None, request_timeout_s: float = 30.0,
-                 connections: int | None = None) -> None:
+                 connections: int | None = None, dtype: torch.dtype | None = None,
+                 shape: Sequence[int] | None = None, ext: str | None = None,
+                 batch_size: int | None = None) -> None:
+        self.dtype = dtype
+        self.spec = _tensor_spec(decode, format, dtype, shape, ext, batch_size)
+        self._indexes: dict[int, TarIndex] = {}
         self._setup(url, prefix, on_error=on_error, max_retries=max_retries, retry_backoff_s=retry_backoff_s,
                     limits=limits, access_key=access_key, secret_key=secret_key,
                     request_timeout_s=request_timeout_s, connections=connections)
@@ -131,6 +151,9 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
         listed = self.source.list()
         if format == "auto":
             format = "tar" if listed and all(it.key.endswith(".tar") for it in listed) else "objects"
+        if format != "tar" and self.spec is not None:
+            raise InvalidArgument("dtype= reads tar shards: the listed objects are not all .tar shards "
+                                  "(for one object per sample, use ObjectDataset(dtype=...))")
         if format == "tar":
             listed = [it for it in listed if it.key.endswith(".tar")]
         self.format = format
@@ -235,6 +258,9 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
         epoch = self.epoch
         mine = self.my_units(epoch, wid, nworkers)
         stream: Iterator[tuple[dict, Any]]  # (raw sample, its shard or its objects)
+        if self.spec is not None:
+            yield from self._tensor_batches(wid, skip, epoch, mine)
+            return
         if self.format == "tar":
             gen = rng(self.seed, epoch, self.rank, wid)
             buf: ShuffleBuffer = ShuffleBuffer(self.shuffle_buffer if self.shuffle else 0, gen)
@@ -255,6 +281,17 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
             stream_positions[self._uid] = Progress(wid, pos, parsed)
             if sample is not SKIP:
                 yield sample
+
+    def _tensor_batches(self, wid: int, skip: int, epoch: int, mine: list[int]) -> Iterator[torch.Tensor]:
+        assert self.spec is not None
+        buf: ShuffleBuffer = ShuffleBuffer(self.shuffle_buffer if self.shuffle else 0,
+                                           rng(self.seed, epoch, self.rank, wid))
+        saved = self._shared[_COUNTS:].tolist() if skip else []
+        parsed: list[tuple[int, int]] = []
+        shards = TensorShards(self.reader, [u[0] for u in self.units], self.spec, self._indexes)
+        for pos, batch in shards.batches(mine, buf, skip, saved.__getitem__, parsed):
+            stream_positions[self._uid] = Progress(wid, pos, parsed)
+            yield batch
 
     def _parse(self, shard: Listed, data) -> list[dict]:
         try:
@@ -298,6 +335,29 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
             return found[0] if found else SKIP
         datas = [self.reader.read_one(it) for it in unit]
         return SKIP if any(d is None for d in datas) else self._assemble(unit, datas)
+
+
+def _tensor_spec(decode, format: str, dtype, shape, ext, batch_size) -> TensorSpec | None:
+    """The raw-tensor settings, checked (``None`` without ``dtype``).
+
+    Raises:
+        InvalidArgument: ``decode`` with ``dtype``, a tensor setting without
+            ``dtype``, no ``batch_size``, raw objects, or a bad value.
+    """
+    if dtype is None:
+        if shape is not None or ext is not None or batch_size is not None:
+            raise InvalidArgument("shape=, ext= and batch_size= need dtype=")
+        return None
+    if decode is not None:
+        raise InvalidArgument("decode= and dtype= exclude each other (dtype samples are raw tensors)")
+    if format == "objects":
+        raise InvalidArgument("dtype= reads tar shards (for one object per sample, use ObjectDataset(dtype=...))")
+    if type(batch_size) is not int or batch_size < 1:
+        raise InvalidArgument(f"dtype= needs batch_size=, an int >= 1 (the dataset yields whole batches): "
+                              f"{batch_size!r}")
+    if ext is not None and (not isinstance(ext, str) or not ext):
+        raise InvalidArgument(f"ext must be a file extension such as 'bin': {ext!r}")
+    return TensorSpec(dtype, check_dtype(dtype, shape), ext.lower() if ext else None, batch_size)
 
 
 def _split(key: str) -> tuple[str, str]:

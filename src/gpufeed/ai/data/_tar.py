@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from ._errors import CorruptShard
 
-__all__ = ["iter_members", "parse_shard", "split_name", "write_shard"]
+__all__ = ["iter_members", "member_spans", "parse_shard", "split_name", "write_shard", "BLOCK"]
 
 BLOCK = 512
 _SPLIT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -97,6 +97,18 @@ def iter_members(buf: memoryview, where: str = "shard") -> Iterator[tuple[str, m
         ``size`` bytes.
 
     Raises:
+        CorruptShard: as :func:`member_spans`.
+    """
+    buf = memoryview(buf).cast("B")
+    for name, start, size in member_spans(buf, where):
+        yield name, buf[start:start + size]
+
+
+def member_spans(buf, where: str = "shard") -> Iterator[tuple[str, int, int]]:
+    """Yield ``(name, offset, size)`` of each regular file of a tar archive held
+    in memory: its data is ``buf[offset:offset + size]``.
+
+    Raises:
         CorruptShard: a header checksum mismatch, a member past the end of
             ``buf``, no end marker (the archive was cut short), or non-zero
             bytes after the end marker.
@@ -125,13 +137,12 @@ def iter_members(buf: memoryview, where: str = "shard") -> Iterator[tuple[str, m
         if off > n:
             raise CorruptShard(f"{where}: truncated: tar member {name!r} at byte {start - BLOCK} "
                                f"runs past the end ({off} > {n} bytes)")
-        data = buf[start:start + size]
         if kind == b"x":
-            long_name = _pax_path(data, where, start) or long_name
+            long_name = _pax_path(buf[start:start + size], where, start) or long_name
         elif kind == b"L":
-            long_name = bytes(data).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            long_name = bytes(buf[start:start + size]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         elif kind in _REGULAR:
-            yield (long_name or name), data
+            yield (long_name or name), start, size
             long_name = None
         elif kind != b"g":
             long_name = None  # directories, links, devices: not sample files

@@ -41,7 +41,8 @@ from ...errors import GpufeedError, InvalidArgument
 from ._fetch import Reader
 from ._source import Listed
 
-__all__ = ["TensorBatch", "collate", "read_tensor_batch", "as_sample", "DIRECT_MIN_BYTES", "check_dtype"]
+__all__ = ["TensorBatch", "SampleList", "BatchMemory", "collate", "read_tensor_batch", "as_sample", "DIRECT_MIN_BYTES",
+           "check_dtype", "sample_shape"]
 
 #: A batch read in a DataLoader worker of at least this many bytes goes straight
 #: into memory shared with the main process; a smaller one is copied once.
@@ -62,20 +63,54 @@ class TensorBatch(list):
         self.tensor = tensor
 
 
+class SampleList(list):
+    """The samples of one batch read one object each, with the objects they
+    came from (named in :func:`collate`'s error when their shapes differ).
+
+    Attributes:
+        names: ``"bucket/key"`` of each sample, in order.
+    """
+
+    def __init__(self, samples: list, names: list[str]) -> None:
+        super().__init__(samples)
+        self.names = names
+
+
+#: Samples named in a ragged batch's error, at most.
+_NAMED = 8
+
+
 def collate(batch):
     """DataLoader ``collate_fn`` for datasets made with ``dtype=``: the batch
     tensor of a :class:`TensorBatch` as is (no copy), anything else through
     ``torch.utils.data.default_collate`` (which stacks, copying).
 
     Args:
-        batch: what the dataset's ``__getitems__`` returned.
+        batch: what the dataset's ``__getitems__`` returned (or a list of samples).
 
     Returns:
         A ``[batch, *shape]`` tensor (or ``default_collate``'s result).
+
+    Raises:
+        InvalidArgument: the batch's sample tensors differ in shape (objects of
+            different sizes read without ``shape=``); the message names the
+            objects and their sizes.
     """
     if isinstance(batch, TensorBatch) and len(batch) == batch.tensor.shape[0]:
         return batch.tensor
+    if isinstance(batch, list) and len(batch) > 1 and all(isinstance(t, torch.Tensor) for t in batch):
+        if any(t.shape != batch[0].shape for t in batch):
+            raise InvalidArgument(_ragged(batch))
     return torch.utils.data.default_collate(batch)
+
+
+def _ragged(batch: list) -> str:
+    names = getattr(batch, "names", None) or [f"sample {i}" for i in range(len(batch))]
+    sizes = [f"{name} ({t.nbytes} bytes)" for name, t in zip(names, batch)]
+    more = f" and {len(sizes) - _NAMED} more" if len(sizes) > _NAMED else ""
+    return (f"the samples of a batch differ in size, so they make no batch tensor: {', '.join(sizes[:_NAMED])}"
+            f"{more}; pass shape= to the dataset (a sample that does not fit it fails to decode) "
+            f"or give the DataLoader a collate_fn that pads")
 
 
 def check_dtype(dtype, shape) -> tuple[int, ...] | None:
@@ -94,7 +129,7 @@ def check_dtype(dtype, shape) -> tuple[int, ...] | None:
     return shape
 
 
-def _sample_shape(nbytes: int, dtype: torch.dtype, shape: tuple[int, ...] | None) -> tuple[int, ...]:
+def sample_shape(nbytes: int, dtype: torch.dtype, shape: tuple[int, ...] | None) -> tuple[int, ...]:
     """The shape of one ``nbytes`` sample. Raises ValueError when it does not fit."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
     if nbytes % itemsize:
@@ -110,7 +145,7 @@ def as_sample(data: memoryview, dtype: torch.dtype, shape: tuple[int, ...] | Non
     Raises:
         ValueError: the size is not a whole number of elements, or does not fit ``shape``.
     """
-    dims = _sample_shape(len(data), dtype, shape)
+    dims = sample_shape(len(data), dtype, shape)
     if not len(data):
         return torch.empty(dims, dtype=dtype)
     return torch.frombuffer(data, dtype=dtype).view(dims)
@@ -129,36 +164,71 @@ def read_tensor_batch(reader: Reader, items: Sequence[Listed], dtype: torch.dtyp
     if not size or any(it.size != size for it in items):
         return None
     try:
-        dims = _sample_shape(size, dtype, shape)
+        dims = sample_shape(size, dtype, shape)
     except ValueError:
         return None
     n, total = len(items), len(items) * size
     try:
         client = reader.source.client()
-        direct = (torch.utils.data.get_worker_info() is not None and total >= DIRECT_MIN_BYTES
-                  and hasattr(torch.UntypedStorage, "_new_shared_fd_cpu"))
-        shared = client.alloc_shared(total + 1) if direct else None
-        mem = shared.view if shared is not None else client.alloc(total + 1)
-        ok = _read_rows(client, reader, items, mem, size)
+        mem = BatchMemory(client, total)
+        ok = _read_rows(client, reader, items, mem.view, size)
     except (GpufeedError, OSError):
         return None  # the ordinary read meets the same trouble and applies the policy
     if not ok:
-        if shared is not None:
-            shared.close()
+        mem.close()
         return None
-    if shared is not None:
-        del mem
-        # torch's own constructor of a storage over a shared memory descriptor (what a
-        # DataLoader's main process uses to map a worker's batch); it dups the memfd
-        storage = torch.UntypedStorage._new_shared_fd_cpu(shared.fd, total + 1)  # type: ignore[attr-defined]
-        shared.close()
-        flat = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (total,), (1,))
-    elif torch.utils.data.get_worker_info() is not None:
-        flat = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total), 0, (total,), (1,))
-        flat.numpy()[:] = np.frombuffer(mem, np.uint8, count=total)
-    else:
-        flat = torch.frombuffer(mem, dtype=torch.uint8, count=total)
-    return TensorBatch(flat.view(dtype).view(n, *dims))
+    return TensorBatch(mem.tensor().view(dtype).view(n, *dims))
+
+
+class BatchMemory:
+    """Memory for one batch tensor of ``total`` bytes, plus one spare byte
+    (where a read that finds its object grown puts its extra byte): in a
+    DataLoader worker, :meth:`~gpufeed.client.Client.alloc_shared` memory from
+    :data:`DIRECT_MIN_BYTES` (see the module docstring), else pooled
+    :meth:`~gpufeed.client.Client.alloc` memory.
+
+    Args:
+        client: this process's client.
+        total: the batch tensor's bytes.
+
+    Attributes:
+        view: the writable memory to read into (``total + 1`` bytes).
+
+    Raises:
+        InvalidArgument, TransportError: as ``alloc`` / ``alloc_shared``.
+    """
+
+    def __init__(self, client, total: int) -> None:
+        self.total = total
+        self.in_worker = torch.utils.data.get_worker_info() is not None
+        direct = self.in_worker and total >= DIRECT_MIN_BYTES and hasattr(torch.UntypedStorage, "_new_shared_fd_cpu")
+        self.shared = client.alloc_shared(total + 1) if direct else None
+        self.view: memoryview = self.shared.view if self.shared is not None else client.alloc(total + 1)
+
+    def tensor(self) -> torch.Tensor:
+        """The ``total`` bytes as a flat ``uint8`` tensor (call once every read into
+        :attr:`view` is done; no view of it may be kept): shared with the main
+        process in a worker."""
+        mem, self.view = self.view, memoryview(b"")
+        if self.shared is not None:
+            del mem
+            # torch's own constructor of a storage over a shared memory descriptor (what a
+            # DataLoader's main process uses to map a worker's batch); it dups the memfd
+            storage = torch.UntypedStorage._new_shared_fd_cpu(self.shared.fd, self.total + 1)  # type: ignore[attr-defined]
+            self.shared.close()
+            return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (self.total,), (1,))
+        if self.in_worker:
+            flat = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(self.total), 0,
+                                                           (self.total,), (1,))
+            flat.numpy()[:] = np.frombuffer(mem, np.uint8, count=self.total)
+            return flat
+        return torch.frombuffer(mem, dtype=torch.uint8, count=self.total)
+
+    def close(self) -> None:
+        """Give the memory up without making a tensor (after a failed read)."""
+        self.view = memoryview(b"")
+        if self.shared is not None:
+            self.shared.close()
 
 
 def _read_rows(client, reader: Reader, items: Sequence[Listed], mem: memoryview, size: int) -> bool:

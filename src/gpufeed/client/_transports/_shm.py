@@ -21,6 +21,7 @@ from ...errors import GpufeedError, InternalError, InvalidArgument, InvalidRange
 from ...wire import protocol as p
 from .._auth import Credentials, authenticate
 from .._conn import Connection, connect_unix
+from .._leases import Leases
 from .._region import Region, SharedBuffer, StagingPool, address_of
 from .._types import ReadRequest, then
 from ._pooled import MAX_ALLOC_BYTES, PooledTransport
@@ -90,6 +91,14 @@ class ShmTransport(PooledTransport):
         super().__init__(address, options)
         if "alloc_region" in self.features:
             _OPEN_LENDING.add(self)
+        #: read leases (``Client(leases=True)`` with a node that offers them), else None
+        self.leases = Leases(self._lease) if options.leases and "lease" in self.features else None
+
+    def _lease(self, bucket: str, key: str):
+        """LEASE of the current version: ``(reply, [data_fd, counter_fd], connection)``."""
+        conn = self.conn()
+        reply, fds = conn.call(p.Op.LEASE, p.Head(bucket, key))
+        return reply, fds, conn
 
     def _open_socket(self, address: str, timeout_s: float) -> socket.socket:
         return connect_unix(address, timeout_s)
@@ -301,6 +310,10 @@ class ShmTransport(PooledTransport):
 
     def get_into(self, bucket: str, key: str, dest: memoryview, offset: int,
                  version_id: str | None = None, snapshot: str | None = None) -> int:
+        if self.leases is not None and version_id is None and snapshot is None:
+            got = self.leases.read_into(bucket, key, dest, offset)
+            if got is not None:
+                return got
         found = self.find_region(dest)
         if found is None:
             return self.get_staged(bucket, key, dest, offset, version_id, snapshot)

@@ -48,6 +48,8 @@ class TransportOptions:
             from the environment (:func:`~gpufeed.client._auth.resolve_credentials`).
         allow_unauthenticated: talk to a node that does not authenticate
             (no ``"auth"`` in its HELLO) instead of refusing it.
+        leases: serve small reads of current versions from read leases (shm
+            to a node whose HELLO lists ``"lease"``; :mod:`gpufeed.client._leases`).
     """
 
     connections: int | None = None
@@ -58,6 +60,7 @@ class TransportOptions:
     max_idle_bytes: int = 4 << 30  # 4 GiB
     credentials: Credentials = field(default_factory=resolve_credentials)
     allow_unauthenticated: bool = False
+    leases: bool = False
 
 
 class Transport(ABC):
