@@ -63,6 +63,13 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _lease_seconds(text: str) -> float:
+    seconds = _seconds(text)
+    if seconds > 60:
+        raise ValueError("a read lease may last at most 60 s")
+    return seconds
+
+
 def _count(text: str) -> int:
     count = int(text)
     if count < 0:
@@ -156,7 +163,7 @@ class WireLimits:
         lease_s: longest life of a read lease (op LEASE, shm only), seconds:
             a client reads a leased object version in its own process until
             the node's catalog commits anything or this time passes, whichever
-            comes first (``docs/wire-protocol.md``). 0 offers no leases.
+            comes first (``docs/wire-protocol.md``). 0 offers no leases; at most 60.
             Env ``GPUFEED_WIRE_LEASE_S``.
     """
 
@@ -186,7 +193,7 @@ class WireLimits:
             idle_timeout_s=_env("GPUFEED_WIRE_IDLE_TIMEOUT_S", _seconds, d.idle_timeout_s),
             client_memory_bytes=_env("GPUFEED_WIRE_CLIENT_MEMORY_BYTES", _size, d.client_memory_bytes),
             node_memory_bytes=_env("GPUFEED_WIRE_NODE_MEMORY_BYTES", _size, d.node_memory_bytes),
-            lease_s=_env("GPUFEED_WIRE_LEASE_S", _seconds, d.lease_s),
+            lease_s=_env("GPUFEED_WIRE_LEASE_S", _lease_seconds, d.lease_s),
         )
 
 

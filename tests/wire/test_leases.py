@@ -5,10 +5,15 @@ voids them (an overwrite, a delete, a revoked key); a flipped byte is caught
 by the client's own check and reported by GET; objects that cannot be leased,
 a node that offers none, and TCP read through GET; the lease's life is bounded;
 a node killed and restarted is never read through an old lease; the client
-holds a bounded number of leases; LEASE itself follows GET's rules."""
+holds a bounded number of leases and closes them with itself; LEASE itself
+follows GET's rules; what it hands out (a data file, the commit counter)
+cannot be written, resized or made to change the node's own reads."""
 
 from __future__ import annotations
 
+import fcntl
+import mmap
+import os
 import time
 
 import numpy as np
@@ -17,6 +22,7 @@ import pytest
 from gpufeed.admin import RemoteAdmin
 from gpufeed.bench.integrity import _chunks  # the catalog's chunk list of one object
 from gpufeed.client import Client
+from gpufeed.config import WireLimits
 from gpufeed.engine import Engine
 from gpufeed.errors import (
     AccessDenied,
@@ -228,3 +234,54 @@ def test_the_client_holds_a_bounded_number_of_leases(node):
             assert bytes(buf) == _data(BLOCK, seed=i)
         assert len(c.leases._held) <= 5
         assert _hits(c) == 12
+
+
+def test_what_a_lease_hands_out_cannot_hurt_the_node_or_others(node):
+    data = _data(SIZE)
+    with _leased(node) as c:
+        reply, fds = c._t.conn().call(p.Op.LEASE, p.Head("raw", "obj"))
+        data_fd, counter_fd = fds
+        try:
+            with pytest.raises(OSError):  # the counter: no writable mapping, no write, no resize
+                mmap.mmap(counter_fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            again = os.open(f"/proc/self/fd/{counter_fd}", os.O_RDWR)  # opened again, read-write
+            try:
+                for attempt in (lambda: mmap.mmap(again, 4096, mmap.MAP_SHARED, mmap.PROT_WRITE),
+                                lambda: os.pwrite(again, b"\0" * 8, 0), lambda: os.ftruncate(again, 0)):
+                    with pytest.raises(OSError):
+                        attempt()
+            finally:
+                os.close(again)
+            assert fcntl.fcntl(data_fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+            flags = fcntl.fcntl(data_fd, fcntl.F_GETFL)
+            fcntl.fcntl(data_fd, fcntl.F_SETFL, flags | os.O_DIRECT)  # the client's own description only
+        finally:
+            for fd in fds:
+                os.close(fd)
+    with Client(node.shm_url, node.access_key, node.secret_key) as plain:  # the node reads as before
+        assert bytes(plain.get("raw", "obj", offset=777, length=1000)) == data[777:1777]
+    s3 = node.boto3_client()
+    assert s3.get_object(Bucket="raw", Key="obj", Range="bytes=5-9")["Body"].read() == data[5:10]
+
+
+def test_closing_the_client_closes_its_leases_descriptors(node):
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+    with Client(node.tcp_url, node.access_key, node.secret_key) as w:
+        for i in range(20):
+            w.put("raw", f"fds/{i}", _data(BLOCK, seed=i))
+    c = _leased(node)
+    before = open_fds()
+    for i in range(20):
+        c.get_into("raw", f"fds/{i}", bytearray(BLOCK))
+    assert open_fds() >= before + 20  # one data file each
+    c.close()
+    assert open_fds() < before
+
+
+def test_the_lease_life_is_bounded(monkeypatch):
+    monkeypatch.setenv("GPUFEED_WIRE_LEASE_S", "61")
+    with pytest.raises(ValueError, match="GPUFEED_WIRE_LEASE_S"):
+        WireLimits.from_env()
+    monkeypatch.setenv("GPUFEED_WIRE_LEASE_S", "60")
+    assert WireLimits.from_env().lease_s == 60

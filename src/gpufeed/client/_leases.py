@@ -12,9 +12,10 @@ offered, an object that cannot be leased, a read past the end, a short read,
 a check that fails) goes through GET as without leases, which reports what is
 wrong; a failed check also drops the lease.
 
-Bounded: at most ``max_leases`` objects and ``max_sums_bytes`` of their sums
-are held (the oldest go first), and reads over ``max_read_bytes`` use GET
-(which lands large reads in place at full speed anyway).
+Bounded: at most ``max_leases`` objects (256 by default; each keeps its data
+file's descriptor open) and ``max_sums_bytes`` of their sums are held (the
+oldest go first), and reads over ``max_read_bytes`` use GET (which lands large
+reads in place at full speed anyway). Closing the client drops every lease.
 
 Our own code rather than a library's: it is the fast path's client side.
 """
@@ -67,12 +68,13 @@ class Leases:
     Args:
         ask: ``ask(bucket, key) -> (LeaseReply, [data_fd, counter_fd], connection)``
             (raises the node's error).
-        max_leases: objects held at once (>= 1).
+        max_leases: objects held at once (>= 1); each holds one open descriptor
+            (of its data file) until it goes.
         max_sums_bytes: bytes of block sums held at once.
         max_read_bytes: largest read served from a lease.
     """
 
-    def __init__(self, ask, *, max_leases: int = 1024, max_sums_bytes: int = 64 << 20,
+    def __init__(self, ask, *, max_leases: int = 256, max_sums_bytes: int = 64 << 20,
                  max_read_bytes: int = 1 << 20) -> None:
         self._ask = ask
         self.max_leases, self.max_sums_bytes, self.max_read_bytes = max_leases, max_sums_bytes, max_read_bytes
@@ -82,7 +84,7 @@ class Leases:
         self._counter_id: tuple[int, int] | None = None
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self.hits = 0  # reads served from a lease (for tests and benchmarks)
+        self.hits = 0  # reads served from a lease (for tests and benchmarks; approximate across threads)
 
     def read_into(self, bucket: str, key: str, dest: memoryview, offset: int) -> int | None:
         """Read ``len(dest)`` bytes at ``offset`` of the current version from a lease.
@@ -107,7 +109,10 @@ class Leases:
         end = min(offset + n, lease.size)
         m = end - offset
         if not lease.verify:
-            return m if os.preadv(lease.fd, [dest[:m]], offset) == m else None
+            if os.preadv(lease.fd, [dest[:m]], offset) != m:
+                return None
+            self.hits += 1
+            return m
         first, last = offset // _BLOCK, -(-end // _BLOCK)
         seed = lease.sums[first - 1] if first else 0
         if offset % _BLOCK == 0 and (m % _BLOCK == 0 or end == lease.size):

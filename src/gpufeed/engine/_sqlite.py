@@ -519,8 +519,9 @@ class SqliteCatalog(_Reads, Catalog):
             ``"quick"``, ``"full"`` or ``"off"`` (:mod:`._catalogcheck`).
 
     Attributes:
-        commit_listeners: called after every commit of :meth:`write`, under the
-            write lock, before its own hooks (the fast path's lease counter).
+        commit_listeners: called after every commit of :meth:`write` and its own
+            hooks (which drop cached policies and keys), under the write lock
+            (the fast path's lease counter).
 
     Raises:
         CatalogDamaged: the check found damage; the file is left unchanged.
@@ -679,7 +680,7 @@ class SqliteCatalog(_Reads, Catalog):
                 if w.in_transaction:
                     w.execute("ROLLBACK")
                 raise InternalError(f"catalog write failed: {exc}") from exc
-            for fn in (*self.commit_listeners, *hooks):
+            for fn in (*hooks, *self.commit_listeners):
                 fn()
 
     def close(self) -> None:

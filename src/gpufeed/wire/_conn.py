@@ -267,6 +267,12 @@ class Connection(MeteredReplies):
         else:
             self._run_counted(op, rid, req)
 
+    def key_still_valid(self) -> bool:
+        """Whether the connection's key still acts for its tenant (checked again by
+        ops that must not rely on the check made before they were dispatched)."""
+        principal = self.principal
+        return principal is not None and self._auth.still_valid(principal)
+
     def _check_principal(self, op: int) -> None:
         """Refuse an op the connection may not send now.
 

@@ -26,15 +26,24 @@ Why the counter makes this safe:
 * The client checks every read against the block sums before it returns, so
   bit rot is caught as on GET; on a failed check it drops the lease and reads
   through GET, which reports and marks the damage.
-* ``lease_s`` bounds what no commit announces: a time condition of a bucket
-  policy, an expiring session key, a node that was killed (its counter no
-  longer moves; the client also drops its leases when the connection closes).
+* The node reads the counter before it checks the key and the access
+  policy, and moves it only after a commit's cached policies and keys are
+  dropped, so a lease is never granted under a policy or key older than its
+  counter.
+* ``lease_s`` bounds how long a client trusts a lease without the node: a
+  node that was killed no longer moves its counter (the client also drops its
+  leases when the connection closes).
+* What a client gets cannot hurt others: the data file is a read-only
+  descriptor with an open file description of its own (``fcntl`` flags on it
+  do not reach the node's), and the counter's memfd is sealed against writes
+  and resizing.
 
 Only a node whose catalog commits are all its own (SQLite) offers leases: with
 a shared PostgreSQL catalog other nodes' commits do not move this counter.
-Only a version stored as one raw file from offset 0 (what MAP hands out as one
-descriptor) of at most :data:`MAX_LEASE_BYTES` can be leased; anything else is
-``NotImplementedByGpufeed``, and the client reads it with GET.
+Only a version stored as one raw (uncompressed) chunk at offset 0 of one data
+file, of at most :data:`MAX_LEASE_BYTES`, can be leased; anything else
+(compressed, cut in several chunks, empty) is ``NotImplementedByGpufeed``, and
+the client reads it with GET.
 
 Our own code rather than a library's: the counter and the descriptors are
 the fast path's own protocol (``docs/wire-protocol.md``, op LEASE).
@@ -42,6 +51,7 @@ the fast path's own protocol (``docs/wire-protocol.md``, op LEASE).
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import threading
@@ -50,6 +60,7 @@ from typing import TYPE_CHECKING
 from ..engine._blocksums import SUM_KIND
 from ..errors import InvalidArgument, NotImplementedByGpufeed
 from . import protocol as p
+from ._mapping import private_fd
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
@@ -61,6 +72,7 @@ __all__ = ["LeaseBoard", "MAX_LEASE_BYTES", "serve_lease"]
 MAX_LEASE_BYTES = 4 << 30
 
 _PAGE = 4096
+_F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.1
 
 
 class LeaseBoard:
@@ -70,16 +82,29 @@ class LeaseBoard:
         ttl_s: the longest life of a lease, seconds (> 0).
 
     Attributes:
-        fd: the memfd (sent read-only to clients with each lease; mapped
-            ``PROT_READ`` there).
+        fd: a read-only descriptor of the memfd, sent to clients with each lease
+            (they map it ``PROT_READ``). The memfd is sealed: no new writable
+            mapping, no ``write()``, no resize, by anyone; the node writes through
+            the one mapping it made first.
         ttl_s: as given.
+
+    Raises:
+        OSError: the kernel lacks memfd seals (Linux < 5.1).
     """
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
-        self.fd = os.memfd_create("gpufeed-leases", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, _PAGE)
-        self._mm = mmap.mmap(self.fd, _PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        made = os.memfd_create("gpufeed-leases", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(made, _PAGE)
+            self._mm = mmap.mmap(made, _PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            # Only this mapping may write, for good: no new writable mapping or write(),
+            # not even through a descriptor opened again from /proc; no resize.
+            fcntl.fcntl(made, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+                        | _F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL)
+            self.fd = os.open(f"/proc/self/fd/{made}", os.O_RDONLY | os.O_CLOEXEC)  # what clients get
+        finally:
+            os.close(made)
         self._count = memoryview(self._mm).cast("Q")
         self._lock = threading.Lock()
 
@@ -107,21 +132,23 @@ class LeaseBoard:
             self.fd = -1
 
 
-def serve_lease(engine: Engine, board: LeaseBoard, conn: Connection, rid: int, req: p.Head) -> None:
-    """Answer LEASE request ``rid`` (already authorized for ``s3:GetObject``).
+def serve_lease(engine: Engine, board: LeaseBoard, conn: Connection, rid: int, req: p.Head,
+                generation: int) -> None:
+    """Answer LEASE request ``rid``, already authorized for ``s3:GetObject`` after
+    ``generation`` was read from ``board`` (so any change the authorization did
+    not see voids the lease).
 
     Raises:
         InvalidArgument: not the shm transport, or a version or snapshot named
             (a lease covers the current version only).
-        NotImplementedByGpufeed: the version is not one raw file from offset 0
-            (compressed, deduplicated, empty) or is larger than :data:`MAX_LEASE_BYTES`.
+        NotImplementedByGpufeed: the version is not one raw chunk at offset 0 of one
+            file (compressed, several chunks, empty) or is larger than :data:`MAX_LEASE_BYTES`.
         NoSuchBucket, NoSuchKey, MethodNotAllowed: as GET.
     """
     if conn.transport != "shm":
         raise InvalidArgument("LEASE needs the shm transport (a descriptor cannot cross TCP)")
     if req.version_id is not None or req.snapshot is not None:
         raise InvalidArgument("a lease covers the current version only: read a version or a snapshot with GET")
-    generation = board.generation  # before the lookup: a lease may be older than its data, never newer
     h = engine.open_version(req.bucket, req.key)
     try:
         chunks = h.manifest.chunks
@@ -132,6 +159,10 @@ def serve_lease(engine: Engine, board: LeaseBoard, conn: Connection, rid: int, r
         sums = h.manifest.sums[0].tobytes() if h.verify else b""
         reply = p.LeaseReply(h.info.size, h.info.etag, h.info.version_id, generation, board.ttl_s,
                              h.verify, sums)
-        conn.reply_with_fds(p.Op.LEASE, rid, reply, [h.fd, board.fd])
+        fd = private_fd(h.fd)  # its own open file description: the client's fcntl cannot touch ours
+        try:
+            conn.reply_with_fds(p.Op.LEASE, rid, reply, [fd, board.fd])
+        finally:
+            os.close(fd)
     finally:
         h.close()

@@ -21,7 +21,7 @@ from ..errors import InternalError, NotImplementedByGpufeed
 from . import protocol as p
 from ._frames import FrameIO
 
-__all__ = ["plan_extents", "send_map"]
+__all__ = ["plan_extents", "send_map", "private_fd"]
 
 
 def plan_extents(extents: Sequence[tuple[int, int, int]], size: int
@@ -74,6 +74,18 @@ def plan_extents(extents: Sequence[tuple[int, int, int]], size: int
     return fds, out
 
 
+def private_fd(fd: int) -> int:
+    """A new read-only descriptor of the file open as ``fd``, with an open file
+    description of its own (through ``/proc/self/fd``): what a client does to
+    the one it gets (``fcntl`` flags such as ``O_DIRECT``, its offset) cannot
+    touch the node's cached descriptor. The caller closes it.
+
+    Raises:
+        OSError: the file cannot be opened again.
+    """
+    return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+
+
 def send_map(conn: FrameIO, op: int, rid: int, size: int, etag: str,
              extents: Sequence[tuple[int, int, int]]) -> None:
     """Answer MAP or MAP_EXTENTS request ``rid`` with an object's data files.
@@ -93,17 +105,22 @@ def send_map(conn: FrameIO, op: int, rid: int, size: int, etag: str,
             client must use MAP_EXTENTS, or read it with GET).
         OSError: the socket failed.
     """
-    fds, planned = plan_extents(extents, size)
-    if op == p.Op.MAP_EXTENTS:
-        conn.reply_with_fds(op, rid, p.MapExtentsReply(size, etag, len(fds), planned), fds)
-        return
-    if len(planned) > 1 or (planned and planned[0][1] != 0):
+    shared, planned = plan_extents(extents, size)
+    if op != p.Op.MAP_EXTENTS and (len(planned) > 1 or (planned and planned[0][1] != 0)):
         raise NotImplementedByGpufeed(
             f"the object is stored in {len(planned)} pieces; mapping it needs a client that "
             f"speaks MAP_EXTENTS (HELLO feature \"map_extents\"); read it with GET instead")
-    if fds:
-        conn.reply_with_fds(op, rid, p.MapReply(size, etag), fds)
-        return
+    fds: list[int] = []
+    try:
+        fds.extend(private_fd(fd) for fd in shared)
+        if op == p.Op.MAP_EXTENTS:
+            conn.reply_with_fds(op, rid, p.MapExtentsReply(size, etag, len(fds), planned), fds)
+            return
+        if fds:
+            conn.reply_with_fds(op, rid, p.MapReply(size, etag), fds)
+            return
+    finally:
+        p.close_fds(fds)
     # An empty object held in no file: MAP's form still carries a descriptor.
     fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     try:

@@ -29,6 +29,7 @@ from ..errors import (
     AccessDenied,
     DamagedObject,
     GpufeedError,
+    InvalidAccessKeyId,
     InvalidArgument,
     InvalidRange,
     NotImplementedByGpufeed,
@@ -229,8 +230,11 @@ class Ops:
         if self.leases is None:
             raise NotImplementedByGpufeed("this node offers no read leases (GPUFEED_WIRE_LEASE_S=0, or "
                                           "its catalog is shared with other nodes)")
+        generation = self.leases.generation  # first: a change the checks below miss voids the lease
+        if not conn.key_still_valid():
+            raise InvalidAccessKeyId("The access key Id of this connection is no longer valid (revoked).")
         self.allow(conn, READ, req.bucket, req.key)
-        serve_lease(self.engine, self.leases, conn, rid, req)
+        serve_lease(self.engine, self.leases, conn, rid, req, generation)
 
     def chunk(self, conn: Connection, rid: int, req: p.ChunkReq) -> None:
         """A chunk's stored bytes, by ``sendfile``, to a cluster peer (only a

@@ -94,6 +94,11 @@ class ShmTransport(PooledTransport):
         #: read leases (``Client(leases=True)`` with a node that offers them), else None
         self.leases = Leases(self._lease) if options.leases and "lease" in self.features else None
 
+    def close(self) -> None:
+        if self.leases is not None:
+            self.leases.clear()  # their descriptors close now, not at the next garbage collection
+        super().close()
+
     def _lease(self, bucket: str, key: str):
         """LEASE of the current version: ``(reply, [data_fd, counter_fd], connection)``."""
         conn = self.conn()
