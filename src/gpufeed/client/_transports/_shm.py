@@ -88,11 +88,13 @@ class ShmTransport(PooledTransport):
         #: Regions the server lent from its pool (zeroed, already populated memory
         #: another client had finished with) rather than allocating fresh.
         self.regions_reused = 0
+        #: read leases (``Client(leases=True)`` with a node that offers them), else None
+        self.leases: Leases | None = None
         super().__init__(address, options)
         if "alloc_region" in self.features:
             _OPEN_LENDING.add(self)
-        #: read leases (``Client(leases=True)`` with a node that offers them), else None
-        self.leases = Leases(self._lease) if options.leases and "lease" in self.features else None
+        if options.leases and "lease" in self.features:
+            self.leases = Leases(self._lease)
 
     def close(self) -> None:
         if self.leases is not None:
