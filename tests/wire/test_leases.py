@@ -108,10 +108,15 @@ def test_a_commit_voids_the_lease_overwrite_then_delete(node):
             c.get_into("raw", "moving", buf)
 
 
-def test_a_revoked_key_reads_nothing_more_through_its_lease(node):
+def _tenant_key(node, tenant: str) -> tuple[RemoteAdmin, dict]:
+    """A new tenant and its key (through the admin API), with the admin client."""
     admin = RemoteAdmin(node.s3_url, node.access_key, node.secret_key)
-    admin.tenant_create("lessee")
-    key = admin.key_create("lessee")
+    admin.tenant_create(tenant)
+    return admin, admin.key_create(tenant)
+
+
+def test_a_revoked_key_reads_nothing_more_through_its_lease(node):
+    admin, key = _tenant_key(node, "lessee")
     with Client(node.shm_url, key["access_key"], key["secret_key"], leases=True) as c:
         c.create_bucket("lessee-bkt")
         c.put("lessee-bkt", "k", _data(2 * BLOCK, seed=9))
@@ -125,9 +130,7 @@ def test_a_revoked_key_reads_nothing_more_through_its_lease(node):
 
 
 def test_other_tenants_get_no_lease(node):
-    admin = RemoteAdmin(node.s3_url, node.access_key, node.secret_key)
-    admin.tenant_create("outsider")
-    key = admin.key_create("outsider")
+    _admin, key = _tenant_key(node, "outsider")
     with Client(node.shm_url, key["access_key"], key["secret_key"], leases=True) as c:
         with pytest.raises((AccessDenied, NoSuchKey)):
             c.get_into("raw", "obj", bytearray(BLOCK))
