@@ -3,8 +3,9 @@
 nodes): LOCATE names the members that hold an object, refuses connections
 that have not authenticated and node keys; the routing client reads
 bit-identical objects from their holders (the nodes' own request counters
-show it), goes on through the given node when a holder is killed, and is a
-plain client of a node outside a cluster."""
+show it), goes on through the given node when a holder is killed and through
+another holder when the given node is killed, and is a plain client of a node
+outside a cluster."""
 
 from __future__ import annotations
 
@@ -165,6 +166,27 @@ def test_reads_go_on_through_the_given_node_when_a_holder_is_killed(trio):
             buf = bytearray(len(data))
             assert cl.submit_get_into("data", key, buf).result() == len(data) and buf == data
         assert cl.routing_stats()["fallbacks"] >= 1
+
+
+def test_reads_go_on_through_another_holder_when_the_given_node_is_killed(trio):
+    a, b, c = trio
+    objs = _write(b, 12)  # b holds each object; a holds about half of them
+    with ClusterClient(a.tcp_url, **a.credentials) as cl:
+        for key, data in objs.items():
+            assert bytes(cl.get("data", key)) == data
+        a.kill()
+        for key, data in objs.items():  # each has a live holder: no read fails
+            assert bytes(cl.get("data", key)) == data
+            buf = bytearray(len(data))
+            assert cl.get_into("data", key, buf) == len(data) and buf == data
+        dests = [bytearray(len(v)) for v in objs.values()]
+        assert cl.get_many_into([ReadRequest("data", k, d) for k, d in zip(objs, dests)]) == \
+            [len(v) for v in objs.values()]
+        assert dests == list(objs.values())
+        objs["later"] = os.urandom(50_000)  # a key it never located: asked of a live member
+        with Client(b.tcp_url, **b.credentials) as w:
+            w.put("data", "later", objs["later"])
+        assert bytes(cl.get("data", "later")) == objs["later"]
 
 
 def test_a_node_outside_a_cluster_is_read_as_a_plain_client(tmp_path):

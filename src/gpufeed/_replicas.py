@@ -42,7 +42,9 @@ copies up, each its own, in a catalog transaction that checks that ``factor``
 other live nodes still hold it (:meth:`gpufeed.engine.Engine.give_up_file`),
 and delete their files. So a joining node takes about ``factor / n`` of the
 files, and the extra copies left by a node that returned after its files were
-copied again elsewhere are trimmed. Files move only toward new members: a
+copied again elsewhere are trimmed (every pass also looks up, in one catalog
+query, the files it holds that have more live holders than the factor, and
+trims them the same way: :meth:`ReReplicator.trim_pass`). Files move only toward new members: a
 file stays where its write put it (the writer and the next-ranked nodes)
 until a change of members makes a new member one of its targets.
 """
@@ -62,7 +64,7 @@ from .engine._membership import Membership, NodeInfo
 from .engine._placement import rank
 from .engine._replicas import copy_length
 from .engine.types import ChunkRecord
-from .errors import GpufeedError, ProtocolError, ServiceUnavailable
+from .errors import GpufeedError, NoSuchKey, ProtocolError, ServiceUnavailable
 from .wire import protocol as p
 
 __all__ = ["Replicas", "ReReplicator"]
@@ -188,7 +190,8 @@ class Replicas:
         """One CHUNK_PUT: the chunks' sums, then the file's bytes by ``sendfile``; waits for the reply.
 
         Raises:
-            GpufeedError: the node answered with an error.
+            GpufeedError: the node answered with an error, or ``NoSuchKey`` (before
+                anything was sent) when the file was deleted meanwhile.
             OSError, ProtocolError: the connection failed (it is then unusable).
         """
         length = copy_length(recs)
@@ -196,7 +199,11 @@ class Replicas:
             p.CopyChunk(r.chunk_id, r.file_offset, r.stored, r.size, r.codec, r.digest, r.domain, r.sum_kind,
                         len(r.sums)) for r in recs]))
         sums = b"".join(r.sums for r in recs)
-        with open(self._engine.data_file_path(file), "rb") as f:
+        try:
+            src = open(self._engine.data_file_path(file), "rb")
+        except FileNotFoundError:  # deleted meanwhile (its data freed): nothing sent, the connection stays framed
+            raise NoSuchKey(f"data file {file} is no longer in this node's folder (deleted meanwhile)") from None
+        with src as f:
             started = time.monotonic()
             sock.sendall(p.pack_header(p.Op.CHUNK_PUT, len(meta), 1, len(sums) + length) + meta + sums)
             sent = sock.sendfile(f, 0, length)  # os.sendfile, waiting up to the socket's timeout per send
@@ -263,6 +270,7 @@ class ReReplicator:
                 self.run_pass()
                 if self.rebalance:
                     self.rebalance_pass()
+                    self.trim_pass()
                 if self.orphan_grace_s > 0 and time.monotonic() - self._swept_at >= self.orphan_grace_s / 4:
                     self._swept_at = time.monotonic()
                     self.freed_files += self._engine.free_unnamed_files(self.orphan_grace_s)
@@ -363,6 +371,28 @@ class ReReplicator:
             self._balanced_for, self._rebalance_tries = members, 0
         self.last_rebalance = counts
         return counts
+
+    def trim_pass(self) -> int:
+        """Give up this node's copies of files with more live holders than the
+        factor where it ranks past the first ``factor`` of them (copies made while
+        a returning node's files were still being copied again elsewhere). One
+        catalog query per pass when there are none. Returns the copies given up."""
+        live = sorted(n.node_id for n in self._r.live())
+        me = self._r.node_id
+        factor = min(self._r.factor, len(live))
+        given = 0
+        after = ""
+        while factor >= 1 and me in live and not self._stop.is_set():
+            files = self._engine.over_replicated_files(live, factor, after, self._batch)
+            if not files:
+                break
+            after = files[-1]
+            for f in files:
+                _recs, holders = self._engine.file_holders(f)
+                ranked = rank(f.encode(), [n for n in holders if n in live])
+                if me in ranked[factor:] and self._engine.give_up_file(f, live, factor, ranked[:factor]):
+                    given += 1
+        return given
 
     def _rebalance(self, files: list[str], live: dict[str, NodeInfo], factor: int,
                    new: set[str] | frozenset[str]) -> dict[str, int]:

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__all__ = ["PgCopyReads", "UNDER_SQL"]
+__all__ = ["PgCopyReads", "UNDER_SQL", "OVER_SQL"]
 
 #: Rows of ``chunks c`` with fewer live copies than the factor; parameters:
 #: live node ids (array), live node ids again, the factor.
 UNDER_SQL = ("(CASE WHEN c.holder = ANY(%s) THEN 1 ELSE 0 END) + (SELECT COUNT(*) FROM file_copies f"
              " WHERE f.file = c.file AND f.node = ANY(%s) AND f.node <> c.holder) < %s")
+
+
+#: Rows of ``chunks c`` with more live copies than the factor; parameters as UNDER_SQL.
+OVER_SQL = UNDER_SQL.replace(" < %s", " > %s")
 
 
 class PgCopyReads:
@@ -63,3 +67,14 @@ class PgCopyReads:
         return [r[0] for r in self._rows(
             f"SELECT DISTINCT c.file FROM chunks c WHERE c.file > %s AND {UNDER_SQL} ORDER BY c.file LIMIT %s",
             (after, sorted(live), sorted(live), factor, limit))]
+
+    def over_replicated_files(self, live: list[str], factor: int, after: str, limit: int) -> list[str]:
+        """Ids of data files this node holds (as holder or copy), after ``after`` (in id
+        order, at most ``limit``), with a chunk that has more than ``factor`` copies on
+        the nodes ``live``."""
+        if not self._holder:
+            return []
+        return [r[0] for r in self._rows(
+            f"SELECT DISTINCT c.file FROM chunks c WHERE c.file > %s AND {OVER_SQL} AND (c.holder = %s OR EXISTS"
+            " (SELECT 1 FROM file_copies f WHERE f.file = c.file AND f.node = %s)) ORDER BY c.file LIMIT %s",
+            (after, sorted(live), sorted(live), factor, self._holder, self._holder, limit))]

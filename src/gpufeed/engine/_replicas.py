@@ -113,6 +113,12 @@ class ReplicaCalls:
         after ``after`` in id order (at most ``limit``; none outside a cluster)."""
         return self._cat.files_held(after, limit)
 
+    def over_replicated_files(self, live: list[str], factor: int, after: str = "", limit: int = 1000) -> list[str]:
+        """Data files this node holds (ids after ``after``, at most ``limit``) with a chunk
+        that has more than ``factor`` copies on the nodes ``live`` (none outside a cluster)."""
+        find = getattr(self._cat, "over_replicated_files", None)
+        return find(live, factor, after, limit) if find is not None else []
+
     def give_up_file(self, file: str, live: list[str], factor: int, prefer: list[str]) -> bool:
         """Stop holding data file ``file`` here when ``factor`` other nodes of ``live``
         hold it (:meth:`~gpufeed.engine._postgres.PostgresCatalog.give_up_file`: as

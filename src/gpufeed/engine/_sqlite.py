@@ -519,9 +519,8 @@ class SqliteCatalog(_Reads, Catalog):
             ``"quick"``, ``"full"`` or ``"off"`` (:mod:`._catalogcheck`).
 
     Attributes:
-        commit_listeners: called after every commit of :meth:`write` and its own
-            hooks (which drop cached policies and keys), under the write lock
-            (the fast path's lease counter).
+        commit_listeners: called after every commit of :meth:`write` and its own hooks
+            (which drop cached policies and keys), under the write lock (lease counter).
 
     Raises:
         CatalogDamaged: the check found damage; the file is left unchanged.

@@ -180,13 +180,14 @@ class ClusterTransport(Transport):
             self._cache.move_to_end(name)
             return hit[1]
 
-    def _learn(self, name: _Key, reply: p.LocateReply) -> list[str]:
+    def _learn(self, name: _Key, reply: p.LocateReply, from_given: bool = True) -> list[str]:
         """Remember a LOCATE answer: the members, the given node's id, the holders."""
         with self._lock:
             if not reply.node:  # the node is in no cluster: read through it as a plain client
                 self.routes = False
                 return []
-            self.given_node = reply.node
+            if from_given:
+                self.given_node = reply.node
             self._members = {m.node_id: m for m in reply.members}
             self._cache[name] = (time.monotonic(), list(reply.holders))
             self._cache.move_to_end(name)
@@ -211,24 +212,42 @@ class ClusterTransport(Transport):
             else:
                 out[name] = hit
         for i in range(0, len(todo), LOCATE_WAVE):
-            wave = [(n, self._given.request(p.Op.LOCATE, p.Head(*n))) for n in todo[i:i + LOCATE_WAVE]]
+            asked = self._locator()
+            wave = [(n, asked.request(p.Op.LOCATE, p.Head(*n))) for n in todo[i:i + LOCATE_WAVE]]
             self.locates += len(wave)
             for name, fut in wave:
                 try:
-                    out[name] = self._learn(name, fut.result())
+                    out[name] = self._learn(name, fut.result(), asked is self._given)
                 except TransportError:
                     raise
                 except GpufeedError:
                     out[name] = []
         return out
 
+    def _locator(self) -> Transport:
+        """Where to send LOCATE: the given node, or once its connection is lost, a
+        live member this client can reach (the given node when there is none)."""
+        if not self._given.lost_connection:
+            return self._given
+        now = time.monotonic()
+        for node, m in list(self._members.items()):
+            if node != self.given_node and m.live and m.wire_port and self._down.get(node, 0.0) <= now:
+                t = self._transport(node)
+                if t is not None and t is not self._given:
+                    return t
+        return self._given
+
     def _choose(self, name: _Key, holders: list[str]) -> str:
-        """The holder of ``name`` to read from (``""``: the given node)."""
+        """The holder of ``name`` to read from (``""``: the given node; passed over
+        once its connection is lost, while another holder is reachable)."""
         now = time.monotonic()
         label = f"{name[0]}/{name[1]}".encode()
         best, best_score = "", -1
+        given_lost = self._given.lost_connection
         for node in holders:
             m = self._members.get(node)
+            if node == self.given_node and given_lost:
+                continue
             if node != self.given_node and (m is None or not m.live or not m.wire_port
                                             or self._down.get(node, 0.0) > now):
                 continue
@@ -354,10 +373,24 @@ class ClusterTransport(Transport):
                    version_id: str | None = None, snapshot: str | None = None) -> Future:
         return self._submit(self.get, bucket, key, offset, length, version_id, snapshot)
 
+    def _read(self, name: _Key, read: Callable[[Transport], _T]) -> _T:
+        """``read`` on the node :meth:`_route` picks for ``name``; when that was the
+        given node and its connection is lost, once more on another holder."""
+        node = self._route(*name)
+        try:
+            return self._blocking(node, read)
+        except TransportError:
+            if node or not self._given.lost_connection:
+                raise
+            again = self._route(*name)  # the given node is passed over now
+            if not again:
+                raise
+            return self._blocking(again, read)
+
     def get(self, bucket: str, key: str, offset: int, length: int | None,
             version_id: str | None = None, snapshot: str | None = None) -> memoryview:
-        node = self._route(bucket, key, version_id, snapshot)
-        return self._blocking(node, lambda t: t.get(bucket, key, offset, length, version_id, snapshot))
+        return self._read((bucket, key, version_id, snapshot),
+                          lambda t: t.get(bucket, key, offset, length, version_id, snapshot))
 
     def submit_get_into(self, bucket: str, key: str, dest: memoryview, offset: int,
                         version_id: str | None = None, snapshot: str | None = None) -> Future:
@@ -370,21 +403,31 @@ class ClusterTransport(Transport):
 
     def get_into(self, bucket: str, key: str, dest: memoryview, offset: int,
                  version_id: str | None = None, snapshot: str | None = None) -> int:
-        node = self._route(bucket, key, version_id, snapshot)
-        return self._blocking(node, lambda t: t.get_into(bucket, key, dest, offset, version_id, snapshot))
+        return self._read((bucket, key, version_id, snapshot),
+                          lambda t: t.get_into(bucket, key, dest, offset, version_id, snapshot))
 
     def submit_get_ranges_into(self, bucket: str, key: str, dest: memoryview, offsets: bytes,
                                lengths: list[int], version_id: str | None = None,
                                snapshot: str | None = None) -> Future:
         def run() -> p.GetRangesReply:
-            node = self._route(bucket, key, version_id, snapshot)
-            return self._blocking(node, lambda t: t.submit_get_ranges_into(
+            return self._read((bucket, key, version_id, snapshot), lambda t: t.submit_get_ranges_into(
                 bucket, key, dest, offsets, lengths, version_id, snapshot).result())
         return self._submit(run)
 
     def submit_get_many_into(self, reqs: Sequence[ReadRequest], dests: Sequence[memoryview],
                              digests_out: list | None, errors_out: list | None) -> Future:
-        return self._submit(self._get_many, reqs, dests, digests_out, errors_out)
+        return self._submit(self._get_many_again, reqs, dests, digests_out, errors_out)
+
+    def _get_many_again(self, reqs: Sequence[ReadRequest], dests: Sequence[memoryview],
+                        digests_out: list | None, errors_out: list | None) -> list[int]:
+        """:meth:`_get_many`, once more (the given node passed over) when the given
+        node's connection was lost under it."""
+        try:
+            return self._get_many(reqs, dests, digests_out, errors_out)
+        except TransportError:
+            if not self._given.lost_connection:
+                raise
+            return self._get_many(reqs, dests, digests_out, errors_out)
 
     def _get_many(self, reqs: Sequence[ReadRequest], dests: Sequence[memoryview],
                   digests_out: list | None, errors_out: list | None) -> list[int]:
