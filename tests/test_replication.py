@@ -195,6 +195,10 @@ def test_the_replicate_command(pair, clients):
     assert f"{bucket}: replica of {replica['source']}, last snapshot {replica['snapshot']}" in _gf(
         *on_dst, "replica-status", bucket).stdout
     assert "writable" in _gf(*on_dst, "failover", bucket).stdout
+    promoted = json.loads(_gf(*on_dst, "replica-status", bucket, "--json").stdout)
+    assert promoted["promoted"] is True and promoted["source"] == replica["source"]
+    assert promoted["snapshot"] == replica["snapshot"] and promoted["promoted_at"] > 0
+    assert f"{bucket}: promoted to a writable bucket" in _gf(*on_dst, "replica-status", bucket).stdout
     dst.put_object(Bucket=bucket, Key="b", Body=b"after failover")
     assert "removed" in _gf(*on_src, "remove", bucket).stdout
 

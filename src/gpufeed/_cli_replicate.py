@@ -152,10 +152,15 @@ def replicate_remove(ctx, bucket, as_json) -> None:
 def replicate_replica_status(ctx, bucket, as_json) -> None:
     """On the TARGET node (--endpoint): what replica BUCKET holds: its source,
     the last source snapshot applied whole, rounds, chunks received and
-    received twice, and the chunks staged for the open round."""
+    received twice, and the chunks staged for the open round; for a replica
+    that failover promoted, when, and what it held then."""
     r = _call(ctx, lambda a: a.replica_status(bucket))
     if as_json:
         click.echo(json.dumps(r))
+        return
+    if r.get("promoted"):
+        click.echo(f"{bucket}: promoted to a writable bucket {_when(r['promoted_at'])} (failover); it was the "
+                   f"replica of {r['source']}, last snapshot {r['snapshot'] or '(none complete)'}")
         return
     click.echo(f"{bucket}: replica of {r['source']}, last snapshot {r['snapshot'] or '(none complete)'} "
                f"{_when(r['snapshot_created']) if r['snapshot'] else ''}".rstrip())

@@ -75,6 +75,8 @@ __all__ = ["ReplicaTarget", "REPLICA_CONFIG", "REPLICA_REFUSED_ACTIONS", "MAX_RE
 
 #: The bucket configuration document that marks a replica.
 REPLICA_CONFIG = "gpufeed-replica"
+#: What a replica was when failover promoted it (its last mark and ``promoted_at``).
+PROMOTED_CONFIG = "gpufeed-replica-promoted"
 #: Folder of the data folder where received chunks wait for their version's commit.
 STAGING_DIR = "replica-staging"
 #: Largest chunk :meth:`ReplicaTarget.replica_put_chunk` accepts, bytes.
@@ -170,13 +172,18 @@ class ReplicaTarget:
             raise AccessDenied(f"bucket {bucket!r} is a read-only replica of another site; it changes only "
                                "by replication until 'gpufeed replicate failover' promotes it", bucket=bucket)
 
-    def _set_mark(self, bucket: str, mark: dict | None) -> None:
+    def _set_mark(self, bucket: str, mark: dict | None, promoted: dict | None = None) -> None:
+        """Set (or with ``None`` remove) the replica mark; a new mark forgets what an
+        earlier failover recorded, a promotion records ``promoted``."""
         with self._cat.write() as w:
             require_bucket(w, bucket)
             if mark is None:
                 w.delete_bucket_config(bucket, REPLICA_CONFIG)
             else:
                 w.set_bucket_config(bucket, REPLICA_CONFIG, json.dumps(mark, sort_keys=True))
+                w.delete_bucket_config(bucket, PROMOTED_CONFIG)
+            if promoted is not None:
+                w.set_bucket_config(bucket, PROMOTED_CONFIG, json.dumps(promoted, sort_keys=True))
             w.on_commit(lambda: self._replica_memo().forget(bucket))
 
     def _require_replica(self, bucket: str, source: str | None = None) -> dict:
@@ -241,12 +248,21 @@ class ReplicaTarget:
 
     def replica_status(self, bucket: str) -> dict:
         """The mark, plus this round's ``staged_chunks``, ``round_chunks_received``
-        and ``round_duplicate_chunks`` (chunks sent again although staged).
+        and ``round_duplicate_chunks`` (chunks sent again although staged), and
+        ``promoted`` (false). For a replica that failover promoted: its last mark,
+        ``promoted`` (true) and ``promoted_at`` (Unix s).
 
         Raises:
-            NoSuchBucket, InvalidRequestError: no such bucket; not a replica.
+            NoSuchBucket, InvalidRequestError: no such bucket; not a replica, nor one
+                that was promoted.
         """
+        require_bucket(self._cat, bucket)
+        if self.replica_of(bucket) is None:
+            doc = self._cat.bucket_config(bucket, PROMOTED_CONFIG)
+            if doc:
+                return {**json.loads(doc), "bucket": bucket, "promoted": True}
         mark = dict(self._require_replica(bucket))
+        mark["promoted"] = False
         folder = self._staging(bucket)
         names = os.listdir(folder) if folder.is_dir() else []
         received = self._received(folder)
@@ -457,7 +473,7 @@ class ReplicaTarget:
             InvalidRequestError: it is not a replica.
         """
         mark = dict(self._require_replica(bucket))
-        self._set_mark(bucket, None)
+        self._set_mark(bucket, None, promoted={**mark, "promoted_at": time.time()})
         shutil.rmtree(self._staging(bucket), ignore_errors=True)
         mark["bucket"] = bucket
         return mark
