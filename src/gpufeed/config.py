@@ -63,6 +63,10 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _flag(text: str) -> bool:
+    return text not in ("0", "false", "no")
+
+
 def _lease_seconds(text: str) -> float:
     seconds = _seconds(text)
     if seconds > 60:
@@ -426,7 +430,7 @@ class NodeConfig:
             access_key=_env("GPUFEED_ACCESS_KEY", str, cls.access_key),
             secret_key=_env("GPUFEED_SECRET_KEY", str, cls.secret_key),
             region=_env("GPUFEED_REGION", str, cls.region),
-            fsync=_env("GPUFEED_FSYNC", lambda s: s not in ("0", "false", "no"), True),
+            fsync=_env("GPUFEED_FSYNC", _flag, True),
             io_threads=_env("GPUFEED_IO_THREADS", int, cls.io_threads),
             region_pool_bytes=_env("GPUFEED_REGION_POOL_BYTES", _size, cls.region_pool_bytes),
             send_timeout_s=_env("GPUFEED_SEND_TIMEOUT_S", _seconds, cls.send_timeout_s),
@@ -445,8 +449,7 @@ class NodeConfig:
             wire=WireLimits.from_env(),
             master_key=_env("GPUFEED_MASTER_KEY", master_key_from_text, None),
             metrics_port=_env("GPUFEED_METRICS_PORT", int, cls.metrics_port),
-            metrics_tenant_labels=_env("GPUFEED_METRICS_TENANT_LABELS", lambda s: s not in ("0", "false", "no"),
-                                       cls.metrics_tenant_labels),
+            metrics_tenant_labels=_env("GPUFEED_METRICS_TENANT_LABELS", _flag, cls.metrics_tenant_labels),
             capacity_bytes=_env("GPUFEED_CAPACITY", _size, cls.capacity_bytes),
             scrub_interval_s=_env("GPUFEED_SCRUB_INTERVAL_S", _seconds, cls.scrub_interval_s),
             scrub_rate_bytes=_env("GPUFEED_SCRUB_RATE", _size, cls.scrub_rate_bytes),
@@ -471,8 +474,7 @@ class NodeConfig:
             cluster_rereplicate_bytes_s=_env("GPUFEED_CLUSTER_REREPLICATE_RATE", _size,
                                              cls.cluster_rereplicate_bytes_s),
             cluster_orphan_grace_s=_env("GPUFEED_CLUSTER_ORPHAN_GRACE_S", _seconds, cls.cluster_orphan_grace_s),
-            cluster_rebalance=_env("GPUFEED_CLUSTER_REBALANCE", lambda v: v not in ("0", "false", "no"),
-                                   cls.cluster_rebalance),
+            cluster_rebalance=_env("GPUFEED_CLUSTER_REBALANCE", _flag, cls.cluster_rebalance),
             cluster_repair_queue=_env("GPUFEED_CLUSTER_REPAIR_QUEUE", _count, cls.cluster_repair_queue),
         )
         names = {f.name for f in fields(cls)}

@@ -318,6 +318,7 @@ class ShmTransport(PooledTransport):
     def get_into(self, bucket: str, key: str, dest: memoryview, offset: int,
                  version_id: str | None = None, snapshot: str | None = None) -> int:
         if self.leases is not None and version_id is None and snapshot is None:
+            self.check_process()  # a forked child gets TransportError, as without leases
             got = self.leases.read_into(bucket, key, dest, offset)
             if got is not None:
                 return got
