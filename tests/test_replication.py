@@ -17,6 +17,7 @@ import uuid
 import pytest
 from botocore.exceptions import ClientError
 
+from gpufeed._replica_client import ReplicaClient
 from gpufeed.admin import RemoteAdmin
 from gpufeed.engine._replica import STAGING_DIR
 from gpufeed.errors import BucketNotEmpty, InvalidRequestError, NoSuchReplicationRule, ReplicationTargetUnavailable
@@ -121,6 +122,52 @@ def test_a_bucket_replicates_round_by_round(pair, clients):
     assert a.snapshot_list(bucket)["snapshots"] == []
     with pytest.raises(NoSuchReplicationRule):
         a.replication_status(bucket)
+
+
+def _tags(s3, bucket: str, key: str) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in s3.get_object_tagging(Bucket=bucket, Key=key)["TagSet"]}
+
+
+def test_a_tag_only_change_reaches_the_target_without_data(pair, clients):
+    source, target = pair
+    src, dst = clients
+    bucket, tb = "t-" + uuid.uuid4().hex[:8], "tcopy-" + uuid.uuid4().hex[:8]
+    src.create_bucket(Bucket=bucket)
+    body = os.urandom(CHUNK_BYTES + 99)
+    src.put_object(Bucket=bucket, Key="a", Body=body, Tagging="team=x")
+    src.put_object(Bucket=bucket, Key="b", Body=b"bee", Tagging="keep=1")
+    src.put_object(Bucket=bucket, Key="c", Body=b"sea")
+    a = _admin(source)
+    a.replication_add(bucket, target.s3_url, tb, target.access_key, target.secret_key)
+    a.replication_sync(bucket)
+    src.put_object_tagging(Bucket=bucket, Key="a", Tagging={"TagSet": [{"Key": "team", "Value": "y"},
+                                                                         {"Key": "tier", "Value": "cold"}]})
+    src.delete_object_tagging(Bucket=bucket, Key="b")
+    src.put_object_tagging(Bucket=bucket, Key="c", Tagging={"TagSet": [{"Key": "new", "Value": "1"}]})
+    assert a.replication_status(bucket)["behind_objects"] == 3
+    etag_before = dst.head_object(Bucket=tb, Key="a")["ETag"]
+    result = a.replication_sync(bucket)
+    assert (result["retagged"], result["objects_sent"], result["chunks_sent"], result["bytes_sent"]) == (3, 0, 0, 0)
+    assert _tags(dst, tb, "a") == {"team": "y", "tier": "cold"}
+    assert _tags(dst, tb, "b") == {}
+    assert _tags(dst, tb, "c") == {"new": "1"}
+    assert dst.get_object(Bucket=tb, Key="a")["Body"].read() == body
+    assert dst.head_object(Bucket=tb, Key="a")["ETag"] == etag_before
+    status = a.replication_status(bucket)
+    assert (status["behind_objects"], status["retagged"]) == (0, 3)
+    # tags changed together with the data travel with the new version
+    src.put_object(Bucket=bucket, Key="c", Body=b"sea2", Tagging="v=2")
+    assert a.replication_sync(bucket)["objects_sent"] == 1
+    assert (_tags(dst, tb, "c"), dst.get_object(Bucket=tb, Key="c")["Body"].read()) == ({"v": "2"}, b"sea2")
+    # a retagged key the target lacks (deleted there by a replica call of the rule) is sent whole
+    rc = ReplicaClient(target.s3_url, tb, status["id"], target.access_key, target.secret_key)
+    rc.delete("b")
+    rc.close()
+    src.put_object_tagging(Bucket=bucket, Key="b", Tagging={"TagSet": [{"Key": "back", "Value": "1"}]})
+    result = a.replication_sync(bucket)
+    assert (result["retagged"], result["objects_sent"]) == (0, 1)
+    assert (_tags(dst, tb, "b"), dst.get_object(Bucket=tb, Key="b")["Body"].read()) == ({"back": "1"}, b"bee")
+    a.replication_remove(bucket)
 
 
 def test_a_target_bucket_that_is_not_empty_is_refused_and_kept(pair, clients):

@@ -91,11 +91,12 @@ def snapshot_restore(ctx, bucket, name, prefix, as_json) -> None:
 @JSON_OPTION
 @click.pass_context
 def snapshot_diff(ctx, bucket, name, target, prefix, as_json) -> None:
-    """Keys added (+), changed (~) and removed (-) from snapshot NAME to snapshot
-    TARGET (default: the live bucket)."""
+    """Keys added (+), changed (~), removed (-) and retagged (t: same data,
+    another tag set) from snapshot NAME to snapshot TARGET (default: the live
+    bucket)."""
     def show(r: dict) -> str:
         lines = ([f"+ {_shown(k)}" for k in r["added"]] + [f"~ {_shown(k)}" for k in r["changed"]]
-                 + [f"- {_shown(k)}" for k in r["removed"]])
+                 + [f"- {_shown(k)}" for k in r["removed"]] + [f"t {_shown(k)}" for k in r.get("retagged", [])])
         return "\n".join(lines) or "(no differences)"
 
     _run(ctx, lambda a: a.snapshot_diff(bucket, name, target, prefix=prefix), as_json, show)

@@ -112,6 +112,11 @@ class ReplicaClient:
         """Delete ``key`` on the target."""
         self._call("POST", "/delete", {"source": self._source, "key": key})
 
+    def retag(self, key: str, tags: dict[str, str]) -> None:
+        """Replace the tag set of ``key``'s current version on the target
+        (raises NoSuchKey when the target has no current version of it)."""
+        self._call("POST", "/tags", {"source": self._source, "key": key, "tags": tags})
+
     def end_round(self, snapshot: str, created: float) -> dict:
         """Tell the target snapshot ``snapshot`` is applied whole."""
         return self._call("POST", "/round", {"source": self._source, "snapshot": snapshot, "created": created})

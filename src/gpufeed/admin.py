@@ -160,7 +160,8 @@ class Admin:
         raise NotImplementedError
 
     def snapshot_diff(self, bucket: str, name: str, target: str | None = None, *, prefix: str = "") -> dict:
-        """``{"added", "changed", "removed"}`` keys from snapshot ``name`` to ``target`` (``None``: live)."""
+        """``{"added", "changed", "removed", "retagged"}`` keys from snapshot
+        ``name`` to ``target`` (``None``: live)."""
         raise NotImplementedError
 
     def snapshot_schedule(self, bucket: str, *, hourly: int | None = None, daily: int | None = None) -> dict:

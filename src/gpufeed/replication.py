@@ -17,7 +17,8 @@ rule every ``replication_interval_s``):
    which it lacks, sends only those (of a changed key, chunks the version of
    the previous snapshot holds are not sent: the target copies them from its
    current version), then asks the target to commit the version from its
-   chunks (atomic there); deletes removed keys; each key
+   chunks (atomic there); sends the tag set of each key whose tags alone
+   changed (the target replaces them in place); deletes removed keys; each key
    done is appended to ``replication/<bucket>.done`` (fsynced), so a resumed
    round skips it;
 4. tells the target the round is complete, deletes the previous snapshot and
@@ -91,7 +92,8 @@ class ReplicationRule:
         last_snapshot_created: its time, Unix s.
         round: the open round (``{"snapshot", "created", "base"}``) or ``None``.
         counters: ``rounds``, ``chunks_sent``, ``bytes_sent``, ``objects_sent``,
-            ``deleted``, ``chunks_skipped`` (the target had them), ``errors``.
+            ``deleted``, ``retagged`` (tag sets updated in place),
+            ``chunks_skipped`` (the target had them), ``errors``.
         last_error: the last failed round's message ("" none).
         last_error_at, last_round_at: Unix s (0: never).
     """
@@ -123,6 +125,8 @@ class RoundResult:
         chunks_sent, bytes_sent: chunks (and their bytes) sent.
         chunks_skipped: chunks the target had already.
         deleted: keys deleted on the target.
+        retagged: keys whose tag set alone changed, updated on the target in
+            place (no data sent).
         resumed: the round continued one left open.
     """
 
@@ -132,10 +136,12 @@ class RoundResult:
     bytes_sent: int = 0
     chunks_skipped: int = 0
     deleted: int = 0
+    retagged: int = 0
     resumed: bool = False
 
 
-_COUNTERS = ("rounds", "chunks_sent", "bytes_sent", "objects_sent", "deleted", "chunks_skipped", "errors")
+_COUNTERS = ("rounds", "chunks_sent", "bytes_sent", "objects_sent", "deleted", "retagged", "chunks_skipped",
+             "errors")
 
 
 class Replicator:
@@ -291,8 +297,8 @@ class Replicator:
         (the open round, ``None`` when none), ``last_snapshot``,
         ``last_snapshot_created``, ``lag_s`` (seconds since the last snapshot
         applied whole, 0 when the bucket has not changed since),
-        ``behind_objects`` and ``behind_bytes`` (keys added, changed or removed
-        since, and the bytes of the added and changed ones), the counters,
+        ``behind_objects`` and ``behind_bytes`` (keys added, changed, removed
+        or retagged since, and the bytes of the added and changed ones), the counters,
         ``last_error``, ``last_error_at``, ``last_round_at``. Never the key.
 
         Raises:
@@ -330,7 +336,7 @@ class Replicator:
                 size += e.head_object(rule.bucket, key).size
             except NoSuchKey:
                 pass
-        return len(sent) + len(diff.removed), size
+        return len(sent) + len(diff.removed) + len(diff.retagged), size
 
     def status_all(self) -> list[dict]:
         """:meth:`status` of every rule."""
@@ -420,12 +426,15 @@ class Replicator:
         snap, base = rule.round["snapshot"], rule.round["base"]
         result = RoundResult(snap, resumed=resumed)
         changed: set[str] = set()
+        retagged: list[str] = []
         if base:
             diff = self._engine.diff_snapshots(rule.bucket, base, snap)
             send, removed, changed = diff.added + diff.changed, diff.removed, set(diff.changed)
+            retagged = diff.retagged
         else:
             send, removed = self._keys(rule.bucket, snap), []
         done_path = self._path(rule.bucket, "done")
+        # one line per finished key: "key" sent, ["-", key] deleted, ["t", key] retagged
         done = set(done_path.read_text().splitlines()) if done_path.exists() else set()
         fd = os.open(done_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
         with open(fd, "a") as done_log:
@@ -434,12 +443,17 @@ class Replicator:
                 if json.dumps(key) not in done:
                     self._send_key(rule, client, snap, key, result, base if key in changed else "")
                     self._mark_done(done_log, json.dumps(key))
+            for key in retagged:
+                self._check_open()
+                if json.dumps(["t", key]) not in done:
+                    self._retag(rule, client, snap, key, result)
+                    self._mark_done(done_log, json.dumps(["t", key]))
             for key in removed:
-                if json.dumps("-" + key) not in done:
+                if json.dumps(["-", key]) not in done:
                     client.delete(key)
                     result.deleted += 1
                     rule.counters["deleted"] = int(rule.counters.get("deleted", 0)) + 1
-                    self._mark_done(done_log, json.dumps("-" + key))
+                    self._mark_done(done_log, json.dumps(["-", key]))
         client.end_round(snap, rule.round["created"])
         if rule.last_snapshot and rule.last_snapshot != snap:
             self._delete_snapshot(rule.bucket, rule.last_snapshot)
@@ -474,6 +488,20 @@ class Replicator:
             pass
         except GpufeedError as exc:  # object lock keeps it: pruned by hand later
             log.info("replication snapshot %s/%s kept: %s", bucket, name, exc)
+
+    def _retag(self, rule: ReplicationRule, client: ReplicaClient, snap: str, key: str,
+               result: RoundResult) -> None:
+        """Send the tag set the snapshot records for ``key``, whose data the
+        target already has; a target that lacks the key gets the whole version."""
+        tags = self._engine.head_object(rule.bucket, key, snapshot=snap).tags
+        try:
+            client.retag(key, dict(tags))
+        except NoSuchKey:
+            self._send_key(rule, client, snap, key, result)
+            return
+        result.retagged += 1
+        rule.counters["retagged"] = int(rule.counters.get("retagged", 0)) + 1
+        self._save(rule)
 
     def _digests(self, bucket: str, key: str, snapshot: str) -> list[str]:
         """The chunk digests of the version ``snapshot`` holds of ``key``."""

@@ -163,6 +163,20 @@ def test_diff_between_snapshots_and_live(eng):
         eng.diff_snapshots(B, "a", "nope")
 
 
+def test_a_tag_only_change_is_retagged_in_the_diff_and_undone_by_restore(eng):
+    eng.put_object(B, "t", b"data")
+    eng.put_object_tagging(B, "t", {"a": "1"})
+    eng.put_object(B, "u", b"other")
+    eng.create_snapshot(B, "s")
+    eng.put_object_tagging(B, "t", {"a": "2", "b": "x"})
+    assert eng.diff_snapshots(B, "s") == SnapshotDiff([], [], [], retagged=["t"])
+    files = _blob_files(eng)
+    assert eng.restore_snapshot(B, "s") == RestoreResult(restored=1, deleted=0, unchanged=1)
+    assert eng.head_object(B, "t").tags == {"a": "1"}
+    assert eng.get_object(B, "t") == b"data" and _blob_files(eng) == files  # no data copied
+    assert eng.diff_snapshots(B, "s") == SnapshotDiff([], [], [])
+
+
 def test_restore_unversioned_bucket(eng):
     eng.put_object(B, "keep", b"k")
     eng.put_object(B, "p/a", b"a1")

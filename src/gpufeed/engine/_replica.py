@@ -24,6 +24,7 @@ bucket's other documents. While the mark is there:
      order, through the ordinary write path: the version is visible only once
      all its bytes are in (atomic as every put);
   4. :meth:`replica_delete`: a key the source no longer has;
+     :meth:`replica_retag`: a key whose tags alone changed gets them in place;
   5. :meth:`replica_end_round`: the source snapshot is applied whole; the
      staged chunks are removed.
 
@@ -64,7 +65,7 @@ from ._blobs import BlobFiles, fsync_dir, remove_quietly
 from ._private import FILE_MODE, make_private_dirs
 from ._tenants import BucketMemo
 from .catalog import Catalog, require_bucket
-from .types import DEFAULT_TENANT, BucketInfo, DeleteConditions, DeleteResult
+from .types import DEFAULT_TENANT, BucketInfo, DeleteConditions, DeleteResult, ObjectInfo
 
 if TYPE_CHECKING:
     from ._handles import ObjectHandle
@@ -134,6 +135,10 @@ class ReplicaTarget:
         def open_version(self, bucket: str, key: str, version_id: str | None = None, *,
                          snapshot: str | None = None) -> ObjectHandle:
             """:meth:`~gpufeed.engine._reads.ObjectReads.open_version`."""
+
+        def put_object_tagging(self, bucket: str, key: str, tags: dict[str, str], *,
+                               version_id: str | None = None) -> ObjectInfo:
+            """:meth:`~gpufeed.engine._versioning.VersionedObjects.put_object_tagging`."""
 
         def delete_object(self, bucket: str, key: str, version_id: str | None = None, *,
                           bypass_governance: bool = False,
@@ -435,6 +440,23 @@ class ReplicaTarget:
         """
         self._require_replica(bucket, source)
         self.delete_object(bucket, key)
+
+    def replica_retag(self, bucket: str, source: str, key: str, tags: object) -> None:
+        """Replace the tag set of ``key``'s current version, as the source's
+        PutObjectTagging or DeleteObjectTagging did (the data is unchanged,
+        so no version is written).
+
+        Raises:
+            NoSuchBucket, InvalidRequestError: no such bucket; not ``source``'s replica.
+            NoSuchKey: the target has no current version of ``key`` (the source
+                then sends the whole version).
+            InvalidArgument, InvalidTag: ``tags`` is not a tag set within S3's limits.
+        """
+        if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in tags.items()):
+            raise InvalidArgument("tags is an object of string keys and values")
+        self._require_replica(bucket, source)
+        self.put_object_tagging(bucket, key, tags)
 
     def replica_end_round(self, bucket: str, source: str, snapshot: str, created: float) -> dict:
         """Record source snapshot ``snapshot`` (made at ``created``, Unix s) as

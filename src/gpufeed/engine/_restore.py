@@ -3,6 +3,7 @@
 Inside one write transaction:
 
 - each key the snapshot holds whose current version is not the recorded one
+  (another blob, or the same blob with another tag set: tags change in place)
   gets the recorded version back as a new current version: same blob id (no
   data copied), size, ETag, content type, metadata, checksums, headers and
   tags, written now; versioning decides what happens to the version it
@@ -11,7 +12,8 @@ Inside one write transaction:
   bucket's default retention applies to it as to any new version;
 - each current key under the prefix the snapshot does not hold is deleted as
   DeleteObject without a version id does (a delete marker in a versioned bucket);
-- keys whose current version already is the recorded one are left alone.
+- keys whose current version already is the recorded one, tags included,
+  are left alone.
 
 Object lock: when any current version it would replace or delete is under
 retention or legal hold, the whole restore is refused up front with
@@ -69,7 +71,7 @@ def restore_snapshot(w: CatalogWriter, b: BucketInfo, snap: SnapshotInfo, prefix
     cur = w.scan_objects(b.name, prefix, inclusive=True, end=end, limit=_ALL)
     with closing(old), closing(cur):
         plan = list(merge_keys(old, cur))
-    puts = [(e, c) for _, e, c in plan if e is not None and (c is None or c.blob_id != e.blob_id)]
+    puts = [(e, c) for _, e, c in plan if e is not None and (c is None or c.blob_id != e.blob_id or c.tags != e.tags)]
     deletes = [c for _, e, c in plan if e is None and c is not None]
     for v in [c for _, c in puts if c is not None] + deletes:
         try:

@@ -222,7 +222,8 @@ class SnapshotCalls:
                        prefix: str = "") -> SnapshotDiff:
         """Keys that differ between snapshot ``base`` and snapshot ``target``
         (``None``: the live bucket now), under ``prefix``; read in one catalog
-        snapshot. A key is changed when its blob id or ETag differs.
+        snapshot. A key is changed when its blob id or ETag differs, and
+        retagged when only its tag set does.
 
         Raises:
             NoSuchBucket, NoSuchSnapshot: no such bucket or snapshot.
@@ -235,6 +236,7 @@ class SnapshotCalls:
         added: list[str] = []
         changed: list[str] = []
         removed: list[str] = []
+        retagged: list[str] = []
         with self._cat.snapshot() as c:
             require_snapshot(c, bucket, base)
             if target is not None:
@@ -250,7 +252,9 @@ class SnapshotCalls:
                         removed.append(key)
                     elif a.blob_id != b.blob_id or a.etag != b.etag:
                         changed.append(key)
-        return SnapshotDiff(added, changed, removed)
+                    elif a.tags != b.tags:
+                        retagged.append(key)
+        return SnapshotDiff(added, changed, removed, retagged)
 
     def restore_snapshot(self, bucket: str, name: str, *, prefix: str = "") -> RestoreResult:
         """Roll the bucket (or the keys under ``prefix``) back to snapshot ``name``

@@ -455,11 +455,15 @@ class SnapshotDiff:
         added: keys in the target only.
         changed: keys in both whose data differs (another blob or ETag).
         removed: keys in the base only.
+        retagged: keys in both with the same data whose tag set differs
+            (PutObjectTagging and DeleteObjectTagging change a version's tags
+            in place).
     """
 
     added: list[str]
     changed: list[str]
     removed: list[str]
+    retagged: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

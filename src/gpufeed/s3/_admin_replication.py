@@ -28,6 +28,8 @@ PUT    ``replica/B/chunks/DIGEST?source=ID``          stage the body (raw bytes)
 POST   ``replica/B/objects`` ``{"source", "key",      ``{"key", "size", "etag"}``
        "chunks", "size", "content_type", ...}``
 POST   ``replica/B/delete`` ``{"source", "key"}``     ``{}``
+POST   ``replica/B/tags`` ``{"source", "key",         ``{}`` (the current version's tags replaced)
+       "tags"}``
 POST   ``replica/B/round`` ``{"source", "snapshot",   the replica status
        "created"}``
 POST   ``replica/B/failover``                         the mark it had: B is writable from now on
@@ -144,13 +146,18 @@ async def replication_call(s: Services, request: web.BaseRequest, parts: list[st
             b = await read_json_object(request, _SMALL_BODY)
             await s.call(e.replica_delete, bucket, _text(b.get("source"), "source"), _text(b.get("key"), "key"))
             return {}
+        case ["tags"] if method == "POST":
+            b = await read_json_object(request, _SMALL_BODY)
+            await s.call(e.replica_retag, bucket, _text(b.get("source"), "source"), _text(b.get("key"), "key"),
+                         b.get("tags"))
+            return {}
         case ["round"] if method == "POST":
             b = await read_json_object(request, _SMALL_BODY)
             return await s.call(e.replica_end_round, bucket, _text(b.get("source"), "source"),
                                 b.get("snapshot"), b.get("created"))
         case ["failover"] if method == "POST":
             return await s.call(e.promote_replica, bucket)
-        case [] | ["lack" | "objects" | "delete" | "round" | "failover"] | ["chunks", _]:
+        case [] | ["lack" | "objects" | "delete" | "tags" | "round" | "failover"] | ["chunks", _]:
             raise MethodNotAllowed(f"{method} is not allowed on this replica call")
     raise NoSuchKey(f"no admin call {'/'.join(parts)}")
 
