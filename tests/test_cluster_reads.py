@@ -131,6 +131,16 @@ def test_chunk_is_served_only_to_members_of_the_cluster(pair, postgres_url):
         stranger = PeerLink(cat.membership, cluster="c1", node_id="0" * 32, expiry_s=1.5, timeout_s=3, fetches=1)
         with pytest.raises(HolderUnavailable, match="InvalidAccessKeyId"):
             stranger.fetch(chunk, [chunk.holder], os.open(os.devnull, os.O_WRONLY))
+        b_id = (b.data_dir / "node.id").read_text().strip()  # a member asks for a range of the chunk
+        member = PeerLink(cat.membership, cluster="c1", node_id=b_id, expiry_s=1.5, timeout_s=3, fetches=1)
+        fd = os.memfd_create("range")
+        try:
+            member.fetch(chunk, [chunk.holder], fd, (4096, 904))
+            assert os.pread(fd, 904, chunk.file_offset + 4096) == b"x" * 904
+            with pytest.raises(HolderUnavailable, match="not within"):
+                member.fetch(chunk, [chunk.holder], fd, (4096, 905))
+        finally:
+            os.close(fd)
     finally:
         cat.close()
 

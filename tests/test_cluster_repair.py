@@ -101,6 +101,9 @@ def test_scrub_repairs_the_holders_file_and_a_copy_from_a_good_copy(tmp_path, po
         assert report["complete"] and report["damaged"] == [] and report["dropped_copies"] == []
         assert sorted(r["file"] for r in report["repaired"]) == sorted(where)
         assert all(r["from"] == _node_id(where[r["file"]][1]) and not r["copy"] for r in report["repaired"])
+        raw = next(f for f in where if len(before[f]) == 300_000)
+        # one flipped byte of the 300,000-byte chunk: only its 4 KiB block is fetched
+        assert [r["fetched_bytes"] for r in report["repaired"] if r["file"] == raw] == [4096]
         assert all(_path(a, f).read_bytes() == before[f] for f in where)  # bit-identical again
         assert _admin(a).damaged()["chunks"] == []
         _reads_everywhere(nodes, want)
@@ -125,6 +128,12 @@ def test_scrub_repairs_the_holders_file_and_a_copy_from_a_good_copy(tmp_path, po
         assert all(r["reason"] == "data file is missing" for r in report["repaired"]) and report["damaged"] == []
         assert _path(a, packed).read_bytes() == before[packed]
         _reads_everywhere([a], want)
+        other = where[raw][1]  # other blocks of one file damaged on both nodes: each repaired from the other
+        flip_bits(_path(a, raw), 10 * 4096 + 5, 0x04)
+        flip_bits(_path(other, raw), 20 * 4096 + 5, 0x04)
+        assert [r["fetched_bytes"] for r in _admin(a).scrub()["last"]["repaired"]] == [4096]
+        assert [r["fetched_bytes"] for r in _admin(other).scrub()["last"]["repaired"]] == [4096]
+        assert _path(a, raw).read_bytes() == _path(other, raw).read_bytes() == before[raw]
         a.kill()  # the copies alone serve everything, bit-identical
         _reads_everywhere(nodes[1:], want)
     finally:
@@ -168,8 +177,8 @@ def test_every_copy_damaged_serves_nothing_and_drops_the_damaged_copy(tmp_path, 
         s3.create_bucket(Bucket="raw")
         s3.put_object(Bucket="raw", Key="k", Body=os.urandom(200_000))
         [(file, (holder, copy_node))] = _where(postgres_url, nodes).items()
-        flip_bits(_path(holder, file), 5000, 0x02)
-        flip_bits(_path(copy_node, file), 9000, 0x02)
+        flip_bits(_path(holder, file), 5000, 0x02)  # the same 4 KiB block of both (blocks apart are
+        flip_bits(_path(copy_node, file), 6000, 0x02)  # repaired from each other: see the test above)
         report = _admin(holder).scrub()["last"]
         assert report["repaired"] == [] and len(report["damaged"]) == 1
         damage = report["damaged"][0]

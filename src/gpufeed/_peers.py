@@ -141,10 +141,11 @@ class PeerLink:
             raise HolderUnavailable(f"{where} serves no fast-path TCP port, which node-to-node reads use")
         return info
 
-    def fetch(self, c: ChunkRecord, nodes: list[str], fd: int) -> None:
-        """Write chunk ``c``'s stored bytes, as a node of ``nodes`` sends them
-        (each asked in turn until one answers), at ``c.file_offset`` of ``fd``
-        (unchecked: the engine checks them).
+    def fetch(self, c: ChunkRecord, nodes: list[str], fd: int, span: tuple[int, int] | None = None) -> None:
+        """Write chunk ``c``'s stored bytes (``span``: the ``(offset, length)``
+        bytes of them), as a node of ``nodes`` sends them (each asked in turn
+        until one answers), at their place (``c.file_offset`` + offset) of
+        ``fd`` (unchecked: the engine checks them).
 
         Raises:
             HolderUnavailable: no node of ``nodes`` is live, or each wait passed
@@ -154,7 +155,7 @@ class PeerLink:
         failures: list[GpufeedError] = []
         for node in nodes:
             try:
-                self._fetch_from(node, c, fd)
+                self._fetch_from(node, c, fd, span)
                 return
             except (HolderUnavailable, DamagedObject) as exc:
                 failures.append(exc)
@@ -162,14 +163,14 @@ class PeerLink:
             raise DamagedObject("; ".join(f.message for f in failures))
         raise HolderUnavailable("; ".join(f.message for f in failures) or "no node holds it")
 
-    def _fetch_from(self, node: str, c: ChunkRecord, fd: int) -> None:
+    def _fetch_from(self, node: str, c: ChunkRecord, fd: int, span: tuple[int, int] | None) -> None:
         info = self._holder(node)
         if not self._slots.acquire(timeout=self.timeout_s):
             raise HolderUnavailable(f"every one of this node's fetches from other nodes stayed busy for "
                                     f"{self.timeout_s:.1f} s (GPUFEED_CLUSTER_FETCHES)")
         try:
             with socket.create_connection((info.host, info.wire_port), timeout=self.timeout_s) as sock:
-                self._fetch_over(sock, c, fd)
+                self._fetch_over(sock, c, fd, span)
         except TimeoutError as exc:
             raise HolderUnavailable(f"node {node} at {info.host}:{info.wire_port} did not answer within "
                                     f"{self.timeout_s:.1f} s (GPUFEED_CLUSTER_FETCH_TIMEOUT_S)") from exc
@@ -195,20 +196,22 @@ class PeerLink:
         if not hmac.compare_digest(reply.proof, p.auth_proof(key, "server", "tcp", access_key, hello.nonce, mine)):
             raise ProtocolError("the node's AUTH proof is not the cluster's: it is not a member of this cluster")
 
-    def _fetch_over(self, sock: socket.socket, c: ChunkRecord, fd: int) -> None:
+    def _fetch_over(self, sock: socket.socket, c: ChunkRecord, fd: int, span: tuple[int, int] | None) -> None:
         self.authenticate(sock)
-        got, payload = request(sock, p.Op.CHUNK, p.ChunkReq(c.chunk_id))
+        start, want = span if span is not None else (0, c.stored)
+        req = p.ChunkReq(c.chunk_id) if span is None else p.ChunkReq(c.chunk_id, start, want)
+        got, payload = request(sock, p.Op.CHUNK, req)
         head = p.decode(p.ChunkReply, got)
-        if head.stored != c.stored or payload != c.stored:
-            raise ProtocolError(f"the node sent {payload} bytes for chunk {c.chunk_id}, whose record says "
-                                f"{c.stored}")
-        buf = memoryview(bytearray(min(PIECE_BYTES, c.stored) or 1))
+        if head.stored != want or payload != want:
+            raise ProtocolError(f"the node sent {payload} bytes for chunk {c.chunk_id}, where {want} were asked "
+                                f"for")
+        buf = memoryview(bytearray(min(PIECE_BYTES, want) or 1))
         done = 0
-        while done < c.stored:
-            n = sock.recv_into(buf, min(len(buf), c.stored - done))
+        while done < want:
+            n = sock.recv_into(buf, min(len(buf), want - done))
             if n == 0:
-                raise ProtocolError(f"the connection closed after {done} of {c.stored} bytes")
-            _pwrite_all(fd, buf[:n], c.file_offset + done)
+                raise ProtocolError(f"the connection closed after {done} of {want} bytes")
+            _pwrite_all(fd, buf[:n], c.file_offset + start + done)
             done += n
 
 

@@ -57,7 +57,7 @@ from ._blocksums import SUM_BLOCK, BlockSummer, block_sums
 from ._chunkreads import STEP_ALIGN, Manifest, ManifestCache
 from ._codecs import PROBE_BYTES, cdc_cuts, chunk_digest, compress_chunk, probe_pays
 from .catalog import Catalog, CatalogWriter
-from .types import ChunkRecord, DataPolicy
+from .types import ChunkRecord, DataPolicy, FetchChunk
 
 __all__ = ["ChunkStore", "Staged", "parse_policy", "policy_json", "CDC_DEFAULT_BYTES", "POLICY_CONFIG"]
 
@@ -182,7 +182,7 @@ class ChunkStore:
         #: trust that check; a chunk found damaged leaves it). Bounded.
         self.mapped_ok = _BoundedSet(_MAPPED_OK_MAX)
         #: How chunks held by other cluster nodes are fetched (:mod:`._remote`); ``None``: they are not.
-        self.remote: Callable[[ChunkRecord, list[str], int], None] | None = None
+        self.remote: FetchChunk | None = None
         #: How new data files are copied to other cluster nodes (:mod:`._replicas`); ``None``: they are not.
         self.push: Callable[[list[tuple[str, list[ChunkRecord]]]], dict[str, list[str]]] | None = None
         #: Asks for a repair of a data file here that a read found damaged (:mod:`._repair`); ``None``: none.

@@ -24,25 +24,17 @@ the chunk from the other nodes that hold it the same way
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import DamagedObject, HolderUnavailable
 from ._scrub import check_chunk_fd
-from .types import ChunkRecord
+from .types import ChunkRecord, FetchChunk
 
 if TYPE_CHECKING:
     from ._chunks import ChunkStore
 
 __all__ = ["FetchChunk", "fetch_chunk"]
 
-#: ``fetch(chunk, nodes, fd)``: write the chunk's ``stored`` bytes at its
-#: ``file_offset`` of ``fd``, asking the nodes ``nodes`` (its holder, then the
-#: nodes with a copy) in turn until one sends them. Raises HolderUnavailable (no
-#: node is live, or none answered in time) or DamagedObject (every node that
-#: answered reports the chunk damaged), each with a message that names the
-#: nodes and the reasons.
-FetchChunk = Callable[[ChunkRecord, list[str], int], None]
 
 
 def fetch_chunk(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str) -> int:

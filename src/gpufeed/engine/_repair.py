@@ -5,12 +5,16 @@ A data file in a node's folder is either held by it (the chunks' holder,
 ``file_copies``, :mod:`._pgcopies`). When a chunk in it fails its check (a
 scrub, :mod:`._scrub`, or a read, :mod:`._handles`), :func:`repair` builds the
 file again in a temp file: the bytes of the local file that are there, then,
-for each chunk whose bytes there fail their check, the chunk's stored bytes
-from another node that holds the file (the chunks' holder and the copies,
-each asked in turn over the fetch function the node installed with
-:meth:`~gpufeed.engine.Engine.use_peers`, :mod:`gpufeed._peers`, each answer
-checked against the catalog's block sums, and a shared chunk's digest, before
-it is kept). Only when every chunk of the temp file passes its check is it
+for each chunk whose bytes there fail their check, good bytes from another
+node that holds the file (the chunks' holder and the copies, each asked in
+turn over the fetch function the node installed with
+:meth:`~gpufeed.engine.Engine.use_peers`, :mod:`gpufeed._peers`). Of a chunk
+whose damage is a few 4 KiB blocks (its running CRC32C sums name each bad
+block: :data:`PATCH_RANGES` runs at most, together at most half its stored
+bytes) only those blocks are fetched; otherwise, or when the patched chunk
+still fails its check, the whole chunk is. Every chunk is checked whole
+against the catalog's block sums, and a shared chunk's digest, before it is
+kept. Only when every chunk of the temp file passes its check is it
 fsynced and renamed over the data file (a reader that holds the damaged
 file's descriptor keeps reading the old file, and finds it damaged as
 before); the chunks' damaged marks are then cleared.
@@ -37,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import DamagedObject, GpufeedError, HolderUnavailable
 from ._blobs import remove_quietly, write_all
+from ._blocksums import SUM_BLOCK, SUM_KIND, check_run, crc32c, sums_array
 from ._replicas import copy_length
 from ._scrub import check_chunk_fd
 from .catalog import Catalog
@@ -45,12 +50,15 @@ from .types import ChunkRecord
 if TYPE_CHECKING:
     from ._chunks import ChunkStore
 
-__all__ = ["Repair", "repair", "RepairQueue", "QUEUE_FILES"]
+__all__ = ["Repair", "repair", "RepairQueue", "QUEUE_FILES", "PATCH_RANGES", "bad_spans"]
 
 log = logging.getLogger("gpufeed.engine")
 
 #: Most data files waiting in a :class:`RepairQueue` unless configured.
 QUEUE_FILES = 1024
+#: Most runs of bad blocks of one chunk fetched as ranges; more: the whole chunk.
+PATCH_RANGES = 64
+_PATCH_GAP = 16  # good blocks between two bad ones fetched along with them rather than asked for apart
 _COPY_STEP = 8 << 20  # 8 MiB: bytes copied from the local file at a time
 
 
@@ -63,6 +71,8 @@ class Repair:
         copy: whether this node holds it as a copy (``False``: as the chunks' holder).
         bad: ``{chunk id: reason}`` of the chunks whose local bytes failed their check.
         fetched: ``{chunk id: node id}`` the good bytes of each bad chunk came from.
+        fetched_bytes: ``{chunk id: stored bytes}`` fetched from other nodes
+            for each bad chunk (its bad blocks only, when its damage is a few blocks).
         error: why it could not be repaired (``None``: repaired, or nothing was bad).
         dropped: a copy that could not be repaired was dropped (row and file).
     """
@@ -71,6 +81,7 @@ class Repair:
     copy: bool = False
     bad: dict[str, str] = field(default_factory=dict)
     fetched: dict[str, str] = field(default_factory=dict)
+    fetched_bytes: dict[str, int] = field(default_factory=dict)
     error: str | None = None
     dropped: bool = False
 
@@ -140,7 +151,7 @@ def _rebuild(store: "ChunkStore", file: str, recs: list[ChunkRecord], out: Repai
             if reason is None:
                 continue
             out.bad[c.chunk_id] = reason
-            node, why = _fetch_good(store, c, fd)
+            node, why = _fetch_good(store, c, fd, out)
             if node is None:
                 out.error = f"chunk {c.chunk_id} ({reason}): {why}"
                 break
@@ -188,9 +199,10 @@ def _copy_local(path: str, fd: int, length: int) -> None:
         os.close(src)
 
 
-def _fetch_good(store: "ChunkStore", c: ChunkRecord, fd: int) -> tuple[str | None, str]:
-    """Fetch chunk ``c``'s stored bytes into ``fd`` from another node that holds
-    its data file, each in turn until one sends bytes that pass their check.
+def _fetch_good(store: "ChunkStore", c: ChunkRecord, fd: int, out: Repair) -> tuple[str | None, str]:
+    """Fetch chunk ``c``'s bad blocks, or its whole stored bytes, into ``fd``
+    from another node that holds its data file, each in turn until one sends
+    bytes that pass their check; counts the bytes in ``out.fetched_bytes``.
 
     Returns:
         ``(node id, "")``, or ``(None, why each node failed)``.
@@ -199,10 +211,19 @@ def _fetch_good(store: "ChunkStore", c: ChunkRecord, fd: int) -> tuple[str | Non
     if fetch is None:
         return None, "this node fetches from no other node"
     nodes = [n for n in store.holders(c) if n and n != store.holder]
+    spans = bad_spans(fd, c)
     failures: list[str] = []
     for node in nodes:
         try:
+            if spans:
+                for span in spans:
+                    fetch(c, [node], fd, span)
+                    out.fetched_bytes[c.chunk_id] = out.fetched_bytes.get(c.chunk_id, 0) + span[1]
+                if check_chunk_fd(fd, c) is None:
+                    return node, ""
+                spans = []  # still bad (a bad block with a good sum, a bad digest): the whole chunk
             fetch(c, [node], fd)
+            out.fetched_bytes[c.chunk_id] = out.fetched_bytes.get(c.chunk_id, 0) + c.stored
         except (HolderUnavailable, DamagedObject) as exc:
             failures.append(exc.message)
             continue
@@ -211,6 +232,45 @@ def _fetch_good(store: "ChunkStore", c: ChunkRecord, fd: int) -> tuple[str | Non
             return node, ""
         failures.append(f"the bytes node {node} sent failed their check ({reason})")
     return None, "; ".join(failures) or "no other node holds a copy"
+
+
+def bad_spans(fd: int, c: ChunkRecord) -> list[tuple[int, int]]:
+    """The runs of chunk ``c``'s stored bytes in ``fd`` whose 4 KiB blocks fail
+    their running CRC32C sums, as ``(offset into the stored bytes, length)``,
+    runs closer than a few blocks joined; ``[]`` when the whole chunk is to be
+    fetched instead (legacy sums, sums missing, more than :data:`PATCH_RANGES`
+    runs, half its bytes or more, or the file cannot be read)."""
+    if c.sum_kind != SUM_KIND or not c.stored or len(c.sums) < 4 * -(-c.stored // SUM_BLOCK):
+        return []
+    sums = sums_array(c.sums, c.sum_kind)
+    bad: list[int] = []
+    buf = memoryview(bytearray(min(c.stored, _COPY_STEP)))
+    try:
+        for start in range(0, c.stored, len(buf)):
+            n = min(len(buf), c.stored - start)
+            if os.preadv(fd, [buf[:n]], c.file_offset + start) != n:
+                return []
+            first = start // SUM_BLOCK
+            if check_run([buf[:n]], sums, first, n) < 0:
+                continue
+            for i in range(first, first + -(-n // SUM_BLOCK)):  # the slow pass: name every bad block
+                rel = (i - first) * SUM_BLOCK
+                if crc32c(buf[rel:min(rel + SUM_BLOCK, n)], sums[i - 1] if i else 0) != sums[i]:
+                    bad.append(i)
+            if 2 * len(bad) * SUM_BLOCK >= c.stored:
+                return []
+    except OSError:
+        return []
+    spans: list[list[int]] = []
+    for b in bad:
+        if spans and b - spans[-1][1] <= _PATCH_GAP:
+            spans[-1][1] = b + 1
+        else:
+            spans.append([b, b + 1])
+    out = [(a * SUM_BLOCK, min(z * SUM_BLOCK, c.stored) - a * SUM_BLOCK) for a, z in spans]
+    if not out or len(out) > PATCH_RANGES or 2 * sum(n for _, n in out) >= c.stored:
+        return []
+    return out
 
 
 class RepairQueue:

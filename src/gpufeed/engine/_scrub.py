@@ -61,9 +61,11 @@ class ScrubReport:
             repaired; ``"repair"``: why no repair was made (a cluster node);
             ``"copy": True``: a chunk of a copy this node keeps (never marked).
         cleared: chunks marked damaged before that now check out.
-        repaired: ``{"chunk", "file", "reason", "from", "copy"}`` of each damaged
-            chunk whose data file was rebuilt with good bytes from node ``from``
-            (``copy``: the file is this node's copy of another node's).
+        repaired: ``{"chunk", "file", "reason", "from", "copy", "fetched_bytes"}``
+            of each damaged chunk whose data file was rebuilt with good bytes
+            from node ``from`` (``copy``: the file is this node's copy of
+            another node's; ``fetched_bytes``: the stored bytes fetched, its bad
+            blocks only when they were few).
         dropped_copies: ``{"chunk", "file", "reason", "repair"}`` of each damaged
             chunk of a copy that could not be repaired (the copy was dropped).
         orphan_files: data files in the folder that no chunk names.
@@ -220,7 +222,8 @@ def _settle(store: ChunkStore, rep: ScrubReport, found: dict[str, list[dict]],
         for e in entries:
             if done is not None and done.repaired:
                 rep.repaired.append({"chunk": e["chunk"], "file": file, "reason": e["reason"],
-                                     "from": done.fetched.get(e["chunk"], ""), "copy": copy})
+                                     "from": done.fetched.get(e["chunk"], ""), "copy": copy,
+                                     "fetched_bytes": done.fetched_bytes.get(e["chunk"], 0)})
                 continue
             if done is not None:
                 e["repair"] = done.error

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 __all__ = [
     "BucketInfo", "ObjectInfo", "ListResult", "UploadInfo", "PartInfo", "LifecycleRule", "LifecycleResult",
     "DeleteResult", "VersionListResult", "Retention", "VERSIONING_STATES", "LOCK_MODES", "TenantInfo",
     "AccessKeyInfo", "DEFAULT_TENANT", "ETAG_POLICIES", "DeleteConditions", "ChunkRecord",
     "DataPolicy", "DEFAULT_CHUNK_BYTES", "SnapshotInfo", "SnapshotDiff", "RestoreResult", "SNAPSHOT_KINDS",
+    "FetchChunk",
 ]
 
 #: The tenant that owns buckets made without one, and the node's configured key.
@@ -381,6 +383,23 @@ class ChunkRecord:
     domain: str | None = None
     sum_kind: int = 1
     holder: str = ""
+
+
+class FetchChunk(Protocol):
+    """How a node fetches chunks other nodes of its cluster hold
+    (:meth:`gpufeed._peers.PeerLink.fetch`, installed with
+    :meth:`~gpufeed.engine.Engine.use_peers`)."""
+
+    def __call__(self, c: ChunkRecord, nodes: list[str], fd: int, span: tuple[int, int] | None = None) -> None:
+        """Write chunk ``c``'s stored bytes (``span``: only the ``(offset,
+        length)`` bytes of them) at their place (``c.file_offset`` + offset) of
+        ``fd``, asking the nodes ``nodes`` (its holder, then the nodes with a
+        copy) in turn until one sends them; unchecked.
+
+        Raises:
+            HolderUnavailable: no node is live, or none answered in time.
+            DamagedObject: every node that answered reports the chunk damaged.
+        """
 
 
 #: Chunk size of a bucket's data unless it asks otherwise, bytes.

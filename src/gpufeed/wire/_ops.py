@@ -237,13 +237,23 @@ class Ops:
         serve_lease(self.engine, self.leases, conn, rid, req, generation)
 
     def chunk(self, conn: Connection, rid: int, req: p.ChunkReq) -> None:
-        """A chunk's stored bytes, by ``sendfile``, to a cluster peer (only a
-        connection authenticated with a node key may ask; the asker checks them)."""
+        """A chunk's stored bytes (all, or the range asked for), by ``sendfile``,
+        to a cluster peer (only a connection authenticated with a node key may
+        ask; the asker checks them).
+
+        Raises:
+            AccessDenied: not a node key. InvalidArgument: a range outside the chunk.
+        """
         who = conn.principal
         if who is None or who.tenant != PEER_TENANT:
             raise AccessDenied("CHUNK is served to the nodes of this node's cluster only")
         with self.engine.held_chunk(req.chunk_id) as (fd, offset, stored):
-            conn.reply_with_files(p.Op.CHUNK, rid, p.ChunkReply(stored), [(fd, offset, stored)] if stored else [])
+            length = stored - req.offset if req.length == -1 else req.length
+            if req.offset < 0 or length < 0 or req.offset + length > stored:
+                raise InvalidArgument(f"bytes {req.offset}+{req.length} are not within chunk {req.chunk_id}'s "
+                                      f"{stored} stored bytes")
+            conn.reply_with_files(p.Op.CHUNK, rid, p.ChunkReply(length),
+                                  [(fd, offset + req.offset, length)] if length else [])
 
     def chunk_put(self, conn: Connection, rid: int, req: p.ChunkPut, payload_len: int) -> None:
         """CHUNK_PUT: store a copy of a cluster peer's data file (only a connection

@@ -431,15 +431,20 @@ class BucketStats(msgspec.Struct, array_like=True, frozen=True):
 
 class ChunkReq(msgspec.Struct, array_like=True, frozen=True):
     """CHUNK: the stored bytes of chunk ``chunk_id`` (asked by a cluster peer
-    authenticated with its node key; see ``docs/cluster.md``)."""
+    authenticated with its node key; see ``docs/cluster.md``): all of them, or
+    the ``length`` bytes from ``offset`` (bytes into the chunk's stored bytes;
+    ``length`` -1: to the end), which a repair of a few damaged blocks asks for."""
 
     chunk_id: str
+    offset: int = 0
+    length: int = -1
 
 
 class ChunkReply(msgspec.Struct, array_like=True, frozen=True):
-    """The chunk's stored bytes follow as the payload: ``stored`` bytes, exactly
-    as its data file holds them (compressed chunks stay compressed), unchecked:
-    the asking node checks them against the block sums its catalog holds."""
+    """The chunk's stored bytes asked for follow as the payload: ``stored``
+    bytes, exactly as its data file holds them (compressed chunks stay
+    compressed), unchecked: the asking node checks them against the block sums
+    its catalog holds."""
 
     stored: int
 
