@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import urllib.request
 
 import pytest
 from botocore.exceptions import ClientError
@@ -26,7 +27,7 @@ FAST = {"GPUFEED_CLUSTER_HEARTBEAT_S": "0.2", "GPUFEED_CLUSTER_EXPIRY_S": "1.5",
 
 
 def _member(path, url: str) -> NodeProcess:
-    return start_node(path, extra_args=["--catalog", url, "--cluster", "c1"], env=FAST)
+    return start_node(path, extra_args=["--catalog", url, "--cluster", "c1", "--metrics-port", "0"], env=FAST)
 
 
 def _chunks(url: str) -> list[ChunkRecord]:
@@ -75,6 +76,24 @@ def test_an_object_written_through_one_node_reads_through_another(pair, postgres
     holders = {c.holder for c in _chunks(postgres_url)}
     assert holders == {(a.data_dir / "node.id").read_text().strip()}  # nothing was copied to b
     assert RemoteAdmin(b.s3_url, b.access_key, b.secret_key).damaged()["chunks"] == []
+    # b keeps the chunks it fetched: ten range reads of the big object fetch it once
+    before = _fetch_cache(b)
+    for i in range(10):
+        start = i * 300_000
+        got = s3b.get_object(Bucket="raw", Key="big", Range=f"bytes={start}-{start + 999}")["Body"].read()
+        assert got == big[start:start + 1000]
+    after = _fetch_cache(b)
+    assert after["hits"] - before["hits"] == 10 and after["misses"] == before["misses"]
+    assert after["bytes"] >= len(big)
+
+
+def _fetch_cache(node: NodeProcess) -> dict[str, float]:
+    """The node's fetch-cache gauges from its metrics endpoint."""
+    assert node.metrics_url
+    text = urllib.request.urlopen(node.metrics_url, timeout=10).read().decode()
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith("gpufeed_fetch_cache_")}
+    return {k: values[f"gpufeed_fetch_cache_{k}"] for k in ("bytes", "hits", "misses")}
 
 
 def test_damage_at_the_holder_is_a_clear_error_and_a_dead_holder_answers_503(pair, postgres_url):
@@ -97,16 +116,19 @@ def test_damage_at_the_holder_is_a_clear_error_and_a_dead_holder_answers_503(pai
         f.seek(123_456)
         f.write(byte)
     assert b.boto3_client().get_object(Bucket="raw", Key="obj")["Body"].read() == data
+    a.boto3_client().put_object(Bucket="raw", Key="unread", Body=b"never read through b")
     a.kill()
-    err, took = _s3_error(b, "raw", "obj")  # before expiry: the connection is refused
+    err, took = _s3_error(b, "raw", "unread")  # before expiry: the connection is refused
     assert err["ResponseMetadata"]["HTTPStatusCode"] == 503 and err["Error"]["Code"] == "ServiceUnavailable"
     assert chunk.holder in err["Error"]["Message"] and took < 3
+    # the chunk b fetched (checked) before is kept there, and still served
+    assert b.boto3_client().get_object(Bucket="raw", Key="obj", Range="bytes=5-99")["Body"].read() == data[5:100]
     time.sleep(2.0)  # past the expiry (1.5 s): not even tried
-    err, took = _s3_error(b, "raw", "obj")
+    err, took = _s3_error(b, "raw", "unread")
     assert err["Error"]["Code"] == "ServiceUnavailable" and "has expired" in err["Error"]["Message"]
     assert took < 1.5
     with Client(b.tcp_url, **b.credentials) as c, pytest.raises(ServiceUnavailable, match="has expired"):
-        c.get("raw", "obj")
+        c.get("raw", "unread")
 
 
 def test_chunk_is_served_only_to_members_of_the_cluster(pair, postgres_url):

@@ -31,6 +31,8 @@ name                                             labels   meaning
 ``gpufeed_scrub_last_finished_seconds``          -        when the last complete scrub ended (0: never)
 ``gpufeed_scrub_last_damaged_chunks``            -        damaged chunks it found (and did not repair)
 ``gpufeed_scrub_last_repaired_chunks``           -        damaged chunks it repaired from other nodes
+``gpufeed_fetch_cache_bytes``                    -        chunks fetched from other cluster nodes kept
+``gpufeed_fetch_cache_hits`` / ``_misses``        -        reads of such chunks served kept / fetched
 ``gpufeed_start_time_seconds``                   -        Unix time the node started
 ``gpufeed_build_info``                           version  always 1
 =============================================== ======== =============================================
@@ -97,6 +99,18 @@ def _data_families(engine: Engine) -> list[Metric]:
     ]
 
 
+def _fetch_cache_families(engine: Engine) -> list[Metric]:
+    s = engine.fetch_cache_stats()
+    return [
+        gauge("gpufeed_fetch_cache_bytes", "Stored bytes of chunks fetched from other cluster nodes, kept for "
+              "later reads.", s["kept_bytes"]),
+        gauge("gpufeed_fetch_cache_hits", "Reads of other nodes' chunks served from kept ones since start.",
+              s["hits"]),
+        gauge("gpufeed_fetch_cache_misses", "Reads of other nodes' chunks that fetched them since start.",
+              s["misses"]),
+    ]
+
+
 def _wire_families(wire: WireServer) -> list[Metric]:
     s = wire.stats()
     return [
@@ -129,6 +143,7 @@ def add_node_sources(metrics: NodeMetrics, engine: Engine, wire: WireServer | No
     ])
     data = CachedSource(lambda: _data_families(engine), USAGE_CACHE_S)
     metrics.add_source(data)
+    metrics.add_source(lambda: _fetch_cache_families(engine))
     if wire is not None:
         metrics.count_connections("tcp", lambda: wire.stats()["tcp"])
         metrics.count_connections("shm", lambda: wire.stats()["shm"])

@@ -364,6 +364,10 @@ class NodeConfig:
         cluster_repair_queue: most data files waiting for a repair from another
             node's copy after a read found them damaged (more are left to the
             next scrub; 0: reads ask for none). Env ``GPUFEED_CLUSTER_REPAIR_QUEUE``.
+        cluster_fetch_cache_bytes: most stored bytes of chunks fetched from
+            other nodes that a node keeps for later reads (unlinked files in
+            its ``tmp/``; 0: none). Env ``GPUFEED_CLUSTER_FETCH_CACHE`` (bytes or
+            a size like ``4GiB``).
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -416,6 +420,7 @@ class NodeConfig:
     cluster_orphan_grace_s: float = 3600.0  # 1 hour
     cluster_rebalance: bool = True
     cluster_repair_queue: int = 1024
+    cluster_fetch_cache_bytes: int = 1 << 30  # 1 GiB
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -476,6 +481,7 @@ class NodeConfig:
             cluster_orphan_grace_s=_env("GPUFEED_CLUSTER_ORPHAN_GRACE_S", _seconds, cls.cluster_orphan_grace_s),
             cluster_rebalance=_env("GPUFEED_CLUSTER_REBALANCE", _flag, cls.cluster_rebalance),
             cluster_repair_queue=_env("GPUFEED_CLUSTER_REPAIR_QUEUE", _count, cls.cluster_repair_queue),
+            cluster_fetch_cache_bytes=_env("GPUFEED_CLUSTER_FETCH_CACHE", _size, cls.cluster_fetch_cache_bytes),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

@@ -353,7 +353,8 @@ class Node:
                                      factor=cfg.cluster_replicas, expiry_s=cfg.cluster_expiry_s,
                                      timeout_s=cfg.cluster_copy_timeout_s)
             engine.use_peers(link.fetch, self.replicas.push if cfg.cluster_replicas > 1 else None,
-                             copy_max_bytes=cfg.cluster_copy_max_bytes, repair_queue=cfg.cluster_repair_queue)
+                             copy_max_bytes=cfg.cluster_copy_max_bytes, repair_queue=cfg.cluster_repair_queue,
+                             fetch_cache_bytes=cfg.cluster_fetch_cache_bytes)
             self.rereplicator = ReReplicator(engine, self.replicas, interval_s=cfg.cluster_rereplicate_interval_s,
                                              rate_bytes_s=cfg.cluster_rereplicate_bytes_s,
                                              orphan_grace_s=cfg.cluster_orphan_grace_s,

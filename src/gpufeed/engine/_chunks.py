@@ -56,6 +56,7 @@ from ._blobs import BlobFiles, new_id, pread_full, remove_quietly, write_all
 from ._blocksums import SUM_BLOCK, BlockSummer, block_sums
 from ._chunkreads import STEP_ALIGN, Manifest, ManifestCache
 from ._codecs import PROBE_BYTES, cdc_cuts, chunk_digest, compress_chunk, probe_pays
+from ._fetched import FetchedChunks
 from .catalog import Catalog, CatalogWriter
 from .types import ChunkRecord, DataPolicy, FetchChunk
 
@@ -183,6 +184,7 @@ class ChunkStore:
         self.mapped_ok = _BoundedSet(_MAPPED_OK_MAX)
         #: How chunks held by other cluster nodes are fetched (:mod:`._remote`); ``None``: they are not.
         self.remote: FetchChunk | None = None
+        self.fetched: FetchedChunks | None = None  # fetched chunks kept for later reads (:mod:`._remote`)
         #: How new data files are copied to other cluster nodes (:mod:`._replicas`); ``None``: they are not.
         self.push: Callable[[list[tuple[str, list[ChunkRecord]]]], dict[str, list[str]]] | None = None
         #: Asks for a repair of a data file here that a read found damaged (:mod:`._repair`); ``None``: none.

@@ -21,6 +21,7 @@ from ..store import ByteRequest, resolve_range
 from ._blobs import BlobFiles
 from ._chunkreads import ChunkDamage, Manifest
 from ._chunks import ChunkStore
+from ._fetched import FETCH_CACHE_BYTES, FetchedChunks
 from ._handles import ObjectHandle
 from ._remote import FetchChunk
 from ._repair import QUEUE_FILES, RepairQueue, repair
@@ -106,7 +107,8 @@ class ObjectReads:
             return None
 
     def use_peers(self, fetch: FetchChunk | None, push: PushFiles | None = None, *,
-                  copy_max_bytes: int = COPY_MAX_BYTES, repair_queue: int = QUEUE_FILES) -> None:
+                  copy_max_bytes: int = COPY_MAX_BYTES, repair_queue: int = QUEUE_FILES,
+                  fetch_cache_bytes: int = FETCH_CACHE_BYTES) -> None:
         """Read chunks that other nodes of the cluster hold through ``fetch``
         (:mod:`._remote`; ``None``: such reads fail with HolderUnavailable);
         copy every new data file to other nodes through ``push`` before a write
@@ -114,8 +116,13 @@ class ObjectReads:
         nodes push of at most ``copy_max_bytes`` bytes. With ``fetch``, a data
         file here that a read finds damaged is repaired from another node's
         good copy in the background (:mod:`._repair`), as scrub does, at most
-        ``repair_queue`` files waiting (0: reads ask for no repair)."""
+        ``repair_queue`` files waiting (0: reads ask for no repair). Fetched
+        chunks are kept for later reads, at most ``fetch_cache_bytes`` stored
+        bytes (:class:`._fetched.FetchedChunks`; 0: none)."""
         self._chunks.remote = fetch
+        if self._chunks.fetched is not None:
+            self._chunks.fetched.close()
+        self._chunks.fetched = FetchedChunks(fetch_cache_bytes) if fetch is not None and fetch_cache_bytes else None
         self._chunks.push = push
         self._copy_max_bytes = copy_max_bytes
         if self.repairs is not None:
@@ -123,6 +130,16 @@ class ObjectReads:
         self.repairs = RepairQueue(functools.partial(repair, self._chunks, self._cat), repair_queue) \
             if fetch is not None and repair_queue > 0 else None
         self._chunks.repair = self.repairs.request if self.repairs is not None else None
+
+    def fetch_cache_stats(self) -> dict:
+        """Chunks fetched from other cluster nodes and kept for later reads:
+        ``{"kept_bytes", "max_bytes", "hits", "misses"}`` (stored bytes; reads
+        served from a kept chunk, and reads that fetched one, since start;
+        zeros when the node keeps none)."""
+        f = self._chunks.fetched
+        if f is None:
+            return {"kept_bytes": 0, "max_bytes": 0, "hits": 0, "misses": 0}
+        return {"kept_bytes": f.kept_bytes, "max_bytes": f.max_bytes, "hits": f.hits, "misses": f.misses}
 
     @contextmanager
     def held_chunk(self, chunk_id: str) -> Iterator[tuple[int, int, int]]:

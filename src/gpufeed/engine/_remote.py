@@ -19,6 +19,16 @@ fails the read with :class:`~gpufeed.errors.HolderUnavailable` (503).
 A node whose own file of a chunk (held or a copy) fails its check fetches
 the chunk from the other nodes that hold it the same way
 (:meth:`~._handles.ObjectHandle.fall_back`).
+
+Fetched chunks are kept for the reads after (:class:`._fetched.FetchedChunks`): a node
+keeps the most recently used ones, at most ``GPUFEED_CLUSTER_FETCH_CACHE``
+stored bytes in all, in their unlinked temp files, so a run of range reads of
+one large object through a node that holds no copy of it fetches the object
+once, not once per read. A chunk is kept under its id and its place (data
+file, offset, stored length, codec): its bytes never change under those (a new
+version is a new chunk; a repair that moves a chunk gives it another place),
+so a kept chunk is never stale; every read of it is checked against its block
+sums as a read of a local file is.
 """
 
 from __future__ import annotations
@@ -36,10 +46,12 @@ if TYPE_CHECKING:
 __all__ = ["FetchChunk", "fetch_chunk"]
 
 
-
 def fetch_chunk(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str) -> int:
     """Fetch chunk ``c`` of object ``bucket/key`` from a node that holds it, and check it:
     its holder first, then each node with a copy, until one sends bytes that pass.
+
+    A chunk the node kept from an earlier fetch (:class:`._fetched.FetchedChunks`) is
+    not fetched again; one fetched now is kept.
 
     Returns:
         A descriptor of a private unlinked file holding the chunk's stored bytes
@@ -59,6 +71,11 @@ def fetch_chunk(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str) -> i
     if fetch is None:
         raise HolderUnavailable(f"{where}: this node reads only the data files it holds (it fetches from no "
                                 "other node)", bucket=bucket, key=key, chunk=c.chunk_id)
+    kept = store.fetched
+    place = (c.chunk_id, c.file, c.file_offset, c.stored, c.codec)
+    fd = kept.get(place) if kept is not None else None
+    if fd is not None:
+        return fd
     failures: list[HolderUnavailable | DamagedObject] = []
     for node in nodes:
         fd, path = store.files.new_temp()
@@ -67,6 +84,8 @@ def fetch_chunk(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str) -> i
             fetch(c, [node], fd)
             reason = check_chunk_fd(fd, c)
             if reason is None:
+                if kept is not None:
+                    kept.put(place, fd, c.stored)
                 return fd
             sender = "the holder" if node == c.holder else f"node {node}"
             failures.append(DamagedObject(f"the bytes {sender} sent failed their check ({reason}); nothing of "

@@ -259,6 +259,8 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         self.scrubber.stop()
         if self.repairs is not None:
             self.repairs.stop()
+        if self._chunks.fetched is not None:
+            self._chunks.fetched.close()
         self._kv.flush()
         self._cat.close()
         self._writes.close()
