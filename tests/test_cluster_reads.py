@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 
 from gpufeed._peers import PeerLink, call, request
 from gpufeed.client import Client
+from gpufeed.engine._partial import PARTIAL_MIN_BYTES, WINDOW_BYTES
 from gpufeed.engine._postgres import PostgresCatalog
 from gpufeed.engine.types import ChunkRecord
 from gpufeed.errors import HolderUnavailable, ServiceUnavailable
@@ -87,13 +88,35 @@ def test_an_object_written_through_one_node_reads_through_another(pair, postgres
     assert after["bytes"] >= len(big)
 
 
+def test_range_reads_of_a_large_raw_object_fetch_only_the_windows_they_need(pair):
+    a, b = pair
+    s3a, s3b = a.boto3_client(), b.boto3_client()
+    s3a.create_bucket(Bucket="big")
+    data = os.urandom(PARTIAL_MIN_BYTES + (6 << 20))  # one raw chunk of 70 MiB, held by a alone
+    s3a.put_object(Bucket="big", Key="weights", Body=data)
+    w = WINDOW_BYTES
+    before = _fetch_cache(b)["fetched"]
+    assert s3b.get_object(Bucket="big", Key="weights", Range="bytes=0-999")["Body"].read() == data[:1000]
+    assert _fetch_cache(b)["fetched"] - before == w  # one window, not 70 MiB
+    start = 5 * w - 100  # across the end of window 4 into window 5
+    got = s3b.get_object(Bucket="big", Key="weights", Range=f"bytes={start}-{start + 199}")["Body"].read()
+    assert got == data[start:start + 200]
+    assert _fetch_cache(b)["fetched"] - before == 3 * w
+    with Client(b.tcp_url, **b.credentials) as c:  # the fast path's reads too
+        assert bytes(c.get("big", "weights", offset=len(data) - 5000, length=5000)) == data[-5000:]
+        assert _fetch_cache(b)["fetched"] - before == 3 * w + (len(data) - 8 * w)  # the short last window
+        assert bytes(c.get("big", "weights")) == data  # a whole read fetches the rest, each window once
+    assert _fetch_cache(b)["fetched"] - before == 3 * w + (len(data) - 8 * w) + len(data)
+
+
 def _fetch_cache(node: NodeProcess) -> dict[str, float]:
     """The node's fetch-cache gauges from its metrics endpoint."""
     assert node.metrics_url
     text = urllib.request.urlopen(node.metrics_url, timeout=10).read().decode()
     values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-              if line.startswith("gpufeed_fetch_cache_")}
-    return {k: values[f"gpufeed_fetch_cache_{k}"] for k in ("bytes", "hits", "misses")}
+              if line.startswith(("gpufeed_fetch_cache_", "gpufeed_fetched_bytes"))}
+    out = {k: values[f"gpufeed_fetch_cache_{k}"] for k in ("bytes", "hits", "misses")}
+    return {**out, "fetched": values["gpufeed_fetched_bytes"]}
 
 
 def test_damage_at_the_holder_is_a_clear_error_and_a_dead_holder_answers_503(pair, postgres_url):

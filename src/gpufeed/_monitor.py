@@ -33,6 +33,7 @@ name                                             labels   meaning
 ``gpufeed_scrub_last_repaired_chunks``           -        damaged chunks it repaired from other nodes
 ``gpufeed_fetch_cache_bytes``                    -        chunks fetched from other cluster nodes kept
 ``gpufeed_fetch_cache_hits`` / ``_misses``        -        reads of such chunks served kept / fetched
+``gpufeed_fetched_bytes``                        -        stored bytes fetched from other nodes since start
 ``gpufeed_start_time_seconds``                   -        Unix time the node started
 ``gpufeed_build_info``                           version  always 1
 =============================================== ======== =============================================
@@ -108,6 +109,8 @@ def _fetch_cache_families(engine: Engine) -> list[Metric]:
               s["hits"]),
         gauge("gpufeed_fetch_cache_misses", "Reads of other nodes' chunks that fetched them since start.",
               s["misses"]),
+        gauge("gpufeed_fetched_bytes", "Stored bytes fetched from other cluster nodes since start (whole "
+              "chunks and windows of large ones).", s["fetched_bytes"]),
     ]
 
 

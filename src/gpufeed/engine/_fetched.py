@@ -35,6 +35,8 @@ class FetchedChunks:
         self._bytes = 0
         self.hits = 0
         self.misses = 0
+        #: Stored bytes fetched from other nodes since start (whole chunks and windows).
+        self.fetched_bytes = 0
 
     def get(self, key: tuple) -> int | None:
         """A new descriptor (the caller closes it) of the chunk kept under
@@ -52,7 +54,7 @@ class FetchedChunks:
         """Keep the chunk held in ``fd`` (``stored`` bytes, checked; ``fd`` is
         duplicated: the caller keeps its own) under ``key``, dropping the least
         recently used chunks past ``max_bytes``."""
-        if stored > self.max_bytes:
+        if self.max_bytes <= 0 or stored > self.max_bytes:
             return
         with self._lock:
             if key in self._kept:
@@ -63,6 +65,11 @@ class FetchedChunks:
                 _, (old, n) = self._kept.popitem(last=False)
                 os.close(old)
                 self._bytes -= n
+
+    def count_fetched(self, n: int) -> None:
+        """Count ``n`` stored bytes fetched from another node."""
+        with self._lock:
+            self.fetched_bytes += n
 
     @property
     def kept_bytes(self) -> int:

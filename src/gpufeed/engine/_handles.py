@@ -26,6 +26,7 @@ from ..errors import DamagedObject, GpufeedError, HolderUnavailable, InvalidArgu
 from ._blocksums import SUM_BLOCK, SUM_KIND
 from ._chunkreads import SMALL_STEP, STEP_ALIGN, ChunkDamage, Manifest, ReadStep, read_whole_blocks, run_step
 from ._openfiles import OpenFile, OpenFiles
+from ._partial import PartialChunk, fetches_in_windows
 from ._remote import fetch_chunk
 from .types import ObjectInfo
 
@@ -70,7 +71,7 @@ class ObjectHandle:
             never close it yourself.
     """
 
-    __slots__ = ("info", "manifest", "verify", "fd", "_files", "_held", "_store", "_fds", "_remote")
+    __slots__ = ("info", "manifest", "verify", "fd", "_files", "_held", "_store", "_fds", "_remote", "_partial")
 
     def __init__(self, info: ObjectInfo, manifest: Manifest, verify: bool, files: OpenFiles,
                  store: "ChunkStore") -> None:
@@ -79,6 +80,7 @@ class ObjectHandle:
         self._held: dict[str, OpenFile] = {}
         self._fds: dict[int, int] = {}  # chunk index -> checked descriptor (read_small)
         self._remote: dict[str, int] = {}  # chunk id -> its bytes fetched from its holder (:mod:`._remote`)
+        self._partial: dict[str, PartialChunk] = {}  # chunk id -> fetched in windows (:mod:`._partial`)
         self.fd = -1
         if manifest.chunks:
             first = self.file_fd(0)
@@ -106,7 +108,11 @@ class ObjectHandle:
             try:  # a copy of it here (a present data file is always whole and checked)
                 f = self._files.acquire(c.file, self._store.file_path(c.file))
             except FileNotFoundError:
-                fd = self._remote[c.chunk_id] = fetch_chunk(self._store, c, self.info.bucket, self.info.key)
+                if fetches_in_windows(c):  # a large raw chunk: each read fetches the windows it needs
+                    pc = self._partial[c.chunk_id] = PartialChunk(self._store, c, self.info.bucket, self.info.key)
+                    fd = self._remote[c.chunk_id] = pc.fd
+                else:
+                    fd = self._remote[c.chunk_id] = fetch_chunk(self._store, c, self.info.bucket, self.info.key)
                 return fd
             self._held[c.file] = f
             f.size = os.fstat(f.fd).st_size
@@ -127,6 +133,13 @@ class ObjectHandle:
             return self._fall_back_or_raise(ChunkDamage(c, f"data file has {f.size} bytes, the chunk needs "
                                                            f"{c.file_offset + c.stored}"))
         return f.fd
+
+    def _ensure(self, index: int, rel: int, n: int) -> None:
+        """Make sure bytes ``[rel, rel + n)`` of chunk ``index`` are here when it
+        is fetched window by window (:mod:`._partial`; raises as its ``ensure``)."""
+        pc = self._partial.get(self.manifest.chunks[index].chunk_id)
+        if pc is not None:
+            pc.ensure(rel, n)
 
     def fall_back(self, exc: ChunkDamage) -> int | None:
         """After chunk ``exc.chunk`` failed its check in this node's own data file
@@ -191,6 +204,8 @@ class ObjectHandle:
             fd = self.file_fd(i)
             rel = pos - m.starts[i]
             stop = min(end, m.starts[i] + c.size)
+            if self._partial:
+                self._ensure(i, rel, stop - pos)
             while pos < stop:
                 cut = stop if c.codec else min(stop, m.starts[i] + (rel // step_len + 1) * step_len)
                 out.append(ReadStep(fd, c, m.sums[i], rel, dest[pos - start:cut - start], self.verify))
@@ -231,6 +246,8 @@ class ObjectHandle:
         fd = self._fds.get(i)  # file_fd's answer, remembered per chunk
         if fd is None:
             fd = self._fds[i] = self.file_fd(i)
+        if self._partial:
+            self._ensure(i, rel, n)
         sums = m.sums[i]
         first = rel // SUM_BLOCK
         last = first + -(-n // SUM_BLOCK)
@@ -272,7 +289,7 @@ class ObjectHandle:
         m = self.manifest
         out = [0] * len(offsets)
         errors: dict[int, GpufeedError] = {}
-        fast = (self.verify and len(m.chunks) == 1 and not m.chunks[0].codec
+        fast = (self.verify and not self._partial and len(m.chunks) == 1 and not m.chunks[0].codec
                 and m.chunks[0].sum_kind == SUM_KIND and m.chunks[0].stored == size)
         todo: Iterable[int] = range(len(offsets))
         fd = self.file_fd(0) if fast else -1  # a missing or short data file fails the whole call
@@ -403,8 +420,11 @@ class ObjectHandle:
                 self.run([ReadStep(self.file_fd(i), c, m.sums[i], rel, buf, self.verify)])
                 out.append(buf)
             else:
+                fd = self.file_fd(i)
+                if self._partial:
+                    self._ensure(i, rel, stop - pos)
                 if self.verify:
-                    self.run([ReadStep(self.file_fd(i), c, m.sums[i], rel, _check_buf(stop - pos), True)])
+                    self.run([ReadStep(fd, c, m.sums[i], rel, _check_buf(stop - pos), True)])
                 fd = self.file_fd(i)  # after the check: another node's bytes when it fell back
                 if out and not isinstance(out[-1], memoryview) and out[-1][0] == fd \
                         and out[-1][1] + out[-1][2] == c.file_offset + rel:
@@ -456,6 +476,8 @@ class ObjectHandle:
         out: list[tuple[int, int, int]] = []
         for i, c in enumerate(self.manifest.chunks):
             fd = self.file_fd(i)
+            if self._partial:
+                self._ensure(i, 0, c.stored)
             if out and out[-1][0] == fd and out[-1][1] + out[-1][2] == c.file_offset:
                 out[-1] = (fd, out[-1][1], out[-1][2] + c.size)
             else:
@@ -477,7 +499,7 @@ class ObjectHandle:
         held, self._held = self._held, {}
         for f in held.values():
             self._files.release(f)
-        fetched, self._remote = self._remote, {}
+        fetched, self._remote, self._partial = self._remote, {}, {}
         for fd in fetched.values():
             os.close(fd)
 

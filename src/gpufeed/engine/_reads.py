@@ -122,7 +122,7 @@ class ObjectReads:
         self._chunks.remote = fetch
         if self._chunks.fetched is not None:
             self._chunks.fetched.close()
-        self._chunks.fetched = FetchedChunks(fetch_cache_bytes) if fetch is not None and fetch_cache_bytes else None
+        self._chunks.fetched = FetchedChunks(fetch_cache_bytes) if fetch is not None else None
         self._chunks.push = push
         self._copy_max_bytes = copy_max_bytes
         if self.repairs is not None:
@@ -133,13 +133,15 @@ class ObjectReads:
 
     def fetch_cache_stats(self) -> dict:
         """Chunks fetched from other cluster nodes and kept for later reads:
-        ``{"kept_bytes", "max_bytes", "hits", "misses"}`` (stored bytes; reads
-        served from a kept chunk, and reads that fetched one, since start;
-        zeros when the node keeps none)."""
+        ``{"kept_bytes", "max_bytes", "hits", "misses", "fetched_bytes"}``
+        (stored bytes kept; reads served from a kept chunk, and reads that
+        fetched one, since start; stored bytes fetched since start, whole
+        chunks and windows; zeros on a node that fetches from no other)."""
         f = self._chunks.fetched
         if f is None:
-            return {"kept_bytes": 0, "max_bytes": 0, "hits": 0, "misses": 0}
-        return {"kept_bytes": f.kept_bytes, "max_bytes": f.max_bytes, "hits": f.hits, "misses": f.misses}
+            return {"kept_bytes": 0, "max_bytes": 0, "hits": 0, "misses": 0, "fetched_bytes": 0}
+        return {"kept_bytes": f.kept_bytes, "max_bytes": f.max_bytes, "hits": f.hits, "misses": f.misses,
+                "fetched_bytes": f.fetched_bytes}
 
     @contextmanager
     def held_chunk(self, chunk_id: str) -> Iterator[tuple[int, int, int]]:

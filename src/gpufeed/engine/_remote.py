@@ -37,13 +37,14 @@ import os
 from typing import TYPE_CHECKING
 
 from ..errors import DamagedObject, HolderUnavailable
+from ._blocksums import SUM_BLOCK, check_run, sums_array
 from ._scrub import check_chunk_fd
 from .types import ChunkRecord, FetchChunk
 
 if TYPE_CHECKING:
     from ._chunks import ChunkStore
 
-__all__ = ["FetchChunk", "fetch_chunk"]
+__all__ = ["FetchChunk", "fetch_chunk", "fetch_checked", "private_temp"]
 
 
 def fetch_chunk(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str) -> int:
@@ -63,6 +64,41 @@ def fetch_chunk(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str) -> i
         DamagedObject: every node that answered sent bytes that fail their check,
             or reports the chunk damaged.
     """
+    kept = store.fetched
+    place = (c.chunk_id, c.file, c.file_offset, c.stored, c.codec)
+    fd = kept.get(place) if kept is not None else None
+    if fd is not None:
+        return fd
+    fd = private_temp(store)
+    try:
+        fetch_checked(store, c, bucket, key, fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if kept is not None:
+        kept.put(place, fd, c.stored)
+    return fd
+
+
+def private_temp(store: "ChunkStore") -> int:
+    """A new temp file in the data folder's ``tmp/``, unlinked at once (its
+    space returns when the descriptor closes)."""
+    fd, path = store.files.new_temp()
+    os.unlink(path)
+    return fd
+
+
+def fetch_checked(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str, fd: int,
+                  span: tuple[int, int] | None = None) -> None:
+    """Write chunk ``c``'s stored bytes (``span``: only the ``(offset, length)``
+    bytes of them, whole 4 KiB blocks or running to the end of a chunk with
+    running CRC32C sums) at their place in ``fd``, from the chunk's holder,
+    then each node with a copy, until one sends bytes that pass their check
+    (the whole chunk, or the span's blocks, against the catalog's sums).
+
+    Raises:
+        HolderUnavailable, DamagedObject: as :func:`fetch_chunk`.
+    """
     nodes = [n for n in store.holders(c) if n and n != store.holder]
     copies = [n for n in nodes if n != c.holder]
     where = f"{bucket}/{key}: chunk {c.chunk_id} (held by node {c.holder}" + \
@@ -71,33 +107,37 @@ def fetch_chunk(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str) -> i
     if fetch is None:
         raise HolderUnavailable(f"{where}: this node reads only the data files it holds (it fetches from no "
                                 "other node)", bucket=bucket, key=key, chunk=c.chunk_id)
-    kept = store.fetched
-    place = (c.chunk_id, c.file, c.file_offset, c.stored, c.codec)
-    fd = kept.get(place) if kept is not None else None
-    if fd is not None:
-        return fd
     failures: list[HolderUnavailable | DamagedObject] = []
     for node in nodes:
-        fd, path = store.files.new_temp()
-        os.unlink(path)
         try:
-            fetch(c, [node], fd)
-            reason = check_chunk_fd(fd, c)
+            fetch(c, [node], fd, span)
+            reason = check_chunk_fd(fd, c) if span is None else _check_span(fd, c, span)
+            if store.fetched is not None:
+                store.fetched.count_fetched(c.stored if span is None else span[1])
             if reason is None:
-                if kept is not None:
-                    kept.put(place, fd, c.stored)
-                return fd
+                return
             sender = "the holder" if node == c.holder else f"node {node}"
             failures.append(DamagedObject(f"the bytes {sender} sent failed their check ({reason}); nothing of "
                                           "them was served"))
         except (HolderUnavailable, DamagedObject) as exc:
             failures.append(exc)
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
     message = f"{where}: " + "; ".join(f.message for f in failures)
     if failures and all(isinstance(f, DamagedObject) for f in failures):
         raise DamagedObject(message, chunk=c.chunk_id, bucket=bucket, key=key)
     raise HolderUnavailable(message if failures else f"{where}: no node holds it", bucket=bucket, key=key,
                             chunk=c.chunk_id)
+
+
+def _check_span(fd: int, c: ChunkRecord, span: tuple[int, int]) -> str | None:
+    """Check the ``span`` of chunk ``c``'s stored bytes in ``fd`` against its
+    running CRC32C sums; ``None`` when good, else the reason."""
+    start, n = span
+    buf = bytearray(n)
+    try:
+        got = os.preadv(fd, [buf], c.file_offset + start)
+    except OSError as exc:
+        return f"read failed: {exc}"
+    if got != n:
+        return f"{got} of {n} bytes"
+    bad = check_run([buf], sums_array(c.sums, c.sum_kind), start // SUM_BLOCK, n)
+    return None if bad < 0 else f"block {bad} does not match its sum"
