@@ -2,6 +2,7 @@
 (``gpufeed.wire._cachedgets``), against a real node through the SDK: every
 commit drops what a connection cached, so a read after an acknowledged
 overwrite, delete, key revoke or policy change answers as the node does now;
+every byte a cached version serves is still checked against its block sums;
 a deleted version's data file is closed without waiting for the connection's
 next request; kv buckets are not cached (their reads keep the LRU order); a
 node told to cache nothing reads the same."""
@@ -17,10 +18,11 @@ import numpy as np
 import pytest
 
 from gpufeed.admin import RemoteAdmin
+from gpufeed.bench.integrity import _chunks  # the catalog's chunk list of one object
 from gpufeed.client import Client
 from gpufeed.config import WireLimits
-from gpufeed.errors import AccessDenied, InvalidAccessKeyId, NoSuchKey
-from gpufeed.testing.node import start_node
+from gpufeed.errors import AccessDenied, DamagedObject, InvalidAccessKeyId, NoSuchKey
+from gpufeed.testing.node import flip_bits, start_node
 
 BLOCK = 4096
 
@@ -84,6 +86,24 @@ def test_a_policy_change_is_seen_by_the_next_get(node):
             _get(c, "cached-policy", "k")
         s3.delete_bucket_policy(Bucket="cached-policy")
         assert _get(c, "cached-policy", "k") == _data(BLOCK, seed=4)
+
+
+def test_a_cached_version_still_checks_every_read(tmp_path):
+    n = start_node(tmp_path / "data")
+    try:
+        with _reader(n) as c:
+            c.create_bucket("cached-rot")
+            c.put("cached-rot", "k", _data(8 * BLOCK, seed=11))
+            assert _get(c, "cached-rot", "k", 3 * BLOCK) == _data(8 * BLOCK, seed=11)[3 * BLOCK:4 * BLOCK]
+            ((_chunk, file, offset, _stored),) = _chunks(n.data_dir / "catalog.sqlite3", "cached-rot", "k")
+            flip_bits(n.data_dir / "blobs" / file[:2] / file[2:4] / file, offset + 5 * BLOCK + 7, 0x10)
+            assert _get(c, "cached-rot", "k", 3 * BLOCK) == _data(8 * BLOCK, seed=11)[3 * BLOCK:4 * BLOCK]
+            with pytest.raises(DamagedObject):
+                _get(c, "cached-rot", "k", 5 * BLOCK)
+            with pytest.raises(DamagedObject):  # marked damaged: refused again
+                _get(c, "cached-rot", "k", 5 * BLOCK)
+    finally:
+        assert n.stop() == 0
 
 
 def _open_files(pid: int) -> set[str]:
