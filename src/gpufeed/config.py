@@ -81,6 +81,13 @@ def _count(text: str) -> int:
     return count
 
 
+def _cache_entries(text: str) -> int:
+    count = _count(text)
+    if count > 4096:
+        raise ValueError("a connection keeps at most 4096 object versions open")
+    return count
+
+
 def master_key_from_text(text: str) -> bytes:
     """A master key as given in ``GPUFEED_MASTER_KEY``: base64 of 32 bytes.
 
@@ -169,6 +176,10 @@ class WireLimits:
             the node's catalog commits anything or this time passes, whichever
             comes first (``docs/wire-protocol.md``). 0 offers no leases; at most 60.
             Env ``GPUFEED_WIRE_LEASE_S``.
+        read_cache_entries: object versions each connection keeps open, with
+            their access decision, for its small GETs, until the node's catalog
+            commits anything (``gpufeed.wire._cachedgets``); 0 keeps none.
+            Env ``GPUFEED_WIRE_READ_CACHE_ENTRIES``.
     """
 
     max_connections: int = 1024
@@ -179,6 +190,7 @@ class WireLimits:
     client_memory_bytes: int = field(default_factory=lambda: host_memory_bytes() // 2)
     node_memory_bytes: int = field(default_factory=lambda: host_memory_bytes() * 3 // 4)
     lease_s: float = 1.0
+    read_cache_entries: int = 16
 
     @classmethod
     def from_env(cls) -> "WireLimits":
@@ -198,6 +210,7 @@ class WireLimits:
             client_memory_bytes=_env("GPUFEED_WIRE_CLIENT_MEMORY_BYTES", _size, d.client_memory_bytes),
             node_memory_bytes=_env("GPUFEED_WIRE_NODE_MEMORY_BYTES", _size, d.node_memory_bytes),
             lease_s=_env("GPUFEED_WIRE_LEASE_S", _lease_seconds, d.lease_s),
+            read_cache_entries=_env("GPUFEED_WIRE_READ_CACHE_ENTRIES", _cache_entries, d.read_cache_entries),
         )
 
 

@@ -8,8 +8,9 @@ from gpufeed.bench._io_floors import echo_floor, preadv_floor
 from gpufeed.bench.io import run_io_bench
 
 
-def test_echo_floor_times_real_round_trips():
-    p50, p99 = echo_floor(samples=300)
+@pytest.mark.parametrize("tcp", [False, True], ids=["unix", "tcp"])
+def test_echo_floor_times_real_round_trips(tcp):
+    p50, p99 = echo_floor(samples=300, tcp=tcp)
     assert 0 < p50 <= p99
 
 
@@ -25,7 +26,9 @@ def test_io_bench_states_small_reads_against_the_floors():
                        quiet=True, writes=False)
     floors = out["floors"]
     assert floors["unix_round_trip_p50_us"] > 0 and floors["preadv_4k_iops"] > 0
+    assert floors["tcp_round_trip_p50_us"] > 0
+    trip = {"shm": floors["unix_round_trip_p50_us"], "tcp": floors["tcp_round_trip_p50_us"]}
     for r in out["results"]:
         if r["path"] in ("shm", "tcp"):
-            assert r["p50_vs_floor"] == round(r["p50_us"] / floors["unix_round_trip_p50_us"], 2)
+            assert r["p50_vs_floor"] == round(r["p50_us"] / trip[r["path"]], 2)
             assert r["iops_vs_floor"] == round(r["iops_4k"] / floors["preadv_4k_iops"], 3)

@@ -1,9 +1,11 @@
 """The floors under ``bench io``'s small-read rows, measured in the same run.
 
-* **Round trip**: a bare Python request/reply over a Unix stream socket between
-  two processes (64-byte messages, the size of a GET frame): what any
-  Python client and server on this machine pay per request before doing any
-  work. Compared with the shm and tcp single-get p50.
+* **Round trips**: a bare Python request/reply between two processes (64-byte
+  messages, the size of a GET frame), over a Unix stream socket and over a
+  loopback TCP connection (``TCP_NODELAY`` on both ends): what any Python
+  client and server on this machine pay per request before doing any work.
+  The shm single-get p50 is compared with the Unix one, the tcp p50 with the
+  TCP one.
 * **preadv**: a bare ``os.preadv`` loop in this process over the same random
   4 KiB offsets of the object's data file (page cache warm): the most 4 KiB
   reads per second one Python thread gets from the kernel. Compared with the
@@ -33,15 +35,17 @@ while True:
 """
 
 
-def echo_floor(samples: int = 5000, message: int = 64) -> tuple[float, float]:
-    """p50 and p99 (µs) of a request/reply round trip over a Unix stream socket
-    to an echo server in another Python process.
+def echo_floor(samples: int = 5000, message: int = 64, *, tcp: bool = False) -> tuple[float, float]:
+    """p50 and p99 (µs) of a request/reply round trip to an echo server in
+    another Python process.
 
     Args:
         samples: round trips timed (after 500 to warm up).
         message: bytes per request and reply.
+        tcp: over a loopback TCP connection (``TCP_NODELAY`` on both ends)
+            instead of a Unix stream socket.
     """
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a, b = _tcp_pair() if tcp else socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     proc = subprocess.Popen([sys.executable, "-c", _ECHO_SERVER, str(b.fileno())], pass_fds=[b.fileno()])
     b.close()
     try:
@@ -60,6 +64,16 @@ def echo_floor(samples: int = 5000, message: int = 64) -> tuple[float, float]:
     finally:
         a.close()
         proc.wait(timeout=10)
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """Both ends of a connection over 127.0.0.1, ``TCP_NODELAY`` set on each."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        a = socket.create_connection(listener.getsockname())
+        b, _ = listener.accept()
+    for s in (a, b):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return a, b
 
 
 def preadv_floor(path: str, size: int, seconds: float = 2.0, seed: int = 2) -> float:

@@ -11,9 +11,10 @@ block sums (the default); the ``shm_unchecked`` row reads the same object from
 a bucket with checks off, in turns with the checked ``shm`` read (its
 ``gbps_side_by_side``): ``checked_vs_unchecked`` is the price of checking
 (target ≥ 0.8). The floors (:mod:`._io_floors`), measured in the same run: a
-bare Python Unix-socket round trip under the single-get p50 and a bare
-``os.preadv`` loop under the batched 4 KiB IOPS (``p50_vs_floor``,
-``iops_vs_floor`` on the shm and tcp rows). With ``--cold`` the object's pages are dropped
+bare Python round trip under the single-get p50 (over a Unix socket for the
+shm row, over loopback TCP for the tcp row) and a bare ``os.preadv`` loop
+under the batched 4 KiB IOPS (``p50_vs_floor``, ``iops_vs_floor`` on the shm
+and tcp rows). With ``--cold`` the object's pages are dropped
 with ``posix_fadvise(POSIX_FADV_DONTNEED)`` before each cold measurement (rows
 ``local_cold``, ``shm_cold``, ...).
 
@@ -24,7 +25,8 @@ JSON shape (reused by every benchmark)::
                   "put_gbps": float|None, "cpu_s_per_gb": float, "p50_us": float|None,
                   "p99_us": float|None, "iops_4k": float|None,
                   "iops_4k_ranges": float (shm, tcp: the same reads as GETR columns)}],
-     "floors": {"unix_round_trip_p50_us", "unix_round_trip_p99_us", "preadv_4k_iops", "targets": {...}}}
+     "floors": {"unix_round_trip_p50_us", "unix_round_trip_p99_us", "tcp_round_trip_p50_us",
+                "tcp_round_trip_p99_us", "preadv_4k_iops", "targets": {...}}}
 
 GB/s are 10^9 bytes per second.
 """
@@ -392,7 +394,7 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
                 results[-1].update(_lease_row(node, key, offsets, iops_seconds))
         floors = None
         if {"shm", "tcp"} & set(paths):
-            console.print("  floors: bare Unix-socket round trip, bare preadv loop ...")
+            console.print("  floors: bare Unix-socket and TCP round trips, bare preadv loop ...")
             floors = _floors(results, max(blobs, key=os.path.getsize), size, iops_seconds)
         if "shm" in paths:
             console.print("  shm reads from a bucket that does not check them ...")
@@ -449,6 +451,7 @@ def run_io_bench(*, size: int = 1 << 30, cold: bool = False, json_path: str | No
     console.print(table)
     if floors is not None:
         console.print(f"  floors: Unix-socket round trip p50 {floors['unix_round_trip_p50_us']:.0f} µs, "
+                      f"TCP round trip p50 {floors['tcp_round_trip_p50_us']:.0f} µs, "
                       f"bare preadv {floors['preadv_4k_iops']:,} 4 KiB reads/s")
     for r in results:
         if r.get("iops_4k_ranges"):
@@ -472,16 +475,19 @@ def _floors(results: list[dict], data_file: str, size: int, iops_seconds: float)
     from ._io_floors import echo_floor, preadv_floor
 
     p50, p99 = (round(v, 1) for v in echo_floor())
+    tcp_p50, tcp_p99 = (round(v, 1) for v in echo_floor(tcp=True))
     iops = round(preadv_floor(data_file, size, iops_seconds))
     for r in results:
         if r["path"] in ("shm", "tcp"):
-            r["p50_vs_floor"] = round(r["p50_us"] / p50, 2)
+            trip = tcp_p50 if r["path"] == "tcp" else p50  # each path against its own socket's floor
+            r["p50_vs_floor"] = round(r["p50_us"] / trip, 2)
             r["iops_vs_floor"] = round(r["iops_4k"] / iops, 3)
             if "p50_us_lease" in r:
                 r["p50_lease_vs_floor"] = round(r["p50_us_lease"] / p50, 2)
             if r.get("iops_4k_ranges"):
                 r["iops_ranges_vs_floor"] = round(r["iops_4k_ranges"] / iops, 3)
-    return {"unix_round_trip_p50_us": p50, "unix_round_trip_p99_us": p99, "preadv_4k_iops": iops,
+    return {"unix_round_trip_p50_us": p50, "unix_round_trip_p99_us": p99,
+            "tcp_round_trip_p50_us": tcp_p50, "tcp_round_trip_p99_us": tcp_p99, "preadv_4k_iops": iops,
             "targets": {"shm_p50_us": 50, "tcp_p50_us": 80, "p50_vs_floor": 1.5,
                         "iops_4k": 200_000, "iops_vs_floor": 0.7}}
 

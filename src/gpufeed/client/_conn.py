@@ -14,6 +14,14 @@ completes the request's Future:
 - **Receiver thread.** It reads only when nobody waits: for Futures with
   done-callbacks (it is woken when one is registered) and for replies
   nobody asked for within ``ORPHAN_WAIT_S``.
+- **A lone call.** :meth:`Connection.call` on a connection nobody is reading
+  sends and reads on the calling thread holding the token from the start: no
+  Future, no receiver wake-up.
+- **Read-ahead (TCP).** A receive smaller than :data:`READ_AHEAD_BYTES` takes
+  whatever has arrived into a buffer and serves the following receives from
+  it, so a small reply (header, metadata and a 4 KiB payload) takes one system
+  call. The shm transport's receives carry descriptors and read exactly what
+  they ask for.
 """
 
 from __future__ import annotations
@@ -47,6 +55,9 @@ _FOLLOWER_CHECK_S = 0.5
 #: Most buffers one ``recvmsg_into`` fills (Linux's ``IOV_MAX``).
 _IOV_MAX = 1024
 
+#: TCP: bytes one receive may take in beyond those asked for (see the module docstring).
+READ_AHEAD_BYTES = 64 << 10  # 64 KiB
+
 #: Room for the most descriptors one message carries (a MAP_EXTENTS reply's batch).
 _ANCILLARY_BYTES = socket.CMSG_SPACE(p.FDS_PER_MESSAGE * 4)
 
@@ -54,12 +65,33 @@ _ANCILLARY_BYTES = socket.CMSG_SPACE(p.FDS_PER_MESSAGE * 4)
 class _Pending:
     __slots__ = ("future", "reply_type", "dests", "alloc")
 
-    def __init__(self, future: ReplyFuture, reply_type: type, dests: list[memoryview] | None,
+    def __init__(self, future: ReplyFuture | _Reply, reply_type: type, dests: list[memoryview] | None,
                  alloc: bool) -> None:
         self.future = future
         self.reply_type = reply_type
         self.dests = dests
         self.alloc = alloc  # allocate the payload buffer on arrival; result is (reply, buffer)
+
+
+class _Reply:
+    """The outcome of a request whose reply the sending thread reads itself
+    (:meth:`Connection.call`), set as a Future's would be."""
+
+    __slots__ = ("_value", "_error", "_done")
+
+    def __init__(self) -> None:
+        self._value = None
+        self._error: BaseException | None = None
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, value) -> None:
+        self._value, self._done = value, True
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._error, self._done = exc, True
 
 
 def connect_tcp(address: tuple[str, int], timeout_s: float) -> socket.socket:
@@ -127,6 +159,9 @@ class Connection:
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # kicks the receiver
         self._wake_lock = threading.Lock()
         self._scratch: memoryview | None = None  # drains payloads nobody wanted
+        # TCP: bytes received ahead, [_ahead_pos, _ahead_end) (read by the token's holder only)
+        self._ahead = None if passes_fds else memoryview(bytearray(READ_AHEAD_BYTES))
+        self._ahead_pos = self._ahead_end = 0
         self._receiving: _Pending | None = None  # whose payload is being read
         self._receiver = threading.Thread(target=self._receive_loop, name="gpufeed-recv", daemon=True)
         self._receiver.start()
@@ -157,20 +192,40 @@ class Connection:
             alloc: allocate a ``bytearray`` for the payload when it arrives; the
                 Future then resolves to ``(reply, bytearray)``.
         """
+        future = ReplyFuture(self._await, self._kick)
+        plen = 0 if payload is None else len(payload)
+        rid, frame = self._enqueue(op, meta_obj, _Pending(future, p.REPLY_TYPES[op], dests, alloc), plen)
+        if self._receiver_idle:  # it sleeps with no timeout: let it time this request
+            self._kick(read=False)
+        self._send(rid, frame, payload, plen, fds)
+        return future
+
+    def _enqueue(self, op: int, meta_obj, pend: _Pending, plen: int) -> tuple[int, bytes]:
+        """Register ``pend`` under a new request id; returns the id and the frame to send.
+
+        Raises:
+            TransportError: the connection is closed.
+            InvalidArgument: ``meta_obj`` does not encode.
+        """
         if self._closed:
             raise TransportError(f"connection closed: {self._error or 'by the client'}")
         rid = next(self._ids)
-        pend = _Pending(ReplyFuture(self._await, self._kick), p.REPLY_TYPES[op], dests, alloc)
         try:
             meta = p.encode(meta_obj)
         except (UnicodeEncodeError, OverflowError, TypeError) as exc:
             raise InvalidArgument(f"cannot encode the request: {exc}") from exc
-        plen = 0 if payload is None else len(payload)
         frame = p.pack_header(op, len(meta), rid, plen) + meta
         with self._pending_lock:
             self._pending[rid] = pend
-        if self._receiver_idle:  # it sleeps with no timeout: let it time this request
-            self._kick(read=False)
+        return rid, frame
+
+    def _send(self, rid: int, frame: bytes, payload, plen: int, fds: list[int] | None) -> None:
+        """Send request ``rid``'s frame (and payload, descriptors); a failure
+        fails the connection.
+
+        Raises:
+            TransportError: the send failed or made no progress in time.
+        """
         try:
             with self._send_lock:
                 if fds:
@@ -186,11 +241,32 @@ class Connection:
                 exc = TransportError(f"the server accepted no data for {self.request_timeout_s} s")
             self._fail(exc)
             raise TransportError(f"send failed: {exc}") from exc
-        return pend.future
 
-    def call(self, op: int, meta_obj, **kw):
-        """``request(...).result()``."""
-        return self.request(op, meta_obj, **kw).result()
+    def call(self, op: int, meta_obj, *, dests: list[memoryview] | None = None,
+             payload=None, fds: list[int] | None = None, alloc: bool = False):
+        """``request(...).result()``; when no other thread is reading replies,
+        sent and read on this thread with no Future (see the module docstring).
+
+        Raises:
+            GpufeedError: the typed error the server sent.
+            TransportError: the connection failed or is closed.
+        """
+        if alloc or payload is not None or not self._token.acquire(blocking=False):
+            return self.request(op, meta_obj, dests=dests, payload=payload, fds=fds, alloc=alloc).result()
+        reply = _Reply()
+        try:
+            rid, frame = self._enqueue(op, meta_obj, _Pending(reply, p.REPLY_TYPES[op], dests, False), 0)
+            self._send(rid, frame, None, 0, fds)
+            self._read_while(lambda: not reply._done)
+        finally:
+            self._token.release()
+            if self._followers:
+                self._hand_over()
+        if reply._error is not None:
+            raise reply._error
+        if not reply._done:  # the connection closed first
+            raise TransportError(f"connection closed: {self._error or 'by the client'}")
+        return reply._value
 
     # --- receiving -----------------------------------------------------------
     def _recv_exact(self, mv: memoryview) -> None:
@@ -205,7 +281,7 @@ class Connection:
                             self._fds_in.extend(int.from_bytes(data[i:i + 4], "little")
                                                 for i in range(0, len(data) - len(data) % 4, 4))
                 else:
-                    got = self.sock.recv_into(mv[pos:])
+                    got = self._recv_ahead(mv[pos:])
             except TimeoutError:
                 if self._closed:
                     raise TransportError("the client closed the connection") from None
@@ -217,6 +293,27 @@ class Connection:
                 raise TransportError("the connection was closed"
                                      + (" by the client" if self._closed else " by the server"))
             pos += got
+
+    def _recv_ahead(self, mv: memoryview) -> int:
+        """One TCP receive into ``mv`` (0 at EOF): bytes received ahead first; a
+        receive smaller than :data:`READ_AHEAD_BYTES` goes through the read-ahead
+        buffer, which keeps what arrived beyond ``mv`` for the next receive."""
+        ahead = self._ahead
+        assert ahead is not None  # TCP only
+        pos = self._ahead_pos
+        have = self._ahead_end - pos
+        if have:
+            k = min(have, len(mv))
+            mv[:k] = ahead[pos:pos + k]
+            self._ahead_pos = pos + k
+            return k
+        if len(mv) >= READ_AHEAD_BYTES:
+            return self.sock.recv_into(mv)
+        got = self.sock.recv_into(ahead)
+        k = min(got, len(mv))
+        mv[:k] = ahead[:k]
+        self._ahead_pos, self._ahead_end = k, got
+        return k
 
     # --- reading replies: leader/follower ---------------------------------------------
     def _await(self, fut: ReplyFuture) -> None:
@@ -319,6 +416,8 @@ class Connection:
 
     def _reply_waiting(self, poller: select.poll) -> bool:
         """Whether reply bytes (or the end) are there to read now."""
+        if self._ahead_end > self._ahead_pos:  # received ahead
+            return True
         try:
             fd = self.sock.fileno()
             poller.modify(fd, select.POLLRDHUP | select.POLLIN)
@@ -428,6 +527,13 @@ class Connection:
                 ``request_timeout_s``.
         """
         i = 0
+        while i < len(bufs) and self._ahead_end > self._ahead_pos:  # bytes received ahead first
+            b = bufs[i]
+            k = self._recv_ahead(b)
+            if k < len(b):
+                bufs[i] = b[k:]
+            else:
+                i += 1
         while i < len(bufs):
             batch = bufs[i:i + _IOV_MAX]
             try:

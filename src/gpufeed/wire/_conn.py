@@ -37,6 +37,7 @@ from ..errors import (
 )
 from . import protocol as p
 from ._auth import Authenticator, Principal
+from ._cachedgets import ReadCache
 from ._frames import RecvTimeout
 from ._lending import Lending
 from ._metered import MeteredReplies
@@ -93,6 +94,10 @@ class Connection(MeteredReplies):
         peer: ``(pid, pidfd)`` of the shm client (:func:`peer_process`), when the
             caller has it already.
         authenticator: checks AUTH and, on each op, the connection's key.
+        small_get: the handler of a GET answered on the reader thread (default:
+            ``handlers``'); it may use ``read_cache``.
+        read_cache: the connection's opened object versions
+            (:mod:`._cachedgets`); closed with the connection.
 
     Attributes:
         server_nonce: the connection's fresh random nonce (HELLO replies carry it).
@@ -105,7 +110,8 @@ class Connection(MeteredReplies):
                  put_stream: StreamHandler, pool: Executor, lending: Lending,
                  on_close: Callable[["Connection"], None], limits: WireLimits | None = None,
                  peer: tuple[int, int | None] | None = None,
-                 authenticator: Authenticator, metrics: NodeMetrics | None = None) -> None:
+                 authenticator: Authenticator, metrics: NodeMetrics | None = None,
+                 small_get: Handler | None = None, read_cache: ReadCache | None = None) -> None:
         self.limits = limits = limits or WireLimits()
         self._auth = authenticator
         self.server_nonce = secrets.token_bytes(p.NONCE_BYTES)
@@ -120,6 +126,8 @@ class Connection(MeteredReplies):
         super().__init__(sock, transport, min(waits) if waits else 0.0, limits.header_timeout_s)
         self.metrics = metrics
         self._handlers = handlers
+        self._small_get = small_get or handlers[p.Op.GET]
+        self.read_cache = read_cache
         self._put_stream = put_stream
         self._pool = pool
         self._lending = lending
@@ -220,6 +228,8 @@ class Connection(MeteredReplies):
             return
         self.closed = True
         self.close_fds_in()
+        if self.read_cache is not None:
+            self.read_cache.close()
         self._lending.detach(self.memory)
         try:
             self.sock.close()
@@ -254,18 +264,26 @@ class Connection(MeteredReplies):
         if op == p.Op.AUTH:
             self._authenticate(rid, req)
             return
+        inline = op not in _DATA_OPS or _small(op, req)
+        handler = self._small_get if op == p.Op.GET and inline else self._handlers[op]
+        if inline and self.transport == "tcp":  # nothing to count: this thread reads no frame meanwhile
+            try:
+                self._run(op, rid, req, handler)
+            finally:
+                self._last_activity = time.monotonic()
+            return
         # every request is counted until it is done (inline ones too): a region lent
         # to this client is reused only when nothing of its process is running, and
         # a connection with a request in flight is not idle
         self._count(+1)
-        if op in _DATA_OPS and not _small(op, req):
+        if not inline:
             try:
-                self._pool.submit(self._run_counted, op, rid, req)
+                self._pool.submit(self._run_counted, op, rid, req, handler)
             except BaseException:
                 self._count(-1)
                 raise
         else:
-            self._run_counted(op, rid, req)
+            self._run_counted(op, rid, req, handler)
 
     def key_still_valid(self) -> bool:
         """Whether the connection's key still acts for its tenant (checked again by
@@ -326,21 +344,21 @@ class Connection(MeteredReplies):
             else:
                 self._lending.request_done(self.memory)
 
-    def _run_counted(self, op: int, rid: int, req) -> None:
+    def _run_counted(self, op: int, rid: int, req, handler: Handler) -> None:
         try:
-            self._run(op, rid, req)
+            self._run(op, rid, req, handler)
         finally:
             self._count(-1)
 
-    def _run(self, op: int, rid: int, req) -> None:
-        """Run one handler; its errors become error replies."""
+    def _run(self, op: int, rid: int, req, handler: Handler) -> None:
+        """Run one request's handler; its errors become error replies."""
         if self.transport == "shm" and op in _DATA_OPS and self.peer_gone():
             # Its shared memory may already hold something else (the client reused
             # it after giving up): neither write into it nor store from it.
             log.info("skipping op %s of a shm client that has closed its connection", op)
             return
         try:
-            self._handlers[op](self, rid, req)
+            handler(self, rid, req)
         except GpufeedError as exc:
             self.reply_error(rid, exc)
         except OSError as exc:

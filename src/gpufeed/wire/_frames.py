@@ -31,6 +31,10 @@ RECV_CHUNK = 4 << 20  # 4 MiB
 #: grows its buffer as the bytes arrive (at most doubling), never to the size
 #: the header merely announced.
 META_STEP_BYTES = 64 << 10  # 64 KiB
+#: TCP: bytes one receive may take in beyond those asked for (the rest of a
+#: frame's metadata, the next frame), kept for the receives that follow: a
+#: request's header and metadata then take one system call, not two.
+READ_AHEAD_BYTES = 64 << 10  # 64 KiB
 #: Most buffers one ``sendmsg`` gathers (Linux's ``IOV_MAX``).
 _IOV_MAX = 1024
 #: Room for the descriptors one ``recvmsg`` may carry (16 ints).
@@ -113,6 +117,9 @@ class FrameIO:
         self.fds_in: list[int] = []
         self._hdr = bytearray(p.HEADER_SIZE)
         self._recv_buf: bytearray | None = None
+        # TCP: bytes received ahead (see READ_AHEAD_BYTES), [_ahead_pos, _ahead_end)
+        self._ahead = memoryview(bytearray(READ_AHEAD_BYTES)) if transport != "shm" else None
+        self._ahead_pos = self._ahead_end = 0
 
     # --- reading ---------------------------------------------------------------
     def recv_exact(self, mv: memoryview, *, at_boundary: bool = False,
@@ -161,8 +168,8 @@ class FrameIO:
         """
         while True:
             try:
-                if self.transport != "shm":
-                    return self.sock.recv_into(mv)
+                if self._ahead is not None:
+                    return self._recv_ahead(mv)
                 got, anc, _flags, _addr = self.sock.recvmsg_into([mv], _ANCILLARY_BYTES)
                 for level, typ, data in anc:
                     if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
@@ -175,6 +182,27 @@ class FrameIO:
                 if left is None or left <= 0.001:
                     raise RecvTimeout(mid_frame) from None
                 self._arm(left)
+
+    def _recv_ahead(self, mv: memoryview) -> int:
+        """One TCP receive into ``mv`` (0 at EOF): bytes received ahead first; a
+        receive smaller than :data:`READ_AHEAD_BYTES` goes through the read-ahead
+        buffer, which keeps what arrived beyond ``mv`` for the next receive."""
+        ahead = self._ahead
+        assert ahead is not None  # TCP only
+        pos = self._ahead_pos
+        have = self._ahead_end - pos
+        if have:
+            k = min(have, len(mv))
+            mv[:k] = ahead[pos:pos + k]
+            self._ahead_pos = pos + k
+            return k
+        if len(mv) >= READ_AHEAD_BYTES:
+            return self.sock.recv_into(mv)
+        got = self.sock.recv_into(ahead)
+        k = min(got, len(mv))
+        mv[:k] = ahead[:k]
+        self._ahead_pos, self._ahead_end = k, got
+        return k
 
     def _arm(self, timeout_s: float) -> None:
         """Shorten the receive timeout to ``timeout_s`` until :meth:`disarm`."""
@@ -261,7 +289,7 @@ class FrameIO:
 
     def _recv_payload_once(self, mv: memoryview) -> int:
         try:
-            return self.sock.recv_into(mv)
+            return self._recv_ahead(mv) if self._ahead is not None else self.sock.recv_into(mv)
         except BlockingIOError:  # SO_RCVTIMEO: the payload stopped coming
             raise RecvTimeout(True) from None
 
@@ -353,6 +381,12 @@ class FrameIO:
             InternalError: a file ended before its extent.
             OSError: the socket failed (``BlockingIOError`` after the send timeout).
         """
+        if len(extents) == 1 and type(extents[0]) is memoryview:  # a small read: one sendmsg
+            meta = p.encode(obj)
+            with self.send_lock:
+                self._sendmsg_all([memoryview(p.pack_header(op | p.REPLY, len(meta), rid, len(extents[0])) + meta),
+                                   extents[0]])
+            return
         payload = sum(len(e) if isinstance(e, memoryview) else e[2] for e in extents)
         meta = p.encode(obj)
         head = p.pack_header(op | p.REPLY, len(meta), rid, payload) + meta

@@ -294,27 +294,40 @@ class Ops:
             return
         conn.reply(p.Op.CHUNK_PUT, rid, p.ChunkPutReply(stored))
 
+    def allow_read(self, conn: Connection, req: p.Get) -> None:
+        """:meth:`allow` a read of what ``req`` names (a version named: ``s3:GetObjectVersion``).
+
+        Raises:
+            NoSuchBucket, AccessDenied: as :meth:`allow`.
+        """
+        self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
+
     def get(self, conn: Connection, rid: int, req: p.Get) -> None:
         """One range of an object version, checked against its block sums before
         the reply says it is good: sent by ``sendfile`` (TCP) or read into a
         region (shm). Damage is an error reply; the connection stays usable."""
-        self.allow(conn, READ if req.version_id is None else READ_VERSION, req.bucket, req.key)
+        self.allow_read(conn, req)
         h = self.engine.open_version(req.bucket, req.key, req.version_id, snapshot=req.snapshot)
-        info = h.info
         try:
-            start, n = _extent(req, info.size)
-            if req.region == -1:
-                conn.reply_with_files(p.Op.GET, rid, p.GetReply(info.size, n, info.etag), _payload(h, start, n))
-                return
-            dest = conn.memory.region(req.region).view(req.region_offset, n)
-            try:
-                small = h.read_small_or_fall_back(start, dest)
-                got = n if small else h.run(h.steps(dest, start), self.reader.run_steps)
-            finally:
-                dest.release()
-            conn.reply(p.Op.GET, rid, p.GetReply(info.size, got, info.etag))
+            self.serve_get(conn, rid, req, h)
         finally:
             h.close()
+
+    def serve_get(self, conn: Connection, rid: int, req: p.Get, h: ObjectHandle) -> None:
+        """Read and send GET ``rid``'s range of the version ``h`` (authorized and
+        opened by the caller, who closes it)."""
+        info = h.info
+        start, n = _extent(req, info.size)
+        if req.region == -1:
+            conn.reply_with_files(p.Op.GET, rid, p.GetReply(info.size, n, info.etag), _payload(h, start, n))
+            return
+        dest = conn.memory.region(req.region).view(req.region_offset, n)
+        try:
+            small = h.read_small_or_fall_back(start, dest)
+            got = n if small else h.run(h.steps(dest, start), self.reader.run_steps)
+        finally:
+            dest.release()
+        conn.reply(p.Op.GET, rid, p.GetReply(info.size, got, info.etag))
 
     def getv(self, conn: Connection, rid: int, req: p.GetV) -> None:
         """A batch of ranges; each item fails alone (its error is in the reply)."""

@@ -9,6 +9,8 @@ connections and wires the parts together:
 * :mod:`._frames`: frame I/O, replies by ``sendfile`` or with a descriptor;
 * :mod:`._ops`: one thin handler per op over the engine's public API;
 * :mod:`._reads`: reads into client memory, split across threads when large;
+* :mod:`._cachedgets`: small GETs from each connection's cache of opened
+  versions, valid until the node's catalog commits anything;
 * :mod:`._lending`, :mod:`._regions`: client memory on the shm transport, and
   the pool that reuses what the server lent.
 
@@ -36,6 +38,7 @@ from ..config import NodeConfig
 from ..engine import Engine, KeyRing
 from ..errors import error_from_code
 from ._auth import Authenticator
+from ._cachedgets import CachedGets, CommitCount
 from ._conn import Connection
 from ._frames import FrameIO, set_send_timeout
 from ._leases import LeaseBoard
@@ -80,6 +83,14 @@ class WireServer:
                 self.ops.leases = board
             else:
                 board.close()
+        self.commits: CommitCount | None = None  # counts commits for the connections' read caches
+        if config.wire.read_cache_entries > 0:
+            commits = CommitCount()
+            if engine.watch_commits(commits.bump):
+                self.commits = commits
+            else:
+                commits.close()
+        self.small_gets = CachedGets(self.ops, engine)
         self.auth = Authenticator(KeyRing(config.access_key, config.secret_key, engine))
         self._listeners: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
@@ -170,7 +181,9 @@ class WireServer:
                                   put_stream=self.ops.put_stream, pool=self.pool,
                                   lending=self.lending, on_close=self._forget,
                                   limits=self.config.wire, peer=peer, authenticator=self.auth,
-                                  metrics=self.metrics)
+                                  metrics=self.metrics, small_get=self.small_gets.get,
+                                  read_cache=self.commits.cache(self.config.wire.read_cache_entries)
+                                  if self.commits is not None else None)
             except BaseException:
                 self._release(key)
                 sock.close()
@@ -266,6 +279,8 @@ class WireServer:
         self.lending.close()
         if self.ops.leases is not None:
             self.ops.leases.close()
+        if self.commits is not None:
+            self.commits.close()
         if self.socket_path:
             try:
                 os.unlink(self.socket_path)

@@ -153,13 +153,17 @@ class PooledTransport(Transport):
                                  "belong to the parent process: create a new Client in the child")
 
     def conn(self) -> Connection:
-        """The least busy connection. Raises TransportError when closed or forked."""
+        """The first idle connection (a lone caller keeps to one, and so to the
+        node's cache of what that connection opened), else the least busy.
+        Raises TransportError when closed or forked."""
         if self._closed:
             raise TransportError("the client is closed")
         self.check_process()
-        if len(self.conns) == 1:
-            return self.conns[0]
-        return min(self.conns, key=lambda c: (c.inflight, next(self._rr) % 7))
+        conns = self.conns
+        for c in conns:
+            if not c.inflight:
+                return c
+        return min(conns, key=lambda c: (c.inflight, next(self._rr) % 7))
 
     def find_region(self, mv: memoryview):
         """``(region, offset)`` when ``mv`` lies in memory registered with the node;
