@@ -364,6 +364,10 @@ class NodeConfig:
         cluster_repair_queue: most data files waiting for a repair from another
             node's copy after a read found them damaged (more are left to the
             next scrub; 0: reads ask for none). Env ``GPUFEED_CLUSTER_REPAIR_QUEUE``.
+        cluster_reserve_bytes: bytes of a member's file system kept free: a
+            node whose disk has less free above it takes no new data file (as
+            when it reaches ``capacity_bytes``). Env ``GPUFEED_CLUSTER_RESERVE``
+            (bytes or a size like ``10GiB``).
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -416,6 +420,7 @@ class NodeConfig:
     cluster_orphan_grace_s: float = 3600.0  # 1 hour
     cluster_rebalance: bool = True
     cluster_repair_queue: int = 1024
+    cluster_reserve_bytes: int = 0
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -476,6 +481,7 @@ class NodeConfig:
             cluster_orphan_grace_s=_env("GPUFEED_CLUSTER_ORPHAN_GRACE_S", _seconds, cls.cluster_orphan_grace_s),
             cluster_rebalance=_env("GPUFEED_CLUSTER_REBALANCE", _flag, cls.cluster_rebalance),
             cluster_repair_queue=_env("GPUFEED_CLUSTER_REPAIR_QUEUE", _count, cls.cluster_repair_queue),
+            cluster_reserve_bytes=_env("GPUFEED_CLUSTER_RESERVE", _size, cls.cluster_reserve_bytes),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

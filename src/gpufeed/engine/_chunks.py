@@ -187,6 +187,8 @@ class ChunkStore:
         self.push: Callable[[list[tuple[str, list[ChunkRecord]]]], dict[str, list[str]]] | None = None
         #: Asks for a repair of a data file here that a read found damaged (:mod:`._repair`); ``None``: none.
         self.repair: Callable[[str], bool] | None = None
+        #: A cluster node's own room check (:meth:`._room.NodeRoom.check_write`), used instead of the capacity.
+        self.room: Callable[[int], None] | None = None
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads that compress chunks (made on first use)."""
@@ -251,13 +253,13 @@ class ChunkStore:
     # writing --------------------------------------------------------------------
     def check_room(self, nbytes: int) -> None:
         """Refuse a write of ``nbytes`` more bytes when it would pass the capacity
-        (chunks stored plus the parts of multipart uploads in progress).
+        (chunks stored plus the parts of multipart uploads in progress; :attr:`room` when set).
 
         Raises:
             StorageFull: it would.
         """
-        if not self.capacity_bytes:
-            return
+        if self.room is not None or not self.capacity_bytes:
+            return self.room(nbytes) if self.room is not None else None
         used = self.stored_bytes + self._cat.parts_total()
         if used + nbytes > self.capacity_bytes:
             raise StorageFull(f"the data folder is full: {used} of {self.capacity_bytes} bytes used "
