@@ -9,6 +9,7 @@ room refuses writes with StorageFull (507) and keeps nothing of them."""
 from __future__ import annotations
 
 import os
+import urllib.request
 
 import pytest
 from botocore.exceptions import ClientError
@@ -40,7 +41,7 @@ def _read_everywhere(nodes: tuple[NodeProcess, ...], want: dict[str, bytes]) -> 
 
 def test_writes_land_on_their_targets_and_a_full_node_is_skipped(tmp_path, postgres_url):
     cap_a = 1_500_000
-    a = _member(tmp_path / "a", postgres_url, GPUFEED_CAPACITY=str(cap_a), **ENV)
+    a = _member(tmp_path / "a", postgres_url, GPUFEED_CAPACITY=str(cap_a), GPUFEED_METRICS_PORT="0", **ENV)
     b, c = (_member(tmp_path / n, postgres_url, GPUFEED_CAPACITY="50000000", **ENV) for n in "bc")
     nodes = (a, b, c)
     ids = {_node_id(n): n for n in nodes}
@@ -87,6 +88,11 @@ def test_writes_land_on_their_targets_and_a_full_node_is_skipped(tmp_path, postg
         for file, holders in copies.items():  # two copies of each, each a whole file where the catalog says
             assert len(holders) == 2 and all(_has_file(ids[n], file) for n in holders)
         assert folder_bytes(a.data_dir) <= cap_a
+        assert a.metrics_url is not None
+        text = urllib.request.urlopen(a.metrics_url, timeout=10).read().decode()
+        gauges = dict(line.split(" ", 1) for line in text.splitlines() if line.startswith("gpufeed_node_"))
+        assert float(gauges["gpufeed_node_capacity_bytes"]) == cap_a and float(gauges["gpufeed_node_full"]) == 1
+        assert float(gauges["gpufeed_node_used_bytes"]) <= cap_a
         _read_everywhere(nodes, want)
     finally:
         for n in nodes:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import DamagedObject, InternalError, InvalidArgument, StorageFull
 from ._blobs import remove_quietly, write_all
-from ._room import NodeRoom
+from ._room import NodeRoom, Usage
 from ._scrub import check_chunk_fd
 from .catalog import Catalog, CatalogWriter
 from .types import ChunkRecord
@@ -79,6 +79,12 @@ class ReplicaCalls:
         node's own figures (:mod:`._room`) instead of the catalog's stored bytes."""
         self._room: NodeRoom | None = room
         self._chunks.room = room.check_write
+
+    def room_usage(self) -> Usage | None:
+        """This cluster node's used, capacity and free bytes (:mod:`._room`); ``None``
+        when :meth:`use_room` was not called (outside a cluster on a shared catalog)."""
+        room = getattr(self, "_room", None)
+        return room.usage() if room is not None else None
 
     def receive_copy(self, file: str, records: list[ChunkRecord], length: int,
                      pieces: Iterable[memoryview]) -> bool:
