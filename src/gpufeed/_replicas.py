@@ -169,8 +169,9 @@ class Replicas:
                 if len(placed[f]) + (mine and group is move) < need:
                     raise self._short(f, len(placed[f]), need, errors[f], len(peers) + 1)
                 got[f] = ([me] if mine else []) + placed[f]
-        if self.room is not None:
-            self.room.add(sum(copy_length(recs) for f, recs in files if got[f][:1] == [me]))
+        for f, recs in files:
+            if self.room is not None and got[f][:1] == [me]:
+                self.room.add_file(self._engine.data_file_path(f), copy_length(recs))
         return got
 
     def _room_for_staged(self, node: str, peers: dict[str, NodeInfo], file: str, size: int) -> bool:

@@ -102,7 +102,7 @@ class ReplicaCalls:
         stored = receive_copy(self._chunks, file, records, length, pieces,
                               getattr(self, "_copy_max_bytes", COPY_MAX_BYTES))
         if stored and room is not None:
-            room.add(length)
+            room.add_file(self._chunks.file_path(file), length)
         return stored
 
     def data_file_path(self, file: str) -> str:

@@ -3,12 +3,14 @@ and whether a data file fits.
 
 A cluster node's **used bytes** are the bytes of the files in its data
 folder: the data files it holds as their chunks' holder, the copies it keeps
-for other nodes, the part files of multipart uploads in progress, and temp
-files of writes under way. They are counted by a walk of the folder every
-``count_interval_s`` seconds, plus the bytes of each data file stored here
-since that walk (:meth:`NodeRoom.add`: a write's file it keeps, a copy
-another node pushed); a file deleted since the walk counts until the next
-walk, so the figure errs towards full.
+for other nodes, and the part files of multipart uploads in progress (not
+the temp files of writes under way, in ``tmp/``: those take disk space,
+which ``statvfs`` shows, until the write ends). They are counted by a walk
+of the folder every ``count_interval_s`` seconds, plus the bytes of each
+data file stored here since that walk began (:meth:`NodeRoom.add_file`: a
+write's file it keeps, a copy another node pushed); a file deleted since the
+walk counts until the next walk, and one stored while a walk runs may be
+counted twice until the next, so the figure errs towards full.
 
 Its **capacity** is ``--capacity`` (``GPUFEED_CAPACITY``) when set, else the
 size of the data folder's file system. Its **free bytes** are the smaller of
@@ -49,10 +51,13 @@ FULL_BELOW = 0.01
 FULL_BELOW_BYTES = 1 << 20  # 1 MiB
 
 
-def folder_bytes(folder: str | Path) -> int:
-    """Bytes of the regular files under ``folder`` (files that vanish during the walk are skipped)."""
+def folder_bytes(folder: str | Path, skip: tuple[str, ...] = ()) -> int:
+    """Bytes of the regular files under ``folder``, but for its subfolders named in ``skip``
+    (files that vanish during the walk are skipped)."""
     total = 0
-    for root, _, files in os.walk(folder):
+    for root, dirs, files in os.walk(folder):
+        if root == str(folder):
+            dirs[:] = [d for d in dirs if d not in skip]
         for name in files:
             try:
                 st = os.lstat(os.path.join(root, name))
@@ -126,9 +131,9 @@ class NodeRoom:
         self._statvfs = statvfs
         self._lock = threading.Lock()
         self._walked = 0
-        self._added = 0
+        self._added: list[tuple[float, int]] = []  # (ctime, bytes) of files stored since the walk began
         self._walked_at = -float("inf")
-        self._walk_began = 0.0  # Unix s: files last changed before it are in the walk's count
+        self._walk_began = 0.0  # Unix s: files renamed into place before it are in the walk's count
 
     def _disk(self) -> tuple[int, int]:
         """``(file system size, its bytes free to this process less the reserve)``."""
@@ -139,12 +144,13 @@ class NodeRoom:
         """The used bytes (a walk of the folder when the last is ``count_interval_s`` old)."""
         with self._lock:
             if time.monotonic() - self._walked_at < self.count_interval_s:
-                return self._walked + self._added
+                return self._walked + sum(n for _, n in self._added)
         began = time.time()
-        walked = folder_bytes(self.folder)
+        walked = folder_bytes(self.folder, skip=("tmp",))
         with self._lock:
-            self._walked, self._added, self._walked_at, self._walk_began = walked, 0, time.monotonic(), began
-            return walked
+            self._added = [(c, n) for c, n in self._added if c >= began]  # the walk may have missed them
+            self._walked, self._walked_at, self._walk_began = walked, time.monotonic(), began
+            return walked + sum(n for _, n in self._added)
 
     def usage(self) -> Usage:
         """The node's figures now."""
@@ -153,10 +159,16 @@ class NodeRoom:
         used = self.used()
         return Usage(used, capacity, max(0, min(capacity - used, disk_free)))
 
-    def add(self, nbytes: int) -> None:
-        """Count a data file of ``nbytes`` bytes stored here since the last walk."""
+    def add_file(self, path: str, nbytes: int) -> None:
+        """Count the data file of ``nbytes`` bytes at ``path``, just stored here, unless the
+        last walk began after it was renamed into place (its status changed: ``st_ctime``)."""
+        try:
+            changed = os.stat(path).st_ctime
+        except OSError:
+            return  # deleted meanwhile
         with self._lock:
-            self._added += nbytes
+            if changed >= self._walk_began:
+                self._added.append((changed, nbytes))
 
     def fits(self, nbytes: int) -> bool:
         """Whether a data file of ``nbytes`` bytes fits here now."""
@@ -169,7 +181,7 @@ class NodeRoom:
         size, disk_free = self._disk()
         used = self.used()
         try:
-            counted = os.stat(path).st_mtime < self._walk_began
+            counted = os.stat(path).st_ctime < self._walk_began
         except OSError:
             counted = False
         return used + (0 if counted else nbytes) <= (self.configured_bytes or size) and disk_free >= 0
