@@ -68,13 +68,17 @@ def test_writes_land_on_their_targets_and_a_full_node_is_skipped(tmp_path, postg
         assert off_target == 2
 
         s3b = b.boto3_client()
-        for i in range(16):  # through b: a fills up and is then passed over
+        extra = 4
+        for i in range(60):  # through b until a cannot take another file, then some more: a is passed over
             want[f"big{i}"] = os.urandom(200_000)
             s3b.put_object(Bucket="bkt", Key=f"big{i}", Body=want[f"big{i}"])
-        assert folder_bytes(a.data_dir) <= cap_a
-        wait_for(lambda: _figures(b)[_node_id(a)]["full"], 10)
+            extra -= folder_bytes(a.data_dir) > cap_a - 200_000
+            if not extra:
+                break
+        assert folder_bytes(a.data_dir) <= cap_a and not extra
+        wait_for(lambda: _figures(b)[_node_id(a)]["free_bytes"] < 200_000, 10)
         row = _figures(b)[_node_id(a)]
-        assert row["bytes_stored"] <= cap_a and row["free_bytes"] < 200_000
+        assert row["bytes_stored"] <= cap_a and row["full"]
         assert not _figures(a)[_node_id(b)]["full"]
         before = set(_copies(postgres_url))
         s3a = a.boto3_client()
