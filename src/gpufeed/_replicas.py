@@ -167,7 +167,7 @@ class Replicas:
                 # a file some of whose targets refused stays here too when this node is next with room
                 mine = group is keep or (len(placed[f]) == need - 1 and f in room_here)
                 if len(placed[f]) + (mine and group is move) < need:
-                    raise self._short(f, len(placed[f]), need, errors[f], len(peers) + 1)
+                    raise self._short(f, len(placed[f]), need, errors[f], len(peers) + 1, group is keep)
                 got[f] = ([me] if mine else []) + placed[f]
         for f, recs in files:
             if self.room is not None and got[f][:1] == [me]:
@@ -191,10 +191,12 @@ class Replicas:
                 f"factor {self.factor} needs with {len(peers) + 1} live members ({'; '.join(full)}); the write "
                 "was not stored (GPUFEED_CAPACITY, GPUFEED_CLUSTER_RESERVE)")
 
-    def _short(self, file: str, got: int, need: int, errors: list[str], members: int) -> GpufeedError:
-        """The error of a write whose file ``file`` reached ``got`` of the ``need`` nodes it needs."""
+    def _short(self, file: str, got: int, need: int, errors: list[str], members: int, kept: bool) -> GpufeedError:
+        """The error of a write whose file ``file`` reached ``got`` of the ``need`` nodes it
+        needs (besides this one when it ``kept`` the file)."""
         why = "; ".join(errors) or "no other live member with room to take it"
-        text = (f"data file {file} reached {got} of the {need} nodes that replication factor {self.factor} "
+        text = (f"data file {file} reached {got} of the {need} {'other ' if kept else ''}nodes that replication "
+                f"factor {self.factor} "
                 f"needs with {members} live members ({why}); the write was not stored (GPUFEED_CLUSTER_REPLICAS)")
         if errors and all("(StorageFull," in e for e in errors):
             return StorageFull(text)
