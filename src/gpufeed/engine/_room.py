@@ -3,8 +3,9 @@ and whether a data file fits.
 
 A cluster node's **used bytes** are the bytes of the files in its data
 folder: the data files it holds as their chunks' holder, the copies it keeps
-for other nodes, and the part files of multipart uploads in progress (not
-the temp files of writes under way, in ``tmp/``: those take disk space,
+for other nodes, the part files of multipart uploads in progress, and the
+data files of a write through it until the write has placed them elsewhere
+(not the temp files of writes under way, in ``tmp/``: those take disk space,
 which ``statvfs`` shows, until the write ends). They are counted by a walk
 of the folder every ``count_interval_s`` seconds, plus the bytes of each
 data file stored here since that walk began (:meth:`NodeRoom.add_file`: a
