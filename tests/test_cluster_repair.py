@@ -87,11 +87,22 @@ def _reads_everywhere(nodes: list[NodeProcess], want: dict[str, bytes]) -> None:
             assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == data, (node.data_dir, name)
 
 
+def _writer_holds(tmp_path, url: str, env: dict[str, str] = FAST) -> list[NodeProcess]:
+    """Two members, a and b: a write through a keeps its files there (both are its targets)."""
+    return [start_node(tmp_path / n, extra_args=["--catalog", url, "--cluster", "c1"], env=env) for n in "ab"]
+
+
+def _third(tmp_path, url: str, nodes: list[NodeProcess], env: dict[str, str] = FAST) -> None:
+    """A third member, c, once the writes are made (re-replication and rebalancing wait 600 s: nothing moves)."""
+    nodes.append(start_node(tmp_path / "c", extra_args=["--catalog", url, "--cluster", "c1"], env=env))
+
+
 def test_scrub_repairs_the_holders_file_and_a_copy_from_a_good_copy(tmp_path, postgres_url):
-    nodes = [_member(tmp_path / n, postgres_url) for n in "abc"]
+    nodes = _writer_holds(tmp_path, postgres_url)
     a = nodes[0]
     try:
         want = _put(a)
+        _third(tmp_path, postgres_url, nodes)
         where = _where(postgres_url, nodes)
         assert len(where) == 2 and all(holder is a for holder, _ in where.values())
         before = {f: _path(a, f).read_bytes() for f in where}
@@ -142,10 +153,11 @@ def test_scrub_repairs_the_holders_file_and_a_copy_from_a_good_copy(tmp_path, po
 
 
 def test_reads_fall_back_to_another_node_and_the_file_is_repaired(tmp_path, postgres_url):
-    nodes = [_member(tmp_path / n, postgres_url) for n in "abc"]
+    nodes = _writer_holds(tmp_path, postgres_url)
     a = nodes[0]
     try:
         want = _put(a)
+        _third(tmp_path, postgres_url, nodes)
         where = _where(postgres_url, nodes)
         before = {f: _path(a, f).read_bytes() for f in where}
         for f in where:
@@ -203,14 +215,14 @@ def test_every_copy_damaged_serves_nothing_and_drops_the_damaged_copy(tmp_path, 
 
 def test_every_read_path_falls_back_while_the_file_stays_damaged(tmp_path, postgres_url):
     env = {**FAST, "GPUFEED_CLUSTER_REPAIR_QUEUE": "0"}  # reads ask for no repair: each one falls back
-    nodes = [start_node(tmp_path / n, extra_args=["--catalog", postgres_url, "--cluster", "c1"], env=env)
-             for n in "abc"]
+    nodes = _writer_holds(tmp_path, postgres_url, env)
     a = nodes[0]
     try:
         s3 = a.boto3_client(retries={"max_attempts": 1, "mode": "standard"})
         s3.create_bucket(Bucket="raw")
         data = os.urandom(300_000)
         s3.put_object(Bucket="raw", Key="obj", Body=data)
+        _third(tmp_path, postgres_url, nodes, env)
         [(file, (holder, _))] = _where(postgres_url, nodes).items()
         assert holder is a
         flip_bits(_path(a, file), 8192 + 5, 0x40)  # block 2 of the holder's file

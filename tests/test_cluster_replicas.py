@@ -17,6 +17,7 @@ from botocore.exceptions import ClientError
 from gpufeed._peers import PeerLink, call, read_reply
 from gpufeed.admin import RemoteAdmin
 from gpufeed.client import Client
+from gpufeed.engine._placement import rank
 from gpufeed.engine._postgres import PostgresCatalog
 from gpufeed.errors import DamagedObject, HolderUnavailable
 from gpufeed.testing.node import NodeProcess, start_node, wait_for
@@ -42,6 +43,17 @@ def _copies(url: str) -> dict[str, set[str]]:
         for c in cat.scan_chunks("", 100_000):
             out[c.file] = {c.holder, *cat.file_copies(c.file)}
         return out
+    finally:
+        cat.close()
+
+
+def _files_of(url: str, bucket: str, key: str) -> set[str]:
+    """The data files of the object ``bucket/key``, from the catalog."""
+    cat = PostgresCatalog(url)
+    try:
+        info = cat.object(bucket, key)
+        got = cat.manifest(info.blob_id) if info is not None else None
+        return {c.file for c in got[1]} if got is not None else set()
     finally:
         cat.close()
 
@@ -91,12 +103,13 @@ def test_every_write_path_is_on_two_nodes_and_reads_survive_a_killed_holder(tmp_
         want = _write_all_kinds(a)
         copies = _copies(postgres_url)
         ids = {_node_id(n): n for n in (a, b, c)}
-        assert copies and all(len(nodes) == 2 and _node_id(a) in nodes for nodes in copies.values())
-        for file, nodes in copies.items():  # each copy is a whole file in its node's folder
-            assert all(_has_file(ids[n], file) for n in nodes)
+        # each file on its targets: the first two nodes by rank, the writer among them or not
+        assert copies and all(nodes == set(rank(f.encode(), ids)[:2]) for f, nodes in copies.items())
+        for file, nodes in copies.items():  # each copy is a whole file in its node's folder, and only there
+            assert all(_has_file(ids[n], file) == (n in nodes) for n in ids)
         assert {n for nodes in copies.values() for n in nodes} == set(ids)  # placement spreads the copies
         assert _status(b)["under_replicated_chunks"] == 0
-        a.kill()  # the writer, which holds every file: reads go to the copies at once
+        a.kill()  # the writer, which holds about two thirds of the files: reads go to the other copies at once
         for node in (b, c):
             s3 = node.boto3_client(retries={"max_attempts": 1, "mode": "standard"})
             for (bucket, key), data in want.items():
@@ -110,10 +123,13 @@ def test_every_write_path_is_on_two_nodes_and_reads_survive_a_killed_holder(tmp_
             return r["under_replicated_chunks"] if r["live"] == 2 else 0
         assert wait_for(counted, 10) > 0  # a expired: its copies no longer count
         s3b = b.boto3_client()
-        s3b.delete_object(Bucket="raw", Key="sdk")  # the rows go at once; each node frees its own file
-        [(file, nodes)] = [(f, n) for f, n in copies.items() if f not in _copies(postgres_url)]
-        [other] = [ids[n] for n in nodes if n != _node_id(a)]
-        assert _has_file(other, file) == (other is not b)  # the deleting node removed its copy
+        # b deletes an object of one data file that c holds: the rows go at once, each node frees its own file
+        [(bucket, key, file)] = [(bk, k, f) for bk, k in want if len(fs := _files_of(postgres_url, bk, k)) == 1
+                                 for f in fs if _node_id(c) in copies[f]][:1]
+        s3b.delete_object(Bucket=bucket, Key=key)
+        assert file not in _copies(postgres_url)
+        assert not _has_file(b, file) and _has_file(c, file)  # the deleting node removed its copy (if it had one)
+        other = c
         other.stop()
         restarted = _member(other.data_dir, postgres_url, **env)  # a restart's sweep frees the rest
         try:

@@ -412,15 +412,18 @@ def _cluster_table(r: dict) -> str:
 
     table = Table(title=f"cluster {r['cluster']}: {r['live']} of {len(r['nodes'])} nodes live "
                         f"(expiry {r['expiry_s']:g} s)")
-    for column in ("node", "address", "health", "since heartbeat", "bytes", "started"):
-        table.add_column(column, justify="right" if column in ("since heartbeat", "bytes") else "left")
+    figures = ("used", "capacity", "free")
+    for column in ("node", "address", "health", "since heartbeat", *figures, "started"):
+        table.add_column(column, justify="right" if column in ("since heartbeat", *figures) else "left")
     style = {"live": "green", "expired": "red", "left": "dim"}
     for n in r["nodes"]:
+        free = "n/a" if n.get("free_bytes") is None else f"{n['free_bytes']:,}" + (" [red]full[/]" if n["full"] else "")
         table.add_row(n["node_id"], f"{n['host']}:{n['s3_port']}", f"[{style[n['health']]}]{n['health']}[/]",
-                      f"{n['since_heartbeat_s']:.1f} s", f"{n['bytes_stored']:,}", _when(n["started_at"]))
+                      f"{n['since_heartbeat_s']:.1f} s", f"{n['bytes_stored']:,}",
+                      f"{n['capacity_bytes']:,}" if n.get("capacity_bytes") else "n/a", free, _when(n["started_at"]))
     under = r["under_replicated_chunks"]
     out = io.StringIO()
-    console = Console(file=out, width=120, force_terminal=False)
+    console = Console(file=out, width=170, force_terminal=False)
     console.print(table)
     console.print(f"bytes stored on live nodes: {r['bytes_stored']:,}")
     console.print(f"under-replicated chunks: {'n/a' if under is None else under} (replication factor "

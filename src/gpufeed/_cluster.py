@@ -5,8 +5,9 @@ has a cluster name (``--cluster``). :meth:`~ClusterMember.join` registers
 the node in the catalog's membership (:mod:`gpufeed.engine._membership`)
 before the node reports itself started, so a node id a live member already
 holds stops the start (``NodeIdInUse``); then a daemon thread heartbeats
-every ``heartbeat_s`` seconds, sending the bytes of the files in the data
-folder (counted every ``bytes_interval_s``). :meth:`~ClusterMember.stop`
+every ``heartbeat_s`` seconds, sending the node's used, capacity and free
+bytes (:mod:`gpufeed.engine._room`; the data folder walked every
+``bytes_interval_s``). :meth:`~ClusterMember.stop`
 marks the node ``"left"``.
 
 The catalog's database may go away mid-run: a failed heartbeat is logged
@@ -24,16 +25,15 @@ What ``gpufeed admin cluster status`` shows is
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from .engine._membership import Membership, NodeClaim, NodeInfo
+from .engine._room import NodeRoom, Usage, folder_bytes
 from .errors import NodeIdInUse
 
 __all__ = ["ClusterMember", "folder_bytes", "advertised_host"]
@@ -50,20 +50,6 @@ def advertised_host(bind_host: str, configured: str = "") -> str:
     return socket.gethostname() if bind_host in _WILDCARDS else bind_host
 
 
-def folder_bytes(folder: str | Path) -> int:
-    """Bytes of the regular files under ``folder`` (files that vanish during the walk are skipped)."""
-    total = 0
-    for root, _, files in os.walk(folder):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                total += st.st_size
-    return total
-
-
 class ClusterMember:
     """Registers a node, heartbeats on a daemon thread, leaves on :meth:`stop`.
 
@@ -77,7 +63,9 @@ class ClusterMember:
         heartbeat_s: seconds between heartbeats (> 0).
         expiry_s: seconds without a heartbeat after which a member is expired (> ``heartbeat_s``).
         bytes_interval_s: seconds between counts of the data folder's bytes.
-        count_bytes: how the bytes are counted (default :func:`folder_bytes` of ``data_dir``).
+        count_bytes: how the used bytes are counted when ``room`` is not given
+            (default :func:`folder_bytes` of ``data_dir``; capacity and free then unreported).
+        room: the node's figures (:class:`~gpufeed.engine._room.NodeRoom`), sent with each heartbeat.
 
     Raises:
         ValueError: ``heartbeat_s`` <= 0 or ``expiry_s`` <= ``heartbeat_s``.
@@ -85,7 +73,8 @@ class ClusterMember:
 
     def __init__(self, membership: Membership, *, cluster: str, node_id: str, host: str, s3_port: int,
                  wire_port: int, data_dir: str | Path, heartbeat_s: float, expiry_s: float,
-                 bytes_interval_s: float = 60.0, count_bytes: Callable[[], int] | None = None) -> None:
+                 bytes_interval_s: float = 60.0, count_bytes: Callable[[], int] | None = None,
+                 room: NodeRoom | None = None) -> None:
         if not heartbeat_s > 0:
             raise ValueError(f"the cluster heartbeat interval must be > 0 s, not {heartbeat_s}")
         if not expiry_s > heartbeat_s:
@@ -98,6 +87,7 @@ class ClusterMember:
         self.expiry_s = expiry_s
         self._bytes_interval_s = bytes_interval_s
         self._count = count_bytes or (lambda: folder_bytes(data_dir))
+        self.room = room
         self._bytes = 0
         self._counted_at = -float("inf")
         self._stop = threading.Event()
@@ -105,11 +95,14 @@ class ClusterMember:
         self._down_since: float | None = None
         self._displaced = False
 
-    def _stored(self) -> int:
+    def _stored(self) -> Usage:
+        """The figures a heartbeat sends (capacity 0 and free -1: not reported)."""
+        if self.room is not None:
+            return self.room.usage()
         now = time.monotonic()
         if now - self._counted_at >= self._bytes_interval_s:
             self._bytes, self._counted_at = self._count(), now
-        return self._bytes
+        return Usage(self._bytes, 0, -1)
 
     def join(self) -> NodeInfo:
         """Register (once, now) and start heartbeating.
@@ -118,7 +111,9 @@ class ClusterMember:
             NodeIdInUse: a live member holds this node's id.
             CatalogUnavailable: the catalog's database cannot be reached.
         """
-        info = self._m.register(self.claim, expiry_s=self.expiry_s, bytes_stored=self._stored())
+        u = self._stored()
+        info = self._m.register(self.claim, expiry_s=self.expiry_s, bytes_stored=u.used_bytes,
+                                room=(u.capacity_bytes, u.free_bytes))
         log.info("joined cluster %r as node %s (%s:%d)", self.claim.cluster, self.claim.node_id,
                  self.claim.host, self.claim.s3_port)
         self._thread.start()
@@ -126,11 +121,13 @@ class ClusterMember:
 
     def _beat(self) -> None:
         """One heartbeat; a row taken over is claimed again (refused while its holder is live)."""
-        if self._m.heartbeat(self.claim, self._stored()):
+        u = self._stored()
+        if self._m.heartbeat(self.claim, u.used_bytes, room=(u.capacity_bytes, u.free_bytes)):
             self._displaced = False
             return
         try:
-            self._m.register(self.claim, expiry_s=self.expiry_s, bytes_stored=self._stored())
+            self._m.register(self.claim, expiry_s=self.expiry_s, bytes_stored=u.used_bytes,
+                             room=(u.capacity_bytes, u.free_bytes))
             log.warning("cluster %r: this node's membership row had been taken over or ended; registered again",
                         self.claim.cluster)
             self._displaced = False

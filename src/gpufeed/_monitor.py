@@ -26,6 +26,7 @@ name                                             labels   meaning
 ``gpufeed_buckets`` / ``_objects`` / ``_stored_bytes``  -  totals over every tenant
 ``gpufeed_tenant_buckets`` / ``_objects`` / ``_bytes``  tenant  per tenant (unless tenant labels are off)
 ``gpufeed_data_chunks`` / ``_stored_bytes`` / ``_logical_bytes`` / ``_capacity_bytes``  -  the data folder
+``gpufeed_node_used_bytes`` / ``_capacity_bytes`` / ``_free_bytes`` / ``_full``  -  a cluster node's own figures
 ``gpufeed_damaged_chunks``                       -        chunks marked damaged (by a read or a scrub)
 ``gpufeed_damaged_reads``                        -        reads refused since start: data failed its check
 ``gpufeed_scrub_last_finished_seconds``          -        when the last complete scrub ended (0: never)
@@ -81,7 +82,17 @@ def _data_families(engine: Engine) -> list[Metric]:
     """The data folder: chunks, bytes on disk and capacity, damage found, the last scrub."""
     d = engine.node_data_stats()
     last = engine.scrubber.status()["last"] or {}
-    return [
+    room = engine.room_usage()
+    node: list[Metric] = [] if room is None else [
+        gauge("gpufeed_node_used_bytes", "Bytes of the files in this cluster node's data folder.", room.used_bytes),
+        gauge("gpufeed_node_capacity_bytes", "This cluster node's capacity (--capacity, else its file system's "
+              "size).", room.capacity_bytes),
+        gauge("gpufeed_node_free_bytes", "Bytes this cluster node can still take (capacity and disk reserve).",
+              room.free_bytes),
+        gauge("gpufeed_node_full", "1 when less than 1 % of this cluster node's capacity, or 1 MiB, is free.",
+              int(room.full)),
+    ]
+    return node + [
         gauge("gpufeed_data_chunks", "Chunks stored.", d["chunks"]),
         gauge("gpufeed_data_stored_bytes", "Bytes of data files on disk (after compression and dedup).",
               d["stored_bytes"]),

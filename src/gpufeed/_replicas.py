@@ -4,19 +4,30 @@ waits for, and the background job that restores the replication factor.
 **Placement.** The nodes that should hold data file ``f`` are ranked by
 rendezvous hashing of ``f``'s id over the live members
 (:func:`gpufeed.engine._placement.rank`); every node computes the same order.
+A node that has no room for the file (:mod:`gpufeed.engine._room`: it would
+pass its capacity or its disk's reserve, by the figures of its last
+heartbeat; :meth:`Replicas.fits`) is skipped unless it holds the file
+already, so ``f``'s **targets** are the first ``factor`` live members in rank
+order that hold it or have room for it.
 
 **Writes** (:meth:`Replicas.push`, installed as the engine's push function,
-:mod:`gpufeed.engine._replicas`): the writing node keeps its own copy and
-sends each new data file to ``factor - 1`` other live members, in rank order,
-over the fast path's TCP transport (op CHUNK_PUT, authenticated with node
-keys like CHUNK, :mod:`gpufeed._peers`): the receiver checks every chunk
-against its block sums, fsyncs, and only then replies. A node that fails
-(refuses the connection, times out, answers an error) is replaced by the
-next-ranked one. The factor is capped to the live members: with fewer live
-members than ``factor`` a write is stored on all of them (and counted under
-replicated until more are live). When fewer nodes than that take a file, the
-write fails with ``ServiceUnavailable`` (503) naming each node's failure and
-nothing of it becomes visible.
+:mod:`gpufeed.engine._replicas`): each new data file goes to its targets.
+When the writing node is one of them it keeps its own copy and sends the
+file to the others; when it is not, it sends the file to all ``factor`` of
+them (the first to take it becomes its chunks' holder) and deletes its own
+after the write commits. So a write lands on its targets and nothing is
+moved afterwards. A file is sent over the fast path's TCP transport (op
+CHUNK_PUT, authenticated with node keys like CHUNK, :mod:`gpufeed._peers`):
+the receiver checks that it fits, checks every chunk against its block sums,
+fsyncs, and only then replies. A node that fails (refuses the connection,
+times out, answers an error, has no room after all) is replaced by the
+next-ranked one with room. The factor is capped to the live members: with
+fewer live members than ``factor`` a write is stored on all of them (and
+counted under replicated until more are live). When fewer live members than
+that have room for a file, the write is refused with ``StorageFull`` (507)
+before anything is sent; when fewer nodes than that take it, with
+``ServiceUnavailable`` (503) naming each node's failure (``StorageFull`` when
+every failure was a node without room); nothing of it becomes visible.
 
 **Re-replication** (:class:`ReReplicator`, one daemon thread per node;
 it also deletes, once they are ``orphan_grace_s`` old, the data files in the
@@ -25,8 +36,8 @@ write left behind):
 every ``interval_s`` it asks the catalog for data files with a chunk that has
 fewer copies on live members than the (capped) factor; for each, the first
 live node holding it in rank order is the one that copies it (so two nodes
-never both copy it), sending it to the next-ranked live nodes that lack it
-and recording the new copies; at most ``rate_bytes_s`` bytes per second are
+never both copy it), sending it to the next-ranked live nodes with room that
+lack it and recording the new copies; at most ``rate_bytes_s`` bytes per second are
 sent (files go 64 at a time, over one connection per target node, with a
 pause after each group).
 
@@ -45,8 +56,10 @@ files, and the extra copies left by a node that returned after its files were
 copied again elsewhere are trimmed (every pass also looks up, in one catalog
 query, the files it holds that have more live holders than the factor, and
 trims them the same way: :meth:`ReReplicator.trim_pass`). Files move only toward new members: a
-file stays where its write put it (the writer and the next-ranked nodes)
-until a change of members makes a new member one of its targets.
+file stays where its write put it (its targets then) until a change of
+members makes a new member one of its targets; a node that fills up keeps
+the files it holds (holding a file counts as room for it), so nothing moves
+back and forth as nodes fill and empty.
 """
 
 from __future__ import annotations
@@ -63,8 +76,9 @@ from .engine import Engine
 from .engine._membership import Membership, NodeInfo
 from .engine._placement import rank
 from .engine._replicas import copy_length
+from .engine._room import NodeRoom, node_fits
 from .engine.types import ChunkRecord
-from .errors import GpufeedError, NoSuchKey, ProtocolError, ServiceUnavailable
+from .errors import GpufeedError, NoSuchKey, ProtocolError, ServiceUnavailable, StorageFull
 from .wire import protocol as p
 
 __all__ = ["Replicas", "ReReplicator"]
@@ -88,13 +102,14 @@ class Replicas:
         factor: copies each data file should have (>= 1), this node's included.
         expiry_s: seconds after its last heartbeat at which a member is not live.
         timeout_s: the longest any one wait of a push may take (connecting, each send, the reply).
+        room: this node's figures (:mod:`gpufeed.engine._room`); ``None``: it is taken to have room.
 
     Raises:
         ValueError: ``factor`` < 1 or ``timeout_s`` <= 0.
     """
 
     def __init__(self, engine: Engine, link: PeerLink, membership: Membership, *, cluster: str, node_id: str,
-                 factor: int, expiry_s: float, timeout_s: float) -> None:
+                 factor: int, expiry_s: float, timeout_s: float, room: NodeRoom | None = None) -> None:
         if factor < 1:
             raise ValueError(f"the replication factor must be >= 1, not {factor}")
         if not timeout_s > 0:
@@ -102,41 +117,96 @@ class Replicas:
         self._engine, self._link, self._m = engine, link, membership
         self.cluster, self.node_id = cluster, node_id
         self.factor, self.expiry_s, self.timeout_s = factor, expiry_s, timeout_s
+        self.room = room
 
     def live(self) -> list[NodeInfo]:
         """The live members (this node among them while its heartbeats arrive)."""
         return [n for n in self._m.nodes(self.cluster) if n.live(self.expiry_s)]
 
+    def fits(self, node: str, info: NodeInfo | None, nbytes: int) -> bool:
+        """Whether ``node`` has room for a data file of ``nbytes`` bytes: this node by
+        its own figures now, another by those of its last heartbeat (``info``)."""
+        if node == self.node_id:
+            return self.room is None or self.room.fits(nbytes)
+        return info is None or node_fits(info, nbytes)
+
     def push(self, files: Files) -> dict[str, list[str]]:
-        """Copy each local data file of ``files`` to ``factor - 1`` other live
-        members (capped to those live), in rank order, the next-ranked taking
-        over from one that fails.
+        """Place each local data file of ``files`` on its targets (see the module's
+        text), the next-ranked node with room taking over from one that fails.
 
         Returns:
-            ``{file id: node ids that acknowledged}``.
+            ``{file id: node ids that hold it}``, this node's first when it keeps
+            the file (empty lists when the factor is 1).
 
         Raises:
+            StorageFull: fewer live members than the (capped) factor have room for
+                a file, or every node that failed had no room (nothing was kept).
             ServiceUnavailable: a file reached fewer nodes than needed (naming each failure).
         """
         if self.factor <= 1:
             return {f: [] for f, _ in files}
-        peers = {n.node_id: n for n in self.live() if n.node_id != self.node_id and n.wire_port}
-        need = min(self.factor, len(peers) + 1) - 1
-        got, errors = self.place(files, peers, need, {})
-        short = [f for f, _ in files if len(got[f]) < need]
-        if short:
-            f = short[0]
-            why = "; ".join(errors[f]) or "no other live member to take it"
-            raise ServiceUnavailable(
-                f"data file {f} reached {len(got[f])} of the {need} other nodes that replication factor "
-                f"{self.factor} needs with {len(peers) + 1} live members ({why}); the write was not stored "
-                "(GPUFEED_CLUSTER_REPLICAS)")
+        me = self.node_id
+        peers = {n.node_id: n for n in self.live() if n.node_id != me and n.wire_port}
+        factor = min(self.factor, len(peers) + 1)
+        keep: Files = []
+        move: Files = []
+        room_here: set[str] = set()  # files this node has room for, ranked past the targets or not
+        for f, recs in files:
+            size = copy_length(recs)
+            fits = [n for n in rank(f.encode(), [me, *peers]) if self._room_for_staged(n, peers, f, size)]
+            if len(fits) < factor:
+                raise StorageFull(self._no_room(f, size, factor, peers, fits))
+            (keep if me in fits[:factor] else move).append((f, recs))
+            room_here.update([f] if me in fits else [])
+        got: dict[str, list[str]] = {}
+        for group, need in ((keep, factor - 1), (move, factor)):
+            if not group:
+                continue
+            placed, errors = self.place(group, peers, need, {})
+            for f, _ in group:
+                # a file some of whose targets refused stays here too when this node is next with room
+                mine = group is keep or (len(placed[f]) == need - 1 and f in room_here)
+                if len(placed[f]) + (mine and group is move) < need:
+                    raise self._short(f, len(placed[f]), need, errors[f], len(peers) + 1, group is keep)
+                got[f] = ([me] if mine else []) + placed[f]
+        for f, recs in files:
+            if self.room is not None and got[f][:1] == [me]:
+                self.room.add_file(self._engine.data_file_path(f), copy_length(recs))
         return got
+
+    def _room_for_staged(self, node: str, peers: dict[str, NodeInfo], file: str, size: int) -> bool:
+        """Whether ``node`` has room for a write's data file ``file`` (in this node's folder already)."""
+        if node == self.node_id and self.room is not None:
+            return self.room.fits_staged(self._engine.data_file_path(file), size)
+        return self.fits(node, peers.get(node), size)
+
+    def _no_room(self, file: str, size: int, factor: int, peers: dict[str, NodeInfo], fits: list[str]) -> str:
+        """Why data file ``file`` of ``size`` bytes cannot be placed (too few nodes with room)."""
+        full = []
+        for n in sorted({self.node_id, *peers} - set(fits)):
+            free = self.room.usage().free_bytes if n == self.node_id and self.room is not None \
+                else peers[n].free_bytes if n in peers else -1
+            full.append(f"node {n}: {free} bytes free")
+        return (f"data file {file} ({size} bytes) fits on {len(fits)} of the {factor} nodes that replication "
+                f"factor {self.factor} needs with {len(peers) + 1} live members ({'; '.join(full)}); the write "
+                "was not stored (GPUFEED_CAPACITY, GPUFEED_CLUSTER_RESERVE)")
+
+    def _short(self, file: str, got: int, need: int, errors: list[str], members: int, kept: bool) -> GpufeedError:
+        """The error of a write whose file ``file`` reached ``got`` of the ``need`` nodes it
+        needs (besides this one when it ``kept`` the file)."""
+        why = "; ".join(errors) or "no other live member with room to take it"
+        text = (f"data file {file} reached {got} of the {need} {'other ' if kept else ''}nodes that replication "
+                f"factor {self.factor} "
+                f"needs with {members} live members ({why}); the write was not stored (GPUFEED_CLUSTER_REPLICAS)")
+        if errors and all("(StorageFull," in e for e in errors):
+            return StorageFull(text)
+        return ServiceUnavailable(text)
 
     def place(self, files: Files, peers: dict[str, NodeInfo], need: int,
               have: dict[str, set[str]]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-        """Send each file to ``need`` nodes of ``peers`` it is not on (``have``), in rank
-        order, trying the next-ranked node for each failure; one connection per node.
+        """Send each file to ``need`` nodes of ``peers`` it is not on (``have``) that have
+        room for it (:meth:`fits`), in rank order, trying the next-ranked such node for
+        each failure; one connection per node.
 
         Returns:
             ``({file: nodes that took it}, {file: failures, one line per node})``.
@@ -144,7 +214,8 @@ class Replicas:
         recs = dict(files)
         got: dict[str, list[str]] = {f: [] for f in recs}
         errors: dict[str, list[str]] = {f: [] for f in recs}
-        order = {f: [n for n in rank(f.encode(), peers) if n not in have.get(f, ())] for f in recs}
+        order = {f: [n for n in rank(f.encode(), peers)
+                     if n not in have.get(f, ()) and self.fits(n, peers[n], copy_length(recs[f]))] for f in recs}
         while True:
             plan: dict[str, list[str]] = {}
             for f in recs:
@@ -405,7 +476,9 @@ class ReReplicator:
             live_holders = rank(f.encode(), [n for n in holders if n in live])
             if not recs or not live_holders:
                 continue
-            targets = rank(f.encode(), list(live))[:factor]
+            size = copy_length(recs)
+            targets = [n for n in rank(f.encode(), list(live)) if n in holders or self._r.fits(n, live[n], size)]
+            targets = targets[:factor]
             missing = tuple(n for n in targets if n in new and n not in holders)
             if missing:
                 if live_holders[0] != me or not os.path.exists(self._engine.data_file_path(f)):

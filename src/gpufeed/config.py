@@ -381,6 +381,10 @@ class NodeConfig:
             other nodes that a node keeps for later reads (unlinked files in
             its ``tmp/``; 0: none). Env ``GPUFEED_CLUSTER_FETCH_CACHE`` (bytes or
             a size like ``4GiB``).
+        cluster_reserve_bytes: bytes of a member's file system kept free: a
+            node whose disk has less free above it takes no new data file (as
+            when it reaches ``capacity_bytes``). Env ``GPUFEED_CLUSTER_RESERVE``
+            (bytes or a size like ``10GiB``).
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -434,6 +438,7 @@ class NodeConfig:
     cluster_rebalance: bool = True
     cluster_repair_queue: int = 1024
     cluster_fetch_cache_bytes: int = 1 << 30  # 1 GiB
+    cluster_reserve_bytes: int = 0
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -495,6 +500,7 @@ class NodeConfig:
             cluster_rebalance=_env("GPUFEED_CLUSTER_REBALANCE", _flag, cls.cluster_rebalance),
             cluster_repair_queue=_env("GPUFEED_CLUSTER_REPAIR_QUEUE", _count, cls.cluster_repair_queue),
             cluster_fetch_cache_bytes=_env("GPUFEED_CLUSTER_FETCH_CACHE", _size, cls.cluster_fetch_cache_bytes),
+            cluster_reserve_bytes=_env("GPUFEED_CLUSTER_RESERVE", _size, cls.cluster_reserve_bytes),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

@@ -42,6 +42,7 @@ from .config import DEFAULT_SECRET_KEY, NodeConfig
 from .engine import CatalogSettings, Engine
 from .engine._catalogs import node_id
 from .engine._private import make_private_dirs
+from .engine._room import NodeRoom
 from .errors import CatalogUnavailable
 from .replication import ReplicationWorker, Replicator
 
@@ -332,11 +333,13 @@ class Node:
         """Register in the cluster (refused: the start fails) and start heartbeating;
         returns what the operator should know (also logged)."""
         cfg = self.config
+        room = NodeRoom(data_dir, capacity_bytes=cfg.capacity_bytes, reserve_bytes=cfg.cluster_reserve_bytes,
+                        count_interval_s=cfg.cluster_bytes_interval_s, placing=cfg.cluster_replicas > 1)
         self.member = ClusterMember(
             engine.membership, cluster=cfg.cluster, node_id=node_id(data_dir),
             host=advertised_host(cfg.host, cfg.cluster_advertise_host), s3_port=s3_port, wire_port=wire_port,
             data_dir=data_dir, heartbeat_s=cfg.cluster_heartbeat_s, expiry_s=cfg.cluster_expiry_s,
-            bytes_interval_s=cfg.cluster_bytes_interval_s)
+            bytes_interval_s=cfg.cluster_bytes_interval_s, room=room if engine.catalog_is_shared else None)
         try:
             me = self.member.join()
         except BaseException:
@@ -351,7 +354,8 @@ class Node:
                 self._wire.ops.cluster = link  # LOCATE names members (cluster-routing clients)
             self.replicas = Replicas(engine, link, engine.membership, cluster=cfg.cluster, node_id=me.node_id,
                                      factor=cfg.cluster_replicas, expiry_s=cfg.cluster_expiry_s,
-                                     timeout_s=cfg.cluster_copy_timeout_s)
+                                     timeout_s=cfg.cluster_copy_timeout_s, room=room)
+            engine.use_room(room)  # this node's own bytes against its capacity (docs/cluster.md)
             engine.use_peers(link.fetch, self.replicas.push if cfg.cluster_replicas > 1 else None,
                              copy_max_bytes=cfg.cluster_copy_max_bytes, repair_queue=cfg.cluster_repair_queue,
                              fetch_cache_bytes=cfg.cluster_fetch_cache_bytes)

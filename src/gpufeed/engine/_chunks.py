@@ -175,8 +175,7 @@ class ChunkStore:
         #: Bytes of data files the catalog's chunks occupy (kept current by writes and frees).
         self.stored_bytes = stored
         self._compress_pool: ThreadPoolExecutor | None = None
-        #: Reads that failed their check since start (a metric).
-        self.damaged_reads = 0
+        self.damaged_reads = 0  # reads that failed their check since start (a metric)
         #: Ids of chunks marked damaged (reads of them fail without reading).
         self.damaged: set[str] = set(catalog.damaged_chunks())
         #: Ids of chunks checked whole for a zero-copy map since start (later maps
@@ -189,6 +188,7 @@ class ChunkStore:
         self.push: Callable[[list[tuple[str, list[ChunkRecord]]]], dict[str, list[str]]] | None = None
         #: Asks for a repair of a data file here that a read found damaged (:mod:`._repair`); ``None``: none.
         self.repair: Callable[[str], bool] | None = None
+        self.room: Callable[[int], None] | None = None  # a cluster node's own room check (._room), not the capacity
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads that compress chunks (made on first use)."""
@@ -253,13 +253,13 @@ class ChunkStore:
     # writing --------------------------------------------------------------------
     def check_room(self, nbytes: int) -> None:
         """Refuse a write of ``nbytes`` more bytes when it would pass the capacity
-        (chunks stored plus the parts of multipart uploads in progress).
+        (chunks stored plus the parts of multipart uploads in progress; :attr:`room` when set).
 
         Raises:
             StorageFull: it would.
         """
-        if not self.capacity_bytes:
-            return
+        if self.room is not None or not self.capacity_bytes:
+            return self.room(nbytes) if self.room is not None else None
         used = self.stored_bytes + self._cat.parts_total()
         if used + nbytes > self.capacity_bytes:
             raise StorageFull(f"the data folder is full: {used} of {self.capacity_bytes} bytes used "

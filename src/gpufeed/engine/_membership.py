@@ -10,9 +10,14 @@ The catalog keeps one row per ``(cluster, node id)``:
 ``host``        the address the node advertises (S3 and fast-path ports)
 ``started_at``  when this process registered (Unix s, the database's clock)
 ``heartbeat_at`` its last heartbeat (Unix s, the database's clock)
-``bytes_stored`` bytes of files in its data folder at its last heartbeat
+``bytes_stored`` its used bytes (files in its data folder) at its last heartbeat
+``capacity_bytes`` its capacity at its last heartbeat (0: not reported)
+``free_bytes``  what it could still take then (-1: not reported)
 ``state``       ``"up"`` (registered) or ``"left"`` (stopped cleanly)
 =============== =========================================================
+
+(The figures are :mod:`._room`'s; ``capacity_bytes`` and ``free_bytes`` are
+schema version 5 of the PostgreSQL catalog.)
 
 Every time is taken and compared by the database (``statement_timestamp()``
 and ``clock_timestamp()`` on the PostgreSQL server), never by the node: a
@@ -46,9 +51,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..errors import NodeIdInUse
+from ._room import is_full
 
-__all__ = ["NodeClaim", "NodeInfo", "Membership", "LocalMembership", "PgMembership", "NODES_TABLE", "cluster_report",
-           "UNDER_REPLICATED_NOTE"]
+__all__ = ["NodeClaim", "NodeInfo", "Membership", "LocalMembership", "PgMembership", "NODES_TABLE",
+           "NODES_ROOM_COLUMNS", "cluster_report", "UNDER_REPLICATED_NOTE"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +93,10 @@ class NodeInfo:
         heartbeat_at: its last heartbeat, Unix s (the database's clock).
         age_s: seconds from its last heartbeat to when this record was read
             (both by the database's clock).
-        bytes_stored: bytes of files in its data folder, as of its last heartbeat.
+        bytes_stored: its used bytes (files in its data folder), as of its last heartbeat.
         state: ``"up"`` or ``"left"``.
+        capacity_bytes: its capacity as of its last heartbeat (0: not reported).
+        free_bytes: what it could still take then (-1: not reported).
     """
 
     cluster: str
@@ -101,6 +109,8 @@ class NodeInfo:
     age_s: float
     bytes_stored: int
     state: str
+    capacity_bytes: int = 0
+    free_bytes: int = -1
 
     def live(self, expiry_s: float) -> bool:
         """Whether it is up and heard from within the last ``expiry_s`` seconds."""
@@ -119,14 +129,16 @@ class Membership(ABC):
     """The members of clusters, kept in a catalog (see the module docstring)."""
 
     @abstractmethod
-    def register(self, claim: NodeClaim, *, expiry_s: float, bytes_stored: int = 0) -> NodeInfo:
+    def register(self, claim: NodeClaim, *, expiry_s: float, bytes_stored: int = 0,
+                 room: tuple[int, int] = (0, -1)) -> NodeInfo:
         """Record ``claim`` as up, its start and heartbeat now.
 
         Args:
             claim: the node.
             expiry_s: seconds after its last heartbeat at which a member of the
                 same id stops counting as live (and may be taken over).
-            bytes_stored: bytes of files in its data folder.
+            bytes_stored: its used bytes (files in its data folder).
+            room: ``(capacity bytes, free bytes)`` (``(0, -1)``: not reported).
 
         Returns:
             The member's record.
@@ -138,8 +150,9 @@ class Membership(ABC):
         """
 
     @abstractmethod
-    def heartbeat(self, claim: NodeClaim, bytes_stored: int) -> bool:
-        """Record that ``claim`` is alive now, holding ``bytes_stored`` bytes.
+    def heartbeat(self, claim: NodeClaim, bytes_stored: int, *, room: tuple[int, int] = (0, -1)) -> bool:
+        """Record that ``claim`` is alive now, using ``bytes_stored`` bytes, with
+        ``room = (capacity bytes, free bytes)`` (``(0, -1)``: not reported).
 
         Returns:
             ``False`` when the row is no longer this incarnation's (taken
@@ -188,7 +201,8 @@ class LocalMembership(Membership):
     def _aged(self, info: NodeInfo) -> NodeInfo:
         return replace(info, age_s=max(0.0, self._clock() - info.heartbeat_at))
 
-    def register(self, claim: NodeClaim, *, expiry_s: float, bytes_stored: int = 0) -> NodeInfo:
+    def register(self, claim: NodeClaim, *, expiry_s: float, bytes_stored: int = 0,
+                 room: tuple[int, int] = (0, -1)) -> NodeInfo:
         with self._lock:
             old = self._rows.get((claim.cluster, claim.node_id))
             if old is not None:
@@ -198,7 +212,7 @@ class LocalMembership(Membership):
                     raise _in_use(self._aged(info))
             now = self._clock()
             info = NodeInfo(claim.cluster, claim.node_id, claim.host, claim.s3_port, claim.wire_port, now, now,
-                            0.0, bytes_stored, "up")
+                            0.0, bytes_stored, "up", *room)
             self._rows[(claim.cluster, claim.node_id)] = (claim, info)
             return info
 
@@ -210,8 +224,9 @@ class LocalMembership(Membership):
             self._rows[(claim.cluster, claim.node_id)] = (old[0], replace(old[1], **changes))  # type: ignore[arg-type]
             return True
 
-    def heartbeat(self, claim: NodeClaim, bytes_stored: int) -> bool:
-        return self._update(claim, heartbeat_at=self._clock(), bytes_stored=bytes_stored)
+    def heartbeat(self, claim: NodeClaim, bytes_stored: int, *, room: tuple[int, int] = (0, -1)) -> bool:
+        return self._update(claim, heartbeat_at=self._clock(), bytes_stored=bytes_stored,
+                            capacity_bytes=room[0], free_bytes=room[1])
 
     def leave(self, claim: NodeClaim) -> bool:
         return self._update(claim, state="left")
@@ -241,20 +256,28 @@ NODES_TABLE = """CREATE TABLE IF NOT EXISTS nodes (
     state        TEXT COLLATE "C" NOT NULL,   -- 'up' | 'left'
     PRIMARY KEY (cluster, node_id))"""
 
+#: Schema version 5 of the PostgreSQL catalog: the figures of :mod:`._room`.
+NODES_ROOM_COLUMNS = [
+    "ALTER TABLE nodes ADD COLUMN IF NOT EXISTS capacity_bytes BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE nodes ADD COLUMN IF NOT EXISTS free_bytes BIGINT NOT NULL DEFAULT -1",
+]
+
 # The statement's start time (one value however often a statement names it);
 # ages are taken against the clock at the moment they are read.
 _NOW = "extract(epoch from statement_timestamp())::double precision"
 _COLS = ("cluster, node_id, host, s3_port, wire_port, started_at, heartbeat_at, "
-         "greatest(0, extract(epoch from clock_timestamp())::double precision - heartbeat_at), bytes_stored, state")
+         "greatest(0, extract(epoch from clock_timestamp())::double precision - heartbeat_at), bytes_stored, state,"
+         " capacity_bytes, free_bytes")
 _REGISTER = f"""
 INSERT INTO nodes AS n (cluster, node_id, host, s3_port, wire_port, machine, data_dir, incarnation,
-                        started_at, heartbeat_at, bytes_stored, state)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, {_NOW}, {_NOW}, %s, 'up')
+                        started_at, heartbeat_at, bytes_stored, state, capacity_bytes, free_bytes)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, {_NOW}, {_NOW}, %s, 'up', %s, %s)
 ON CONFLICT (cluster, node_id) DO UPDATE SET
     host = excluded.host, s3_port = excluded.s3_port, wire_port = excluded.wire_port,
     machine = excluded.machine, data_dir = excluded.data_dir, incarnation = excluded.incarnation,
     started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
-    bytes_stored = excluded.bytes_stored, state = 'up'
+    bytes_stored = excluded.bytes_stored, state = 'up', capacity_bytes = excluded.capacity_bytes,
+    free_bytes = excluded.free_bytes
 WHERE n.state <> 'up' OR n.incarnation = excluded.incarnation
    OR n.heartbeat_at <= excluded.heartbeat_at - %s
    OR (n.machine <> '' AND n.machine = excluded.machine AND n.data_dir = excluded.data_dir)
@@ -276,22 +299,23 @@ class PgMembership(Membership):
     def __init__(self, execute: Execute) -> None:
         self._x = execute
 
-    def register(self, claim: NodeClaim, *, expiry_s: float, bytes_stored: int = 0) -> NodeInfo:
+    def register(self, claim: NodeClaim, *, expiry_s: float, bytes_stored: int = 0,
+                 room: tuple[int, int] = (0, -1)) -> NodeInfo:
         c = claim
         rows = self._x(_REGISTER, (c.cluster, c.node_id, c.host, c.s3_port, c.wire_port, c.machine, c.data_dir,
-                                   c.incarnation, bytes_stored, float(expiry_s)))
+                                   c.incarnation, bytes_stored, room[0], room[1], float(expiry_s)))
         if rows:
             return NodeInfo(*rows[0])
         held = self._x(f"SELECT {_COLS} FROM nodes WHERE cluster = %s AND node_id = %s", (c.cluster, c.node_id))
         if not held:  # pragma: no cover - the row was there a statement ago and rows are never deleted
-            return self.register(claim, expiry_s=expiry_s, bytes_stored=bytes_stored)
+            return self.register(claim, expiry_s=expiry_s, bytes_stored=bytes_stored, room=room)
         raise _in_use(NodeInfo(*held[0]))
 
-    def heartbeat(self, claim: NodeClaim, bytes_stored: int) -> bool:
+    def heartbeat(self, claim: NodeClaim, bytes_stored: int, *, room: tuple[int, int] = (0, -1)) -> bool:
         return bool(self._x(
-            f"UPDATE nodes SET heartbeat_at = {_NOW}, bytes_stored = %s WHERE cluster = %s AND node_id = %s"
-            " AND incarnation = %s AND state = 'up' RETURNING 1",
-            (bytes_stored, claim.cluster, claim.node_id, claim.incarnation)))
+            f"UPDATE nodes SET heartbeat_at = {_NOW}, bytes_stored = %s, capacity_bytes = %s, free_bytes = %s"
+            " WHERE cluster = %s AND node_id = %s AND incarnation = %s AND state = 'up' RETURNING 1",
+            (bytes_stored, room[0], room[1], claim.cluster, claim.node_id, claim.incarnation)))
 
     def leave(self, claim: NodeClaim) -> bool:
         return bool(self._x(
@@ -333,8 +357,10 @@ def cluster_report(membership: Membership, cluster: str, expiry_s: float, *,
         "under_replicated_chunks", "under_replicated_note"}``: ``nodes`` one
         ``{"node_id", "host", "s3_port", "wire_port", "health"
         ("live"|"expired"|"left"), "since_heartbeat_s", "started_at",
-        "heartbeat_at", "bytes_stored"}`` per member (times by the
-        database's clock); ``bytes_stored`` the live members' total;
+        "heartbeat_at", "bytes_stored" (its used bytes), "capacity_bytes",
+        "free_bytes" (``None``: not reported), "full"}`` per member (times by the
+        database's clock; figures as of its last heartbeat, :mod:`._room`);
+        ``bytes_stored`` the live members' total;
         ``under_replicated_chunks`` ``None`` when not counted (see :data:`UNDER_REPLICATED_NOTE`).
 
     Raises:
@@ -345,7 +371,9 @@ def cluster_report(membership: Membership, cluster: str, expiry_s: float, *,
         health = "left" if n.state == "left" else "live" if n.live(expiry_s) else "expired"
         nodes.append({"node_id": n.node_id, "host": n.host, "s3_port": n.s3_port, "wire_port": n.wire_port,
                       "health": health, "since_heartbeat_s": round(n.age_s, 3), "started_at": n.started_at,
-                      "heartbeat_at": n.heartbeat_at, "bytes_stored": n.bytes_stored})
+                      "heartbeat_at": n.heartbeat_at, "bytes_stored": n.bytes_stored,
+                      "capacity_bytes": n.capacity_bytes, "free_bytes": n.free_bytes if n.free_bytes >= 0 else None,
+                      "full": is_full(n.capacity_bytes, n.free_bytes)})
     live = [n for n in nodes if n["health"] == "live"]
     under = None
     if count_under is not None and live:

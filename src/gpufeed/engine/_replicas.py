@@ -5,10 +5,13 @@ A write of a cluster node stages its data files in its own folder first
 (:meth:`~._chunks.ChunkStore.stage`); :func:`replicate_staged` then hands every
 new data file, with the records of the chunks in it, to the push function
 the node installed (:meth:`~gpufeed.engine.Engine.use_peers`; over the fast
-path, :mod:`gpufeed._replicas`), which returns the nodes that acknowledged a
-durable, checked copy. Only then does the write's catalog transaction run,
+path, :mod:`gpufeed._replicas`), which places it on its nodes and returns
+the nodes that hold a durable, checked copy (this node among them when it
+keeps the file). Only then does the write's catalog transaction run,
 recording those nodes (:func:`record_copies`, the ``file_copies`` table of
-:mod:`._pgcopies`) with the version. A push that cannot reach enough nodes
+:mod:`._pgcopies`) with the version. A file this node does not keep gets the
+first of its nodes as its chunks' holder, and this node's file is deleted
+after the commit. A push that cannot reach enough nodes
 raises before anything is recorded: the staged files are removed here, and
 copies some nodes did take are named by no row (each node's orphan sweep
 deletes them, ``docs/cluster.md``).
@@ -22,13 +25,16 @@ finds a file it does not hold as the holder can read it as a copy.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import DamagedObject, InternalError, InvalidArgument, StorageFull
 from ._blobs import remove_quietly, write_all
+from ._room import NodeRoom, Usage
 from ._scrub import check_chunk_fd
 from .catalog import Catalog, CatalogWriter
 from .types import ChunkRecord
@@ -37,14 +43,24 @@ if TYPE_CHECKING:
     from ._chunks import ChunkStore, Staged
 
 __all__ = ["PushFiles", "replicate_staged", "record_copies", "receive_copy", "copy_length", "COPY_MAX_BYTES",
-           "ReplicaCalls"]
+           "ReplicaCalls", "Placed"]
 
 #: ``push([(file id, chunk records in it, by offset), ...]) -> {file id: node ids}``:
-#: copies each local data file to enough other nodes and returns, per file, the
-#: nodes that acknowledged (empty lists when the factor is 1). Raises
-#: ServiceUnavailable, naming the file and each node's failure, when a file
-#: could not reach enough nodes.
+#: places each local data file on its nodes and returns, per file, the nodes that
+#: hold it (this node's id among them when it keeps its file; empty lists when the
+#: factor is 1: this node keeps it). Raises ServiceUnavailable, naming the file and
+#: each node's failure, when a file could not reach enough nodes, and StorageFull
+#: when too few nodes have room for it.
 PushFiles = Callable[[list[tuple[str, list[ChunkRecord]]]], dict[str, list[str]]]
+
+
+class Placed(dict[str, list[str]]):
+    """``{file id: the other nodes with a copy}`` of a staged write, and what to do
+    once its transaction commits (delete this node's files that it does not keep)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.after_commit: list[Callable[[], None]] = []
 
 #: Largest data file a node takes as a copy unless configured, bytes (its block
 #: sums, 1/1024 of it, are held in memory while it is checked).
@@ -58,12 +74,36 @@ class ReplicaCalls:
     _chunks: "ChunkStore"
     _cat: Catalog
 
+    def use_room(self, room: NodeRoom) -> None:
+        """Judge writes through this node and copies pushed to it by this cluster
+        node's own figures (:mod:`._room`) instead of the catalog's stored bytes."""
+        self._room: NodeRoom | None = room
+        self._chunks.room = room.check_write
+
+    def room_usage(self) -> Usage | None:
+        """This cluster node's used, capacity and free bytes (:mod:`._room`); ``None``
+        when :meth:`use_room` was not called (outside a cluster on a shared catalog)."""
+        room = getattr(self, "_room", None)
+        return room.usage() if room is not None else None
+
     def receive_copy(self, file: str, records: list[ChunkRecord], length: int,
                      pieces: Iterable[memoryview]) -> bool:
         """Store a copy of another node's data file ``file``: :func:`receive_copy`
-        (which documents the errors), with the limit :meth:`use_peers` set."""
-        return receive_copy(self._chunks, file, records, length, pieces,
-                            getattr(self, "_copy_max_bytes", COPY_MAX_BYTES))
+        (which documents the errors), with the limit :meth:`use_peers` set; refused
+        with ``StorageFull`` (nothing kept) when it does not fit (:meth:`use_room`)."""
+        room = getattr(self, "_room", None)
+        if room is not None and not os.path.exists(self._chunks.file_path(file)):
+            try:
+                room.check_keep(length)
+            except StorageFull:
+                for _ in pieces:  # read to the end: the connection stays framed
+                    pass
+                raise
+        stored = receive_copy(self._chunks, file, records, length, pieces,
+                              getattr(self, "_copy_max_bytes", COPY_MAX_BYTES))
+        if stored and room is not None:
+            room.add_file(self._chunks.file_path(file), length)
+        return stored
 
     def data_file_path(self, file: str) -> str:
         """The path data file ``file`` has in this node's folder (whether or not it is there)."""
@@ -138,39 +178,72 @@ class ReplicaCalls:
             record_copies(w, copies)
 
 
-def replicate_staged(store: "ChunkStore", st: "Staged") -> dict[str, list[str]]:
-    """Push the data files a staged write made to other nodes (before its commit).
+def replicate_staged(store: "ChunkStore", st: "Staged") -> Placed:
+    """Place the data files a staged write made on their nodes (before its commit).
+    A file this node does not keep gets the first node that holds it as its
+    chunks' holder (the records in ``st`` are changed), and this node's file is
+    deleted after the commit.
 
     Returns:
-        ``{file id: node ids holding a copy}`` for :func:`record_copies`.
+        ``{file id: the other nodes holding a copy}`` for :func:`record_copies`.
 
     Raises:
         ServiceUnavailable: too few nodes took a file (the staged files are
             removed; nothing is visible).
+        StorageFull: too few nodes have room for a file (the same).
     """
     push = store.push
+    placed = Placed()
     if push is None:
-        return {}
+        return placed
     files: dict[str, list[ChunkRecord]] = {}
     for rec, _ in st.new.values():
         files.setdefault(rec.file, []).append(rec)
     for rec in st.repairs.values():
         files.setdefault(rec.file, []).append(rec)
     if not files:
-        return {}
+        return placed
     try:
-        return push([(f, sorted(recs, key=lambda r: r.file_offset)) for f, recs in sorted(files.items())])
+        got = push([(f, sorted(recs, key=lambda r: r.file_offset)) for f, recs in sorted(files.items())])
     except BaseException:
         store.discard(st)
         raise
+    me = store.holder
+    for f, nodes in got.items():
+        if not nodes or me in nodes:
+            placed[f] = [n for n in nodes if n != me]
+            continue
+        placed[f] = nodes[1:]
+        _hand_over(st, f, nodes[0])
+        placed.after_commit.append(functools.partial(_drop_local, store, f))
+    return placed
+
+
+def _drop_local(store: "ChunkStore", file: str) -> None:
+    """Delete this node's file ``file`` (a write's file that other nodes hold)."""
+    remove_quietly(store.file_path(file))
+    store.files.open_files.forget([file])
+
+
+def _hand_over(st: "Staged", file: str, holder: str) -> None:
+    """Make ``holder`` the holder of the chunks of ``st`` that live in data file ``file``."""
+    for cid, (rec, refs) in list(st.new.items()):
+        if rec.file == file:
+            st.new[cid] = (replace(rec, holder=holder), refs)
+    for cid, rec in list(st.repairs.items()):
+        if rec.file == file:
+            st.repairs[cid] = replace(rec, holder=holder)
 
 
 def record_copies(w: CatalogWriter, copies: dict[str, list[str]]) -> None:
     """Record the copies :func:`replicate_staged` made, in the write's transaction
-    (a file the commit no longer names, a duplicate found meanwhile, gets no row)."""
+    (a file the commit no longer names, a duplicate found meanwhile, gets no row),
+    and what it asks to be done after the commit (:class:`Placed`)."""
     for file, nodes in sorted(copies.items()):
         if nodes:
             w.add_file_copies(file, nodes)
+    for fn in getattr(copies, "after_commit", ()):
+        w.on_commit(fn)
 
 
 def copy_length(records: list[ChunkRecord]) -> int:

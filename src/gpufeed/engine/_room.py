@@ -1,0 +1,218 @@
+"""How full a cluster node is: its used bytes, its capacity, its free bytes,
+and whether a data file fits.
+
+A cluster node's **used bytes** are the bytes of the files in its data
+folder: the data files it holds as their chunks' holder, the copies it keeps
+for other nodes, the part files of multipart uploads in progress, and the
+data files of a write through it until the write has placed them elsewhere
+(not the temp files of writes under way, in ``tmp/``: those take disk space,
+which ``statvfs`` shows, until the write ends). They are counted by a walk
+of the folder every ``count_interval_s`` seconds, plus the bytes of each
+data file stored here since that walk began (:meth:`NodeRoom.add_file`: a
+write's file it keeps, a copy another node pushed); a file deleted since the
+walk counts until the next walk, and one stored while a walk runs may be
+counted twice until the next, so the figure errs towards full.
+
+Its **capacity** is ``--capacity`` (``GPUFEED_CAPACITY``) when set, else the
+size of the data folder's file system. Its **free bytes** are the smaller of
+``capacity - used`` and the file system's free bytes (``statvfs``, read at
+each call) less the **reserve** (``GPUFEED_CLUSTER_RESERVE``), never below 0.
+A node is **full** when less than 1 % of its capacity, or less than 1 MiB,
+is free (it may still take smaller files; placement asks of each file).
+
+A data file of ``n`` bytes **fits** on a node when its free bytes are at
+least ``n``. Placement (:mod:`gpufeed._replicas`) asks that of every node,
+by the figures each publishes with its heartbeat
+(:class:`~._membership.NodeInfo`, :func:`node_fits`); a node asked to store
+a copy checks its own figures again (:meth:`NodeRoom.check_keep`) and
+refuses one that does not fit with ``StorageFull``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import StorageFull
+
+if TYPE_CHECKING:
+    from ._membership import NodeInfo
+
+__all__ = ["Usage", "NodeRoom", "node_fits", "is_full", "folder_bytes"]
+
+#: A node is full when less than this share of its capacity is free ...
+FULL_BELOW = 0.01
+#: ... or less than this many bytes.
+FULL_BELOW_BYTES = 1 << 20  # 1 MiB
+
+
+def folder_bytes(folder: str | Path, skip: tuple[str, ...] = ()) -> int:
+    """Bytes of the regular files under ``folder``, but for its subfolders named in ``skip``
+    (files that vanish during the walk are skipped)."""
+    total = 0
+    for root, dirs, files in os.walk(folder):
+        if root == str(folder):
+            dirs[:] = [d for d in dirs if d not in skip]
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
+
+
+def is_full(capacity_bytes: int, free_bytes: int) -> bool:
+    """Whether a node with ``free_bytes`` of ``capacity_bytes`` free counts as full
+    (less than 1 % or 1 MiB free; ``free_bytes`` < 0: not reported, never full)."""
+    return 0 <= free_bytes < max(FULL_BELOW_BYTES, int(capacity_bytes * FULL_BELOW))
+
+
+def node_fits(info: "NodeInfo", nbytes: int) -> bool:
+    """Whether the member ``info`` has room for a data file of ``nbytes`` bytes, by
+    the figures of its last heartbeat (one that reports none is taken to have room;
+    it checks for itself when the file arrives)."""
+    return info.free_bytes < 0 or info.free_bytes >= nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A node's figures, bytes.
+
+    Attributes:
+        used_bytes: bytes of the files in its data folder (see the module's text).
+        capacity_bytes: ``--capacity``, else the size of its file system.
+        free_bytes: what it can still take (see the module's text), >= 0.
+    """
+
+    used_bytes: int
+    capacity_bytes: int
+    free_bytes: int
+
+    @property
+    def full(self) -> bool:
+        """Whether less than 1 % of the capacity, or 1 MiB, is free (:func:`is_full`)."""
+        return is_full(self.capacity_bytes, self.free_bytes)
+
+
+class NodeRoom:
+    """The used, capacity and free bytes of one node's data folder (thread-safe).
+
+    Args:
+        folder: the data folder.
+        capacity_bytes: the configured capacity (0: the file system's size).
+        reserve_bytes: bytes of the file system kept free (>= 0).
+        count_interval_s: seconds between walks of the folder (>= 0; 0: a walk at every call).
+        placing: whether new data files are placed on their nodes by
+            :mod:`gpufeed._replicas` (replication factor > 1): a write's own
+            staging then needs room on the disk only (:meth:`check_write`).
+        statvfs: how the file system is asked (``os.statvfs``).
+
+    Raises:
+        ValueError: a negative ``capacity_bytes`` or ``reserve_bytes``.
+    """
+
+    def __init__(self, folder: str | Path, *, capacity_bytes: int = 0, reserve_bytes: int = 0,
+                 count_interval_s: float = 60.0, placing: bool = True,
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> None:
+        if capacity_bytes < 0 or reserve_bytes < 0:
+            raise ValueError("a node's capacity and reserve must be >= 0 bytes")
+        self.folder = str(folder)
+        self.configured_bytes = capacity_bytes
+        self.reserve_bytes = reserve_bytes
+        self.count_interval_s = count_interval_s
+        self.placing = placing
+        self._statvfs = statvfs
+        self._lock = threading.Lock()
+        self._walked = 0
+        self._added: list[tuple[float, int]] = []  # (ctime, bytes) of files stored since the walk began
+        self._walked_at = -float("inf")
+        self._walk_began = 0.0  # Unix s: files renamed into place before it are in the walk's count
+
+    def _disk(self) -> tuple[int, int]:
+        """``(file system size, its bytes free to this process less the reserve)``."""
+        st = self._statvfs(self.folder)
+        return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize - self.reserve_bytes
+
+    def used(self) -> int:
+        """The used bytes (a walk of the folder when the last is ``count_interval_s`` old)."""
+        with self._lock:
+            if time.monotonic() - self._walked_at < self.count_interval_s:
+                return self._walked + sum(n for _, n in self._added)
+        began = time.time()
+        walked = folder_bytes(self.folder, skip=("tmp",))
+        with self._lock:
+            self._added = [(c, n) for c, n in self._added if c >= began]  # the walk may have missed them
+            self._walked, self._walked_at, self._walk_began = walked, time.monotonic(), began
+            return walked + sum(n for _, n in self._added)
+
+    def usage(self) -> Usage:
+        """The node's figures now."""
+        size, disk_free = self._disk()
+        capacity = self.configured_bytes or size
+        used = self.used()
+        return Usage(used, capacity, max(0, min(capacity - used, disk_free)))
+
+    def add_file(self, path: str, nbytes: int) -> None:
+        """Count the data file of ``nbytes`` bytes at ``path``, just stored here, unless the
+        last walk began after it was renamed into place (its status changed: ``st_ctime``)."""
+        try:
+            changed = os.stat(path).st_ctime
+        except OSError:
+            return  # deleted meanwhile
+        with self._lock:
+            if changed >= self._walk_began:
+                self._added.append((changed, nbytes))
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether a data file of ``nbytes`` bytes fits here now."""
+        return self.usage().free_bytes >= nbytes
+
+    def fits_staged(self, path: str, nbytes: int) -> bool:
+        """Whether the data file of ``nbytes`` bytes at ``path``, in this node's folder
+        already (a write's), may stay: its bytes are on the disk already, and in the
+        used bytes when the last walk began after it was written."""
+        size, disk_free = self._disk()
+        used = self.used()
+        try:
+            counted = os.stat(path).st_ctime < self._walk_began
+        except OSError:
+            counted = False
+        return used + (0 if counted else nbytes) <= (self.configured_bytes or size) and disk_free >= 0
+
+    def check_keep(self, nbytes: int) -> None:
+        """Refuse to keep ``nbytes`` more bytes here when they do not fit.
+
+        Raises:
+            StorageFull: they do not (the message gives the figures).
+        """
+        u = self.usage()
+        if u.free_bytes < nbytes:
+            raise StorageFull(f"this node is full: {nbytes} bytes more do not fit in its {u.free_bytes} free "
+                              f"bytes ({u.used_bytes} of {u.capacity_bytes} used, reserve {self.reserve_bytes}; "
+                              "GPUFEED_CAPACITY, GPUFEED_CLUSTER_RESERVE)")
+
+    def check_write(self, nbytes: int) -> None:
+        """The check of a write through this node (:meth:`~._chunks.ChunkStore.check_room`):
+        with placement, ``nbytes`` must fit on the disk above the reserve (the write's
+        files go to the nodes with room, this one among them only when it has room);
+        without, they must fit as :meth:`check_keep` says.
+
+        Raises:
+            StorageFull: they do not.
+        """
+        if not self.placing:
+            self.check_keep(nbytes)
+            return
+        _, disk_free = self._disk()
+        if disk_free < nbytes:
+            raise StorageFull(f"the disk of this node's data folder is full: {nbytes} bytes more do not fit in "
+                              f"its {max(0, disk_free)} bytes free above the reserve of {self.reserve_bytes} "
+                              "(GPUFEED_CLUSTER_RESERVE)")

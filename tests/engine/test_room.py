@@ -1,0 +1,79 @@
+"""A cluster node's used, capacity and free bytes (:mod:`gpufeed.engine._room`),
+on a real folder, with the file system's answer given so the figures are exact."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gpufeed.engine._membership import LocalMembership, NodeClaim, cluster_report
+from gpufeed.engine._room import NodeRoom, is_full
+from gpufeed.errors import StorageFull
+
+
+class _Disk:
+    """What ``os.statvfs`` answers: a file system of ``size`` bytes with ``free`` free."""
+
+    def __init__(self, size: int, free: int) -> None:
+        self.size, self.free = size, free
+
+    def __call__(self, _path: str) -> os.statvfs_result:
+        return os.statvfs_result((4096, 1, self.size, self.free, self.free, 0, 0, 0, 0, 255))
+
+
+def _file(path, nbytes: int) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * nbytes)
+    return str(path)
+
+
+def test_used_bytes_count_the_folder_but_its_temp_files_and_each_file_stored_since(tmp_path):
+    _file(tmp_path / "blobs" / "ab" / "cd" / "f1", 1000)
+    _file(tmp_path / "uploads" / "u1" / "1", 300)  # a part file counts
+    _file(tmp_path / "tmp" / "t1", 5000)  # a write under way does not
+    room = NodeRoom(tmp_path, capacity_bytes=3 << 20, count_interval_s=3600, statvfs=_Disk(1 << 30, 1 << 29))
+    assert room.usage().used_bytes == 1300
+    room.add_file(_file(tmp_path / "blobs" / "ab" / "cd" / "f2", 700), 700)  # stored after the walk
+    u = room.usage()
+    assert (u.used_bytes, u.capacity_bytes, u.free_bytes, u.full) == (2000, 3 << 20, (3 << 20) - 2000, False)
+    room.add_file(str(tmp_path / "gone"), 500)  # deleted meanwhile: nothing counted
+    assert room.usage().used_bytes == 2000
+
+
+def test_capacity_and_reserve_decide_what_fits(tmp_path):
+    disk = _Disk(1 << 20, 40_000)
+    room = NodeRoom(tmp_path, reserve_bytes=15_000, count_interval_s=0, statvfs=disk)
+    u = room.usage()
+    assert u.capacity_bytes == 1 << 20 and u.free_bytes == 25_000  # the file system's size; its free less the reserve
+    assert room.fits(25_000) and not room.fits(25_001)
+    with pytest.raises(StorageFull, match="25001 bytes more do not fit in its 25000 free bytes"):
+        room.check_keep(25_001)
+    room.check_write(25_000)  # placing: a write through this node needs the disk above the reserve only
+    with pytest.raises(StorageFull, match="disk of this node's data folder is full"):
+        room.check_write(25_001)
+    _file(tmp_path / "blobs" / "f", 9000)
+    capped = NodeRoom(tmp_path, capacity_bytes=10_000, count_interval_s=0, statvfs=disk, placing=False)
+    assert capped.usage().free_bytes == 1000
+    with pytest.raises(StorageFull):  # without placing, a write must fit the capacity too
+        capped.check_write(1001)
+    disk.free = 10_000  # the disk fuller than the capacity says
+    assert NodeRoom(tmp_path, reserve_bytes=9800, statvfs=disk).usage().free_bytes == 200
+
+
+def test_full_is_less_than_one_percent_or_one_mib_free():
+    assert is_full(100 << 30, (1 << 30) - 1) and not is_full(100 << 30, 1 << 30)
+    assert is_full(10 << 20, (1 << 20) - 1) and not is_full(10 << 20, 1 << 20)
+    assert not is_full(0, -1)  # not reported
+
+
+def test_the_status_report_shows_each_members_figures():
+    m = LocalMembership()
+    m.register(NodeClaim("c1", "n1", "h", 1, 2, "i1"), expiry_s=10, bytes_stored=900, room=(1 << 30, 20 << 20))
+    m.register(NodeClaim("c1", "n2", "h", 1, 2, "i2"), expiry_s=10, bytes_stored=900, room=(1 << 30, 1000))
+    m.register(NodeClaim("c1", "n3", "h", 1, 2, "i3"), expiry_s=10, bytes_stored=7)  # reports no room figures
+    rows = {n["node_id"]: n for n in cluster_report(m, "c1", 10)["nodes"]}
+    assert [rows[n]["full"] for n in ("n1", "n2", "n3")] == [False, True, False]
+    assert (rows["n1"]["bytes_stored"], rows["n1"]["capacity_bytes"], rows["n1"]["free_bytes"]) == (
+        900, 1 << 30, 20 << 20)
+    assert rows["n3"]["free_bytes"] is None and rows["n3"]["capacity_bytes"] == 0
