@@ -90,6 +90,7 @@ from ._listing import read_page, start_position
 from ._membership import Membership
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_key, check_text
+from ._partcopies import PartCopyCalls
 from ._private import FILE_MODE, check_private, make_private_dirs
 from ._reads import ObjectReads
 from ._replica import ReplicaTarget
@@ -117,7 +118,7 @@ __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PAR
 
 
 class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, ObjectCopies, ObjectReads, ReplicaCalls,
-             SnapshotCalls, ScheduledSnapshots, ReplicaTarget):
+             SnapshotCalls, ScheduledSnapshots, ReplicaTarget, PartCopyCalls):
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
@@ -205,6 +206,7 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         self._writes = WritePath(self._files, self._cat, self._kv, self._chunks)
         self._multipart = Multipart(self._cat, self._files, self._writes)
         self._lifecycle = Lifecycle(self._cat, self._files, self._kv.on_delete)
+        self._lifecycle.forget_upload = self._multipart.forget_parts
         self.scrubber = ScrubRunner(self.scrub, str(self.data_dir / "scrub.json"))
 
     def _recover(self) -> dict[str, int]:
