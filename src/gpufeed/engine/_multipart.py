@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from ..checksums import UPLOAD_CHECKSUM_ALGORITHM, UPLOAD_CHECKSUM_TYPE, multipart_checksums
 from ..errors import (
     EntityTooSmall,
+    HolderUnavailable,
     InternalError,
     InvalidArgument,
     InvalidPart,
@@ -314,8 +315,12 @@ class Multipart:
             sfd = os.open(self._files.part_path(upload_id, rec.file), _OPEN_READ)
         except FileNotFoundError as exc:
             if self.peers is not None:
-                self.peers.fetch(upload.bucket, upload.key, upload_id, rec.file, rec.info.etag, size,
-                                 pw.fileno(), pw.size)
+                try:
+                    self.peers.fetch(upload.bucket, upload.key, upload_id, rec.file, rec.info.etag, size,
+                                     pw.fileno(), pw.size)
+                except HolderUnavailable:
+                    self._check_unchanged(upload, rec)  # an abort or a new upload of the part took it
+                    raise
                 pw.wrote(size)
                 return
             raise InvalidPart(f"part {number} is not in this node's data folder: it was replaced or removed "
@@ -325,6 +330,20 @@ class Multipart:
                 raise InternalError(f"part file {rec.file} of upload {upload_id} is short")
         finally:
             os.close(sfd)
+
+    def _check_unchanged(self, upload: UploadInfo, rec: PartRecord) -> None:
+        """Raise what a completion answers when its upload ended, or one of its parts was
+        uploaded again, since it read them.
+
+        Raises:
+            NoSuchUpload: the upload was completed or aborted meanwhile.
+            InvalidPart: the part was replaced meanwhile.
+        """
+        with self._cat.snapshot() as c:
+            get_upload(c, upload.bucket, upload.key, upload.upload_id)
+            if c.part_file(upload.upload_id, rec.info.part_number) != rec.file:
+                raise InvalidPart(f"part {rec.info.part_number} was replaced meanwhile",
+                                  part_number=rec.info.part_number)
 
     def parts_of(self, info: ObjectInfo) -> list[PartInfo]:
         """The parts the version ``info`` was completed from, in object order (``[]``: not multipart)."""
