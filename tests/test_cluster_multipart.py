@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -22,8 +23,12 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
+from gpufeed._peers import PeerLink, call, read_reply
 from gpufeed.admin import RemoteAdmin
+from gpufeed.engine._postgres import PostgresCatalog
+from gpufeed.errors import HolderUnavailable
 from gpufeed.testing.node import NodeProcess, start_node, wait_for
+from gpufeed.wire import protocol as p
 
 FAST = {"GPUFEED_CLUSTER_HEARTBEAT_S": "0.2", "GPUFEED_CLUSTER_EXPIRY_S": "1.5",
         "GPUFEED_CLUSTER_FETCH_TIMEOUT_S": "3", "GPUFEED_CLUSTER_COPY_TIMEOUT_S": "3",
@@ -188,10 +193,46 @@ def test_upload_file_through_a_round_robin_of_nodes_and_abort_through_another(tm
             assert _error(lambda c=c: c.list_parts(Bucket="mpu", Key="dropped", UploadId=up)) == "NoSuchUpload"
             assert _error(lambda c=c: c.abort_multipart_upload(Bucket="mpu", Key="dropped", UploadId=up)) == \
                 "NoSuchUpload"
+        _part_op_is_for_members_and_checked(nodes, postgres_url)
         _settled(nodes)
     finally:
         for n in nodes:
             n.stop()
+
+
+def _part_op_is_for_members_and_checked(nodes: list[NodeProcess], url: str) -> None:
+    """PART answers node keys only; a copy whose bytes fail their MD5 is refused and
+    nothing of it kept; names that are not part files, and the folder of an open
+    upload, are refused."""
+    a, b = nodes[0], nodes[1]
+    up = a.boto3_client().create_multipart_upload(Bucket="mpu", Key="checked")["UploadId"]
+    host, port = b.tcp_url.removeprefix("gpufeed+tcp://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:  # the node's own S3 key
+        hello = call(sock, p.Op.HELLO, p.Hello("t"), p.HelloReply)
+        mine = os.urandom(32)
+        proof = p.auth_proof(p.auth_key(a.secret_key), "client", "tcp", a.access_key, hello.nonce, mine)
+        call(sock, p.Op.AUTH, p.Auth(a.access_key, mine, proof), p.AuthReply)
+        with pytest.raises(HolderUnavailable, match="AccessDenied"):
+            call(sock, p.Op.PART, p.PartFile("drop", "mpu", "checked", up, []), p.PartFileReply)
+    cat = PostgresCatalog(url)
+    try:
+        node = (a.data_dir / "node.id").read_text().strip()
+        link = PeerLink(cat.membership, cluster="c1", node_id=node, expiry_s=1.5, timeout_s=3, fetches=1)
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            link.authenticate(sock)
+            data = b"x" * 5000
+            meta = p.encode(p.PartFile("put", "mpu", "checked", up, ["00001." + "ab" * 16], len(data),
+                                       hashlib.md5(b"other").hexdigest()))
+            sock.sendall(p.pack_header(p.Op.PART, len(meta), 1, len(data)) + meta + data)
+            with pytest.raises(HolderUnavailable, match="BadDigest"):
+                read_reply(sock, p.Op.PART, time.monotonic())
+            with pytest.raises(HolderUnavailable, match="InvalidArgument"):
+                call(sock, p.Op.PART, p.PartFile("get", "mpu", "checked", up, ["../../node.id"]), p.PartFileReply)
+            with pytest.raises(HolderUnavailable, match="still open"):
+                call(sock, p.Op.PART, p.PartFile("drop", "mpu", "checked", up, []), p.PartFileReply)
+    finally:
+        cat.close()
+    assert _part_files(b, up) == []
 
 
 def test_a_killed_node_that_took_parts_loses_none_and_completion_retried_elsewhere(tmp_path, postgres_url):
