@@ -52,7 +52,8 @@ the fronts call, which delegates to:
 - :mod:`._versions`: object versions, delete markers, object lock and tags
   (the rules); :mod:`._versioning` holds the calls that name versions, mixed
   into :class:`Engine`.
-- :mod:`._multipart`: uploads, parts and their completion.
+- :mod:`._multipart`: uploads, parts and their completion; :mod:`._partcopies`:
+  part files on the other nodes of a cluster.
 - :mod:`._lifecycle`: bucket lifecycle rules and the pass that applies them.
 - :mod:`._snapshots` (with :mod:`._restore`, :mod:`._snapshot_schedule`):
   bucket snapshots; :mod:`._release`: the test every path that frees data asks.
