@@ -21,7 +21,8 @@ the part's MD5 as they arrive. Bytes that fail are overwritten by the next
 member's; a member that lacks the file says so at once.
 
 **Deletes** (:meth:`PartCopies.drop`): abort, completion, a replaced part and a
-refused part ask every other live member to delete the files; a member that
+refused part ask every other live member, all at once, to delete the files
+(waiting at most the fetch timeout for each); a member that
 cannot be reached deletes them at its next start or by its orphan sweep.
 """
 
@@ -31,6 +32,7 @@ import hashlib
 import logging
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 from ._peers import PIECE_BYTES, PeerLink
 from ._replicas import Replicas
@@ -78,11 +80,11 @@ class PartCopies:
         need = min(self._r.factor, len(peers) + 1) - 1
         got: list[str] = []
         errors: list[str] = []
+        req = p.PartFile("put", bucket, key, upload_id, [file], os.path.getsize(path), md5)
         for node in rank(upload_id.encode(), peers):
             if len(got) >= need:
                 break
             info = peers[node]
-            req = p.PartFile("put", bucket, key, upload_id, [file], os.path.getsize(path), md5)
             try:
                 self._ask(info, req, self._r.timeout_s, path=path)
                 got.append(node)
@@ -134,13 +136,19 @@ class PartCopies:
         self._drop_on(list(self._peers().values()), bucket, key, upload_id, files)
 
     def _drop_on(self, nodes: list[NodeInfo], bucket: str, key: str, upload_id: str, files: list[str]) -> None:
+        """Ask ``nodes``, all at once, to delete part files ``files`` (see :meth:`drop`)."""
         req = p.PartFile("drop", bucket, key, upload_id, list(files))
-        for info in nodes:
+
+        def one(info: NodeInfo) -> None:
             try:
                 self._ask(info, req, self.fetch_timeout_s)
             except (OSError, ProtocolError, GpufeedError) as exc:
                 log.info("part files of upload %s left on node %s until its sweep: %s", upload_id, info.node_id,
                          _why(info, exc, self.fetch_timeout_s, "GPUFEED_CLUSTER_FETCH_TIMEOUT_S"))
+
+        if nodes:
+            with ThreadPoolExecutor(len(nodes), thread_name_prefix="gpufeed-part-drop") as pool:
+                list(pool.map(one, nodes))
 
     def _ask(self, info: NodeInfo, req: p.PartFile, timeout_s: float, *, path: str | None = None,
              into: tuple[int, int, int, str] | None = None) -> int:
