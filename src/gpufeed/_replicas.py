@@ -345,6 +345,7 @@ class ReReplicator:
                 if self.orphan_grace_s > 0 and time.monotonic() - self._swept_at >= self.orphan_grace_s / 4:
                     self._swept_at = time.monotonic()
                     self.freed_files += self._engine.free_unnamed_files(self.orphan_grace_s)
+                    self.freed_files += self._engine.free_unnamed_parts(self.orphan_grace_s)
             except GpufeedError as exc:
                 log.warning("re-replication pass stopped: %s", exc.message)
             except Exception:

@@ -164,7 +164,7 @@ def _frames_of_every_op() -> dict[str, bytes]:
         p.Op.BUCKET_STATS: [BUCKET], p.Op.MAP: [BUCKET, KEY], p.Op.MAP_EXTENTS: [BUCKET, KEY],
         p.Op.CHUNK: ["0" * 32], p.Op.CHUNK_PUT: ["ab" * 16, 4, [["ab" * 16, 0, 4, 4, "", b"d" * 16, None, 1, 0]]],
         p.Op.GETR: [BUCKET, KEY, bytes(8), b"\x08\x00\x00\x00"], p.Op.LOCATE: [BUCKET, KEY],
-        p.Op.LEASE: [BUCKET, KEY],
+        p.Op.LEASE: [BUCKET, KEY], p.Op.PART: ["get", BUCKET, KEY, "ab" * 16, ["00001." + "ab" * 16]],
     }
     assert set(metas) | {p.Op.HELLO, p.Op.AUTH} == set(p.REQUEST_TYPES)  # every op
     paid = (p.Op.PUT, p.Op.CHUNK_PUT)  # ops whose payload follows the frame

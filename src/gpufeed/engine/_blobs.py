@@ -267,6 +267,16 @@ class BlobFiles:
         if self.fsync:
             fsync_dir(self.uploads)
 
+    def ensure_upload_dir(self, upload_id: str) -> None:
+        """Create (durably) the folder of an upload unless it is there (a node of a
+        cluster keeps the part files it receives of an upload another node started)."""
+        try:
+            os.mkdir(self.upload_dir(upload_id), DIR_MODE)
+        except FileExistsError:
+            return
+        if self.fsync:
+            fsync_dir(self.uploads)
+
     def publish_part(self, tmp_path: str, upload_id: str, file: str) -> str:
         """Rename a finished temp file into an upload's folder.
 

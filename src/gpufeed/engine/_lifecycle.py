@@ -152,12 +152,19 @@ class Lifecycle:
         files: the engine's data folder (blob and upload files to remove).
         on_delete: called for each object a rule deletes, inside the deleting
             transaction (the kv-bucket bookkeeping).
+
+    Attributes:
+        forget_upload: ``(bucket, key, upload_id)``: removes an aborted upload's
+            part files (the engine sets the multipart one, which in a cluster
+            removes them on every node); by default this node's folder only.
     """
 
     def __init__(self, catalog: Catalog, files: BlobFiles, on_delete: OnDelete) -> None:
         self._cat = catalog
         self._files = files
         self._on_delete = on_delete
+        self.forget_upload: Callable[[str, str, str], None] = lambda _b, _k, upload_id: \
+            files.remove_upload_dir(upload_id)
 
     # configuration --------------------------------------------------------
     def put(self, bucket: str, rules: list[LifecycleRule]) -> None:
@@ -310,7 +317,7 @@ class Lifecycle:
         ``idle_before``, an upload touched at or after it meanwhile is kept."""
         done = 0
         for i in range(0, len(uploads), _BATCH):
-            dropped: list[str] = []
+            dropped: list[UploadInfo] = []
             with self._cat.write() as w:
                 for u in uploads[i:i + _BATCH]:
                     if w.upload(u.bucket, u.key, u.upload_id) is None:
@@ -319,9 +326,9 @@ class Lifecycle:
                             p.info.last_modified >= idle_before for p in w.parts(u.upload_id)):
                         continue  # a part arrived meanwhile
                     w.delete_upload(u.upload_id)
-                    dropped.append(u.upload_id)
-            for upload_id in dropped:
-                self._files.remove_upload_dir(upload_id)
+                    dropped.append(u)
+            for u in dropped:
+                self.forget_upload(u.bucket, u.key, u.upload_id)
             done += len(dropped)
         return done
 

@@ -18,10 +18,12 @@ import hashlib
 import os
 import re
 import time
+from typing import TYPE_CHECKING
 
 from ..checksums import UPLOAD_CHECKSUM_ALGORITHM, UPLOAD_CHECKSUM_TYPE, multipart_checksums
 from ..errors import (
     EntityTooSmall,
+    HolderUnavailable,
     InternalError,
     InvalidArgument,
     InvalidPart,
@@ -37,6 +39,9 @@ from ._versions import check_tags, lock_of_new
 from ._writes import PendingWrite, WritePath
 from .catalog import Catalog, CatalogReader, CatalogWriter, CompletedUpload, PartRecord, require_bucket
 from .types import ObjectInfo, PartInfo, Retention, UploadInfo
+
+if TYPE_CHECKING:
+    from ._partcopies import PartPeers
 
 __all__ = ["Multipart", "MIN_PART_BYTES", "MAX_PARTS", "COMPLETED_KEEP_S"]
 
@@ -138,12 +143,17 @@ class Multipart:
         files: the engine's data folder.
         writes: the engine's write path (pending writes for parts and joins,
             and the object commit).
+
+    Attributes:
+        peers: the other nodes of the cluster that parts are copied to, fetched
+            from and deleted on (:mod:`._partcopies`); ``None``: this node alone.
     """
 
     def __init__(self, catalog: Catalog, files: BlobFiles, writes: WritePath) -> None:
         self._cat = catalog
         self._files = files
         self._writes = writes
+        self.peers: PartPeers | None = None
 
     def create(self, bucket: str, key: str, content_type: str | None, metadata: dict[str, str] | None,
                headers: dict[str, str] | None, tags: dict[str, str] | None = None,
@@ -191,12 +201,13 @@ class Multipart:
             remove_quietly(tmp)
             raise
         file = f"{part_number:05d}.{new_id()}"
-        try:
-            path = self._files.publish_part(tmp, upload_id, file)
-        except FileNotFoundError as exc:
-            raise NoSuchUpload(f"upload {upload_id} was completed or aborted", upload_id=upload_id) from exc
+        path = self._place_part(tmp, upload_id, file)
+        peers = self.peers
         info = PartInfo(part_number, etag, size, time.time(), dict(checksums or {}))
+        pushed: list[str] = []
         try:
+            if peers is not None:  # copies on other nodes before the part is acknowledged
+                pushed = peers.push(bucket, key, upload_id, file, path, etag)
             with self._cat.write() as w:
                 get_upload(w, bucket, key, upload_id)
                 old = w.part_file(upload_id, part_number)
@@ -204,10 +215,27 @@ class Multipart:
                 check_quota(w, require_bucket(w, bucket))
         except BaseException:
             remove_quietly(path)
+            if peers is not None and pushed:
+                peers.drop(bucket, key, upload_id, [file])
             raise
         if old is not None:
             remove_quietly(self._files.part_path(upload_id, old))
+            if peers is not None:
+                peers.drop(bucket, key, upload_id, [old])
         return info
+
+    def _place_part(self, tmp: str, upload_id: str, file: str) -> str:
+        """Rename a part's finished temp file into its upload's folder; in a cluster,
+        the folder is made when this node has none (another node started the upload)."""
+        for _ in range(2 if self.peers is not None else 1):
+            if self.peers is not None:
+                self._files.ensure_upload_dir(upload_id)
+            try:
+                return self._files.publish_part(tmp, upload_id, file)
+            except FileNotFoundError:  # the folder went (the upload ended, or a sweep took it empty)
+                continue
+        remove_quietly(tmp)
+        raise NoSuchUpload(f"upload {upload_id} was completed or aborted", upload_id=upload_id)
 
     def get(self, bucket: str, key: str, upload_id: str) -> UploadInfo:
         """The upload's row (see :func:`get_upload`)."""
@@ -231,8 +259,13 @@ class Multipart:
                 done = c.completed_upload(upload_id)
                 if done is None or (done.bucket, done.key) != (bucket, key) or not _same_parts(done, parts):
                     raise
-                return _repeat_answer(c, done)
-            have = {rec.info.part_number: rec for rec in c.parts(upload_id)}
+                repeated: ObjectInfo | None = _repeat_answer(c, done)
+            else:
+                repeated = None
+                have = {rec.info.part_number: rec for rec in c.parts(upload_id)}
+        if repeated is not None:
+            self.forget_parts(bucket, key, upload_id)  # a node that died mid-completion left them
+            return repeated
         chosen = _choose_parts(have, parts)
         # The part rows read above are the ones committed with (drop_upload checks
         # each part's file is unchanged), so these checksums describe its bytes.
@@ -262,25 +295,55 @@ class Multipart:
 
         with self._writes.begin(None, finish) as pw:
             for rec in chosen:
-                self._append_part(pw, upload_id, rec)
+                self._append_part(pw, upload, rec)
             info = pw.commit()
-        self._files.remove_upload_dir(upload_id)
+        self.forget_parts(bucket, key, upload_id)
         return info
 
-    def _append_part(self, pw: PendingWrite, upload_id: str, rec: PartRecord) -> None:
-        """Copy one part file onto the end of ``pw`` (a kernel copy)."""
-        number, size = rec.info.part_number, rec.info.size
+    def forget_parts(self, bucket: str, key: str, upload_id: str) -> None:
+        """Delete an ended upload's part files here and (in a cluster) on the other nodes."""
+        self._files.remove_upload_dir(upload_id)
+        if self.peers is not None:
+            self.peers.drop(bucket, key, upload_id, [])
+
+    def _append_part(self, pw: PendingWrite, upload: UploadInfo, rec: PartRecord) -> None:
+        """Copy one part file onto the end of ``pw``: a kernel copy of this node's
+        file, or (in a cluster, when this node has none) the bytes of another
+        node's copy, written in place and checked against the part's MD5."""
+        number, size, upload_id = rec.info.part_number, rec.info.size, upload.upload_id
         try:
             sfd = os.open(self._files.part_path(upload_id, rec.file), _OPEN_READ)
         except FileNotFoundError as exc:
+            if self.peers is not None:
+                try:
+                    self.peers.fetch(upload.bucket, upload.key, upload_id, rec.file, rec.info.etag, size,
+                                     pw.fileno(), pw.size)
+                except HolderUnavailable:
+                    self._check_unchanged(upload, rec)  # an abort or a new upload of the part took it
+                    raise
+                pw.wrote(size)
+                return
             raise InvalidPart(f"part {number} is not in this node's data folder: it was replaced or removed "
-                              "meanwhile, or (in a cluster) another node received it; complete an upload "
-                              "through the node that received its parts", part_number=number) from exc
+                              "meanwhile", part_number=number) from exc
         try:
             if pw.write_from_fd(sfd, 0, size) != size:
                 raise InternalError(f"part file {rec.file} of upload {upload_id} is short")
         finally:
             os.close(sfd)
+
+    def _check_unchanged(self, upload: UploadInfo, rec: PartRecord) -> None:
+        """Raise what a completion answers when its upload ended, or one of its parts was
+        uploaded again, since it read them.
+
+        Raises:
+            NoSuchUpload: the upload was completed or aborted meanwhile.
+            InvalidPart: the part was replaced meanwhile.
+        """
+        with self._cat.snapshot() as c:
+            get_upload(c, upload.bucket, upload.key, upload.upload_id)
+            if c.part_file(upload.upload_id, rec.info.part_number) != rec.file:
+                raise InvalidPart(f"part {rec.info.part_number} was replaced meanwhile",
+                                  part_number=rec.info.part_number)
 
     def parts_of(self, info: ObjectInfo) -> list[PartInfo]:
         """The parts the version ``info`` was completed from, in object order (``[]``: not multipart)."""
@@ -292,7 +355,7 @@ class Multipart:
         with self._cat.write() as w:
             get_upload(w, bucket, key, upload_id)
             w.delete_upload(upload_id)
-        self._files.remove_upload_dir(upload_id)
+        self.forget_parts(bucket, key, upload_id)
 
     def list_uploads(self, bucket: str, prefix: str) -> list[UploadInfo]:
         """Uploads in progress whose key starts with ``prefix``, by key then start time."""

@@ -52,7 +52,8 @@ the fronts call, which delegates to:
 - :mod:`._versions`: object versions, delete markers, object lock and tags
   (the rules); :mod:`._versioning` holds the calls that name versions, mixed
   into :class:`Engine`.
-- :mod:`._multipart`: uploads, parts and their completion.
+- :mod:`._multipart`: uploads, parts and their completion; :mod:`._partcopies`:
+  part files on the other nodes of a cluster.
 - :mod:`._lifecycle`: bucket lifecycle rules and the pass that applies them.
 - :mod:`._snapshots` (with :mod:`._restore`, :mod:`._snapshot_schedule`):
   bucket snapshots; :mod:`._release`: the test every path that frees data asks.
@@ -90,6 +91,7 @@ from ._listing import read_page, start_position
 from ._membership import Membership
 from ._multipart import MAX_PARTS, MIN_PART_BYTES, Multipart
 from ._names import MAX_KEY_BYTES, check_key, check_text
+from ._partcopies import PartCopyCalls
 from ._private import FILE_MODE, check_private, make_private_dirs
 from ._reads import ObjectReads
 from ._replica import ReplicaTarget
@@ -117,7 +119,7 @@ __all__ = ["Engine", "PendingWrite", "MAX_KEY_BYTES", "MIN_PART_BYTES", "MAX_PAR
 
 
 class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, ObjectCopies, ObjectReads, ReplicaCalls,
-             SnapshotCalls, ScheduledSnapshots, ReplicaTarget):
+             SnapshotCalls, ScheduledSnapshots, ReplicaTarget, PartCopyCalls):
     """A storage node's engine over ``data_dir``. Thread-safe.
 
     Args:
@@ -205,6 +207,7 @@ class Engine(VersionedObjects, TenantAdmin, LifecycleCalls, DataServices, Object
         self._writes = WritePath(self._files, self._cat, self._kv, self._chunks)
         self._multipart = Multipart(self._cat, self._files, self._writes)
         self._lifecycle = Lifecycle(self._cat, self._files, self._kv.on_delete)
+        self._lifecycle.forget_upload = self._multipart.forget_parts
         self.scrubber = ScrubRunner(self.scrub, str(self.data_dir / "scrub.json"))
 
     def _recover(self) -> dict[str, int]:

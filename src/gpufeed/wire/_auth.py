@@ -12,8 +12,10 @@ Cluster peers: a node of a cluster authenticates to another with its node key
 (access key id ``PEER_KEY_PREFIX + node id``, secret derived from the
 cluster's key in the shared catalog, :mod:`gpufeed._peers`). Such a
 connection acts as :data:`PEER_TENANT`, which owns no bucket: it may send
-CHUNK and nothing that names a bucket, and CHUNK is refused to every other
-key. The S3 front never accepts node keys.
+CHUNK, CHUNK_PUT and PART (whose bucket and key name only an upload whose part
+files it stores, sends or deletes) and no op that reads or writes a bucket's
+objects, and those three are refused to every other key. The S3 front never
+accepts node keys.
 """
 
 from __future__ import annotations

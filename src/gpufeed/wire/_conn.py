@@ -74,9 +74,9 @@ class EndConnection(Exception):
 
 #: An op handler: ``(connection, request id, decoded request)``; it sends the reply.
 Handler = Callable[["Connection", int, Any], None]
-#: The handler of a PUT (or CHUNK_PUT) whose bytes follow on the socket: ``(connection, request
-#: id, request, payload bytes)``; it reads the payload and sends the reply.
-StreamHandler = Callable[["Connection", int, "p.Put | p.ChunkPut", int], None]
+#: The handler of a PUT (or CHUNK_PUT, or PART) whose bytes follow on the socket: ``(connection,
+#: request id, request, payload bytes)``; it reads the payload and sends the reply.
+StreamHandler = Callable[["Connection", int, "p.Put | p.ChunkPut | p.PartFile", int], None]
 
 
 class Connection(MeteredReplies):
@@ -256,7 +256,7 @@ class Connection(MeteredReplies):
             raise ProtocolError("file descriptors are accepted only with REGISTER")
         req = p.decode(tp, meta)
         self.request_begun(op, rid)
-        if (op == p.Op.PUT and req.region == -1) or op == p.Op.CHUNK_PUT:
+        if (op == p.Op.PUT and req.region == -1) or op in (p.Op.CHUNK_PUT, p.Op.PART):
             self._put_stream(self, rid, req, payload_len)
             return
         if payload_len:

@@ -42,6 +42,7 @@ from ._conn import Connection, Handler
 from ._leases import LeaseBoard, serve_lease
 from ._lending import Lending
 from ._mapping import send_map
+from ._parts import serve_part
 from ._reads import SplitReader, piece_digests
 
 __all__ = ["Ops", "ClusterView"]
@@ -448,8 +449,8 @@ class Ops:
             src.release()
         conn.reply(p.Op.PUT, rid, _meta(info))
 
-    def put_stream(self, conn: Connection, rid: int, req: p.Put | p.ChunkPut, payload_len: int) -> None:
-        """A PUT (or CHUNK_PUT) whose bytes follow on the socket (TCP); runs on the reader thread.
+    def put_stream(self, conn: Connection, rid: int, req: p.Put | p.ChunkPut | p.PartFile, payload_len: int) -> None:
+        """A PUT (or CHUNK_PUT, or PART) whose bytes follow on the socket (TCP); runs on the reader thread.
 
         Raises:
             ProtocolError: the payload length disagrees with the request, or the
@@ -457,6 +458,9 @@ class Ops:
         """
         if isinstance(req, p.ChunkPut):
             self.chunk_put(conn, rid, req, payload_len)
+            return
+        if isinstance(req, p.PartFile):
+            serve_part(self.engine, conn, rid, req, payload_len)
             return
         if req.region != -1 or payload_len != req.length:
             raise ProtocolError(f"PUT length {req.length} != payload {payload_len}")

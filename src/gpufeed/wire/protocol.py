@@ -42,6 +42,7 @@ from typing import Any
 import msgspec
 
 from ..errors import GpufeedError, InvalidArgument, ProtocolError, error_from_code
+from ._partproto import PART_ACTIONS, PartFile, PartFileReply
 
 __all__ = [
     "MAGIC", "VERSION", "HEADER", "HEADER_SIZE", "MAX_META", "Op", "REPLY", "ERROR_OP",
@@ -51,7 +52,7 @@ __all__ = [
     "BucketsReply", "BucketStats", "ErrorReply", "encode", "decoder_for", "pack_header", "unpack_header",
     "close_fds", "ListEntry", "MapReply", "decode", "Auth", "AuthReply", "auth_key", "auth_proof", "ChunkReq",
     "ChunkReply", "CopyChunk", "ChunkPut", "ChunkPutReply", "GetRanges", "GetRangesReply", "MAX_RANGES",
-    "MAX_RANGE_BYTES", "Member", "LocateReply", "LeaseReply",
+    "MAX_RANGE_BYTES", "Member", "LocateReply", "LeaseReply", "PartFile", "PartFileReply", "PART_ACTIONS",
     "AUTH_LABEL", "NONCE_BYTES", "MapExtentsReply", "FDS_PER_MESSAGE",
 ]
 
@@ -96,6 +97,7 @@ class Op(IntEnum):
     GETR = 24  # many ranges of one object version, into one region or as one payload
     LOCATE = 25  # which cluster members hold an object version's data (cluster-routing clients)
     LEASE = 26  # shm only: the current version's data file and the node's commit counter (SCM_RIGHTS)
+    PART = 27  # cluster peers only: store, send or delete a multipart upload's part files
 
 
 # --- metadata structs (msgpack arrays, field order is the wire order) -----------
@@ -525,7 +527,7 @@ REQUEST_TYPES: dict[int, type] = {
     Op.CREATE_BUCKET: BucketReq, Op.LIST_BUCKETS: Empty, Op.DELETE_BUCKET: BucketReq,
     Op.BUCKET_STATS: BucketReq, Op.ALLOC_REGION: AllocRegion, Op.FORKED: Empty,
     Op.MAP: Head, Op.MAP_EXTENTS: Head, Op.AUTH: Auth, Op.CHUNK: ChunkReq, Op.CHUNK_PUT: ChunkPut,
-    Op.GETR: GetRanges, Op.LOCATE: Head, Op.LEASE: Head,
+    Op.GETR: GetRanges, Op.LOCATE: Head, Op.LEASE: Head, Op.PART: PartFile,
 }
 REPLY_TYPES: dict[int, type] = {
     Op.HELLO: HelloReply, Op.REGISTER: Empty, Op.UNREGISTER: Empty, Op.HEAD: ObjectMeta,
@@ -534,7 +536,7 @@ REPLY_TYPES: dict[int, type] = {
     Op.DELETE_BUCKET: Empty, Op.BUCKET_STATS: BucketStats, Op.ALLOC_REGION: AllocRegionReply,
     Op.FORKED: Empty, Op.MAP: MapReply, Op.MAP_EXTENTS: MapExtentsReply, Op.AUTH: AuthReply,
     Op.CHUNK: ChunkReply, Op.CHUNK_PUT: ChunkPutReply, Op.GETR: GetRangesReply, Op.LOCATE: LocateReply,
-    Op.LEASE: LeaseReply,
+    Op.LEASE: LeaseReply, Op.PART: PartFileReply,
 }
 
 #: Messages that gained trailing fields after their first form: type -> number

@@ -1,0 +1,240 @@
+"""Part files of multipart uploads across the nodes of a cluster: this node's
+side of the fast path's PART op (27), installed as the engine's
+:class:`~gpufeed.engine._partcopies.PartPeers`.
+
+**Copies** (:meth:`PartCopies.push`): the node that receives a part keeps its
+file and sends it to ``factor - 1`` other live members before the part's
+catalog row commits (so before UploadPart is answered); the receiver checks
+the bytes against the part's MD5 (its ETag), fsyncs and only then replies.
+Members are ranked by rendezvous hashing of the *upload id*
+(:func:`gpufeed.engine._placement.rank`), so every part of an upload goes to
+the same first-ranked members: with factor 2 the upload's first-ranked live
+member holds every part that it did not receive itself, and a completion
+through it copies nothing over the network. A member that fails is replaced by
+the next-ranked one; when fewer members than needed take the file, the part
+is refused with ``ServiceUnavailable`` and the copies some took are deleted.
+
+**Fetches** (:meth:`PartCopies.fetch`): a completion on a node that lacks a
+part's file asks the live members, in the upload's rank order, for it; the
+bytes are written in place into the object being built and checked against
+the part's MD5 as they arrive. Bytes that fail are overwritten by the next
+member's; a member that lacks the file says so at once.
+
+**Deletes** (:meth:`PartCopies.drop`): abort, completion, a replaced part and a
+refused part ask every other live member, all at once, to delete the files
+(waiting at most the fetch timeout for each); a member that
+cannot be reached deletes them at its next start or by its orphan sweep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+from ._peers import PIECE_BYTES, PeerLink
+from ._replicas import Replicas
+from .engine._membership import NodeInfo
+from .engine._placement import rank
+from .errors import GpufeedError, HolderUnavailable, NoSuchKey, NoSuchUpload, ProtocolError, ServiceUnavailable
+from .wire import protocol as p
+
+__all__ = ["PartCopies"]
+
+log = logging.getLogger("gpufeed.cluster")
+
+_REPLY_META_MAX = 64 << 10  # 64 KiB
+
+
+class PartCopies:
+    """This node's side of part files on other nodes.
+
+    Args:
+        replicas: the node's copies of data files (live members, factor, node id, copy timeout).
+        link: the node's peer link (node keys, handshake).
+        fetch_timeout_s: the longest any one wait of a fetch or delete may take (> 0).
+    """
+
+    def __init__(self, replicas: Replicas, link: PeerLink, fetch_timeout_s: float) -> None:
+        self._r, self._link, self.fetch_timeout_s = replicas, link, fetch_timeout_s
+
+    def _peers(self) -> dict[str, NodeInfo]:
+        return {n.node_id: n for n in self._r.live() if n.node_id != self._r.node_id and n.wire_port}
+
+    def push(self, bucket: str, key: str, upload_id: str, file: str, path: str, md5: str) -> list[str]:
+        """Copy part file ``file`` (at ``path``) to ``factor - 1`` other live members
+        (capped to those live), in the upload's rank order.
+
+        Returns:
+            The node ids that took it.
+
+        Raises:
+            NoSuchUpload: a member found the upload ended meanwhile.
+            ServiceUnavailable: fewer members than needed took it (naming each failure).
+        """
+        if self._r.factor <= 1:
+            return []
+        peers = self._peers()
+        need = min(self._r.factor, len(peers) + 1) - 1
+        got: list[str] = []
+        errors: list[str] = []
+        req = p.PartFile("put", bucket, key, upload_id, [file], os.path.getsize(path), md5)
+        for node in rank(upload_id.encode(), peers):
+            if len(got) >= need:
+                break
+            info = peers[node]
+            try:
+                self._ask(info, req, self._r.timeout_s, path=path)
+                got.append(node)
+            except NoSuchUpload:
+                self._drop_on([peers[n] for n in got], bucket, key, upload_id, [file])
+                raise
+            except (OSError, ProtocolError, GpufeedError) as exc:
+                errors.append(_why(info, exc, self._r.timeout_s, "GPUFEED_CLUSTER_COPY_TIMEOUT_S"))
+        if len(got) < need:
+            self._drop_on([peers[n] for n in got], bucket, key, upload_id, [file])
+            why = "; ".join(errors) or "no other live member to take it"
+            raise ServiceUnavailable(
+                f"part file {file} of upload {upload_id} reached {len(got)} of the {need} other nodes that "
+                f"replication factor {self._r.factor} needs with {len(peers) + 1} live members ({why}); the part "
+                "was not stored (GPUFEED_CLUSTER_REPLICAS)")
+        return got
+
+    def fetch(self, bucket: str, key: str, upload_id: str, file: str, md5: str, size: int, fd: int,
+              offset: int) -> None:
+        """Write part file ``file``'s ``size`` bytes at ``offset`` of ``fd``, as the
+        first live member (in the upload's rank order) that has it sends them with
+        MD5 ``md5``.
+
+        Raises:
+            HolderUnavailable: no live member sent them (each one's reason named).
+        """
+        failures: list[str] = []
+        peers = self._peers()
+        for node in rank(upload_id.encode(), peers):
+            info = peers[node]
+            req = p.PartFile("get", bucket, key, upload_id, [file])
+            try:
+                self._ask(info, req, self.fetch_timeout_s, into=(fd, offset, size, md5))
+                return
+            except NoSuchKey:
+                failures.append(f"node {node} has no copy")
+            except (OSError, ProtocolError, GpufeedError) as exc:
+                failures.append(_why(info, exc, self.fetch_timeout_s, "GPUFEED_CLUSTER_FETCH_TIMEOUT_S"))
+        os.ftruncate(fd, offset)  # nothing of a failed fetch stays in the file
+        part = int(file.split(".")[0])
+        raise HolderUnavailable(
+            f"part {part} of upload {upload_id} ({bucket}/{key}) is in no live node's folder that answered: "
+            f"{'; '.join(failures) or 'no other live member'}; the upload can be completed once a node that "
+            "holds it is back")
+
+    def drop(self, bucket: str, key: str, upload_id: str, files: list[str]) -> None:
+        """Ask every other live member to delete part files ``files`` (the upload's
+        folder when empty); failures are logged, never raised."""
+        self._drop_on(list(self._peers().values()), bucket, key, upload_id, files)
+
+    def _drop_on(self, nodes: list[NodeInfo], bucket: str, key: str, upload_id: str, files: list[str]) -> None:
+        """Ask ``nodes``, all at once, to delete part files ``files`` (see :meth:`drop`)."""
+        req = p.PartFile("drop", bucket, key, upload_id, list(files))
+
+        def one(info: NodeInfo) -> None:
+            try:
+                self._ask(info, req, self.fetch_timeout_s)
+            except (OSError, ProtocolError, GpufeedError) as exc:
+                log.info("part files of upload %s left on node %s until its sweep: %s", upload_id, info.node_id,
+                         _why(info, exc, self.fetch_timeout_s, "GPUFEED_CLUSTER_FETCH_TIMEOUT_S"))
+
+        if nodes:
+            with ThreadPoolExecutor(len(nodes), thread_name_prefix="gpufeed-part-drop") as pool:
+                list(pool.map(one, nodes))
+
+    def _ask(self, info: NodeInfo, req: p.PartFile, timeout_s: float, *, path: str | None = None,
+             into: tuple[int, int, int, str] | None = None) -> int:
+        """One PART request on a fresh authenticated connection to ``info``: the file
+        at ``path`` as its payload (put), the reply's payload written and checked
+        ``into`` ``(fd, offset, size, md5)`` (get). Returns the reply's ``size``.
+
+        Raises:
+            GpufeedError: the node's error reply, as its own type.
+            OSError, ProtocolError: the connection failed, or the bytes failed their check.
+        """
+        with socket.create_connection((info.host, info.wire_port), timeout=timeout_s) as sock:
+            self._link.authenticate(sock)
+            meta = p.encode(req)
+            sock.sendall(p.pack_header(p.Op.PART, len(meta), 1, req.length) + meta)
+            if path is not None:
+                with open(path, "rb") as f:
+                    if sock.sendfile(f, 0, req.length) != req.length:
+                        raise ProtocolError(f"part file {req.files[0]} ended before {req.length} bytes")
+            got, payload = _answer(sock)
+            reply = p.decode(p.PartFileReply, got)
+            if into is not None:
+                _receive_checked(sock, payload, *into)
+            elif payload:
+                raise ProtocolError(f"a payload of {payload} bytes on a PART {req.action!r} reply")
+            return reply.size
+
+
+def _answer(sock: socket.socket) -> tuple[bytes, int]:
+    """The reply to a PART request: its metadata and payload length.
+
+    Raises:
+        GpufeedError: an error reply, as its own type.
+        ProtocolError: a reply to another op.
+    """
+    rop, meta_len, _, payload = p.unpack_header(_recv_exact(sock, p.HEADER_SIZE), max_meta=_REPLY_META_MAX)
+    got = _recv_exact(sock, meta_len)
+    if rop == p.ERROR_OP:
+        raise p.error_from_reply(p.decode(p.ErrorReply, got))
+    if rop != p.Op.PART | p.REPLY:
+        raise ProtocolError(f"a reply of op {rop} to op {int(p.Op.PART)}")
+    return got, payload
+
+
+def _receive_checked(sock: socket.socket, payload: int, fd: int, offset: int, size: int, md5: str) -> None:
+    """Write the ``payload`` bytes at ``offset`` of ``fd`` and check them: ``size``
+    bytes with hex MD5 ``md5``.
+
+    Raises:
+        ProtocolError: another length, another MD5, or the connection closed first.
+    """
+    if payload != size:
+        raise ProtocolError(f"the node sent {payload} bytes of a part of {size}")
+    h = hashlib.md5()
+    buf = memoryview(bytearray(min(PIECE_BYTES, size) or 1))
+    done = 0
+    while done < size:
+        n = sock.recv_into(buf, min(len(buf), size - done))
+        if n == 0:
+            raise ProtocolError(f"the connection closed after {done} of {size} bytes")
+        piece = buf[:n]
+        h.update(piece)
+        while piece:
+            k = os.pwrite(fd, piece, offset + done)
+            piece, done = piece[k:], done + k
+    if h.hexdigest() != md5:
+        raise ProtocolError(f"the bytes sent have MD5 {h.hexdigest()}, not the part's {md5}")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray(n)
+    view = memoryview(out)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ProtocolError(f"the connection closed after {got} of {n} bytes")
+        got += k
+    return bytes(out)
+
+
+def _why(info: NodeInfo, exc: BaseException, timeout_s: float, setting: str) -> str:
+    """One line naming the node and what went wrong with it."""
+    where = f"node {info.node_id} at {info.host}:{info.wire_port}"
+    if isinstance(exc, TimeoutError):
+        return f"{where} did not answer within {timeout_s:.1f} s ({setting})"
+    return f"{where}: {exc.message if isinstance(exc, GpufeedError) else exc}"
+
+

@@ -1,0 +1,85 @@
+"""The receiving side of part files on the nodes of a cluster
+(:mod:`gpufeed.engine._partcopies`), on a real engine: a copy is stored only
+whole and with the part's MD5, sent back as stored, deleted only when no row
+names it, and files no row names are swept once old."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import pytest
+
+from gpufeed.engine import Engine
+from gpufeed.errors import BadDigest, InvalidArgument, NoSuchKey, NoSuchUpload
+
+B, K = "bkt", "key"
+
+
+@pytest.fixture
+def engine(tmp_path):
+    e = Engine(tmp_path / "data", fsync=False)
+    e.create_bucket(B)
+    yield e
+    e.close()
+
+
+def _name(n: int = 1) -> str:
+    return f"{n:05d}." + os.urandom(16).hex()
+
+
+def _pieces(data: bytes, step: int = 1000) -> list[memoryview]:
+    return [memoryview(data)[i:i + step] for i in range(0, len(data), step)]
+
+
+def test_a_copy_is_kept_only_whole_and_with_its_md5(engine):
+    up = engine.create_multipart_upload(B, K).upload_id
+    data = os.urandom(5000)
+    md5 = hashlib.md5(data).hexdigest()
+    name = _name()
+    with pytest.raises(BadDigest):
+        engine.receive_part(B, K, up, name, hashlib.md5(b"other").hexdigest(), len(data), _pieces(data))
+    with pytest.raises(NoSuchKey):  # nothing of it was kept
+        with engine.held_part(B, K, up, name):
+            pass
+    assert engine.receive_part(B, K, up, name, md5, len(data), _pieces(data)) is True
+    assert engine.receive_part(B, K, up, name, md5, len(data), _pieces(data)) is False  # here already
+    with engine.held_part(B, K, up, name) as (fd, size):
+        assert size == len(data) and os.pread(fd, size, 0) == data
+    for bad in ("../../catalog.sqlite3", "1." + "0" * 32, ""):
+        with pytest.raises(InvalidArgument):
+            engine.receive_part(B, K, up, bad, md5, len(data), _pieces(data))
+    with pytest.raises(NoSuchUpload):
+        engine.receive_part(B, K, "0" * 32, name, md5, len(data), _pieces(data))
+
+
+def test_drops_spare_named_parts_and_open_uploads(engine):
+    up = engine.create_multipart_upload(B, K).upload_id
+    part = engine.upload_part(B, K, up, 1, b"named part")
+    named = os.listdir(engine.data_dir / "uploads" / up)[0]
+    stray = _name(2)
+    engine.receive_part(B, K, up, stray, hashlib.md5(b"x").hexdigest(), 1, [memoryview(b"x")])
+    assert engine.drop_part_files(B, K, up, [named, stray]) == 1  # the named one stays
+    assert os.listdir(engine.data_dir / "uploads" / up) == [named]
+    with pytest.raises(InvalidArgument, match="still open"):
+        engine.drop_part_files(B, K, up, [])
+    engine.complete_multipart_upload(B, K, up, [(1, part.etag)])
+    assert engine.drop_part_files(B, K, up, []) == 0  # the completion removed the folder already
+
+
+def test_the_sweep_frees_old_unnamed_part_files_and_empty_folders(engine):
+    up = engine.create_multipart_upload(B, K).upload_id
+    engine.upload_part(B, K, up, 1, b"named part")
+    folder = engine.data_dir / "uploads" / up
+    [named] = os.listdir(folder)
+    stray = _name(3)
+    engine.receive_part(B, K, up, stray, hashlib.md5(b"x").hexdigest(), 1, [memoryview(b"x")])
+    ended = engine.data_dir / "uploads" / ("e" * 32)
+    ended.mkdir()
+    assert engine.free_unnamed_parts(3600) == 0  # young: a part may be on its way to its row
+    old = time.time() - 7200
+    for path in (folder / stray, folder / named, folder, ended):
+        os.utime(path, (old, old))
+    assert engine.free_unnamed_parts(3600) == 2  # the stray file and the empty folder
+    assert os.listdir(folder) == [named] and not ended.exists()
