@@ -20,6 +20,12 @@ bytes are written in place into the object being built and checked against
 the part's MD5 as they arrive. Bytes that fail are overwritten by the next
 member's; a member that lacks the file says so at once.
 
+**Copies made again** (:meth:`PartCopies.holders`, :meth:`PartCopies.copy_more`,
+used by :mod:`gpufeed._partrepair` after a member is lost): which other live
+members hold which part files of an upload (PART ``has``, all members at
+once), and a copy to more members in the upload's rank order, checked and
+fsynced like the first ones.
+
 **Deletes** (:meth:`PartCopies.drop`): abort, completion, a replaced part and a
 refused part ask every other live member, all at once, to delete the files
 (waiting at most the fetch timeout for each); a member that

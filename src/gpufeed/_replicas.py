@@ -41,6 +41,10 @@ lack it and recording the new copies; at most ``rate_bytes_s`` bytes per second 
 sent (files go 64 at a time, over one connection per target node, with a
 pause after each group).
 
+After each pass the re-replicator also restores the copies of the part
+files of open uploads that the node holds, when a member it last checked
+with is gone (:mod:`gpufeed._partrepair`).
+
 **Rebalancing** (:meth:`ReReplicator.rebalance_pass`, after each pass while
 the set of live members differs from the one it last balanced for: a node
 joined, came back, or left): each node walks the data files it holds (as

@@ -17,6 +17,10 @@ sender). Abort, completion and a replaced part delete the files on every
 node (:meth:`PartCopyCalls.drop_part_files`); a node that missed that (it was
 down) deletes them at its next start (the start-up sweep keeps only the part
 files a part row names) or by :meth:`PartCopyCalls.free_unnamed_parts`.
+After a node is lost, the nodes find the parts they hold
+(:meth:`PartCopyCalls.open_parts_here`) and which of them the others hold
+(:meth:`PartCopyCalls.held_part_files`, PART ``has``) to copy them again
+(:mod:`gpufeed._partrepair`).
 """
 
 from __future__ import annotations
