@@ -19,9 +19,9 @@ import pytest
 from gpufeed._peers import PeerLink, call
 from gpufeed.engine._postgres import PostgresCatalog
 from gpufeed.errors import HolderUnavailable
-from gpufeed.testing.node import NodeProcess, wait_for
+from gpufeed.testing.node import NodeProcess, start_node, wait_for
 from gpufeed.wire import protocol as p
-from test_cluster_multipart import MIB, _cluster, _multipart_etag, _part_files, _status_live
+from test_cluster_multipart import FAST, MIB, _multipart_etag, _part_files, _status_live
 
 
 def _holders(nodes: list[NodeProcess], upload_id: str, among: list[int] | None = None) -> dict[str, set[int]]:
@@ -36,8 +36,11 @@ def _holders(nodes: list[NodeProcess], upload_id: str, among: list[int] | None =
 
 
 def test_parts_are_copied_again_after_a_holder_dies_and_survive_the_other(tmp_path, postgres_url):
-    nodes = _cluster(tmp_path, postgres_url)
+    nodes: list[NodeProcess] = []
     try:
+        for name in "abc":  # INFO: the members log what they copied again
+            nodes.append(start_node(tmp_path / name, extra_args=["--catalog", postgres_url, "--cluster", "c1"],
+                                    env={**FAST, "GPUFEED_LOG_LEVEL": "INFO"}))
         s3 = [n.boto3_client(retries={"max_attempts": 1, "mode": "standard"}) for n in nodes]
         s3[0].create_bucket(Bucket="mpu")
         up = s3[0].create_multipart_upload(Bucket="mpu", Key="k")["UploadId"]
@@ -54,6 +57,9 @@ def test_parts_are_copied_again_after_a_holder_dies_and_survive_the_other(tmp_pa
         # each part is on both survivors again, and on no more nodes than that
         assert wait_for(lambda: all(_holders(nodes, up, alive).get(f) == set(alive) for f in before), 20), \
             _holders(nodes, up, alive)
+        # the sender logs once its copies are acknowledged, just after the files land
+        assert wait_for(lambda: f"upload {up} (mpu/k): copied" in "".join(
+            nodes[i].log_path.read_text(errors="replace") for i in alive), 10)
         # the other original holder of a part that the first node held dies too
         lost = next(f for f, h in before.items() if first in h)
         second = next(i for i in before[lost] if i != first)
