@@ -105,3 +105,26 @@ def test_held_files_and_the_open_uploads_with_parts_here(engine):
     engine.upload_part(B, "other", ended, 1, b"gone")
     engine.abort_multipart_upload(B, "other", ended)
     assert [u.upload_id for u, _ in engine.open_parts_here()] == [up]
+
+
+def test_a_copy_racing_the_end_of_its_upload_is_swept(engine):
+    up = engine.create_multipart_upload(B, K).upload_id
+    data = os.urandom(3000)
+    name = _name(1)
+
+    def pieces_then_abort():  # the upload is aborted while the copy's bytes arrive
+        yield from _pieces(data)[:1]
+        engine.abort_multipart_upload(B, K, up)
+        yield from _pieces(data)[1:]
+
+    assert engine.receive_part(B, K, up, name, hashlib.md5(data).hexdigest(), len(data), pieces_then_abort())
+    folder = engine.data_dir / "uploads" / up
+    assert os.listdir(folder) == [name]  # it landed after the abort's deletes
+    assert engine.open_parts_here() == []  # never copied again: its upload is not open
+    with pytest.raises(NoSuchUpload):  # and no node takes a copy of it now
+        engine.receive_part(B, K, up, _name(2), hashlib.md5(data).hexdigest(), len(data), _pieces(data))
+    old = time.time() - 7200
+    os.utime(folder / name, (old, old))
+    os.utime(folder, (old, old))
+    assert engine.free_unnamed_parts(3600) == 2  # the orphan sweep takes the file and the folder
+    assert not folder.exists()
