@@ -20,6 +20,12 @@ bytes are written in place into the object being built and checked against
 the part's MD5 as they arrive. Bytes that fail are overwritten by the next
 member's; a member that lacks the file says so at once.
 
+**Copies made again** (:meth:`PartCopies.holders`, :meth:`PartCopies.copy_more`,
+used by :mod:`gpufeed._partrepair` after a member is lost): which other live
+members hold which part files of an upload (PART ``has``, all members at
+once), and a copy to more members in the upload's rank order, checked and
+fsynced like the first ones.
+
 **Deletes** (:meth:`PartCopies.drop`): abort, completion, a replaced part and a
 refused part ask every other live member, all at once, to delete the files
 (waiting at most the fetch timeout for each); a member that
@@ -78,21 +84,8 @@ class PartCopies:
             return []
         peers = self._peers()
         need = min(self._r.factor, len(peers) + 1) - 1
-        got: list[str] = []
-        errors: list[str] = []
         req = p.PartFile("put", bucket, key, upload_id, [file], os.path.getsize(path), md5)
-        for node in rank(upload_id.encode(), peers):
-            if len(got) >= need:
-                break
-            info = peers[node]
-            try:
-                self._ask(info, req, self._r.timeout_s, path=path)
-                got.append(node)
-            except NoSuchUpload:
-                self._drop_on([peers[n] for n in got], bucket, key, upload_id, [file])
-                raise
-            except (OSError, ProtocolError, GpufeedError) as exc:
-                errors.append(_why(info, exc, self._r.timeout_s, "GPUFEED_CLUSTER_COPY_TIMEOUT_S"))
+        got, errors = self._send_ranked(peers, req, path, need)
         if len(got) < need:
             self._drop_on([peers[n] for n in got], bucket, key, upload_id, [file])
             why = "; ".join(errors) or "no other live member to take it"
@@ -101,6 +94,81 @@ class PartCopies:
                 f"replication factor {self._r.factor} needs with {len(peers) + 1} live members ({why}); the part "
                 "was not stored (GPUFEED_CLUSTER_REPLICAS)")
         return got
+
+    def _send_ranked(self, peers: dict[str, NodeInfo], req: p.PartFile, path: str,
+                     need: int) -> tuple[list[str], list[str]]:
+        """Send the part file at ``path`` (PART ``req``) to ``need`` of ``peers``, in
+        the upload's rank order, the next-ranked one taking over from one that fails.
+
+        Returns:
+            ``(node ids that took it, one line per failure)``.
+
+        Raises:
+            NoSuchUpload: a member found the upload ended meanwhile (the copies
+                made are deleted again).
+        """
+        got: list[str] = []
+        errors: list[str] = []
+        for node in rank(req.upload_id.encode(), peers):
+            if len(got) >= need:
+                break
+            info = peers[node]
+            try:
+                self._ask(info, req, self._r.timeout_s, path=path)
+                got.append(node)
+            except NoSuchUpload:
+                self._drop_on([peers[n] for n in got], req.bucket, req.key, req.upload_id, list(req.files))
+                raise
+            except (OSError, ProtocolError, GpufeedError) as exc:
+                errors.append(_why(info, exc, self._r.timeout_s, "GPUFEED_CLUSTER_COPY_TIMEOUT_S"))
+        return got, errors
+
+    def copy_more(self, bucket: str, key: str, upload_id: str, file: str, path: str, md5: str,
+                  have: set[str], need: int) -> tuple[list[str], list[str]]:
+        """Copy part file ``file`` (at ``path``, hex MD5 ``md5``) to ``need`` more live
+        members that are not in ``have``, in the upload's rank order (the copies
+        re-replication makes; each is checked and fsynced as :meth:`push`'s are).
+
+        Returns:
+            ``(node ids that took it, one line per failure)``.
+
+        Raises:
+            NoSuchUpload: a member found the upload ended meanwhile.
+        """
+        peers = {n: info for n, info in self._peers().items() if n not in have}
+        req = p.PartFile("put", bucket, key, upload_id, [file], os.path.getsize(path), md5)
+        return self._send_ranked(peers, req, path, need)
+
+    def holders(self, bucket: str, key: str, upload_id: str, files: list[str]) -> dict[str, set[str]]:
+        """Which other live members hold each of part files ``files``: all members
+        are asked at once (PART ``has``, :data:`~gpufeed.wire.protocol.PART_HAS_MAX`
+        names a request). A member that does not answer counts as holding none of
+        them (logged at INFO).
+
+        Returns:
+            ``{file: node ids}``.
+        """
+        found: dict[str, set[str]] = {f: set() for f in files}
+        peers = list(self._peers().values())
+
+        def one(info: NodeInfo) -> tuple[str, list[str]]:
+            held: list[str] = []
+            try:
+                for i in range(0, len(files), p.PART_HAS_MAX):
+                    req = p.PartFile("has", bucket, key, upload_id, files[i:i + p.PART_HAS_MAX])
+                    held += self._ask(info, req, self.fetch_timeout_s).files
+            except (OSError, ProtocolError, GpufeedError) as exc:
+                log.info("part files of upload %s: node %s did not say which it holds: %s", upload_id,
+                         info.node_id, _why(info, exc, self.fetch_timeout_s, "GPUFEED_CLUSTER_FETCH_TIMEOUT_S"))
+            return info.node_id, held
+
+        if peers:
+            with ThreadPoolExecutor(len(peers), thread_name_prefix="gpufeed-part-has") as pool:
+                for node, held in pool.map(one, peers):
+                    for f in held:
+                        if f in found:
+                            found[f].add(node)
+        return found
 
     def fetch(self, bucket: str, key: str, upload_id: str, file: str, md5: str, size: int, fd: int,
               offset: int) -> None:
@@ -151,10 +219,10 @@ class PartCopies:
                 list(pool.map(one, nodes))
 
     def _ask(self, info: NodeInfo, req: p.PartFile, timeout_s: float, *, path: str | None = None,
-             into: tuple[int, int, int, str] | None = None) -> int:
+             into: tuple[int, int, int, str] | None = None) -> p.PartFileReply:
         """One PART request on a fresh authenticated connection to ``info``: the file
         at ``path`` as its payload (put), the reply's payload written and checked
-        ``into`` ``(fd, offset, size, md5)`` (get). Returns the reply's ``size``.
+        ``into`` ``(fd, offset, size, md5)`` (get). Returns the reply.
 
         Raises:
             GpufeedError: the node's error reply, as its own type.
@@ -174,7 +242,7 @@ class PartCopies:
                 _receive_checked(sock, payload, *into)
             elif payload:
                 raise ProtocolError(f"a payload of {payload} bytes on a PART {req.action!r} reply")
-            return reply.size
+            return reply
 
 
 def _answer(sock: socket.socket) -> tuple[bytes, int]:

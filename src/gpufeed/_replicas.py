@@ -41,6 +41,10 @@ lack it and recording the new copies; at most ``rate_bytes_s`` bytes per second 
 sent (files go 64 at a time, over one connection per target node, with a
 pause after each group).
 
+After each pass the re-replicator also restores the copies of the part
+files of open uploads that the node holds, when a member it last checked
+with is gone (:mod:`gpufeed._partrepair`).
+
 **Rebalancing** (:meth:`ReReplicator.rebalance_pass`, after each pass while
 the set of live members differs from the one it last balanced for: a node
 joined, came back, or left): each node walks the data files it holds (as
@@ -70,6 +74,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from ._peers import PeerLink, read_reply
 from .engine import Engine
@@ -80,6 +85,9 @@ from .engine._room import NodeRoom, node_fits
 from .engine.types import ChunkRecord
 from .errors import GpufeedError, NoSuchKey, ProtocolError, ServiceUnavailable, StorageFull
 from .wire import protocol as p
+
+if TYPE_CHECKING:
+    from ._partrepair import PartRestorer
 
 __all__ = ["Replicas", "ReReplicator"]
 
@@ -298,6 +306,8 @@ class ReReplicator:
         orphan_grace_s: data files in the folder that no chunk names are deleted
             once this many seconds old (checked about every quarter of it, at
             most once a pass; 0: never).
+        parts: restores the copies of this node's part files of open uploads
+            after each pass, paced with the data files (``None``: it does not).
 
     Attributes:
         copied_files, copied_bytes: what it copied since start.
@@ -306,7 +316,8 @@ class ReReplicator:
     """
 
     def __init__(self, engine: Engine, replicas: Replicas, *, interval_s: float, rate_bytes_s: float,
-                 batch: int = 500, orphan_grace_s: float = 0.0, rebalance: bool = True) -> None:
+                 batch: int = 500, orphan_grace_s: float = 0.0, rebalance: bool = True,
+                 parts: PartRestorer | None = None) -> None:
         if not interval_s > 0 or not rate_bytes_s > 0:
             raise ValueError("the re-replication interval and rate must be > 0")
         self._engine, self._r = engine, replicas
@@ -324,6 +335,7 @@ class ReReplicator:
         self.last_rebalance: dict[str, int] = {}
         self._balanced_for: frozenset[str] | None = None  # live members of the last complete rebalance
         self._rebalance_tries = 0
+        self.parts = parts
 
     def start(self) -> None:
         """Start the thread."""
@@ -346,6 +358,8 @@ class ReReplicator:
                     self._swept_at = time.monotonic()
                     self.freed_files += self._engine.free_unnamed_files(self.orphan_grace_s)
                     self.freed_files += self._engine.free_unnamed_parts(self.orphan_grace_s)
+                if self.parts is not None:
+                    self.parts.run_pass(self._pace, self._stop)
             except GpufeedError as exc:
                 log.warning("re-replication pass stopped: %s", exc.message)
             except Exception:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ._cluster import ClusterMember, advertised_host
 from ._metrics import NodeMetrics
 from ._partcopies import PartCopies
+from ._partrepair import PartRestorer
 from ._peers import PeerLink
 from ._replicas import Replicas, ReReplicator
 from .config import DEFAULT_SECRET_KEY, NodeConfig
@@ -360,11 +361,13 @@ class Node:
             engine.use_peers(link.fetch, self.replicas.push if cfg.cluster_replicas > 1 else None,
                              copy_max_bytes=cfg.cluster_copy_max_bytes, repair_queue=cfg.cluster_repair_queue,
                              fetch_cache_bytes=cfg.cluster_fetch_cache_bytes)
-            engine.use_part_peers(PartCopies(self.replicas, link, cfg.cluster_fetch_timeout_s))
+            part_copies = PartCopies(self.replicas, link, cfg.cluster_fetch_timeout_s)
+            engine.use_part_peers(part_copies)
             self.rereplicator = ReReplicator(engine, self.replicas, interval_s=cfg.cluster_rereplicate_interval_s,
                                              rate_bytes_s=cfg.cluster_rereplicate_bytes_s,
                                              orphan_grace_s=cfg.cluster_orphan_grace_s,
-                                             rebalance=cfg.cluster_rebalance)
+                                             rebalance=cfg.cluster_rebalance,
+                                             parts=PartRestorer(engine, part_copies, self.replicas))
             self.rereplicator.start()
         warnings = []
         if not engine.catalog_is_shared:

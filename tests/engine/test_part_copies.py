@@ -83,3 +83,48 @@ def test_the_sweep_frees_old_unnamed_part_files_and_empty_folders(engine):
         os.utime(path, (old, old))
     assert engine.free_unnamed_parts(3600) == 2  # the stray file and the empty folder
     assert os.listdir(folder) == [named] and not ended.exists()
+
+
+def test_held_files_and_the_open_uploads_with_parts_here(engine):
+    assert engine.open_parts_here() == []  # no upload folder: no catalog query needed
+    up = engine.create_multipart_upload(B, K).upload_id
+    assert engine.open_parts_here() == []  # a folder without parts
+    engine.upload_part(B, K, up, 1, b"first")
+    engine.upload_part(B, K, up, 2, b"second")
+    stray = _name(3)
+    engine.receive_part(B, K, up, stray, hashlib.md5(b"x").hexdigest(), 1, [memoryview(b"x")])
+    named = sorted(n for n in os.listdir(engine.data_dir / "uploads" / up) if n != stray)
+    os.unlink(engine.part_file_path(up, named[1]))  # part 2's file is on other nodes only
+    [(info, recs)] = engine.open_parts_here()
+    assert (info.bucket, info.key, info.upload_id) == (B, K, up)
+    assert [(r.info.part_number, r.file) for r in recs] == [(1, named[0])]  # the stray file is no part
+    assert engine.held_part_files(up, [named[0], named[1], stray]) == [named[0], stray]
+    with pytest.raises(InvalidArgument):
+        engine.held_part_files(up, ["../node.id"])
+    ended = engine.create_multipart_upload(B, "other").upload_id
+    engine.upload_part(B, "other", ended, 1, b"gone")
+    engine.abort_multipart_upload(B, "other", ended)
+    assert [u.upload_id for u, _ in engine.open_parts_here()] == [up]
+
+
+def test_a_copy_racing_the_end_of_its_upload_is_swept(engine):
+    up = engine.create_multipart_upload(B, K).upload_id
+    data = os.urandom(3000)
+    name = _name(1)
+
+    def pieces_then_abort():  # the upload is aborted while the copy's bytes arrive
+        yield from _pieces(data)[:1]
+        engine.abort_multipart_upload(B, K, up)
+        yield from _pieces(data)[1:]
+
+    assert engine.receive_part(B, K, up, name, hashlib.md5(data).hexdigest(), len(data), pieces_then_abort())
+    folder = engine.data_dir / "uploads" / up
+    assert os.listdir(folder) == [name]  # it landed after the abort's deletes
+    assert engine.open_parts_here() == []  # never copied again: its upload is not open
+    with pytest.raises(NoSuchUpload):  # and no node takes a copy of it now
+        engine.receive_part(B, K, up, _name(2), hashlib.md5(data).hexdigest(), len(data), _pieces(data))
+    old = time.time() - 7200
+    os.utime(folder / name, (old, old))
+    os.utime(folder, (old, old))
+    assert engine.free_unnamed_parts(3600) == 2  # the orphan sweep takes the file and the folder
+    assert not folder.exists()

@@ -117,6 +117,16 @@ def test_error_reply_says_when_a_delete_marker_was_in_the_way():
     assert err.code == "NoSuchKey" and err.details == {"delete_marker": True, "version_id": VID}
 
 
+def test_part_reply_names_files_only_for_has():
+    # PART reply [size, files]: put/get/drop keep the first form [size]
+    assert p.encode(p.PartFileReply(5)) == bytes([0x91, 0x05])
+    name = "00001." + "ab" * 16
+    golden = bytes([0x92, 0x01, 0x91]) + str8(name)
+    assert p.encode(p.PartFileReply(1, (name,))) == golden
+    assert p.decode(p.PartFileReply, golden) == p.PartFileReply(1, (name,))
+    assert p.decode(p.PartFileReply, bytes([0x91, 0x05])) == p.PartFileReply(5)
+
+
 def test_unknown_trailing_fields_are_ignored():
     """Fields are only ever added at the end: a receiver reads the ones it knows."""
     # HEAD is [bucket, key, version_id, snapshot]; a fifth element is one it does not know

@@ -17,6 +17,10 @@ sender). Abort, completion and a replaced part delete the files on every
 node (:meth:`PartCopyCalls.drop_part_files`); a node that missed that (it was
 down) deletes them at its next start (the start-up sweep keeps only the part
 files a part row names) or by :meth:`PartCopyCalls.free_unnamed_parts`.
+After a node is lost, the nodes find the parts they hold
+(:meth:`PartCopyCalls.open_parts_here`) and which of them the others hold
+(:meth:`PartCopyCalls.held_part_files`, PART ``has``) to copy them again
+(:mod:`gpufeed._partrepair`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from ..errors import BadDigest, InternalError, InvalidArgument, NoSuchKey, NoSuc
 from ._blobs import BlobFiles, remove_quietly, write_all
 from ._multipart import get_upload
 from ._replicas import COPY_MAX_BYTES
-from .catalog import Catalog
+from .catalog import Catalog, PartRecord
+from .types import UploadInfo
 
 if TYPE_CHECKING:
     from ._multipart import Multipart
@@ -171,6 +176,48 @@ class PartCopyCalls:
             yield fd, os.fstat(fd).st_size
         finally:
             os.close(fd)
+
+    def held_part_files(self, upload_id: str, files: list[str]) -> list[str]:
+        """The part files of ``files`` that are in this node's folder of the upload.
+
+        Raises:
+            InvalidArgument: a malformed id or name.
+        """
+        check_part_file(upload_id)
+        for f in files:
+            check_part_file(upload_id, f)
+        return [f for f in files if os.path.isfile(self._files.part_path(upload_id, f))]
+
+    def part_file_path(self, upload_id: str, file: str) -> str:
+        """Where part file ``file`` of an upload is (or would be) in this node's folder.
+
+        Raises:
+            InvalidArgument: a malformed id or name.
+        """
+        check_part_file(upload_id, file)
+        return self._files.part_path(upload_id, file)
+
+    def open_parts_here(self) -> list[tuple[UploadInfo, list[PartRecord]]]:
+        """The open uploads that have part files in this node's folder, each with
+        the parts whose file (the one its part row names) is here, by part number.
+        One catalog query for the open uploads when this node has an upload
+        folder, then one per such upload; none when it has none."""
+        try:
+            with os.scandir(self._files.uploads) as it:
+                here = {e.name for e in it if e.is_dir(follow_symlinks=False) and _UPLOAD_ID_RE.fullmatch(e.name)}
+        except FileNotFoundError:
+            return []
+        if not here:
+            return []
+        found = []
+        for up in self._cat.idle_uploads(float("inf")):  # every open upload
+            if up.upload_id not in here:
+                continue
+            recs = [r for r in self._cat.parts(up.upload_id)
+                    if os.path.isfile(self._files.part_path(up.upload_id, r.file))]
+            if recs:
+                found.append((up, recs))
+        return found
 
     def drop_part_files(self, bucket: str, key: str, upload_id: str, files: list[str]) -> int:
         """Delete this node's part files ``files`` of an upload that no part row

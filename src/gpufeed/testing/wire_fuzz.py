@@ -168,7 +168,7 @@ def _valid(rng: random.Random, op: int) -> list[Any]:
                     -1, 0, vid],
         p.Op.LOCATE: [b, k, vid],
         p.Op.LEASE: [b, k, vid],
-        p.Op.PART: [rng.choice(["put", "get", "drop", "x"]), b, k, rng.choice(["0" * 32, "../x"]),
+        p.Op.PART: [rng.choice(["put", "get", "drop", "has", "x"]), b, k, rng.choice(["0" * 32, "../x"]),
                     [rng.choice(["00001." + "0" * 32, "../x"])], 0, ""],
     }
     return requests[op]

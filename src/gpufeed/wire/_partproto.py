@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["PartFile", "PartFileReply", "PART_ACTIONS"]
+__all__ = ["PartFile", "PartFileReply", "PART_ACTIONS", "PART_HAS_MAX"]
 
 #: What a PART request may ask: store a copy of a part file (its bytes are the
-#: payload), send one back (the reply's payload), or delete part files.
-PART_ACTIONS = ("put", "get", "drop")
+#: payload), send one back (the reply's payload), delete part files, or say
+#: which of the part files named it holds.
+PART_ACTIONS = ("put", "get", "drop", "has")
+#: Most part files one ``has`` request names.
+PART_HAS_MAX = 1000
 
 
 class PartFile(msgspec.Struct, array_like=True, frozen=True):
@@ -19,7 +22,8 @@ class PartFile(msgspec.Struct, array_like=True, frozen=True):
     authenticated with its node key. ``put``: one file whose ``length`` bytes
     are the payload and whose hex MD5 must be ``md5`` (the part's ETag);
     ``get``: one file, sent back as the reply's payload; ``drop``: the files
-    named, or the upload's whole folder when ``files`` is empty."""
+    named, or the upload's whole folder when ``files`` is empty; ``has``: the
+    files named (at most :data:`PART_HAS_MAX`)."""
 
     action: str
     bucket: str
@@ -32,6 +36,9 @@ class PartFile(msgspec.Struct, array_like=True, frozen=True):
 
 class PartFileReply(msgspec.Struct, array_like=True, frozen=True):
     """``put``: bytes stored (0: the node had the file already); ``get``: the
-    payload's length; ``drop``: files (or folders) removed."""
+    payload's length; ``drop``: files (or folders) removed; ``has``: how many of
+    the files named the node holds, and ``files``, those files (empty, and left
+    out of the frame, for the other actions)."""
 
     size: int
+    files: tuple[str, ...] = ()

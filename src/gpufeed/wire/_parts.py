@@ -1,4 +1,4 @@
-"""The PART op (27): a cluster peer stores, fetches or deletes the part files
+"""The PART op (27): a cluster peer stores, fetches, deletes or looks for the part files
 of a multipart upload on this node (``docs/cluster.md``, "Multipart uploads
 across nodes"). Only a connection authenticated with a node key of a member
 may send it; the engine does the work (:mod:`gpufeed.engine._partcopies`).
@@ -33,15 +33,18 @@ def _refusal(conn: "Connection", req: p.PartFile, payload_len: int) -> GpufeedEr
         return AccessDenied("PART is accepted from the nodes of this node's cluster only")
     if req.action not in p.PART_ACTIONS:
         return InvalidArgument(f"PART action must be one of {', '.join(p.PART_ACTIONS)}, not {req.action!r}")
-    if req.action != "drop" and len(req.files) != 1:
+    if req.action in ("put", "get") and len(req.files) != 1:
         return InvalidArgument(f"PART {req.action!r} names one part file, not {len(req.files)}")
+    if req.action == "has" and len(req.files) > p.PART_HAS_MAX:
+        return InvalidArgument(f"PART 'has' names at most {p.PART_HAS_MAX} part files, not {len(req.files)}")
     return None
 
 
 def serve_part(engine: "Engine", conn: "Connection", rid: int, req: p.PartFile, payload_len: int) -> None:
     """Answer one PART request (on the connection's reader thread): ``put``
     replies once the copy is checked and durable, ``get`` sends the part file by
-    ``sendfile``, ``drop`` replies with the count removed.
+    ``sendfile``, ``drop`` replies with the count removed, ``has`` with the
+    files named that this node holds.
 
     Raises:
         ProtocolError: the payload length disagrees with the request, or the
@@ -60,6 +63,9 @@ def serve_part(engine: "Engine", conn: "Connection", rid: int, req: p.PartFile, 
         elif req.action == "get":
             with engine.held_part(req.bucket, req.key, req.upload_id, req.files[0]) as (fd, size):
                 conn.reply_with_files(p.Op.PART, rid, p.PartFileReply(size), [(fd, 0, size)] if size else [])
+        elif req.action == "has":
+            held = engine.held_part_files(req.upload_id, list(req.files))
+            conn.reply(p.Op.PART, rid, p.PartFileReply(len(held), tuple(held)))
         else:
             removed = engine.drop_part_files(req.bucket, req.key, req.upload_id, list(req.files))
             conn.reply(p.Op.PART, rid, p.PartFileReply(removed))

@@ -42,7 +42,7 @@ from typing import Any
 import msgspec
 
 from ..errors import GpufeedError, InvalidArgument, ProtocolError, error_from_code
-from ._partproto import PART_ACTIONS, PartFile, PartFileReply
+from ._partproto import PART_ACTIONS, PART_HAS_MAX, PartFile, PartFileReply
 
 __all__ = [
     "MAGIC", "VERSION", "HEADER", "HEADER_SIZE", "MAX_META", "Op", "REPLY", "ERROR_OP",
@@ -53,6 +53,7 @@ __all__ = [
     "close_fds", "ListEntry", "MapReply", "decode", "Auth", "AuthReply", "auth_key", "auth_proof", "ChunkReq",
     "ChunkReply", "CopyChunk", "ChunkPut", "ChunkPutReply", "GetRanges", "GetRangesReply", "MAX_RANGES",
     "MAX_RANGE_BYTES", "Member", "LocateReply", "LeaseReply", "PartFile", "PartFileReply", "PART_ACTIONS",
+    "PART_HAS_MAX",
     "AUTH_LABEL", "NONCE_BYTES", "MapExtentsReply", "FDS_PER_MESSAGE",
 ]
 
@@ -542,7 +543,7 @@ REPLY_TYPES: dict[int, type] = {
 #: Messages that gained trailing fields after their first form: type -> number
 #: of fields of that form. :func:`encode` leaves the added fields out while they
 #: hold their defaults, so such a frame is the first form byte for byte.
-FIRST_FORM_FIELDS: dict[type, int] = {Head: 2, Get: 7, Delete: 2, ErrorReply: 2, List: 6}
+FIRST_FORM_FIELDS: dict[type, int] = {Head: 2, Get: 7, Delete: 2, ErrorReply: 2, List: 6, PartFileReply: 1}
 
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type, msgspec.msgpack.Decoder] = {}
