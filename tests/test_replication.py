@@ -170,6 +170,26 @@ def test_a_tag_only_change_reaches_the_target_without_data(pair, clients):
     a.replication_remove(bucket)
 
 
+def test_a_rule_whose_target_is_its_own_source_bucket_is_refused(pair, clients):
+    source, _ = pair
+    src, _ = clients
+    a = _admin(source)
+    for filled in (False, True):
+        bucket = "self-" + uuid.uuid4().hex[:8]
+        src.create_bucket(Bucket=bucket)
+        if filled:
+            src.put_object(Bucket=bucket, Key="k", Body=b"v")
+        with pytest.raises(InvalidRequestError, match="own source bucket"):
+            a.replication_add(bucket, source.s3_url, bucket, source.access_key, source.secret_key)
+        src.put_object(Bucket=bucket, Key="after", Body=b"still writable")
+        with pytest.raises(NoSuchReplicationRule):
+            a.replication_status(bucket)
+    other = "other-" + uuid.uuid4().hex[:8]  # another bucket of the same node is a fine target
+    src.create_bucket(Bucket=other)
+    a.replication_add(other, source.s3_url, other + "-copy", source.access_key, source.secret_key)
+    a.replication_remove(other)
+
+
 def test_a_target_bucket_that_is_not_empty_is_refused_and_kept(pair, clients):
     source, target = pair
     src, dst = clients

@@ -48,6 +48,7 @@ from ._replica_client import ReplicaClient
 from .engine import Engine
 from .engine._blobs import fsync_dir
 from .engine._private import FILE_MODE, make_private_dirs
+from .engine._replica import ADDING_CONFIG
 from .errors import (
     GpufeedError,
     InvalidAccessKeyId,
@@ -223,6 +224,8 @@ class Replicator:
             InvalidArgument: a kv bucket, bad arguments, or a rule exists for the bucket.
             BucketNotEmpty: the target bucket is not empty (and not already this
                 bucket's replica); nothing changed on either side.
+            InvalidRequestError: the target bucket is this bucket itself (the
+                target is this node, or a node sharing its catalog).
             ReplicationTargetUnavailable: the target cannot be reached (503).
             SignatureDoesNotMatch, InvalidAccessKeyId: the target refused the target key.
             GpufeedError: the target refused otherwise.
@@ -242,6 +245,7 @@ class Replicator:
                                    id=f"{bucket}-{uuid.uuid4().hex[:16]}", created=time.time(),
                                    counters=dict.fromkeys(_COUNTERS, 0))
             client = self._client(rule)
+            self._engine.put_bucket_config(bucket, ADDING_CONFIG, json.dumps({"source": rule.id}))
             try:
                 client.claim()
             except (SignatureDoesNotMatch, InvalidAccessKeyId) as exc:
@@ -254,6 +258,7 @@ class Replicator:
                                                    "no rule was added") from exc
             finally:
                 client.close()
+                self._engine.delete_bucket_config(bucket, ADDING_CONFIG)
             self._save(rule)
         return self.status(bucket)
 

@@ -71,11 +71,14 @@ if TYPE_CHECKING:
     from ._handles import ObjectHandle
     from ._writes import PendingWrite
 
-__all__ = ["ReplicaTarget", "REPLICA_CONFIG", "REPLICA_REFUSED_ACTIONS", "MAX_REPLICA_CHUNK_BYTES",
+__all__ = ["ReplicaTarget", "REPLICA_CONFIG", "ADDING_CONFIG", "REPLICA_REFUSED_ACTIONS", "MAX_REPLICA_CHUNK_BYTES",
            "MAX_LACK_DIGESTS", "STAGING_DIR"]
 
 #: The bucket configuration document that marks a replica.
 REPLICA_CONFIG = "gpufeed-replica"
+#: Set on a source bucket while a rule to it is being added (``{"source": rule id}``):
+#: a claim that finds its own source id there is a claim of the source bucket itself.
+ADDING_CONFIG = "gpufeed-replication-adding"
 #: What a replica was when failover promoted it (its last mark and ``promoted_at``).
 PROMOTED_CONFIG = "gpufeed-replica-promoted"
 #: Folder of the data folder where received chunks wait for their version's commit.
@@ -222,11 +225,18 @@ class ReplicaTarget:
         Raises:
             BucketNotEmpty: the bucket holds objects (or snapshots) and is not
                 already the replica of ``source``; nothing changed.
-            InvalidRequestError: it is the replica of another source.
+            InvalidRequestError: it is the replica of another source, or it is
+                the source bucket itself (the same node, or a member of the
+                same cluster: :data:`ADDING_CONFIG` names ``source`` there).
             InvalidArgument: a bad source id or bucket name.
         """
         if not isinstance(source, str) or not 0 < len(source) <= 128:
             raise InvalidArgument("a replication source id is a string of 1-128 characters")
+        adding = self._cat.bucket_config(bucket, ADDING_CONFIG) if self._cat.bucket(bucket) is not None else None
+        if adding and json.loads(adding).get("source") == source:
+            raise InvalidRequestError(f"bucket {bucket!r} is the replication rule's own source bucket (the target "
+                                      "is this node, or a node sharing its catalog); replicate to a bucket of "
+                                      "another site. Nothing was changed", bucket=bucket)
         if self._cat.bucket(bucket) is None:
             try:
                 self.create_bucket(bucket, owner=owner)
