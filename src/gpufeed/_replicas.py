@@ -153,6 +153,17 @@ class Replicas:
         """
         if self.factor <= 1:
             return {f: [] for f, _ in files}
+        reserved: dict[str, int] = {}  # bytes this node's room counts for its staged files until placed
+        try:
+            return self._push(files, reserved)
+        finally:
+            if self.room is not None:
+                for n in reserved.values():
+                    self.room.release(n)
+
+    def _push(self, files: Files, reserved: dict[str, int]) -> dict[str, list[str]]:
+        """:meth:`push`; this node's room reserves the bytes of each staged file it
+        has room for in ``reserved`` (the caller releases them)."""
         me = self.node_id
         peers = {n.node_id: n for n in self.live() if n.node_id != me and n.wire_port}
         factor = min(self.factor, len(peers) + 1)
@@ -161,7 +172,8 @@ class Replicas:
         room_here: set[str] = set()  # files this node has room for, ranked past the targets or not
         for f, recs in files:
             size = copy_length(recs)
-            fits = [n for n in rank(f.encode(), [me, *peers]) if self._room_for_staged(n, peers, f, size)]
+            fits = [n for n in rank(f.encode(), [me, *peers])
+                    if self._room_for_staged(n, peers, f, size, reserved)]
             if len(fits) < factor:
                 raise StorageFull(self._no_room(f, size, factor, peers, fits))
             (keep if me in fits[:factor] else move).append((f, recs))
@@ -182,10 +194,15 @@ class Replicas:
                 self.room.add_file(self._engine.data_file_path(f), copy_length(recs))
         return got
 
-    def _room_for_staged(self, node: str, peers: dict[str, NodeInfo], file: str, size: int) -> bool:
-        """Whether ``node`` has room for a write's data file ``file`` (in this node's folder already)."""
+    def _room_for_staged(self, node: str, peers: dict[str, NodeInfo], file: str, size: int,
+                         reserved: dict[str, int]) -> bool:
+        """Whether ``node`` has room for a write's data file ``file`` (in this node's
+        folder already); this node's room reserves the bytes (into ``reserved``)."""
         if node == self.node_id and self.room is not None:
-            return self.room.fits_staged(self._engine.data_file_path(file), size)
+            got = self.room.claim_staged(self._engine.data_file_path(file), size)
+            if got > 0:
+                reserved[file] = got
+            return got >= 0
         return self.fits(node, peers.get(node), size)
 
     def _no_room(self, file: str, size: int, factor: int, peers: dict[str, NodeInfo], fits: list[str]) -> str:

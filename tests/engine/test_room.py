@@ -77,3 +77,38 @@ def test_the_status_report_shows_each_members_figures():
     assert (rows["n1"]["bytes_stored"], rows["n1"]["capacity_bytes"], rows["n1"]["free_bytes"]) == (
         900, 1 << 30, 20 << 20)
     assert rows["n3"]["free_bytes"] is None and rows["n3"]["capacity_bytes"] == 0
+
+
+def test_admitted_bytes_count_at_once_so_concurrent_checks_cannot_pass_the_capacity(tmp_path):
+    import threading
+
+    room = NodeRoom(tmp_path, capacity_bytes=10_000, count_interval_s=3600, statvfs=_Disk(1 << 30, 1 << 29))
+    results: list[str] = []
+
+    def take() -> None:
+        try:
+            room.reserve(4000)
+            results.append("kept")
+        except StorageFull:
+            results.append("full")
+
+    threads = [threading.Thread(target=take) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["full"] * 4 + ["kept"] * 2  # 2 x 4000 fit in 10,000, a third does not
+    assert room.usage().used_bytes == 8000
+    room.release(4000)
+    assert room.usage().used_bytes == 4000
+    staged = _file(tmp_path / "blobs" / "ab" / "cd" / "w1", 5000)  # a write's staged file, after the walk
+    assert room.claim_staged(staged, 5000) == 5000  # 4000 + 5000 fit
+    assert room.claim_staged(_file(tmp_path / "blobs" / "ab" / "cd" / "w2", 5000), 5000) == -1
+    room.add_file(staged, 5000)
+    room.release(5000)
+    assert room.usage().used_bytes == 9000
+    capped = NodeRoom(tmp_path, capacity_bytes=19_000, count_interval_s=3600, statvfs=_Disk(1 << 30, 1 << 29),
+                      placing=False)
+    capped.check_write(5000)  # 10,000 walked + 5000: without placing, a write counts from its check on
+    with pytest.raises(StorageFull):
+        capped.check_write(5000)

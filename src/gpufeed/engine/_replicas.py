@@ -92,17 +92,23 @@ class ReplicaCalls:
         (which documents the errors), with the limit :meth:`use_peers` set; refused
         with ``StorageFull`` (nothing kept) when it does not fit (:meth:`use_room`)."""
         room = getattr(self, "_room", None)
+        reserved = 0
         if room is not None and not os.path.exists(self._chunks.file_path(file)):
             try:
-                room.check_keep(length)
+                room.reserve(length)  # counted at once: copies received together cannot pass the capacity
             except StorageFull:
                 for _ in pieces:  # read to the end: the connection stays framed
                     pass
                 raise
-        stored = receive_copy(self._chunks, file, records, length, pieces,
-                              getattr(self, "_copy_max_bytes", COPY_MAX_BYTES))
-        if stored and room is not None:
-            room.add_file(self._chunks.file_path(file), length)
+            reserved = length
+        try:
+            stored = receive_copy(self._chunks, file, records, length, pieces,
+                                  getattr(self, "_copy_max_bytes", COPY_MAX_BYTES))
+            if stored and room is not None:
+                room.add_file(self._chunks.file_path(file), length)
+        finally:
+            if room is not None:
+                room.release(reserved)
         return stored
 
     def data_file_path(self, file: str) -> str:

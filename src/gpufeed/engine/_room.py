@@ -131,6 +131,8 @@ class NodeRoom:
         self.placing = placing
         self._statvfs = statvfs
         self._lock = threading.Lock()
+        self._admit = threading.Lock()  # one check-and-reserve at a time (reserve, claim_staged)
+        self._pending = 0  # bytes admitted and not yet counted as stored (released by their taker)
         self._walked = 0
         self._added: list[tuple[float, int]] = []  # (ctime, bytes) of files stored since the walk began
         self._walked_at = -float("inf")
@@ -145,13 +147,13 @@ class NodeRoom:
         """The used bytes (a walk of the folder when the last is ``count_interval_s`` old)."""
         with self._lock:
             if time.monotonic() - self._walked_at < self.count_interval_s:
-                return self._walked + sum(n for _, n in self._added)
+                return self._walked + sum(n for _, n in self._added) + self._pending
         began = time.time()
         walked = folder_bytes(self.folder, skip=("tmp",))
         with self._lock:
             self._added = [(c, n) for c, n in self._added if c >= began]  # the walk may have missed them
             self._walked, self._walked_at, self._walk_began = walked, time.monotonic(), began
-            return walked + sum(n for _, n in self._added)
+            return walked + sum(n for _, n in self._added) + self._pending
 
     def usage(self) -> Usage:
         """The node's figures now."""
@@ -179,13 +181,54 @@ class NodeRoom:
         """Whether the data file of ``nbytes`` bytes at ``path``, in this node's folder
         already (a write's), may stay: its bytes are on the disk already, and in the
         used bytes when the last walk began after it was written."""
+        return self._staged_extra(path, nbytes) >= 0
+
+    def _staged_extra(self, path: str, nbytes: int) -> int:
+        """The bytes keeping the staged file at ``path`` adds to the used bytes,
+        or -1 when it does not fit (:meth:`fits_staged`)."""
         size, disk_free = self._disk()
         used = self.used()
         try:
             counted = os.stat(path).st_ctime < self._walk_began
         except OSError:
             counted = False
-        return used + (0 if counted else nbytes) <= (self.configured_bytes or size) and disk_free >= 0
+        extra = 0 if counted else nbytes
+        return extra if used + extra <= (self.configured_bytes or size) and disk_free >= 0 else -1
+
+    def claim_staged(self, path: str, nbytes: int) -> int:
+        """:meth:`fits_staged`, and when it fits, the bytes it adds counted as
+        used at once (pending), so that writes checked at the same time cannot
+        together pass the capacity; the caller calls :meth:`release` with the
+        answer once the file is counted (:meth:`add_file`) or gone.
+
+        Returns:
+            The bytes reserved (0: counted already), or -1: it does not fit.
+        """
+        with self._admit:
+            extra = self._staged_extra(path, nbytes)
+            if extra > 0:
+                with self._lock:
+                    self._pending += extra
+            return extra
+
+    def reserve(self, nbytes: int) -> None:
+        """:meth:`check_keep`, and the bytes counted as used at once (pending)
+        when they fit; the caller calls :meth:`release` once the file is
+        counted (:meth:`add_file`) or was not kept.
+
+        Raises:
+            StorageFull: they do not fit.
+        """
+        with self._admit:
+            self.check_keep(nbytes)
+            with self._lock:
+                self._pending += nbytes
+
+    def release(self, nbytes: int) -> None:
+        """Stop counting ``nbytes`` bytes :meth:`reserve` or :meth:`claim_staged` admitted."""
+        if nbytes > 0:
+            with self._lock:
+                self._pending -= nbytes
 
     def check_keep(self, nbytes: int) -> None:
         """Refuse to keep ``nbytes`` more bytes here when they do not fit.
@@ -203,13 +246,18 @@ class NodeRoom:
         """The check of a write through this node (:meth:`~._chunks.ChunkStore.check_room`):
         with placement, ``nbytes`` must fit on the disk above the reserve (the write's
         files go to the nodes with room, this one among them only when it has room);
-        without, they must fit as :meth:`check_keep` says.
+        without, they must fit as :meth:`check_keep` says, and are counted as used
+        from then on (until the next walk of the folder counts what was stored), so
+        writes checked at the same time cannot together pass the capacity.
 
         Raises:
             StorageFull: they do not.
         """
         if not self.placing:
-            self.check_keep(nbytes)
+            with self._admit:
+                self.check_keep(nbytes)
+                with self._lock:
+                    self._added.append((time.time(), nbytes))
             return
         _, disk_free = self._disk()
         if disk_free < nbytes:
