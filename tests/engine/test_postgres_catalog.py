@@ -94,6 +94,32 @@ def test_writers_of_two_catalogs_take_turns(postgres_url):
         b.close()
 
 
+def test_catalogs_opened_at_once_on_a_fresh_database_all_open(postgres_server):
+    """Nodes started together race to create the tables (PostgreSQL's CREATE
+    ... IF NOT EXISTS is not safe against itself): the losers retry, none fails."""
+    def open_one(url: str, start: threading.Barrier, opened: list, failed: list) -> None:
+        start.wait()
+        try:
+            opened.append(PostgresCatalog(url))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failed.append(exc)
+
+    for _ in range(3):
+        url = postgres_server.create_database("race")
+        start = threading.Barrier(6)
+        opened: list[PostgresCatalog] = []
+        failed: list[BaseException] = []
+        threads = [threading.Thread(target=open_one, args=(url, start, opened, failed)) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for c in opened:
+            c.close()
+        postgres_server.drop_database(url)
+        assert failed == [] and len(opened) == 6
+
+
 def test_newer_schema_is_refused(postgres_url):
     PostgresCatalog(postgres_url).close()
     with psycopg.connect(postgres_url, autocommit=True) as conn:

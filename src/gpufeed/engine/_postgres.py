@@ -37,7 +37,9 @@ https://www.postgresql.org/docs/15/transaction-iso.html
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cached_property
@@ -65,6 +67,8 @@ log = logging.getLogger("gpufeed.catalog")
 #: URL schemes that name a PostgreSQL catalog.
 URL_SCHEMES = ("postgresql://", "postgres://")
 _CONNECT_TIMEOUT_S = 5
+_SETUP_TRIES = 10  # nodes that lost a race creating the tables retry, after a short random wait
+_CREATE_RACES = (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable, psycopg.errors.DuplicateObject)
 #: Seconds between the server's TCP keepalive probes to a node's sessions.
 _KEEPALIVE_S = 30
 _SERVER_ENCODINGS = ("UTF8", "SQL_ASCII")
@@ -238,9 +242,10 @@ class PostgresCatalog(PgReads, Catalog):
                 raise InternalError(f"the catalog database {self.where} has encoding {encoding}; gpufeed needs "
                                     "UTF8 (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0)")
             self._configure(conn)
-            # One transaction, so a refusal leaves the database as it was; two nodes
-            # creating the tables at once: one of them retries.
-            for attempt in range(3):
+            # One transaction, so a refusal leaves the database as it was; nodes
+            # creating the tables at once (CREATE ... IF NOT EXISTS races in
+            # PostgreSQL's own catalog): the losers wait a moment and retry.
+            for attempt in range(_SETUP_TRIES):
                 try:
                     with conn.transaction():
                         refuse_foreign_tables(view._rows, self.where)
@@ -255,9 +260,11 @@ class PostgresCatalog(PgReads, Catalog):
                         if owner is not None and owner.startswith("node:") and self._holder:
                             view._rows("UPDATE chunks SET holder = %s WHERE holder = ''", (self._holder,))
                     break
-                except psycopg.errors.UniqueViolation:
-                    if attempt == 2:
+                except (psycopg.Error, InternalError) as exc:  # statements' errors come wrapped
+                    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+                    if attempt == _SETUP_TRIES - 1 or not isinstance(cause, _CREATE_RACES):
                         raise
+                    time.sleep(random.uniform(0.05, 0.25) * (attempt + 1))
         except psycopg.Error as exc:
             raise self._fail("creating the tables", exc) from exc
         finally:
