@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -182,7 +183,9 @@ def test_reads_fall_back_to_another_node_and_the_file_is_repaired(tmp_path, post
 
 
 def test_every_copy_damaged_serves_nothing_and_drops_the_damaged_copy(tmp_path, postgres_url):
-    nodes = [_member(tmp_path / n, postgres_url) for n in "abc"]
+    env = {**FAST, "GPUFEED_CLUSTER_REREPLICATE_INTERVAL_S": "0.3"}  # passes run: the damaged file is not pushed
+    nodes = [start_node(tmp_path / n, extra_args=["--catalog", postgres_url, "--cluster", "c1"], env=env)
+             for n in "abc"]
     a = nodes[0]
     try:
         s3 = a.boto3_client()
@@ -208,6 +211,12 @@ def test_every_copy_damaged_serves_nothing_and_drops_the_damaged_copy(tmp_path, 
         assert not _path(copy_node, file).exists() and _copy_rows(postgres_url, file) == []
         assert _admin(a).cluster_status()["under_replicated_chunks"] == 1
         assert [d["chunk"] for d in _admin(holder).damaged()["chunks"]] == [file]  # still marked
+        # re-replication passes leave the marked file alone (a copy would be refused), saying so once
+        wait_for(lambda: "re-replication of data file" in holder.log_path.read_text(), timeout_s=20)
+        time.sleep(1.5)  # several more passes
+        log = holder.log_path.read_text()
+        assert log.count(f"re-replication of data file {file} waits: chunk {file} is marked damaged") == 1, log
+        assert "copies made" not in log
     finally:
         for n in nodes:
             n.stop()

@@ -353,6 +353,7 @@ class ReReplicator:
         self._balanced_for: frozenset[str] | None = None  # live members of the last complete rebalance
         self._rebalance_tries = 0
         self.parts = parts
+        self._told_damaged: set[str] = set()  # damaged files not copied, logged once each
 
     def start(self) -> None:
         """Start the thread."""
@@ -389,6 +390,7 @@ class ReReplicator:
         factor = min(self._r.factor, len(live))
         counts = {"files": 0, "bytes": 0, "left": 0}
         after = ""
+        damaged = self._engine.damaged_chunk_ids() if factor > 1 and me in live else set()
         while factor > 1 and me in live and not self._stop.is_set():
             files = self._engine.under_replicated_files(sorted(live), factor, after, self._batch)
             if not files:
@@ -397,17 +399,20 @@ class ReReplicator:
             for i in range(0, len(files), _GROUP):
                 if self._stop.is_set():
                     break
-                done, sent, left = self._restore(files[i:i + _GROUP], live, factor)
+                done, sent, left = self._restore(files[i:i + _GROUP], live, factor, damaged)
                 counts["files"] += done
                 counts["bytes"] += sent
                 counts["left"] += left
         self.last_pass = counts
         return counts
 
-    def _restore(self, files: list[str], live: dict[str, NodeInfo], factor: int) -> tuple[int, int, int]:
+    def _restore(self, files: list[str], live: dict[str, NodeInfo], factor: int,
+                 damaged: set[str]) -> tuple[int, int, int]:
         """Copy the data files of ``files`` that this node is the one to copy (the
         first live holder by rank) to the live nodes they lack, one connection per
-        node. Returns ``(files restored, bytes sent, files left)``."""
+        node; a file with a chunk marked damaged (ids in ``damaged``) is left
+        until a repair clears the mark (its receivers would refuse it). Returns
+        ``(files restored, bytes sent, files left)``."""
         me = self._r.node_id
         by_need: dict[int, list[tuple[str, list[ChunkRecord]]]] = {}
         have: dict[str, set[str]] = {}
@@ -418,6 +423,17 @@ class ReReplicator:
             if not recs or not live_holders or rank(f.encode(), live_holders)[0] != me \
                     or not os.path.exists(self._engine.data_file_path(f)):
                 left += 1
+                continue
+            bad = [r.chunk_id for r in recs if r.chunk_id in damaged]
+            if bad:
+                left += 1
+                if f not in self._told_damaged:
+                    if len(self._told_damaged) > 10_000:
+                        self._told_damaged.clear()
+                    self._told_damaged.add(f)
+                    log.warning("re-replication of data file %s waits: chunk %s is marked damaged (a copy of it "
+                                "would be refused); scrub repairs it from a good copy, or see 'gpufeed scrub'",
+                                f, bad[0])
                 continue
             have[f] = set(holders)
             by_need.setdefault(factor - len(live_holders), []).append((f, recs))

@@ -125,6 +125,10 @@ class ReplicaCalls:
         recs = self._cat.file_records(file)
         return recs, (self._chunks.holders(recs[0]) if recs else [])
 
+    def damaged_chunk_ids(self) -> set[str]:
+        """Ids of the chunks marked damaged in the catalog (one read)."""
+        return set(self._cat.damaged_chunks())
+
     def under_replicated(self, live: list[str], factor: int) -> int:
         """Chunks with fewer than ``factor`` copies on the nodes ``live``."""
         return self._cat.under_replicated(live, factor)
