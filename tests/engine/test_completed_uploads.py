@@ -47,6 +47,35 @@ def test_repeated_completion_returns_the_same_version(engine):
     assert engine.get_object(B, "mp") == b"overwritten"  # the repeat changed nothing
 
 
+def test_completions_at_the_same_time_all_answer_the_version_one_of_them_made(engine):
+    import threading
+
+    for round_ in range(3):
+        key = f"race{round_}"
+        up = engine.create_multipart_upload(B, key)
+        p1 = engine.upload_part(B, key, up.upload_id, 1, b"a" * MIN_PART_BYTES)
+        p2 = engine.upload_part(B, key, up.upload_id, 2, b"tail")
+        parts = [(1, p1.etag), (2, p2.etag)]
+        start = threading.Barrier(4)
+        answers: list[object] = []
+
+        def complete(key: str = key, upload_id: str = up.upload_id, parts: list = parts,
+                     start: threading.Barrier = start, answers: list = answers) -> None:
+            start.wait()
+            try:
+                answers.append(engine.complete_multipart_upload(B, key, upload_id, parts).etag)
+            except Exception as exc:  # noqa: BLE001 - asserted below
+                answers.append(exc)
+
+        threads = [threading.Thread(target=complete) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(answers) == 4 and len(set(answers)) == 1 and isinstance(answers[0], str), answers
+        assert engine.get_object(B, key) == b"a" * MIN_PART_BYTES + b"tail"
+
+
 def test_object_parts_of_multipart_and_plain_versions(engine):
     _, _, info = _two_part_object(engine, "mp")
     parts = engine.object_parts(engine.head_object(B, "mp"))

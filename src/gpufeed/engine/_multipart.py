@@ -252,21 +252,40 @@ class Multipart:
         """Join the chosen parts into the object and drop the upload (one catalog transaction)."""
         if not parts:
             raise MalformedXML("CompleteMultipartUpload needs at least one part")
-        with self._cat.snapshot() as c:
-            try:
+        try:
+            with self._cat.snapshot() as c:
                 upload = get_upload(c, bucket, key, upload_id)
-            except NoSuchUpload:
-                done = c.completed_upload(upload_id)
-                if done is None or (done.bucket, done.key) != (bucket, key) or not _same_parts(done, parts):
-                    raise
-                repeated: ObjectInfo | None = _repeat_answer(c, done)
-            else:
-                repeated = None
                 have = {rec.info.part_number: rec for rec in c.parts(upload_id)}
-        if repeated is not None:
-            self.forget_parts(bucket, key, upload_id)  # a node that died mid-completion left them
+        except NoSuchUpload:
+            repeated = self._completed_as(bucket, key, upload_id, parts)  # a retry of one that committed
+            if repeated is None:
+                raise
             return repeated
-        chosen = _choose_parts(have, parts)
+        try:
+            return self._join(bucket, key, upload, _choose_parts(have, parts), if_match, if_none_match)
+        except (NoSuchUpload, InvalidPart):
+            repeated = self._completed_as(bucket, key, upload_id, parts)  # a completion at the same time won
+            if repeated is None:
+                raise
+            return repeated
+
+    def _completed_as(self, bucket: str, key: str, upload_id: str, parts: list[tuple[int, str]]) -> ObjectInfo | None:
+        """The answer of the completion of ``upload_id`` with the same parts that
+        already committed (a retry, or one at the same time through another
+        node), its leftover part files deleted; ``None`` when there is none."""
+        with self._cat.snapshot() as c:
+            done = c.completed_upload(upload_id)
+            if done is None or (done.bucket, done.key) != (bucket, key) or not _same_parts(done, parts):
+                return None
+            repeated = _repeat_answer(c, done)
+        self.forget_parts(bucket, key, upload_id)  # a node that died mid-completion left them
+        return repeated
+
+    def _join(self, bucket: str, key: str, upload: UploadInfo, chosen: list[PartRecord], if_match: str | None,
+              if_none_match: str | None) -> ObjectInfo:
+        """Write the object from the ``chosen`` parts and drop the upload in the same
+        catalog transaction (see :meth:`complete`)."""
+        upload_id = upload.upload_id
         # The part rows read above are the ones committed with (drop_upload checks
         # each part's file is unchanged), so these checksums describe its bytes.
         headers = dict(upload.headers)
