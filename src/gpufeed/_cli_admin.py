@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import time
 
@@ -378,6 +379,7 @@ def cluster() -> None:
               help="With --catalog: the cluster to show (default: the one that owns the catalog; "
                    "env GPUFEED_CLUSTER).")
 @click.option("--expiry", "expiry_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              callback=lambda _ctx, _param, v: _finite(v, "--expiry"),
               help="With --catalog or --data-dir: seconds without a heartbeat after which a node counts as "
                    "expired (default 10; env GPUFEED_CLUSTER_EXPIRY_S). A running node uses its own setting.")
 @JSON_OPTION
@@ -403,6 +405,17 @@ def cluster_status(ctx, cluster_name, expiry_s, as_json) -> None:
     _run(ctx, lambda a: a.cluster_status(expiry, cfg.cluster_replicas), as_json, _cluster_table)
 
 
+def _finite(value: float | None, name: str) -> float | None:
+    """``value`` unless it is not a finite number (``nan``, ``inf``).
+
+    Raises:
+        click.BadParameter: it is not finite.
+    """
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number of seconds", param_hint=name)
+    return value
+
+
 def _cluster_table(r: dict) -> str:
     """The report as a rich table, rendered to text."""
     import io
@@ -425,6 +438,8 @@ def _cluster_table(r: dict) -> str:
     out = io.StringIO()
     console = Console(file=out, width=170, force_terminal=False)
     console.print(table)
+    if not r["nodes"]:
+        console.print(f"no node of cluster {r['cluster']!r} has registered in this catalog (check --cluster)")
     console.print(f"bytes stored on live nodes: {r['bytes_stored']:,}")
     console.print(f"under-replicated chunks: {'n/a' if under is None else under} (replication factor "
                   f"{r.get('replicas', 'n/a')}: {r['under_replicated_note']})")

@@ -132,7 +132,7 @@ def replicate_sync(ctx, bucket, as_json) -> None:
     click.echo(json.dumps(r) if as_json else
                f"{r['snapshot']}: {r['objects_sent']} objects, {r['chunks_sent']} chunks "
                f"({_size(r['bytes_sent'])}) sent, {r['chunks_skipped']} chunks the target had, "
-               f"{r['deleted']} deleted" + (" (resumed)" if r["resumed"] else ""))
+               f"{r['deleted']} deleted, {r.get('retagged', 0)} retagged" + (" (resumed)" if r["resumed"] else ""))
 
 
 @replicate.command("remove")

@@ -82,7 +82,7 @@ main.add_command(replicate)
                    "unauthenticated (0 = free port; default off; env GPUFEED_METRICS_PORT).")
 @click.option("--capacity", type=SizeType(), default=None,
               help="Most bytes of data the folder may hold on disk; writes past it get 507 StorageFull "
-                   "(default no limit; env GPUFEED_CAPACITY).")
+                   "(default and 0: no limit; env GPUFEED_CAPACITY).")
 @click.option("--scrub-interval", type=float, default=None,
               help="Seconds between background scrubs (default 7 days; 0 = off; env GPUFEED_SCRUB_INTERVAL_S).")
 @click.option("--scrub-rate", type=SizeType(), default=None,
