@@ -30,7 +30,7 @@ demo: $(STAMP)
 	$(BIN)/gpufeed demo
 
 test: $(STAMP) $(LMCACHE_STAMP) lint
-	GPUFEED_LMCACHE_PATH=$(abspath $(LMCACHE)) GPUFEED_REQUIRE_LMCACHE=1 $(BIN)/python -m pytest -q -n 2
+	GPUFEED_LMCACHE_PATH=$(abspath $(LMCACHE)) GPUFEED_REQUIRE_LMCACHE=1 $(BIN)/python -m pytest -q -n 2 --durations=25
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check src tests
