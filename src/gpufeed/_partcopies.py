@@ -40,7 +40,7 @@ import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
-from ._peers import PIECE_BYTES, PeerLink
+from ._peers import PIECE_BYTES, PeerLink, recv_exact
 from ._replicas import Replicas
 from .engine._membership import NodeInfo
 from .engine._placement import rank
@@ -252,8 +252,8 @@ def _answer(sock: socket.socket) -> tuple[bytes, int]:
         GpufeedError: an error reply, as its own type.
         ProtocolError: a reply to another op.
     """
-    rop, meta_len, _, payload = p.unpack_header(_recv_exact(sock, p.HEADER_SIZE), max_meta=_REPLY_META_MAX)
-    got = _recv_exact(sock, meta_len)
+    rop, meta_len, _, payload = p.unpack_header(recv_exact(sock, p.HEADER_SIZE), max_meta=_REPLY_META_MAX)
+    got = recv_exact(sock, meta_len)
     if rop == p.ERROR_OP:
         raise p.error_from_reply(p.decode(p.ErrorReply, got))
     if rop != p.Op.PART | p.REPLY:
@@ -286,23 +286,9 @@ def _receive_checked(sock: socket.socket, payload: int, fd: int, offset: int, si
         raise ProtocolError(f"the bytes sent have MD5 {h.hexdigest()}, not the part's {md5}")
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    out = bytearray(n)
-    view = memoryview(out)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ProtocolError(f"the connection closed after {got} of {n} bytes")
-        got += k
-    return bytes(out)
-
-
 def _why(info: NodeInfo, exc: BaseException, timeout_s: float, setting: str) -> str:
     """One line naming the node and what went wrong with it."""
     where = f"node {info.node_id} at {info.host}:{info.wire_port}"
     if isinstance(exc, TimeoutError):
         return f"{where} did not answer within {timeout_s:.1f} s ({setting})"
     return f"{where}: {exc.message if isinstance(exc, GpufeedError) else exc}"
-
-

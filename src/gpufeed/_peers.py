@@ -39,7 +39,7 @@ from .errors import DamagedObject, GpufeedError, HolderUnavailable, ProtocolErro
 from .wire import protocol as p
 from .wire._auth import PEER_KEY_PREFIX
 
-__all__ = ["PeerLink", "node_secret", "PIECE_BYTES", "MEMBERS_MAX_AGE_S", "call", "request", "read_reply"]
+__all__ = ["PeerLink", "node_secret", "PIECE_BYTES", "MEMBERS_MAX_AGE_S", "call", "request", "read_reply", "recv_exact"]
 
 #: Seconds a member list read for LOCATE is answered again before it is read anew.
 MEMBERS_MAX_AGE_S = 0.5
@@ -221,7 +221,13 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from ``sock``.
+
+    Raises:
+        ProtocolError: the connection closed first.
+        OSError: as ``socket.recv_into`` (timeouts included).
+    """
     out = bytearray(n)
     view = memoryview(out)
     got = 0
@@ -256,8 +262,8 @@ def read_reply(sock: socket.socket, op: int, started: float) -> tuple[bytes, int
         HolderUnavailable, DamagedObject: the node answered with an error.
         ProtocolError: the reply is not a reply to it.
     """
-    rop, meta_len, _, payload = p.unpack_header(_recv_exact(sock, p.HEADER_SIZE), max_meta=64 << 10)
-    got = _recv_exact(sock, meta_len)
+    rop, meta_len, _, payload = p.unpack_header(recv_exact(sock, p.HEADER_SIZE), max_meta=64 << 10)
+    got = recv_exact(sock, meta_len)
     if rop == p.ERROR_OP:
         err = p.error_from_reply(p.decode(p.ErrorReply, got))
         if isinstance(err, DamagedObject):

@@ -17,7 +17,7 @@ completes the request's Future:
 - **A lone call.** :meth:`Connection.call` on a connection nobody is reading
   sends and reads on the calling thread holding the token from the start: no
   Future, no receiver wake-up.
-- **Read-ahead (TCP).** A receive smaller than :data:`READ_AHEAD_BYTES` takes
+- **Read-ahead (TCP).** A receive smaller than :data:`~gpufeed.wire._readahead.READ_AHEAD_BYTES` takes
   whatever has arrived into a buffer and serves the following receives from
   it, so a small reply (header, metadata and a 4 KiB payload) takes one system
   call. The shm transport's receives carry descriptors and read exactly what
@@ -38,6 +38,7 @@ from concurrent.futures import Future
 
 from ..errors import GpufeedError, InvalidArgument, ProtocolError, TransportError
 from ..wire import protocol as p
+from ..wire._readahead import ReadAhead
 from ._types import ReplyFuture
 
 __all__ = ["Connection", "connect_tcp", "connect_unix"]
@@ -55,8 +56,6 @@ _FOLLOWER_CHECK_S = 0.5
 #: Most buffers one ``recvmsg_into`` fills (Linux's ``IOV_MAX``).
 _IOV_MAX = 1024
 
-#: TCP: bytes one receive may take in beyond those asked for (see the module docstring).
-READ_AHEAD_BYTES = 64 << 10  # 64 KiB
 
 #: Room for the most descriptors one message carries (a MAP_EXTENTS reply's batch).
 _ANCILLARY_BYTES = socket.CMSG_SPACE(p.FDS_PER_MESSAGE * 4)
@@ -159,9 +158,8 @@ class Connection:
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # kicks the receiver
         self._wake_lock = threading.Lock()
         self._scratch: memoryview | None = None  # drains payloads nobody wanted
-        # TCP: bytes received ahead, [_ahead_pos, _ahead_end) (read by the token's holder only)
-        self._ahead = None if passes_fds else memoryview(bytearray(READ_AHEAD_BYTES))
-        self._ahead_pos = self._ahead_end = 0
+        # TCP: bytes received ahead (read by the token's holder only)
+        self._ahead = None if passes_fds else ReadAhead()
         self._receiving: _Pending | None = None  # whose payload is being read
         self._receiver = threading.Thread(target=self._receive_loop, name="gpufeed-recv", daemon=True)
         self._receiver.start()
@@ -295,25 +293,9 @@ class Connection:
             pos += got
 
     def _recv_ahead(self, mv: memoryview) -> int:
-        """One TCP receive into ``mv`` (0 at EOF): bytes received ahead first; a
-        receive smaller than :data:`READ_AHEAD_BYTES` goes through the read-ahead
-        buffer, which keeps what arrived beyond ``mv`` for the next receive."""
-        ahead = self._ahead
-        assert ahead is not None  # TCP only
-        pos = self._ahead_pos
-        have = self._ahead_end - pos
-        if have:
-            k = min(have, len(mv))
-            mv[:k] = ahead[pos:pos + k]
-            self._ahead_pos = pos + k
-            return k
-        if len(mv) >= READ_AHEAD_BYTES:
-            return self.sock.recv_into(mv)
-        got = self.sock.recv_into(ahead)
-        k = min(got, len(mv))
-        mv[:k] = ahead[:k]
-        self._ahead_pos, self._ahead_end = k, got
-        return k
+        """One TCP receive into ``mv`` through the read-ahead buffer (0 at EOF)."""
+        assert self._ahead is not None  # TCP only
+        return self._ahead.recv_into(self.sock, mv)
 
     # --- reading replies: leader/follower ---------------------------------------------
     def _await(self, fut: ReplyFuture) -> None:
@@ -416,7 +398,7 @@ class Connection:
 
     def _reply_waiting(self, poller: select.poll) -> bool:
         """Whether reply bytes (or the end) are there to read now."""
-        if self._ahead_end > self._ahead_pos:  # received ahead
+        if self._ahead is not None and self._ahead.pending:  # received ahead
             return True
         try:
             fd = self.sock.fileno()
@@ -527,7 +509,7 @@ class Connection:
                 ``request_timeout_s``.
         """
         i = 0
-        while i < len(bufs) and self._ahead_end > self._ahead_pos:  # bytes received ahead first
+        while i < len(bufs) and self._ahead is not None and self._ahead.pending:  # bytes received ahead first
             b = bufs[i]
             k = self._recv_ahead(b)
             if k < len(b):

@@ -34,9 +34,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import BadDigest, InternalError, InvalidArgument, NoSuchKey, NoSuchUpload, StorageFull
-from ._blobs import BlobFiles, remove_quietly, write_all
+from ._blobs import BlobFiles, remove_quietly
 from ._multipart import get_upload
-from ._replicas import COPY_MAX_BYTES
+from ._replicas import COPY_MAX_BYTES, write_pieces
 from .catalog import Catalog, PartRecord
 from .types import UploadInfo
 
@@ -288,16 +288,7 @@ def _write_hashed(fd: int, pieces: Iterable[memoryview], file: str) -> str:
         StorageFull, InternalError: a write failed.
     """
     h = hashlib.md5()
-    pos = 0
-    failure: OSError | None = None
-    for piece in pieces:
-        if failure is None:
-            try:
-                write_all(fd, piece, pos)
-            except OSError as exc:
-                failure = exc
-            h.update(piece)
-        pos += len(piece)
+    failure = write_pieces(fd, pieces, h)
     if failure is not None:
         if failure.errno == 28:  # ENOSPC
             raise StorageFull(f"the disk of the data folder is full: {failure}")

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ._chunks import ChunkStore, Staged
 
 __all__ = ["PushFiles", "replicate_staged", "record_copies", "receive_copy", "copy_length", "COPY_MAX_BYTES",
-           "ReplicaCalls", "Placed"]
+           "ReplicaCalls", "Placed", "write_pieces"]
 
 #: ``push([(file id, chunk records in it, by offset), ...]) -> {file id: node ids}``:
 #: places each local data file on its nodes and returns, per file, the nodes that
@@ -296,7 +296,7 @@ def receive_copy(store: "ChunkStore", file: str, records: list[ChunkRecord], len
         return False
     fd, tmp = store.files.new_temp()
     try:
-        failure = _write_pieces(fd, pieces)
+        failure = write_pieces(fd, pieces)
         if failure is not None:
             if failure.errno == 28:  # ENOSPC
                 raise StorageFull(f"the disk of the data folder is full: {failure}")
@@ -317,9 +317,10 @@ def receive_copy(store: "ChunkStore", file: str, records: list[ChunkRecord], len
     return True
 
 
-def _write_pieces(fd: int, pieces: Iterable[memoryview]) -> OSError | None:
-    """Write ``pieces`` one after another from offset 0; every piece is read even
-    after a failed write (returned)."""
+def write_pieces(fd: int, pieces: Iterable[memoryview], hasher=None) -> OSError | None:
+    """Write ``pieces`` one after another from offset 0 (each also through
+    ``hasher.update`` when given, until a write fails); every piece is read even
+    after a failed write, whose error is returned (``None``: all written)."""
     pos = 0
     failure: OSError | None = None
     for piece in pieces:
@@ -328,5 +329,7 @@ def _write_pieces(fd: int, pieces: Iterable[memoryview]) -> OSError | None:
                 write_all(fd, piece, pos)
             except OSError as exc:
                 failure = exc
+            if hasher is not None:
+                hasher.update(piece)
         pos += len(piece)
     return failure

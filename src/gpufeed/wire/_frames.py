@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 
 from ..errors import GpufeedError, InternalError, ProtocolError
 from . import protocol as p
+from ._readahead import ReadAhead
 
 __all__ = ["FrameIO", "RecvTimeout", "set_send_timeout", "set_recv_timeout", "RECV_CHUNK"]
 
@@ -31,10 +32,6 @@ RECV_CHUNK = 4 << 20  # 4 MiB
 #: grows its buffer as the bytes arrive (at most doubling), never to the size
 #: the header merely announced.
 META_STEP_BYTES = 64 << 10  # 64 KiB
-#: TCP: bytes one receive may take in beyond those asked for (the rest of a
-#: frame's metadata, the next frame), kept for the receives that follow: a
-#: request's header and metadata then take one system call, not two.
-READ_AHEAD_BYTES = 64 << 10  # 64 KiB
 #: Most buffers one ``sendmsg`` gathers (Linux's ``IOV_MAX``).
 _IOV_MAX = 1024
 #: Room for the descriptors one ``recvmsg`` may carry (16 ints).
@@ -117,9 +114,8 @@ class FrameIO:
         self.fds_in: list[int] = []
         self._hdr = bytearray(p.HEADER_SIZE)
         self._recv_buf: bytearray | None = None
-        # TCP: bytes received ahead (see READ_AHEAD_BYTES), [_ahead_pos, _ahead_end)
-        self._ahead = memoryview(bytearray(READ_AHEAD_BYTES)) if transport != "shm" else None
-        self._ahead_pos = self._ahead_end = 0
+        # TCP: bytes received ahead (:mod:`._readahead`): a request's header and metadata in one receive
+        self._ahead = ReadAhead() if transport != "shm" else None
 
     # --- reading ---------------------------------------------------------------
     def recv_exact(self, mv: memoryview, *, at_boundary: bool = False,
@@ -184,25 +180,9 @@ class FrameIO:
                 self._arm(left)
 
     def _recv_ahead(self, mv: memoryview) -> int:
-        """One TCP receive into ``mv`` (0 at EOF): bytes received ahead first; a
-        receive smaller than :data:`READ_AHEAD_BYTES` goes through the read-ahead
-        buffer, which keeps what arrived beyond ``mv`` for the next receive."""
-        ahead = self._ahead
-        assert ahead is not None  # TCP only
-        pos = self._ahead_pos
-        have = self._ahead_end - pos
-        if have:
-            k = min(have, len(mv))
-            mv[:k] = ahead[pos:pos + k]
-            self._ahead_pos = pos + k
-            return k
-        if len(mv) >= READ_AHEAD_BYTES:
-            return self.sock.recv_into(mv)
-        got = self.sock.recv_into(ahead)
-        k = min(got, len(mv))
-        mv[:k] = ahead[:k]
-        self._ahead_pos, self._ahead_end = k, got
-        return k
+        """One TCP receive into ``mv`` through the read-ahead buffer (0 at EOF)."""
+        assert self._ahead is not None  # TCP only
+        return self._ahead.recv_into(self.sock, mv)
 
     def _arm(self, timeout_s: float) -> None:
         """Shorten the receive timeout to ``timeout_s`` until :meth:`disarm`."""
