@@ -37,6 +37,16 @@ def s3(node):
     client.close()
 
 
+@pytest.fixture(scope="session")
+def s3_once(node):
+    """boto3 S3 client for the session node that sends each request once: boto3
+    retries a 400 ``BadDigest`` four times with back-off (against AWS too), so
+    tests that expect one use this client."""
+    client = node.boto3_client(retries={"max_attempts": 1, "mode": "standard"})
+    yield client
+    client.close()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_ambient_keys():
     """Keys in the shell that runs the tests (``AWS_ACCESS_KEY_ID`` for real AWS,

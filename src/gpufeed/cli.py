@@ -469,13 +469,16 @@ def bench_checkpoint(size, versions, lora_rank, repeat, json_path, paths, data_d
 @click.option("--no-cold", is_flag=True, help="Skip the cold rows.")
 @click.option("--first-loads", type=int, default=3,
               help="Fresh-process loads per way (shm with/without the region pool, load_file); 0 skips.")
-def bench_model(size, workdir, json_path, paths, repeat, cold_repeat, no_cold, first_loads) -> None:
+@click.option("--no-sweep", is_flag=True,
+              help="Measure runai and fastsafetensors at their default concurrency only (no settings sweep).")
+def bench_model(size, workdir, json_path, paths, repeat, cold_repeat, no_cold, first_loads, no_sweep) -> None:
     """Model load GB/s per path (gpufeed shm/tcp, S3, safetensors, runai, fastsafetensors), warm and cold."""
     from .bench.model import run_model_bench
 
     run_model_bench(size=size, workdir=workdir, json_path=json_path, repeat=repeat,
                     cold_repeat=cold_repeat, cold=not no_cold,
-                    paths=paths.split(",") if paths else None, first_loads=first_loads)
+                    paths=paths.split(",") if paths else None, first_loads=first_loads,
+                    sweep=not no_sweep)
 
 
 @bench.command("gpu")

@@ -18,7 +18,7 @@ def test_small_model_bench(tmp_path):
     paths = ["shm", "shm_map", "tcp", "s3", "local_load_file", "local_load_file_lazy", "runai",
              "fastsafetensors", "readinto"]
     report = run_model_bench(size="small", workdir=tmp_path, json_path=tmp_path / "m.json",
-                             repeat=1, cold_repeat=1, paths=paths, first_loads=1,
+                             repeat=1, cold_repeat=1, paths=paths, first_loads=1, sweep=False,
                              console=Console(file=out, width=120))
     assert json.loads((tmp_path / "m.json").read_text()) == json.loads(json.dumps(report))
     rows = report["results"]
@@ -50,12 +50,20 @@ def test_small_model_bench(tmp_path):
 def _check_peer_settings(report: dict) -> None:
     """Each swept peer: one row per setting and cache, every row naming its setting,
     exactly one best per cache; the fresh-process load uses the best warm one."""
-    from gpufeed.bench.peers import FST_THREADS, RUNAI_SETTINGS
+    from gpufeed.bench.peers import FST_THREADS, RUNAI_DEFAULT_CONCURRENCY, RUNAI_SETTINGS
 
     rows = report["results"]
+    sweeps = report["params"]["sweeps"]
+    if "--no-sweep" in report["command"]:  # each peer at its default concurrency, runai under each strategy
+        assert sweeps["fastsafetensors"]["max_threads"] == [FST_THREADS[0]]
+        assert [s["RUNAI_STREAMER_CONCURRENCY"] for s in sweeps["runai"]] == \
+            [[RUNAI_DEFAULT_CONCURRENCY]] * len(RUNAI_SETTINGS)
+    else:
+        assert sweeps["fastsafetensors"]["max_threads"] == list(FST_THREADS)
     for r in rows:
         assert (r["setting"] is None) == (r["path"] not in ("runai", "fastsafetensors"))
-    expected = {"runai": sum(len(cs) for _, cs in RUNAI_SETTINGS), "fastsafetensors": len(FST_THREADS)}
+    expected = {"runai": sum(len(s["RUNAI_STREAMER_CONCURRENCY"]) for s in sweeps["runai"]),
+                "fastsafetensors": len(sweeps["fastsafetensors"]["max_threads"])}
     for path, n in expected.items():
         for cache in ("warm", "cold"):
             mine = [r for r in rows if r["path"] == path and r["cache"] == cache]

@@ -72,12 +72,19 @@ def _self_contained(page: str) -> None:
     assert "@import" not in page and "url(http" not in page
 
 
-def test_real_results_every_file_on_the_page(tmp_path):
+@pytest.fixture(scope="module")
+def real_page(tmp_path_factory) -> Path:
+    """The page of every result in docs/bench, written once for this module's
+    tests (plotting them all takes tens of seconds)."""
+    return write_report(tmp_path_factory.mktemp("report") / "report.html", DOCS_BENCH)
+
+
+def test_real_results_every_file_on_the_page(real_page):
     sources = load_sources(DOCS_BENCH)
     names = sorted(p.name for p in DOCS_BENCH.glob("*.json"))
     assert [s.name for s in sources] == names and names
     assert not [s.name for s in sources if s.error]
-    page = write_report(tmp_path / "r.html", DOCS_BENCH).read_text()
+    page = real_page.read_text()
     _self_contained(page)
     assert 'class="note"' not in page  # each kind's view understood its file
     chunks = page.split("<section ")[1:]
@@ -174,10 +181,13 @@ def _chromium() -> str:
     return exe
 
 
-def test_every_plot_renders_in_headless_chromium(tmp_path):
+def test_every_plot_renders_in_headless_chromium(tmp_path, real_page):
+    """Every plot of the real results (train runs among them) draws in a real
+    browser; a kind the report does not know falls back to tables
+    (:func:`test_synthetic_train_unknown_and_broken_files`)."""
     exe = _chromium()
-    page = write_report(tmp_path / "report.html", DOCS_BENCH,
-                        extra=[Source(n, d) for n, d in (("train.json", _train()), ("frobnicate.json", _unknown()))])
+    page = real_page
+    assert "train" in {s.kind for s in load_sources(DOCS_BENCH)}
     expected = len(re.findall(r'<figure class="plot"', page.read_text()))
     assert expected >= 30
     proc = subprocess.run(

@@ -161,7 +161,7 @@ def _upload_parts(s3, bucket, key, upload_id, algorithm, datas):
 
 
 @pytest.mark.parametrize("algorithm", ["CRC32", "CRC32C", "CRC64NVME"])
-def test_multipart_full_object(s3, bucket, algorithm):
+def test_multipart_full_object(s3, s3_once, bucket, algorithm):
     """FULL_OBJECT: the object's checksum is the CRC of all its bytes, combined
     from the part CRCs; a client may send it at completion to have it checked."""
     datas = [os.urandom(_PART), os.urandom(_PART), os.urandom(1234)]
@@ -173,7 +173,7 @@ def test_multipart_full_object(s3, bucket, algorithm):
     parts = _upload_parts(s3, bucket, "mp", up["UploadId"], algorithm, datas)
     wrong = _crc_b64(algorithm.lower(), whole + b"x")
     with pytest.raises(ClientError) as ei:
-        s3.complete_multipart_upload(Bucket=bucket, Key="mp", UploadId=up["UploadId"],
+        s3_once.complete_multipart_upload(Bucket=bucket, Key="mp", UploadId=up["UploadId"],
                                      MultipartUpload={"Parts": parts}, **{f"Checksum{algorithm}": wrong})
     assert _code(ei.value) == "BadDigest"
     assert len(s3.list_parts(Bucket=bucket, Key="mp", UploadId=up["UploadId"])["Parts"]) == 3  # unchanged
@@ -187,7 +187,7 @@ def test_multipart_full_object(s3, bucket, algorithm):
 
 
 @pytest.mark.parametrize("algorithm", ["CRC32", "CRC32C", "SHA1", "SHA256"])
-def test_multipart_composite_accepts_its_own_form(s3, bucket, algorithm):
+def test_multipart_composite_accepts_its_own_form(s3, s3_once, bucket, algorithm):
     """COMPOSITE: ``<base64 of H(part digests)>-<n>``; CompleteMultipartUpload
     accepts that very form (and the bare base64) and refuses another value."""
     datas = [os.urandom(_PART), os.urandom(4321)]
@@ -198,7 +198,7 @@ def test_multipart_composite_accepts_its_own_form(s3, bucket, algorithm):
     assert want.endswith("-2")
     for bad in (want.replace("-2", "-3"), _digest_b64(algorithm.lower(), b"other") + "-2"):
         with pytest.raises(ClientError) as ei:
-            s3.complete_multipart_upload(Bucket=bucket, Key="cp", UploadId=up["UploadId"],
+            s3_once.complete_multipart_upload(Bucket=bucket, Key="cp", UploadId=up["UploadId"],
                                          MultipartUpload={"Parts": parts}, **{f"Checksum{algorithm}": bad})
         assert _code(ei.value) == "BadDigest", bad
     done = s3.complete_multipart_upload(Bucket=bucket, Key="cp", UploadId=up["UploadId"],

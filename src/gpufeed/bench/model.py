@@ -281,7 +281,7 @@ def _fresh_targets(first: list[dict]) -> list[dict]:
 def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-demo",
                     json_path: str | os.PathLike | None = None, *, repeat: int = 3,
                     cold_repeat: int = 2, cold: bool = True, paths: list[str] | None = None,
-                    first_loads: int = 3, console=None) -> dict:
+                    first_loads: int = 3, sweep: bool = True, console=None) -> dict:
     """Load the demo model through every path, warm and cold; print a table, return JSON.
 
     Args:
@@ -294,6 +294,9 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
         cold: measure the cold rows.
         paths: a subset of :data:`PATHS`.
         first_loads: fresh-process loads per way for the ``first_load`` rows (0 skips).
+        sweep: measure runai and fastsafetensors at every setting of
+            :data:`RUNAI_SETTINGS` and :data:`FST_THREADS`; ``False``: at each
+            one's default concurrency only (runai still under both strategies).
         console: a ``rich.console.Console`` (default: a new one).
 
     Returns:
@@ -346,6 +349,8 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
     results: list[PathResult] = []
     tags: list[tuple[str, str | None]] = []  # (cache, setting) of each result
     sweep_repeat, sweep_cold_repeat = min(repeat, 2), min(cold_repeat, 1)
+    runai_settings = RUNAI_SETTINGS if sweep else tuple((st, cs[:1]) for st, cs in RUNAI_SETTINGS)
+    fst_threads = FST_THREADS if sweep else FST_THREADS[:1]
     fst = _FastSafetensors(files)
     try:
         prefix = f"llama-{size}/"
@@ -403,18 +408,19 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
             progress.step(f"{cache} {path}")
             if path == "runai":
                 for res, setting in _runai_sweep(files, cache, nbytes, runs,
-                                                 sweep_repeat if cache == "warm" else sweep_cold_repeat):
+                                                 sweep_repeat if cache == "warm" else sweep_cold_repeat,
+                                                 runai_settings):
                     results.append(res)
                     tags.append((cache, setting))
                 return
             if path == "fastsafetensors":
-                for n in FST_THREADS:
+                for n in fst_threads:
                     fst.max_threads = n
                     setting = f"max_threads={n}"
                     results.append(meter.measure(
                         path, f'fastsafetensors SafeTensorsFileLoader(device="cpu", nogds=True, '
                               f'{setting})', nbytes,
-                        runs if n == FST_THREADS[0] else
+                        runs if n == fst_threads[0] else
                         (sweep_repeat if cache == "warm" else sweep_cold_repeat),
                         fst, check=verify, prepare=prepare, cleanup=cleanup))
                     tags.append((cache, setting))
@@ -527,7 +533,7 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
         "benchmark": "model",
         "command": f"gpufeed bench model --size {size} --repeat {repeat}"
                    + (f" --cold-repeat {cold_repeat}" if cold else " --no-cold")
-                   + f" --first-loads {first_loads}"
+                   + f" --first-loads {first_loads}" + ("" if sweep else " --no-sweep")
                    + (f" --paths {','.join(paths)}" if set(paths) != set(PATHS) else ""),
         "machine": {**machine_info(), **_peer_versions()},
         "model": {"architecture": "LlamaForCausalLM", "size": size, "dtype": "bfloat16",
@@ -537,8 +543,8 @@ def run_model_bench(size: str = "1gb", workdir: str | os.PathLike = ".gpufeed-de
                    "sweep_repeat": sweep_repeat, "sweep_cold_repeat": sweep_cold_repeat,
                    "sweeps": {"runai": [{"RUNAI_STREAMER_FS_STRATEGY": st or "unset",
                                          "RUNAI_STREAMER_CONCURRENCY": list(cs)}
-                                        for st, cs in RUNAI_SETTINGS],
-                              "fastsafetensors": {"max_threads": list(FST_THREADS)},
+                                        for st, cs in runai_settings],
+                              "fastsafetensors": {"max_threads": list(fst_threads)},
                               "default_settings": "measured repeat / cold_repeat times; the "
                                                   "other settings sweep_repeat / "
                                                   "sweep_cold_repeat times"},

@@ -118,10 +118,10 @@ print("\n" + json.dumps(rows))
 
 
 def _runai_sweep(files: list[Path], cache: str, nbytes: int, runs: int,
-                 sweep_runs: int) -> list[tuple[PathResult, str]]:
-    """runai over the local files at every setting of :data:`RUNAI_SETTINGS`, in one
-    fresh interpreter per read strategy; the default setting gets ``runs`` runs,
-    the others ``sweep_runs``.
+                 sweep_runs: int, settings=RUNAI_SETTINGS) -> list[tuple[PathResult, str]]:
+    """runai over the local files at every setting of ``settings`` (shaped as
+    :data:`RUNAI_SETTINGS`), in one fresh interpreter per read strategy; the
+    default setting gets ``runs`` runs, the others ``sweep_runs``.
 
     Returns:
         ``(result, setting)`` per setting, ``setting`` naming the strategy asked
@@ -135,7 +135,7 @@ def _runai_sweep(files: list[Path], cache: str, nbytes: int, runs: int,
     import sys
 
     out = []
-    for strategy, concurrencies in RUNAI_SETTINGS:
+    for strategy, concurrencies in settings:
         env = {k: v for k, v in os.environ.items()
                if k not in ("RUNAI_STREAMER_FS_STRATEGY", "RUNAI_STREAMER_CONCURRENCY")}
         if strategy:
