@@ -38,6 +38,7 @@ from concurrent.futures import Future
 
 from ..errors import GpufeedError, InvalidArgument, ProtocolError, TransportError
 from ..wire import protocol as p
+from ..wire._frames import set_recv_timeout, set_send_timeout
 from ..wire._readahead import ReadAhead
 from ._types import ReplyFuture
 
@@ -142,7 +143,13 @@ class Connection:
                  request_timeout_s: float | None = 60.0) -> None:
         self.sock = sock
         self.request_timeout_s = request_timeout_s
-        sock.settimeout(request_timeout_s)
+        # the kernel times sends and receives (SO_SNDTIMEO, SO_RCVTIMEO: BlockingIOError):
+        # a blocking socket costs one system call per receive or send, where
+        # settimeout() would add a poll() before each
+        sock.settimeout(None)
+        if request_timeout_s:
+            set_send_timeout(sock, request_timeout_s)
+            set_recv_timeout(sock, request_timeout_s)
         self.passes_fds = passes_fds
         self._send_lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
@@ -235,7 +242,7 @@ class Connection:
         except OSError as exc:
             with self._pending_lock:
                 self._pending.pop(rid, None)
-            if isinstance(exc, TimeoutError):
+            if isinstance(exc, (TimeoutError, BlockingIOError)):
                 exc = TransportError(f"the server accepted no data for {self.request_timeout_s} s")
             self._fail(exc)
             raise TransportError(f"send failed: {exc}") from exc
@@ -280,7 +287,7 @@ class Connection:
                                                 for i in range(0, len(data) - len(data) % 4, 4))
                 else:
                     got = self._recv_ahead(mv[pos:])
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO
                 if self._closed:
                     raise TransportError("the client closed the connection") from None
                 if pos == 0 and not self._pending:
@@ -520,7 +527,7 @@ class Connection:
             batch = bufs[i:i + _IOV_MAX]
             try:
                 got = self.sock.recvmsg_into(batch)[0]
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO
                 raise TransportError(f"no reply from the server for {self.request_timeout_s} s") from None
             if got == 0:
                 raise TransportError("the connection was closed"
