@@ -98,7 +98,7 @@ def test_a_node_past_its_high_water_mark_moves_files_off_until_under_its_low_wat
         for file, holders in copies.items():  # two holders each, every one with its whole file, no other copy
             assert len(holders) == 2, (file, holders)
             for n, node in ids.items():
-                assert wait_for(lambda node=node, n=n: _has_file(node, file) == (n in holders), 10), (file, n)
+                assert wait_for(lambda node=node, want=n in holders, f=file: _has_file(node, f) == want, 10), (file, n)
         for f in moved:  # the members with room hold what moved
             assert copies[f] == set(ids) - {me}
         assert a.metrics_url is not None

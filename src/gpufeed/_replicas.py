@@ -61,11 +61,14 @@ and delete their files. So a joining node takes about ``factor / n`` of the
 files, and the extra copies left by a node that returned after its files were
 copied again elsewhere are trimmed (every pass also looks up, in one catalog
 query, the files it holds that have more live holders than the factor, and
-trims them the same way: :meth:`ReReplicator.trim_pass`). Files move only toward new members: a
-file stays where its write put it (its targets then) until a change of
-members makes a new member one of its targets; a node that fills up keeps
-the files it holds (holding a file counts as room for it), so nothing moves
-back and forth as nodes fill and empty.
+trims them the same way: :meth:`ReReplicator.trim_pass`; a member that
+drains is ranked after the others there too, so its copy is the one given
+up). Rebalancing moves files only toward new members: a file stays where
+its write put it (its targets then) until a change of members makes a new
+member one of its targets; a node that fills up keeps the files it holds
+(holding a file counts as room for it) until it passes its high-water mark
+and drains (:mod:`gpufeed._drain`), so nothing moves back and forth as
+nodes fill and empty.
 """
 
 from __future__ import annotations
