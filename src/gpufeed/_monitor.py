@@ -37,6 +37,7 @@ name                                             labels   meaning
 ``gpufeed_fetch_cache_bytes``                    -        chunks fetched from other cluster nodes kept
 ``gpufeed_fetch_cache_hits`` / ``_misses``        -        reads of such chunks served kept / fetched
 ``gpufeed_fetched_bytes``                        -        stored bytes fetched from other nodes since start
+``gpufeed_fetch_shared``                         -        reads that waited for another read's fetch, since start
 ``gpufeed_start_time_seconds``                   -        Unix time the node started
 ``gpufeed_build_info``                           version  always 1
 =============================================== ======== =============================================
@@ -132,6 +133,8 @@ def _fetch_cache_families(engine: Engine) -> list[Metric]:
               s["misses"]),
         gauge("gpufeed_fetched_bytes", "Stored bytes fetched from other cluster nodes since start (whole "
               "chunks and windows of large ones).", s["fetched_bytes"]),
+        gauge("gpufeed_fetch_shared", "Reads that needed a chunk or window another read was fetching, and "
+              "waited for that fetch instead of their own, since start.", s["shared"]),
     ]
 
 
