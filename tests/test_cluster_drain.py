@@ -123,3 +123,41 @@ def test_a_node_past_its_high_water_mark_moves_files_off_until_under_its_low_wat
             watch.stop()
         for n in nodes:
             n.stop()
+
+
+def test_a_draining_node_killed_mid_move_loses_nothing(tmp_path, postgres_url):
+    # 200 kB/s: groups of two files, each followed by a pause of about a second
+    slow = {**ENV, "GPUFEED_CLUSTER_REREPLICATE_RATE": "200000"}
+    a = _member(tmp_path / "a", postgres_url, GPUFEED_CAPACITY=str(CAP), **slow)
+    b, c = (_member(tmp_path / n, postgres_url, GPUFEED_CAPACITY="100000000", **ENV) for n in "bc")
+    me = _node_id(a)
+    try:
+        s3 = b.boto3_client()
+        s3.create_bucket(Bucket="bkt")
+        want: dict[str, bytes] = {}
+        while folder_bytes(a.data_dir) <= 0.9 * CAP:
+            assert len(want) < 80
+            key = f"k{len(want)}"
+            want[key] = os.urandom(OBJ + len(want))
+            s3.put_object(Bucket="bkt", Key=key, Body=want[key])
+
+        peak = folder_bytes(a.data_dir)
+        assert wait_for(lambda: folder_bytes(a.data_dir) <= peak - OBJ, 20)  # its first group moved
+        a.kill()
+        assert folder_bytes(a.data_dir) > 0.8 * CAP  # mid-drain: more was still to move
+        for node in (b, c):  # every object, whole, through the members left, at once
+            client = node.boto3_client()
+            for key, data in want.items():
+                assert client.get_object(Bucket="bkt", Key=key)["Body"].read() == data, (node.data_dir.name, key)
+
+        def restored() -> bool:  # two copies of each on the live members, each a whole file
+            return all(len(h - {me}) >= 2 and all(_has_file(n, f) for n in (b, c) if _node_id(n) in h)
+                       for f, h in _copies(postgres_url).items())
+        assert wait_for(restored, 30), _copies(postgres_url)
+        a = _member(tmp_path / "a", postgres_url, GPUFEED_CAPACITY=str(CAP), **slow)  # back: it reads all too
+        client = a.boto3_client()
+        for key, data in want.items():
+            assert client.get_object(Bucket="bkt", Key=key)["Body"].read() == data, key
+    finally:
+        for n in (a, b, c):
+            n.stop()

@@ -11,7 +11,6 @@ waits (within the fetch timeout) until SIGCONT."""
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import urllib.request
 
@@ -50,13 +49,13 @@ def _concurrent_gets(holder: NodeProcess, reader: NodeProcess, bucket: str, key:
         except BaseException as exc:  # reported below
             errors.append(exc)
     threads = [threading.Thread(target=get, args=(i,)) for i in range(len(ranges))]
-    os.kill(holder.pid, signal.SIGSTOP)
+    holder.pause()
     try:
         for t in threads:
             t.start()
         assert wait_for(lambda: _gauges(reader)["gpufeed_fetch_shared"] - shared >= len(ranges) - 1, 40)
     finally:
-        os.kill(holder.pid, signal.SIGCONT)
+        holder.resume()
         for t in threads:
             t.join(60)
     assert not errors, errors

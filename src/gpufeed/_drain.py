@@ -30,10 +30,11 @@ it: the targets placement gives it now. When there are ``factor`` of them
 So a file has at least ``factor`` live holders at every moment, and a
 process killed at any step loses nothing: a copy made but not recorded, or a
 file given up but not yet deleted, is named by no row and the orphan sweep
-deletes it. Files go 64 at a time over one connection per target node, at
-most ``GPUFEED_CLUSTER_REREPLICATE_RATE`` bytes per second on average
-(shared with re-replication), until the files moved in the pass add up to
-the moving bytes the pass began with. A file with a chunk marked damaged
+deletes it. Files go in groups (64 files at most, and about one second of
+sending at the rate) over one connection per target node, with a pause
+after each group that keeps to ``GPUFEED_CLUSTER_REREPLICATE_RATE`` bytes
+per second on average (shared with re-replication), until the files moved
+in the pass add up to the moving bytes the pass began with. A file with a chunk marked damaged
 waits for its repair (its receivers would refuse it).
 """
 
@@ -77,12 +78,15 @@ class Drainer:
         self._engine, self._r, self._batch = engine, replicas, batch
         self.last_pass: dict[str, int] = {}
 
-    def run_pass(self, pace: Callable[[int], None], stop: threading.Event) -> dict[str, int]:
+    def run_pass(self, pace: Callable[[int], None], stop: threading.Event,
+                 group_bytes: int = 100 << 20) -> dict[str, int]:
         """Move files while this node drains, until those moved add up to its moving bytes.
 
         Args:
             pace: called with the bytes sent after each group (waits to keep the rate).
             stop: set when the node stops (the pass ends after the group under way).
+            group_bytes: a group ends once its files add up to this many bytes (or
+                64 files); the re-replicator gives its rate, about a second of sending.
 
         Returns:
             The pass's counts (all 0 when the node does not drain).
@@ -103,10 +107,10 @@ class Drainer:
             if not files:
                 break
             after = files[-1]
-            for i in range(0, len(files), _GROUP):
-                if stop.is_set() or counts["bytes"] >= to_move:
-                    break
-                self._move(files[i:i + _GROUP], live, factor, damaged, to_move - counts["bytes"], counts, pace)
+            i = 0
+            while i < len(files) and not stop.is_set() and counts["bytes"] < to_move:
+                budget = min(to_move - counts["bytes"], group_bytes)
+                i += self._move(files[i:i + _GROUP], live, factor, damaged, budget, counts, pace)
         if counts["moved"] or counts["left"]:
             log.info("draining: moved %d data files (%d bytes) to other members, %d could not move; %d bytes "
                      "were to move", counts["moved"], counts["bytes"], counts["left"], to_move)
@@ -123,15 +127,18 @@ class Drainer:
                 and (n in holders or self._r.fits(n, live[n], size))][:factor]
 
     def _move(self, files: list[str], live: dict[str, NodeInfo], factor: int, damaged: set[str],
-              budget: int, counts: dict[str, int], pace: Callable[[int], None]) -> None:
-        """Move the files of ``files`` that can move, up to ``budget`` bytes (see the module's text)."""
+              budget: int, counts: dict[str, int], pace: Callable[[int], None]) -> int:
+        """Move the first files of ``files`` that can move, until they add up to ``budget``
+        bytes (see the module's text). Returns how many of ``files`` it looked at (>= 1)."""
         me = self._r.node_id
         plans: dict[tuple[str, ...], Files] = {}  # new targets that lack them -> files
         have: dict[str, set[str]] = {}
         targets: dict[str, list[str]] = {}
+        looked = 0
         for f in files:
             if budget <= 0:
                 break
+            looked += 1
             recs, holders = self._engine.file_holders(f)
             if not recs or me not in holders or any(r.chunk_id in damaged for r in recs) \
                     or not os.path.exists(self._engine.data_file_path(f)):
@@ -167,3 +174,4 @@ class Drainer:
                 else:
                     counts["left"] += 1
             pace(sent)
+        return max(1, looked)

@@ -401,7 +401,7 @@ class ReReplicator:
                 if self.parts is not None:
                     self.parts.run_pass(self._pace, self._stop)
                 if self.drain is not None:
-                    self.drain.run_pass(self._pace, self._stop)
+                    self.drain.run_pass(self._pace, self._stop, max(1, int(self.rate_bytes_s)))
             except GpufeedError as exc:
                 log.warning("re-replication pass stopped: %s", exc.message)
             except Exception:
