@@ -338,8 +338,7 @@ class Node:
         cfg = self.config
         room = NodeRoom(data_dir, capacity_bytes=cfg.capacity_bytes, reserve_bytes=cfg.cluster_reserve_bytes,
                         count_interval_s=cfg.cluster_bytes_interval_s, placing=cfg.cluster_replicas > 1,
-                        high_water=cfg.cluster_drain_high if cfg.cluster_replicas > 1 else 1.0,
-                        low_water=cfg.cluster_drain_low)
+                        high_water=cfg.cluster_drain_high, low_water=cfg.cluster_drain_low)
         self.member = ClusterMember(
             engine.membership, cluster=cfg.cluster, node_id=node_id(data_dir),
             host=advertised_host(cfg.host, cfg.cluster_advertise_host), s3_port=s3_port, wire_port=wire_port,

@@ -95,8 +95,8 @@ class PartialChunk:
     def _fill(self, off: int, n: int) -> None:
         """Fetch the window of ``n`` stored bytes at ``off`` into :attr:`fd`, or wait
         for the same window another open version fetches and copy it from there."""
-        c, flights = self._c, self._store.fetched
-        if flights is None:
+        c, kept = self._c, self._store.fetched
+        if kept is None:
             fetch_checked(self._store, c, *self._where, self.fd, (off, n))
             return
 
@@ -104,7 +104,7 @@ class PartialChunk:
             fetch_checked(self._store, c, *self._where, self.fd, (off, n))
             return os.dup(self.fd)
         place = (c.chunk_id, c.file, c.file_offset, c.stored)
-        src = flights.flights.fetch(("window", place, off), fetch)
+        src = kept.flights.fetch(("window", place, off), fetch)
         try:
             if os.path.samestat(os.fstat(src), os.fstat(self.fd)):
                 return  # this one fetched it

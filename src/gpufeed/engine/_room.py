@@ -138,7 +138,8 @@ class NodeRoom:
             :mod:`gpufeed._replicas` (replication factor > 1): a write's own
             staging then needs room on the disk only (:meth:`check_write`).
         statvfs: how the file system is asked (``os.statvfs``).
-        high_water: share of the capacity past which the node drains (0 < ``high_water`` <= 1).
+        high_water: share of the capacity past which the node drains (0 < ``high_water`` <= 1;
+            only with ``placing``: with factor 1 a write stays on its writer, so nothing moves).
         low_water: share of the capacity at or under which it stops draining
             (0 <= ``low_water`` < ``high_water``).
 
@@ -205,7 +206,7 @@ class NodeRoom:
         capacity = self.configured_bytes or size
         used = self.used()
         with self._lock:
-            if used > capacity * self.high_water:
+            if self.placing and used > capacity * self.high_water:
                 self._draining = True
             elif used <= capacity * self.low_water:
                 self._draining = False
