@@ -41,7 +41,9 @@ def _read_everywhere(nodes: tuple[NodeProcess, ...], want: dict[str, bytes]) -> 
 
 def test_writes_land_on_their_targets_and_a_full_node_is_skipped(tmp_path, postgres_url):
     cap_a = 1_500_000
-    a = _member(tmp_path / "a", postgres_url, GPUFEED_CAPACITY=str(cap_a), GPUFEED_METRICS_PORT="0", **ENV)
+    # a does not drain here (its high-water mark is its capacity): it stays full (tests/test_cluster_drain.py)
+    a = _member(tmp_path / "a", postgres_url, GPUFEED_CAPACITY=str(cap_a), GPUFEED_METRICS_PORT="0",
+                GPUFEED_CLUSTER_DRAIN_HIGH="1", **ENV)
     b, c = (_member(tmp_path / n, postgres_url, GPUFEED_CAPACITY="50000000", **ENV) for n in "bc")
     nodes = (a, b, c)
     ids = {_node_id(n): n for n in nodes}

@@ -425,7 +425,7 @@ def _cluster_table(r: dict) -> str:
 
     table = Table(title=f"cluster {r['cluster']}: {r['live']} of {len(r['nodes'])} nodes live "
                         f"(expiry {r['expiry_s']:g} s)")
-    figures = ("used", "capacity", "free")
+    figures = ("used", "capacity", "free", "to move")
     for column in ("node", "address", "health", "since heartbeat", *figures, "started"):
         table.add_column(column, justify="right" if column in ("since heartbeat", *figures) else "left")
     style = {"live": "green", "expired": "red", "left": "dim"}
@@ -433,7 +433,9 @@ def _cluster_table(r: dict) -> str:
         free = "n/a" if n.get("free_bytes") is None else f"{n['free_bytes']:,}" + (" [red]full[/]" if n["full"] else "")
         table.add_row(n["node_id"], f"{n['host']}:{n['s3_port']}", f"[{style[n['health']]}]{n['health']}[/]",
                       f"{n['since_heartbeat_s']:.1f} s", f"{n['bytes_stored']:,}",
-                      f"{n['capacity_bytes']:,}" if n.get("capacity_bytes") else "n/a", free, _when(n["started_at"]))
+                      f"{n['capacity_bytes']:,}" if n.get("capacity_bytes") else "n/a", free,
+                      f"{n['moving_bytes']:,} [yellow]draining[/]" if n.get("draining") else "-",
+                      _when(n["started_at"]))
     under = r["under_replicated_chunks"]
     out = io.StringIO()
     console = Console(file=out, width=170, force_terminal=False)

@@ -113,7 +113,7 @@ class ClusterMember:
         """
         u = self._stored()
         info = self._m.register(self.claim, expiry_s=self.expiry_s, bytes_stored=u.used_bytes,
-                                room=(u.capacity_bytes, u.free_bytes))
+                                room=(u.capacity_bytes, u.free_bytes), moving_bytes=u.moving_bytes)
         log.info("joined cluster %r as node %s (%s:%d)", self.claim.cluster, self.claim.node_id,
                  self.claim.host, self.claim.s3_port)
         self._thread.start()
@@ -122,12 +122,13 @@ class ClusterMember:
     def _beat(self) -> None:
         """One heartbeat; a row taken over is claimed again (refused while its holder is live)."""
         u = self._stored()
-        if self._m.heartbeat(self.claim, u.used_bytes, room=(u.capacity_bytes, u.free_bytes)):
+        if self._m.heartbeat(self.claim, u.used_bytes, room=(u.capacity_bytes, u.free_bytes),
+                             moving_bytes=u.moving_bytes):
             self._displaced = False
             return
         try:
             self._m.register(self.claim, expiry_s=self.expiry_s, bytes_stored=u.used_bytes,
-                             room=(u.capacity_bytes, u.free_bytes))
+                             room=(u.capacity_bytes, u.free_bytes), moving_bytes=u.moving_bytes)
             log.warning("cluster %r: this node's membership row had been taken over or ended; registered again",
                         self.claim.cluster)
             self._displaced = False

@@ -27,6 +27,8 @@ name                                             labels   meaning
 ``gpufeed_tenant_buckets`` / ``_objects`` / ``_bytes``  tenant  per tenant (unless tenant labels are off)
 ``gpufeed_data_chunks`` / ``_stored_bytes`` / ``_logical_bytes`` / ``_capacity_bytes``  -  the data folder
 ``gpufeed_node_used_bytes`` / ``_capacity_bytes`` / ``_free_bytes`` / ``_full``  -  a cluster node's own figures
+``gpufeed_node_draining`` / ``_moving_bytes``    -        whether it drains, the bytes it still moves off
+``gpufeed_node_moved_files`` / ``_moved_bytes``  -        data files it moved off while draining, since start
 ``gpufeed_damaged_chunks``                       -        chunks marked damaged (by a read or a scrub)
 ``gpufeed_damaged_reads``                        -        reads refused since start: data failed its check
 ``gpufeed_scrub_last_finished_seconds``          -        when the last complete scrub ended (0: never)
@@ -35,6 +37,7 @@ name                                             labels   meaning
 ``gpufeed_fetch_cache_bytes``                    -        chunks fetched from other cluster nodes kept
 ``gpufeed_fetch_cache_hits`` / ``_misses``        -        reads of such chunks served kept / fetched
 ``gpufeed_fetched_bytes``                        -        stored bytes fetched from other nodes since start
+``gpufeed_fetch_shared``                         -        reads that waited for another read's fetch, since start
 ``gpufeed_start_time_seconds``                   -        Unix time the node started
 ``gpufeed_build_info``                           version  always 1
 =============================================== ======== =============================================
@@ -91,6 +94,14 @@ def _data_families(engine: Engine) -> list[Metric]:
               room.free_bytes),
         gauge("gpufeed_node_full", "1 when less than 1 % of this cluster node's capacity, or 1 MiB, is free.",
               int(room.full)),
+        gauge("gpufeed_node_draining", "1 while this cluster node's used bytes are past its high-water mark and "
+              "not yet back under its low-water mark (it moves data files to other members).", int(room.draining)),
+        gauge("gpufeed_node_moving_bytes", "Bytes this cluster node still moves off while it drains (its used "
+              "bytes less its low-water mark).", room.moving_bytes),
+        gauge("gpufeed_node_moved_files", "Data files this cluster node moved to other members while draining, "
+              "since start.", engine.room_moved()[0]),
+        gauge("gpufeed_node_moved_bytes", "Bytes of the data files this cluster node moved to other members while "
+              "draining, since start.", engine.room_moved()[1]),
     ]
     return node + [
         gauge("gpufeed_data_chunks", "Chunks stored.", d["chunks"]),
@@ -122,6 +133,8 @@ def _fetch_cache_families(engine: Engine) -> list[Metric]:
               s["misses"]),
         gauge("gpufeed_fetched_bytes", "Stored bytes fetched from other cluster nodes since start (whole "
               "chunks and windows of large ones).", s["fetched_bytes"]),
+        gauge("gpufeed_fetch_shared", "Reads that needed a chunk or window another read was fetching, and "
+              "waited for that fetch instead of their own, since start.", s["shared"]),
     ]
 
 

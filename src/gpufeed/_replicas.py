@@ -7,8 +7,10 @@ rendezvous hashing of ``f``'s id over the live members
 A node that has no room for the file (:mod:`gpufeed.engine._room`: it would
 pass its capacity or its disk's reserve, by the figures of its last
 heartbeat; :meth:`Replicas.fits`) is skipped unless it holds the file
-already, so ``f``'s **targets** are the first ``factor`` live members in rank
-order that hold it or have room for it.
+already, and a member that drains (:mod:`gpufeed._drain`: its used bytes
+passed its high-water mark) is ranked after every member that does not, so
+``f``'s **targets** are the first ``factor`` live members in that order that
+hold it or have room for it.
 
 **Writes** (:meth:`Replicas.push`, installed as the engine's push function,
 :mod:`gpufeed.engine._replicas`): each new data file goes to its targets.
@@ -59,11 +61,14 @@ and delete their files. So a joining node takes about ``factor / n`` of the
 files, and the extra copies left by a node that returned after its files were
 copied again elsewhere are trimmed (every pass also looks up, in one catalog
 query, the files it holds that have more live holders than the factor, and
-trims them the same way: :meth:`ReReplicator.trim_pass`). Files move only toward new members: a
-file stays where its write put it (its targets then) until a change of
-members makes a new member one of its targets; a node that fills up keeps
-the files it holds (holding a file counts as room for it), so nothing moves
-back and forth as nodes fill and empty.
+trims them the same way: :meth:`ReReplicator.trim_pass`; a member that
+drains is ranked after the others there too, so its copy is the one given
+up). Rebalancing moves files only toward new members: a file stays where
+its write put it (its targets then) until a change of members makes a new
+member one of its targets; a node that fills up keeps the files it holds
+(holding a file counts as room for it) until it passes its high-water mark
+and drains (:mod:`gpufeed._drain`), so nothing moves back and forth as
+nodes fill and empty.
 """
 
 from __future__ import annotations
@@ -81,12 +86,13 @@ from .engine import Engine
 from .engine._membership import Membership, NodeInfo
 from .engine._placement import rank
 from .engine._replicas import copy_length
-from .engine._room import NodeRoom, node_fits
+from .engine._room import NodeRoom, node_draining, node_fits
 from .engine.types import ChunkRecord
 from .errors import GpufeedError, NoSuchKey, ProtocolError, ServiceUnavailable, StorageFull
 from .wire import protocol as p
 
 if TYPE_CHECKING:
+    from ._drain import Drainer
     from ._partrepair import PartRestorer
 
 __all__ = ["Replicas", "ReReplicator"]
@@ -138,6 +144,19 @@ class Replicas:
             return self.room is None or self.room.fits(nbytes)
         return info is None or node_fits(info, nbytes)
 
+    def draining(self, node: str, info: NodeInfo | None) -> bool:
+        """Whether ``node`` drains (:mod:`gpufeed._drain`): this node by its own figures
+        now, another by those of its last heartbeat (``info``)."""
+        if node == self.node_id:
+            return self.room is not None and self.room.usage().draining
+        return info is not None and node_draining(info)
+
+    def room_first(self, nodes: list[str], infos: dict[str, NodeInfo]) -> list[str]:
+        """``nodes`` (in rank order) with those that drain moved after the others,
+        each group keeping its order (``infos``: the members' last heartbeats)."""
+        slow = {n for n in nodes if self.draining(n, infos.get(n))}
+        return [n for n in nodes if n not in slow] + [n for n in nodes if n in slow]
+
     def push(self, files: Files) -> dict[str, list[str]]:
         """Place each local data file of ``files`` on its targets (see the module's
         text), the next-ranked node with room taking over from one that fails.
@@ -172,8 +191,8 @@ class Replicas:
         room_here: set[str] = set()  # files this node has room for, ranked past the targets or not
         for f, recs in files:
             size = copy_length(recs)
-            fits = [n for n in rank(f.encode(), [me, *peers])
-                    if self._room_for_staged(n, peers, f, size, reserved)]
+            fits = self.room_first([n for n in rank(f.encode(), [me, *peers])
+                                    if self._room_for_staged(n, peers, f, size, reserved)], peers)
             if len(fits) < factor:
                 raise StorageFull(self._no_room(f, size, factor, peers, fits))
             (keep if me in fits[:factor] else move).append((f, recs))
@@ -239,8 +258,8 @@ class Replicas:
         recs = dict(files)
         got: dict[str, list[str]] = {f: [] for f in recs}
         errors: dict[str, list[str]] = {f: [] for f in recs}
-        order = {f: [n for n in rank(f.encode(), peers)
-                     if n not in have.get(f, ()) and self.fits(n, peers[n], copy_length(recs[f]))] for f in recs}
+        order = {f: self.room_first([n for n in rank(f.encode(), peers) if n not in have.get(f, ())
+                                     and self.fits(n, peers[n], copy_length(recs[f]))], peers) for f in recs}
         while True:
             plan: dict[str, list[str]] = {}
             for f in recs:
@@ -325,6 +344,8 @@ class ReReplicator:
             most once a pass; 0: never).
         parts: restores the copies of this node's part files of open uploads
             after each pass, paced with the data files (``None``: it does not).
+        drain: moves data files off this node while it drains, after each pass,
+            paced with the copies (:mod:`gpufeed._drain`; ``None``: it does not).
 
     Attributes:
         copied_files, copied_bytes: what it copied since start.
@@ -334,7 +355,7 @@ class ReReplicator:
 
     def __init__(self, engine: Engine, replicas: Replicas, *, interval_s: float, rate_bytes_s: float,
                  batch: int = 500, orphan_grace_s: float = 0.0, rebalance: bool = True,
-                 parts: PartRestorer | None = None) -> None:
+                 parts: PartRestorer | None = None, drain: Drainer | None = None) -> None:
         if not interval_s > 0 or not rate_bytes_s > 0:
             raise ValueError("the re-replication interval and rate must be > 0")
         self._engine, self._r = engine, replicas
@@ -353,6 +374,7 @@ class ReReplicator:
         self._balanced_for: frozenset[str] | None = None  # live members of the last complete rebalance
         self._rebalance_tries = 0
         self.parts = parts
+        self.drain = drain
         self._told_damaged: set[str] = set()  # damaged files not copied, logged once each
 
     def start(self) -> None:
@@ -378,6 +400,8 @@ class ReReplicator:
                     self.freed_files += self._engine.free_unnamed_parts(self.orphan_grace_s)
                 if self.parts is not None:
                     self.parts.run_pass(self._pace, self._stop)
+                if self.drain is not None:
+                    self.drain.run_pass(self._pace, self._stop, max(1, int(self.rate_bytes_s)))
             except GpufeedError as exc:
                 log.warning("re-replication pass stopped: %s", exc.message)
             except Exception:
@@ -496,7 +520,8 @@ class ReReplicator:
         factor where it ranks past the first ``factor`` of them (copies made while
         a returning node's files were still being copied again elsewhere). One
         catalog query per pass when there are none. Returns the copies given up."""
-        live = sorted(n.node_id for n in self._r.live())
+        infos = {n.node_id: n for n in self._r.live()}
+        live = sorted(infos)
         me = self._r.node_id
         factor = min(self._r.factor, len(live))
         given = 0
@@ -508,7 +533,7 @@ class ReReplicator:
             after = files[-1]
             for f in files:
                 _recs, holders = self._engine.file_holders(f)
-                ranked = rank(f.encode(), [n for n in holders if n in live])
+                ranked = self._r.room_first(rank(f.encode(), [n for n in holders if n in infos]), infos)
                 if me in ranked[factor:] and self._engine.give_up_file(f, live, factor, ranked[:factor]):
                     given += 1
         return given
@@ -525,8 +550,8 @@ class ReReplicator:
             if not recs or not live_holders:
                 continue
             size = copy_length(recs)
-            targets = [n for n in rank(f.encode(), list(live)) if n in holders or self._r.fits(n, live[n], size)]
-            targets = targets[:factor]
+            targets = self._r.room_first([n for n in rank(f.encode(), list(live))
+                                          if n in holders or self._r.fits(n, live[n], size)], live)[:factor]
             missing = tuple(n for n in targets if n in new and n not in holders)
             if missing:
                 if live_holders[0] != me or not os.path.exists(self._engine.data_file_path(f)):
@@ -534,8 +559,8 @@ class ReReplicator:
                     continue
                 have[f] = set(holders)
                 sends.setdefault(missing, []).append((f, recs))
-            elif len(live_holders) > factor and me in live_holders[factor:]:
-                gave = self._engine.give_up_file(f, sorted(live), factor, live_holders[:factor])
+            elif len(live_holders) > factor and me in (kept := self._r.room_first(live_holders, live))[factor:]:
+                gave = self._engine.give_up_file(f, sorted(live), factor, kept[:factor])
                 counts["given_up" if gave else "left"] += 1
         for missing, group in sends.items():
             peers = {n: live[n] for n in missing if live[n].wire_port}

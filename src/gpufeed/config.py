@@ -63,6 +63,13 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _share(text: str) -> float:
+    share = float(text)
+    if not 0 <= share <= 1:  # also refuses nan
+        raise ValueError("a share of the capacity is a number from 0 to 1")
+    return share
+
+
 def _flag(text: str) -> bool:
     return text not in ("0", "false", "no")
 
@@ -385,6 +392,13 @@ class NodeConfig:
             node whose disk has less free above it takes no new data file (as
             when it reaches ``capacity_bytes``). Env ``GPUFEED_CLUSTER_RESERVE``
             (bytes or a size like ``10GiB``).
+        cluster_drain_high: share of a member's capacity past which its used
+            bytes make it drain: it moves copies of its data files to members
+            with room, at the re-replication rate, and placement ranks it after
+            every member that does not drain (``0 < low < high <= 1``; with a
+            replication factor of 2 or more). Env ``GPUFEED_CLUSTER_DRAIN_HIGH``.
+        cluster_drain_low: share of its capacity at or under which a draining
+            member stops. Env ``GPUFEED_CLUSTER_DRAIN_LOW``.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -439,6 +453,8 @@ class NodeConfig:
     cluster_repair_queue: int = 1024
     cluster_fetch_cache_bytes: int = 1 << 30  # 1 GiB
     cluster_reserve_bytes: int = 0
+    cluster_drain_high: float = 0.9
+    cluster_drain_low: float = 0.8
 
     @classmethod
     def from_env(cls, **overrides) -> "NodeConfig":
@@ -501,6 +517,8 @@ class NodeConfig:
             cluster_repair_queue=_env("GPUFEED_CLUSTER_REPAIR_QUEUE", _count, cls.cluster_repair_queue),
             cluster_fetch_cache_bytes=_env("GPUFEED_CLUSTER_FETCH_CACHE", _size, cls.cluster_fetch_cache_bytes),
             cluster_reserve_bytes=_env("GPUFEED_CLUSTER_RESERVE", _size, cls.cluster_reserve_bytes),
+            cluster_drain_high=_env("GPUFEED_CLUSTER_DRAIN_HIGH", _share, cls.cluster_drain_high),
+            cluster_drain_low=_env("GPUFEED_CLUSTER_DRAIN_LOW", _share, cls.cluster_drain_low),
         )
         names = {f.name for f in fields(cls)}
         for k, v in overrides.items():

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._cluster import ClusterMember, advertised_host
+from ._drain import Drainer
 from ._metrics import NodeMetrics
 from ._partcopies import PartCopies
 from ._partrepair import PartRestorer
@@ -336,7 +337,8 @@ class Node:
         returns what the operator should know (also logged)."""
         cfg = self.config
         room = NodeRoom(data_dir, capacity_bytes=cfg.capacity_bytes, reserve_bytes=cfg.cluster_reserve_bytes,
-                        count_interval_s=cfg.cluster_bytes_interval_s, placing=cfg.cluster_replicas > 1)
+                        count_interval_s=cfg.cluster_bytes_interval_s, placing=cfg.cluster_replicas > 1,
+                        high_water=cfg.cluster_drain_high, low_water=cfg.cluster_drain_low)
         self.member = ClusterMember(
             engine.membership, cluster=cfg.cluster, node_id=node_id(data_dir),
             host=advertised_host(cfg.host, cfg.cluster_advertise_host), s3_port=s3_port, wire_port=wire_port,
@@ -367,7 +369,9 @@ class Node:
                                              rate_bytes_s=cfg.cluster_rereplicate_bytes_s,
                                              orphan_grace_s=cfg.cluster_orphan_grace_s,
                                              rebalance=cfg.cluster_rebalance,
-                                             parts=PartRestorer(engine, part_copies, self.replicas))
+                                             parts=PartRestorer(engine, part_copies, self.replicas),
+                                             drain=Drainer(engine, self.replicas) if cfg.cluster_replicas > 1
+                                             else None)
             self.rereplicator.start()
         warnings = []
         if not engine.catalog_is_shared:

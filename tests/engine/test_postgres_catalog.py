@@ -150,7 +150,7 @@ def test_version_1_catalog_gains_the_nodes_table(postgres_url):
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         row = conn.execute("SELECT value FROM gpufeed_meta WHERE name = 'schema_version'").fetchone()
         copies = conn.execute("SELECT COUNT(*) FROM file_copies").fetchone()
-    assert row is not None and row[0] == str(SCHEMA_VERSION) == "5" and copies == (0,)
+    assert row is not None and row[0] == str(SCHEMA_VERSION) == "6" and copies == (0,)
 
 
 def test_version_4_catalog_gains_the_members_room_columns(postgres_url):
@@ -161,14 +161,19 @@ def test_version_4_catalog_gains_the_members_room_columns(postgres_url):
     with psycopg.connect(postgres_url, autocommit=True) as conn:  # as schema version 4 left it
         conn.execute("ALTER TABLE nodes DROP COLUMN capacity_bytes")
         conn.execute("ALTER TABLE nodes DROP COLUMN free_bytes")
+        conn.execute("ALTER TABLE nodes DROP COLUMN moving_bytes")
         conn.execute("UPDATE gpufeed_meta SET value = '4' WHERE name = 'schema_version'")
     c = PostgresCatalog(postgres_url, owner="cluster:c1")
     try:
         [old] = c.membership.nodes("c1")
-        assert (old.capacity_bytes, old.free_bytes) == (0, -1)  # not reported
+        assert (old.capacity_bytes, old.free_bytes, old.moving_bytes) == (0, -1, 0)  # not reported
         assert c.membership.heartbeat(claim, 123, room=(1000, 877))
         [n] = c.membership.nodes("c1")
-        assert (n.bytes_stored, n.capacity_bytes, n.free_bytes) == (123, 1000, 877)
+        assert (n.bytes_stored, n.capacity_bytes, n.free_bytes, n.moving_bytes) == (123, 1000, 877, 0)
+        assert c.membership.heartbeat(claim, 950, room=(1000, 50), moving_bytes=150)  # draining (version 6)
+        assert c.membership.nodes("c1")[0].moving_bytes == 150
+        again = c.membership.register(claim, expiry_s=10, bytes_stored=700, room=(1000, 300))
+        assert again.moving_bytes == 0
     finally:
         c.close()
 

@@ -112,3 +112,39 @@ def test_admitted_bytes_count_at_once_so_concurrent_checks_cannot_pass_the_capac
     capped.check_write(5000)  # 10,000 walked + 5000: without placing, a write counts from its check on
     with pytest.raises(StorageFull):
         capped.check_write(5000)
+
+
+def test_a_node_drains_past_its_high_water_mark_until_it_is_back_under_its_low_water_mark(tmp_path):
+    f1 = _file(tmp_path / "blobs" / "ab" / "cd" / "f1", 7000)
+    room = NodeRoom(tmp_path, capacity_bytes=10_000, count_interval_s=3600, statvfs=_Disk(1 << 30, 1 << 29),
+                    high_water=0.9, low_water=0.6)
+    u = room.usage()
+    assert (u.used_bytes, u.moving_bytes, u.draining) == (7000, 0, False)
+    room.add_file(_file(tmp_path / "blobs" / "ab" / "cd" / "f2", 2500), 2500)  # 9500: past 9000
+    u = room.usage()
+    assert (u.used_bytes, u.moving_bytes, u.draining) == (9500, 3500, True)  # down to 6000
+    os.unlink(f1)
+    room.moved_off(2000)  # counted off at once (the walk is an hour away)
+    u = room.usage()
+    assert (u.used_bytes, u.moving_bytes, u.draining) == (7500, 1500, True)  # under the high mark: still draining
+    room.moved_off(1500)
+    assert room.usage().draining is False and room.usage().moving_bytes == 0
+    assert (room.moved_files, room.moved_bytes) == (2, 3500)
+    again = NodeRoom(tmp_path, capacity_bytes=10_000, count_interval_s=0, statvfs=_Disk(1 << 30, 1 << 29))
+    assert again.usage().used_bytes == 2500  # a walk sees the folder as it is
+    for high, low in ((0.8, 0.8), (0.9, -0.1), (1.5, 0.5)):
+        with pytest.raises(ValueError, match="drain marks"):
+            NodeRoom(tmp_path, high_water=high, low_water=low)
+
+
+def test_the_status_report_shows_a_draining_member():
+    m = LocalMembership()
+    m.register(NodeClaim("c1", "n1", "h", 1, 2, "i1"), expiry_s=10, bytes_stored=950, room=(1000, 50),
+               moving_bytes=150)
+    claim = NodeClaim("c1", "n2", "h", 1, 2, "i2")
+    m.register(claim, expiry_s=10, bytes_stored=500, room=(1000, 500))
+    rows = {n["node_id"]: n for n in cluster_report(m, "c1", 10)["nodes"]}
+    assert (rows["n1"]["draining"], rows["n1"]["moving_bytes"]) == (True, 150)
+    assert (rows["n2"]["draining"], rows["n2"]["moving_bytes"]) == (False, 0)
+    assert m.heartbeat(claim, 900, room=(1000, 100), moving_bytes=100)
+    assert {n.node_id: n.moving_bytes for n in m.nodes("c1")} == {"n1": 150, "n2": 100}

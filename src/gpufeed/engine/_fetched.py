@@ -1,6 +1,8 @@
 """The chunks a cluster node fetched from other nodes, kept for the reads
-after (:mod:`._remote`): a byte-bounded LRU of unlinked temp files. Kept apart
-from :mod:`._remote` so the chunk store can name it without an import cycle.
+after (:mod:`._remote`): a byte-bounded LRU of unlinked temp files; and the
+fetches under way, shared by the reads that need the same bytes at the same
+time (:class:`SharedFetches`). Kept apart from :mod:`._remote` so the chunk
+store can name it without an import cycle.
 """
 
 from __future__ import annotations
@@ -8,8 +10,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 
-__all__ = ["FetchedChunks", "FETCH_CACHE_BYTES"]
+__all__ = ["FetchedChunks", "SharedFetches", "FETCH_CACHE_BYTES"]
 
 
 #: Stored bytes of fetched chunks a node keeps unless configured.
@@ -37,6 +40,8 @@ class FetchedChunks:
         self.misses = 0
         #: Stored bytes fetched from other nodes since start (whole chunks and windows).
         self.fetched_bytes = 0
+        #: The fetches under way, shared by concurrent reads of the same bytes.
+        self.flights = SharedFetches()
 
     def get(self, key: tuple) -> int | None:
         """A new descriptor (the caller closes it) of the chunk kept under
@@ -82,3 +87,72 @@ class FetchedChunks:
             kept, self._kept, self._bytes = self._kept, OrderedDict(), 0
         for fd, _ in kept.values():
             os.close(fd)
+
+
+class _Flight:
+    """One fetch under way: set ``done`` once ``fd`` (or ``error``) is there;
+    ``users`` callers still to take their descriptor of it."""
+
+    __slots__ = ("done", "fd", "error", "users")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.fd = -1
+        self.error: BaseException | None = None
+        self.users = 0
+
+
+class SharedFetches:
+    """Fetches shared by the callers that need the same bytes at the same time
+    (single flight): the first caller for a key runs the fetch, the callers
+    that ask for that key while it runs wait for it, and every one of them
+    gets its own descriptor of the one result, or the fetch's error. A key
+    asked after its fetch ended starts a new one (the chunk cache, or the
+    caller's own file, serves what was fetched before). Thread-safe.
+
+    Attributes:
+        shared: calls since start that got another caller's fetch instead of their own.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._flights: dict[Hashable, _Flight] = {}
+        self.shared = 0
+
+    def fetch(self, key: Hashable, fn: Callable[[], int]) -> int:
+        """A new descriptor (the caller closes it) of the file ``fn()`` returns for
+        ``key``: ``fn`` runs once for the callers that ask for ``key`` while it runs
+        (it returns a descriptor it hands over: it is closed once every caller
+        has its own).
+
+        Raises:
+            Exception: what ``fn`` raised, in every caller that waited for it.
+        """
+        with self._lock:
+            flight = self._flights.get(key)
+            owner = flight is None
+            if flight is None:
+                flight = self._flights[key] = _Flight()
+            else:
+                self.shared += 1
+            flight.users += 1
+        if owner:
+            try:
+                flight.fd = fn()
+            except BaseException as exc:  # every waiter gets it too
+                flight.error = exc
+            with self._lock:
+                del self._flights[key]
+            flight.done.set()
+        else:
+            flight.done.wait()
+        try:
+            if flight.error is not None:
+                raise flight.error
+            return os.dup(flight.fd)
+        finally:
+            with self._lock:
+                flight.users -= 1
+                last = flight.users == 0
+            if last and flight.fd >= 0:
+                os.close(flight.fd)

@@ -13,11 +13,12 @@ The catalog keeps one row per ``(cluster, node id)``:
 ``bytes_stored`` its used bytes (files in its data folder) at its last heartbeat
 ``capacity_bytes`` its capacity at its last heartbeat (0: not reported)
 ``free_bytes``  what it could still take then (-1: not reported)
+``moving_bytes`` bytes it was moving off to other members then (0: it does not drain)
 ``state``       ``"up"`` (registered) or ``"left"`` (stopped cleanly)
 =============== =========================================================
 
 (The figures are :mod:`._room`'s; ``capacity_bytes`` and ``free_bytes`` are
-schema version 5 of the PostgreSQL catalog.)
+schema version 5 of the PostgreSQL catalog, ``moving_bytes`` version 6.)
 
 Every time is taken and compared by the database (``statement_timestamp()``
 and ``clock_timestamp()`` on the PostgreSQL server), never by the node: a
@@ -54,7 +55,7 @@ from ..errors import NodeIdInUse
 from ._room import is_full
 
 __all__ = ["NodeClaim", "NodeInfo", "Membership", "LocalMembership", "PgMembership", "NODES_TABLE",
-           "NODES_ROOM_COLUMNS", "cluster_report", "UNDER_REPLICATED_NOTE"]
+           "NODES_ROOM_COLUMNS", "NODES_MOVING_COLUMNS", "cluster_report", "UNDER_REPLICATED_NOTE"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,7 @@ class NodeInfo:
         state: ``"up"`` or ``"left"``.
         capacity_bytes: its capacity as of its last heartbeat (0: not reported).
         free_bytes: what it could still take then (-1: not reported).
+        moving_bytes: bytes it was moving off to other members then (0: it does not drain).
     """
 
     cluster: str
@@ -111,6 +113,7 @@ class NodeInfo:
     state: str
     capacity_bytes: int = 0
     free_bytes: int = -1
+    moving_bytes: int = 0
 
     def live(self, expiry_s: float) -> bool:
         """Whether it is up and heard from within the last ``expiry_s`` seconds."""
@@ -130,7 +133,7 @@ class Membership(ABC):
 
     @abstractmethod
     def register(self, claim: NodeClaim, *, expiry_s: float, bytes_stored: int = 0,
-                 room: tuple[int, int] = (0, -1)) -> NodeInfo:
+                 room: tuple[int, int] = (0, -1), moving_bytes: int = 0) -> NodeInfo:
         """Record ``claim`` as up, its start and heartbeat now.
 
         Args:
@@ -139,6 +142,7 @@ class Membership(ABC):
                 same id stops counting as live (and may be taken over).
             bytes_stored: its used bytes (files in its data folder).
             room: ``(capacity bytes, free bytes)`` (``(0, -1)``: not reported).
+            moving_bytes: bytes it moves off to other members while it drains (0: it does not).
 
         Returns:
             The member's record.
@@ -150,9 +154,11 @@ class Membership(ABC):
         """
 
     @abstractmethod
-    def heartbeat(self, claim: NodeClaim, bytes_stored: int, *, room: tuple[int, int] = (0, -1)) -> bool:
+    def heartbeat(self, claim: NodeClaim, bytes_stored: int, *, room: tuple[int, int] = (0, -1),
+                  moving_bytes: int = 0) -> bool:
         """Record that ``claim`` is alive now, using ``bytes_stored`` bytes, with
-        ``room = (capacity bytes, free bytes)`` (``(0, -1)``: not reported).
+        ``room = (capacity bytes, free bytes)`` (``(0, -1)``: not reported) and
+        ``moving_bytes`` to move off (0: it does not drain).
 
         Returns:
             ``False`` when the row is no longer this incarnation's (taken
@@ -202,7 +208,7 @@ class LocalMembership(Membership):
         return replace(info, age_s=max(0.0, self._clock() - info.heartbeat_at))
 
     def register(self, claim: NodeClaim, *, expiry_s: float, bytes_stored: int = 0,
-                 room: tuple[int, int] = (0, -1)) -> NodeInfo:
+                 room: tuple[int, int] = (0, -1), moving_bytes: int = 0) -> NodeInfo:
         with self._lock:
             old = self._rows.get((claim.cluster, claim.node_id))
             if old is not None:
@@ -212,7 +218,7 @@ class LocalMembership(Membership):
                     raise _in_use(self._aged(info))
             now = self._clock()
             info = NodeInfo(claim.cluster, claim.node_id, claim.host, claim.s3_port, claim.wire_port, now, now,
-                            0.0, bytes_stored, "up", *room)
+                            0.0, bytes_stored, "up", *room, moving_bytes)
             self._rows[(claim.cluster, claim.node_id)] = (claim, info)
             return info
 
@@ -224,9 +230,10 @@ class LocalMembership(Membership):
             self._rows[(claim.cluster, claim.node_id)] = (old[0], replace(old[1], **changes))  # type: ignore[arg-type]
             return True
 
-    def heartbeat(self, claim: NodeClaim, bytes_stored: int, *, room: tuple[int, int] = (0, -1)) -> bool:
+    def heartbeat(self, claim: NodeClaim, bytes_stored: int, *, room: tuple[int, int] = (0, -1),
+                  moving_bytes: int = 0) -> bool:
         return self._update(claim, heartbeat_at=self._clock(), bytes_stored=bytes_stored,
-                            capacity_bytes=room[0], free_bytes=room[1])
+                            capacity_bytes=room[0], free_bytes=room[1], moving_bytes=moving_bytes)
 
     def leave(self, claim: NodeClaim) -> bool:
         return self._update(claim, state="left")
@@ -262,22 +269,28 @@ NODES_ROOM_COLUMNS = [
     "ALTER TABLE nodes ADD COLUMN IF NOT EXISTS free_bytes BIGINT NOT NULL DEFAULT -1",
 ]
 
+#: Schema version 6 of the PostgreSQL catalog: the bytes a draining member moves off (:mod:`._room`).
+NODES_MOVING_COLUMNS = [
+    "ALTER TABLE nodes ADD COLUMN IF NOT EXISTS moving_bytes BIGINT NOT NULL DEFAULT 0",
+]
+
 # The statement's start time (one value however often a statement names it);
 # ages are taken against the clock at the moment they are read.
 _NOW = "extract(epoch from statement_timestamp())::double precision"
 _COLS = ("cluster, node_id, host, s3_port, wire_port, started_at, heartbeat_at, "
          "greatest(0, extract(epoch from clock_timestamp())::double precision - heartbeat_at), bytes_stored, state,"
-         " capacity_bytes, free_bytes")
+         " capacity_bytes, free_bytes, moving_bytes")
 _REGISTER = f"""
 INSERT INTO nodes AS n (cluster, node_id, host, s3_port, wire_port, machine, data_dir, incarnation,
-                        started_at, heartbeat_at, bytes_stored, state, capacity_bytes, free_bytes)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, {_NOW}, {_NOW}, %s, 'up', %s, %s)
+                        started_at, heartbeat_at, bytes_stored, state, capacity_bytes, free_bytes,
+                        moving_bytes)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, {_NOW}, {_NOW}, %s, 'up', %s, %s, %s)
 ON CONFLICT (cluster, node_id) DO UPDATE SET
     host = excluded.host, s3_port = excluded.s3_port, wire_port = excluded.wire_port,
     machine = excluded.machine, data_dir = excluded.data_dir, incarnation = excluded.incarnation,
     started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
     bytes_stored = excluded.bytes_stored, state = 'up', capacity_bytes = excluded.capacity_bytes,
-    free_bytes = excluded.free_bytes
+    free_bytes = excluded.free_bytes, moving_bytes = excluded.moving_bytes
 WHERE n.state <> 'up' OR n.incarnation = excluded.incarnation
    OR n.heartbeat_at <= excluded.heartbeat_at - %s
    OR (n.machine <> '' AND n.machine = excluded.machine AND n.data_dir = excluded.data_dir)
@@ -300,22 +313,26 @@ class PgMembership(Membership):
         self._x = execute
 
     def register(self, claim: NodeClaim, *, expiry_s: float, bytes_stored: int = 0,
-                 room: tuple[int, int] = (0, -1)) -> NodeInfo:
+                 room: tuple[int, int] = (0, -1), moving_bytes: int = 0) -> NodeInfo:
         c = claim
         rows = self._x(_REGISTER, (c.cluster, c.node_id, c.host, c.s3_port, c.wire_port, c.machine, c.data_dir,
-                                   c.incarnation, bytes_stored, room[0], room[1], float(expiry_s)))
+                                   c.incarnation, bytes_stored, room[0], room[1], moving_bytes,
+                                   float(expiry_s)))
         if rows:
             return NodeInfo(*rows[0])
         held = self._x(f"SELECT {_COLS} FROM nodes WHERE cluster = %s AND node_id = %s", (c.cluster, c.node_id))
         if not held:  # pragma: no cover - the row was there a statement ago and rows are never deleted
-            return self.register(claim, expiry_s=expiry_s, bytes_stored=bytes_stored, room=room)
+            return self.register(claim, expiry_s=expiry_s, bytes_stored=bytes_stored, room=room,
+                                 moving_bytes=moving_bytes)
         raise _in_use(NodeInfo(*held[0]))
 
-    def heartbeat(self, claim: NodeClaim, bytes_stored: int, *, room: tuple[int, int] = (0, -1)) -> bool:
+    def heartbeat(self, claim: NodeClaim, bytes_stored: int, *, room: tuple[int, int] = (0, -1),
+                  moving_bytes: int = 0) -> bool:
         return bool(self._x(
-            f"UPDATE nodes SET heartbeat_at = {_NOW}, bytes_stored = %s, capacity_bytes = %s, free_bytes = %s"
-            " WHERE cluster = %s AND node_id = %s AND incarnation = %s AND state = 'up' RETURNING 1",
-            (bytes_stored, room[0], room[1], claim.cluster, claim.node_id, claim.incarnation)))
+            f"UPDATE nodes SET heartbeat_at = {_NOW}, bytes_stored = %s, capacity_bytes = %s, free_bytes = %s,"
+            " moving_bytes = %s WHERE cluster = %s AND node_id = %s AND incarnation = %s AND state = 'up'"
+            " RETURNING 1", (bytes_stored, room[0], room[1], moving_bytes, claim.cluster, claim.node_id,
+                             claim.incarnation)))
 
     def leave(self, claim: NodeClaim) -> bool:
         return bool(self._x(
@@ -358,7 +375,8 @@ def cluster_report(membership: Membership, cluster: str, expiry_s: float, *,
         ``{"node_id", "host", "s3_port", "wire_port", "health"
         ("live"|"expired"|"left"), "since_heartbeat_s", "started_at",
         "heartbeat_at", "bytes_stored" (its used bytes), "capacity_bytes",
-        "free_bytes" (``None``: not reported), "full"}`` per member (times by the
+        "free_bytes" (``None``: not reported), "full", "moving_bytes" (bytes it
+        moves off to other members), "draining"}`` per member (times by the
         database's clock; figures as of its last heartbeat, :mod:`._room`);
         ``bytes_stored`` the live members' total;
         ``under_replicated_chunks`` ``None`` when not counted (see :data:`UNDER_REPLICATED_NOTE`).
@@ -373,7 +391,8 @@ def cluster_report(membership: Membership, cluster: str, expiry_s: float, *,
                       "health": health, "since_heartbeat_s": round(n.age_s, 3), "started_at": n.started_at,
                       "heartbeat_at": n.heartbeat_at, "bytes_stored": n.bytes_stored,
                       "capacity_bytes": n.capacity_bytes, "free_bytes": n.free_bytes if n.free_bytes >= 0 else None,
-                      "full": is_full(n.capacity_bytes, n.free_bytes)})
+                      "full": is_full(n.capacity_bytes, n.free_bytes), "moving_bytes": n.moving_bytes,
+                      "draining": n.moving_bytes > 0})
     live = [n for n in nodes if n["health"] == "live"]
     under = None
     if count_under is not None and live:

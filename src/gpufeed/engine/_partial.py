@@ -12,6 +12,12 @@ temp file of its size, and each read first makes sure the
 with a ranged op CHUNK and checking its blocks against the catalog's sums
 before a byte of it is served (:func:`._remote.fetch_checked`). The windows
 fetched stay for the rest of the open version; they are not kept after it.
+
+Reads of other open versions that need the same window of the same chunk
+(its id and place) while it is fetched wait for that one fetch
+(:class:`._fetched.SharedFetches`, keyed by chunk and window) and copy its
+checked bytes into their own file (checked again there), or get its error:
+concurrent range GETs of one window fetch it once.
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
+from ..errors import DamagedObject, InternalError
 from ._blocksums import SUM_KIND
-from ._remote import fetch_checked, private_temp
+from ._remote import check_span, fetch_checked, private_temp
 from .types import ChunkRecord
 
 if TYPE_CHECKING:
@@ -82,12 +89,58 @@ class PartialChunk:
             for w in range(start // WINDOW_BYTES, (stop - 1) // WINDOW_BYTES + 1):
                 if w in self._have:
                     continue
-                off = w * WINDOW_BYTES
-                fetch_checked(self._store, c, *self._where, self.fd, (off, min(WINDOW_BYTES, c.stored - off)))
+                self._fill(w * WINDOW_BYTES, min(WINDOW_BYTES, c.stored - w * WINDOW_BYTES))
                 self._have.add(w)
+
+    def _fill(self, off: int, n: int) -> None:
+        """Fetch the window of ``n`` stored bytes at ``off`` into :attr:`fd`, or wait
+        for the same window another open version fetches and copy it from there."""
+        c, kept = self._c, self._store.fetched
+        if kept is None:
+            fetch_checked(self._store, c, *self._where, self.fd, (off, n))
+            return
+
+        def fetch() -> int:
+            fetch_checked(self._store, c, *self._where, self.fd, (off, n))
+            return os.dup(self.fd)
+        place = (c.chunk_id, c.file, c.file_offset, c.stored)
+        src = kept.flights.fetch(("window", place, off), fetch)
+        try:
+            if os.path.samestat(os.fstat(src), os.fstat(self.fd)):
+                return  # this one fetched it
+            _copy_range(src, self.fd, c.file_offset + off, n)
+        finally:
+            os.close(src)
+        reason = check_span(self.fd, c, (off, n))
+        if reason is not None:
+            raise DamagedObject(f"{self._where[0]}/{self._where[1]}: chunk {c.chunk_id}: the window copied from "
+                                f"another read's fetch failed its check ({reason}); nothing of it was served",
+                                chunk=c.chunk_id, bucket=self._where[0], key=self._where[1])
 
     @property
     def fetched_bytes(self) -> int:
         """Stored bytes fetched so far."""
         with self._lock:
             return sum(min(WINDOW_BYTES, self._c.stored - w * WINDOW_BYTES) for w in self._have)
+
+
+def _copy_range(src: int, dst: int, pos: int, n: int) -> None:
+    """Copy the ``n`` bytes at ``pos`` of file ``src`` to the same place of ``dst``
+    (``copy_file_range``, else reads and writes).
+
+    Raises:
+        InternalError: the file system failed, or ``src`` ended early.
+    """
+    done = 0
+    try:
+        while done < n:
+            try:
+                got = os.copy_file_range(src, dst, n - done, pos + done, pos + done)
+            except OSError:  # not on this file system: copy through memory
+                buf = os.pread(src, min(n - done, 1 << 20), pos + done)
+                got = os.pwrite(dst, buf, pos + done) if buf else 0
+            if got == 0:
+                raise InternalError(f"a fetched window ended after {done} of {n} bytes")
+            done += got
+    except OSError as exc:
+        raise InternalError(f"copying a fetched window failed: {exc}") from exc

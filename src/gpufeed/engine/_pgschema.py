@@ -30,7 +30,7 @@ import re
 from collections.abc import Callable
 
 from ..errors import CatalogInUse, CatalogTooNew, InternalError, InvalidArgument
-from ._membership import NODES_ROOM_COLUMNS, NODES_TABLE
+from ._membership import NODES_MOVING_COLUMNS, NODES_ROOM_COLUMNS, NODES_TABLE
 
 __all__ = ["SCHEMA_VERSION", "MIGRATIONS", "META_TABLE", "migrate", "claim_owner", "WRITER_LOCK_SQL",
            "refuse_foreign_tables"]
@@ -38,7 +38,7 @@ __all__ = ["SCHEMA_VERSION", "MIGRATIONS", "META_TABLE", "migrate", "claim_owner
 #: Bumped when the schema changes; stored in ``gpufeed_meta`` as
 #: ``schema_version``. An older catalog is brought up to this one on open
 #: (:data:`MIGRATIONS`); a newer one is refused.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 META_TABLE = """
 CREATE TABLE IF NOT EXISTS gpufeed_meta (
@@ -232,6 +232,7 @@ MIGRATIONS: dict[int, list[str]] = {
     3: _VERSION_3,  # which node holds each chunk's data file
     4: _VERSION_4,  # which other nodes hold a copy of each data file
     5: NODES_ROOM_COLUMNS,  # each member's capacity and free bytes (:mod:`._room`)
+    6: NODES_MOVING_COLUMNS,  # the bytes a draining member moves off (:mod:`._room`)
 }
 
 #: ``(sql, args) -> rows``: how these functions run a statement (the caller's

@@ -133,15 +133,17 @@ class ObjectReads:
 
     def fetch_cache_stats(self) -> dict:
         """Chunks fetched from other cluster nodes and kept for later reads:
-        ``{"kept_bytes", "max_bytes", "hits", "misses", "fetched_bytes"}``
+        ``{"kept_bytes", "max_bytes", "hits", "misses", "fetched_bytes", "shared"}``
         (stored bytes kept; reads served from a kept chunk, and reads that
-        fetched one, since start; stored bytes fetched since start, whole
-        chunks and windows; zeros on a node that fetches from no other)."""
+        found none kept, since start; stored bytes fetched since start, whole
+        chunks and windows; reads that waited for the fetch of a chunk or
+        window another read had under way, since start; zeros on a node that
+        fetches from no other)."""
         f = self._chunks.fetched
         if f is None:
-            return {"kept_bytes": 0, "max_bytes": 0, "hits": 0, "misses": 0, "fetched_bytes": 0}
+            return {"kept_bytes": 0, "max_bytes": 0, "hits": 0, "misses": 0, "fetched_bytes": 0, "shared": 0}
         return {"kept_bytes": f.kept_bytes, "max_bytes": f.max_bytes, "hits": f.hits, "misses": f.misses,
-                "fetched_bytes": f.fetched_bytes}
+                "fetched_bytes": f.fetched_bytes, "shared": f.flights.shared}
 
     @contextmanager
     def held_chunk(self, chunk_id: str) -> Iterator[tuple[int, int, int]]:

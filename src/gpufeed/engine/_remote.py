@@ -24,7 +24,8 @@ Fetched chunks are kept for the reads after (:class:`._fetched.FetchedChunks`): 
 keeps the most recently used ones, at most ``GPUFEED_CLUSTER_FETCH_CACHE``
 stored bytes in all, in their unlinked temp files, so a run of range reads of
 one large object through a node that holds no copy of it fetches the object
-once, not once per read. A chunk is kept under its id and its place (data
+once, not once per read; reads that need a chunk while another read
+fetches it wait for that fetch instead of starting their own. A chunk is kept under its id and its place (data
 file, offset, stored length, codec): its bytes never change under those (a new
 version is a new chunk; a repair that moves a chunk gives it another place),
 so a kept chunk is never stale; every read of it is checked against its block
@@ -44,7 +45,7 @@ from .types import ChunkRecord, FetchChunk
 if TYPE_CHECKING:
     from ._chunks import ChunkStore
 
-__all__ = ["FetchChunk", "fetch_chunk", "fetch_checked", "private_temp"]
+__all__ = ["FetchChunk", "fetch_chunk", "fetch_checked", "private_temp", "check_span"]
 
 
 def fetch_chunk(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str) -> int:
@@ -52,7 +53,9 @@ def fetch_chunk(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str) -> i
     its holder first, then each node with a copy, until one sends bytes that pass.
 
     A chunk the node kept from an earlier fetch (:class:`._fetched.FetchedChunks`) is
-    not fetched again; one fetched now is kept.
+    not fetched again; one fetched now is kept. Reads that need the chunk while
+    another read fetches it wait for that fetch and share its bytes, or its
+    error (:class:`._fetched.SharedFetches`).
 
     Returns:
         A descriptor of a private unlinked file holding the chunk's stored bytes
@@ -69,15 +72,19 @@ def fetch_chunk(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str) -> i
     fd = kept.get(place) if kept is not None else None
     if fd is not None:
         return fd
-    fd = private_temp(store)
-    try:
-        fetch_checked(store, c, bucket, key, fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    if kept is not None:
-        kept.put(place, fd, c.stored)
-    return fd
+
+    def fetch() -> int:
+        fd = private_temp(store)
+        try:
+            fetch_checked(store, c, bucket, key, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if kept is not None:
+            kept.put(place, fd, c.stored)
+        return fd
+    # reads that need the chunk while it is fetched wait for that fetch (its bytes, or its error)
+    return kept.flights.fetch(("chunk", place), fetch) if kept is not None else fetch()
 
 
 def private_temp(store: "ChunkStore") -> int:
@@ -111,7 +118,7 @@ def fetch_checked(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str, fd
     for node in nodes:
         try:
             fetch(c, [node], fd, span)
-            reason = check_chunk_fd(fd, c) if span is None else _check_span(fd, c, span)
+            reason = check_chunk_fd(fd, c) if span is None else check_span(fd, c, span)
             if store.fetched is not None:
                 store.fetched.count_fetched(c.stored if span is None else span[1])
             if reason is None:
@@ -128,9 +135,10 @@ def fetch_checked(store: "ChunkStore", c: ChunkRecord, bucket: str, key: str, fd
                             chunk=c.chunk_id)
 
 
-def _check_span(fd: int, c: ChunkRecord, span: tuple[int, int]) -> str | None:
-    """Check the ``span`` of chunk ``c``'s stored bytes in ``fd`` against its
-    running CRC32C sums; ``None`` when good, else the reason."""
+def check_span(fd: int, c: ChunkRecord, span: tuple[int, int]) -> str | None:
+    """Check the ``span`` (``(offset, length)`` of whole 4 KiB blocks, or running to
+    the chunk's end) of chunk ``c``'s stored bytes in ``fd`` against its running
+    CRC32C sums; ``None`` when good, else the reason."""
     start, n = span
     buf = bytearray(n)
     try:

@@ -86,6 +86,12 @@ class ReplicaCalls:
         room = getattr(self, "_room", None)
         return room.usage() if room is not None else None
 
+    def room_moved(self) -> tuple[int, int]:
+        """``(data files, bytes)`` this cluster node moved to other members since start
+        while it drained (:mod:`gpufeed._drain`; ``(0, 0)`` without :meth:`use_room`)."""
+        room = getattr(self, "_room", None)
+        return (room.moved_files, room.moved_bytes) if room is not None else (0, 0)
+
     def receive_copy(self, file: str, records: list[ChunkRecord], length: int,
                      pieces: Iterable[memoryview]) -> bool:
         """Store a copy of another node's data file ``file``: :func:`receive_copy`
@@ -179,6 +185,7 @@ class ReplicaCalls:
             return False
         self._chunks.manifests.clear()
         remove_quietly(self._chunks.file_path(file))
+        self._chunks.files.open_files.forget([file])
         return True
 
     def record_file_copies(self, copies: dict[str, list[str]]) -> None:

@@ -26,6 +26,16 @@ by the figures each publishes with its heartbeat
 (:class:`~._membership.NodeInfo`, :func:`node_fits`); a node asked to store
 a copy checks its own figures again (:meth:`NodeRoom.check_keep`) and
 refuses one that does not fit with ``StorageFull``.
+
+A node **drains** once its used bytes pass its **high-water mark**
+(``high_water`` of its capacity, ``GPUFEED_CLUSTER_DRAIN_HIGH``, 0.9) and
+until they are back at or under its **low-water mark** (``low_water``,
+``GPUFEED_CLUSTER_DRAIN_LOW``, 0.8). While it drains, its **moving bytes**
+are its used bytes less the low-water mark (0 otherwise); they are published
+with its heartbeat, placement ranks a draining node after every member with
+room that is not draining, and the node moves copies of its data files to
+other members (:mod:`gpufeed._drain`), counting each file it gave up
+(:meth:`NodeRoom.moved_off`) off its used bytes at once.
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ from ..errors import StorageFull
 if TYPE_CHECKING:
     from ._membership import NodeInfo
 
-__all__ = ["Usage", "NodeRoom", "node_fits", "is_full", "folder_bytes"]
+__all__ = ["Usage", "NodeRoom", "node_fits", "node_draining", "is_full", "folder_bytes"]
 
 #: A node is full when less than this share of its capacity is free ...
 FULL_BELOW = 0.01
@@ -82,6 +92,12 @@ def node_fits(info: "NodeInfo", nbytes: int) -> bool:
     return info.free_bytes < 0 or info.free_bytes >= nbytes
 
 
+def node_draining(info: "NodeInfo") -> bool:
+    """Whether the member ``info`` was draining at its last heartbeat (it reported
+    moving bytes: see the module's text)."""
+    return info.moving_bytes > 0
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     """A node's figures, bytes.
@@ -90,11 +106,19 @@ class Usage:
         used_bytes: bytes of the files in its data folder (see the module's text).
         capacity_bytes: ``--capacity``, else the size of its file system.
         free_bytes: what it can still take (see the module's text), >= 0.
+        moving_bytes: while it drains, its used bytes less its low-water mark
+            (bytes it still moves to other members); 0 when it does not drain.
     """
 
     used_bytes: int
     capacity_bytes: int
     free_bytes: int
+    moving_bytes: int = 0
+
+    @property
+    def draining(self) -> bool:
+        """Whether it drains (moves copies of its files to other members)."""
+        return self.moving_bytes > 0
 
     @property
     def full(self) -> bool:
@@ -114,16 +138,31 @@ class NodeRoom:
             :mod:`gpufeed._replicas` (replication factor > 1): a write's own
             staging then needs room on the disk only (:meth:`check_write`).
         statvfs: how the file system is asked (``os.statvfs``).
+        high_water: share of the capacity past which the node drains (0 < ``high_water`` <= 1;
+            only with ``placing``: with factor 1 a write stays on its writer, so nothing moves).
+        low_water: share of the capacity at or under which it stops draining
+            (0 <= ``low_water`` < ``high_water``).
+
+    Attributes:
+        moved_files, moved_bytes: data files (and their bytes) moved off since start.
 
     Raises:
-        ValueError: a negative ``capacity_bytes`` or ``reserve_bytes``.
+        ValueError: a negative ``capacity_bytes`` or ``reserve_bytes``, or marks out of range.
     """
 
     def __init__(self, folder: str | Path, *, capacity_bytes: int = 0, reserve_bytes: int = 0,
                  count_interval_s: float = 60.0, placing: bool = True,
-                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> None:
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+                 high_water: float = 0.9, low_water: float = 0.8) -> None:
         if capacity_bytes < 0 or reserve_bytes < 0:
             raise ValueError("a node's capacity and reserve must be >= 0 bytes")
+        if not 0 <= low_water < high_water <= 1:
+            raise ValueError(f"a node's drain marks must be 0 <= low ({low_water}) < high ({high_water}) <= 1 "
+                             "(GPUFEED_CLUSTER_DRAIN_LOW, GPUFEED_CLUSTER_DRAIN_HIGH)")
+        self.high_water, self.low_water = high_water, low_water
+        self._draining = False
+        self.moved_files = self.moved_bytes = 0
+        self._walking = 0  # walks of the folder under way
         self.folder = str(folder)
         self.configured_bytes = capacity_bytes
         self.reserve_bytes = reserve_bytes
@@ -148,8 +187,14 @@ class NodeRoom:
         with self._lock:
             if time.monotonic() - self._walked_at < self.count_interval_s:
                 return self._walked + sum(n for _, n in self._added) + self._pending
+        with self._lock:
+            self._walking += 1
         began = time.time()
-        walked = folder_bytes(self.folder, skip=("tmp",))
+        try:
+            walked = folder_bytes(self.folder, skip=("tmp",))
+        finally:
+            with self._lock:
+                self._walking -= 1
         with self._lock:
             self._added = [(c, n) for c, n in self._added if c >= began]  # the walk may have missed them
             self._walked, self._walked_at, self._walk_began = walked, time.monotonic(), began
@@ -160,7 +205,24 @@ class NodeRoom:
         size, disk_free = self._disk()
         capacity = self.configured_bytes or size
         used = self.used()
-        return Usage(used, capacity, max(0, min(capacity - used, disk_free)))
+        with self._lock:
+            if self.placing and used > capacity * self.high_water:
+                self._draining = True
+            elif used <= capacity * self.low_water:
+                self._draining = False
+            moving = max(0, used - int(capacity * self.low_water)) if self._draining else 0
+        return Usage(used, capacity, max(0, min(capacity - used, disk_free)), moving)
+
+    def moved_off(self, nbytes: int) -> None:
+        """Count a data file of ``nbytes`` bytes that this node moved to other members
+        and deleted: off its used bytes at once (unless a walk of the folder is under
+        way, which may or may not have counted it: the next walk does), and in
+        :attr:`moved_files` / :attr:`moved_bytes`."""
+        with self._lock:
+            self.moved_files += 1
+            self.moved_bytes += nbytes
+            if not self._walking:
+                self._added.append((time.time(), -nbytes))
 
     def add_file(self, path: str, nbytes: int) -> None:
         """Count the data file of ``nbytes`` bytes at ``path``, just stored here, unless the
