@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -36,7 +37,8 @@ def _train() -> dict:
             for n in (1, 2, 4, 8, 16):
                 rows.append({"workload": wl, "path": p, "accelerators": n,
                              "au": min(0.99, 0.99 * most[p] * 1.1 / n), "max_accelerators_au_ok": most[p],
-                             "gbps": 0.1 * most[p] * min(n, most[p]), "cpu_s_per_gb": 2.0 / most[p]})
+                             "gbps": 0.1 * most[p] * min(n, most[p]), "cpu_s_per_gb": 2.0 / most[p],
+                             "client_cpu_s_per_gb": 1.0 / most[p] ** 2})
     return {"benchmark": "train", "command": "gpufeed bench train --scale 0.01 --json train.json",
             "machine": MACHINE, "params": {"scale": 0.01}, "results": rows,
             "targets": [{"target": "unet3d accelerators vs boto3", "compare": ">=", "want": 2.0, "got": 4.0,
@@ -114,6 +116,15 @@ def test_real_results_ratios_against_baselines():
     assert all(r[2] < 1 for r in ttft.rows if r[0] != "recompute")  # a cache beats recomputing
     ckpt = build_section("checkpoint", by["checkpoint.json"].data)
     assert {p.name for p in ckpt.plots} >= {"checkpoint-save", "checkpoint-stall"}
+    # the loader-CPU plot states the loader's own CPU, as the run's target does
+    data = by["train-resnet50-tensors.json"].data
+    train = build_section("train", data)
+    loader = next(t for t in train.tables if t.caption.startswith("resnet50: loader CPU"))
+    got = {r[0]: r[1] for r in loader.rows}
+    want = {r["path"]: r["client_cpu_s_per_gb"] for r in data["results"] if r["workload"] == "resnet50"}
+    assert got["gpufeed"] == pytest.approx(statistics.median(
+        [r["client_cpu_s_per_gb"] for r in data["results"] if r["path"] == "gpufeed"]))
+    assert got["gpufeed"] / got["s3_boto3"] < 0.3 and set(got) == set(want)
 
 
 def test_synthetic_train_unknown_and_broken_files(tmp_path):
@@ -123,7 +134,11 @@ def test_synthetic_train_unknown_and_broken_files(tmp_path):
     train = build_section("train", sources["train.json"].data)
     names = {p.name for p in train.plots}
     assert {"train-au-unet3d", "train-au-cosmoflow", "train-acc-unet3d", "train-gbps-unet3d",
-            "train-cpu-unet3d"} <= names
+            "train-cpu-unet3d", "train-cpu-all-unet3d"} <= names
+    loader = next(t for t in train.tables if t.caption.startswith("unet3d: loader CPU"))  # the loader's own
+    assert {r[0]: r[2] for r in loader.rows}["gpufeed"] == pytest.approx((1 / 64) / (1 / 4))
+    total = next(t for t in train.tables if t.caption.startswith("unet3d: loader + node CPU"))
+    assert {r[0]: r[2] for r in total.rows}["gpufeed"] == pytest.approx((2 / 8) / (2 / 2))
     acc = next(t for t in train.tables if t.caption.startswith("unet3d: most accelerators kept"))
     ratio = {r[0]: r[2] for r in acc.rows}
     assert ratio["gpufeed"] == pytest.approx(4.0) and ratio["s3_boto3"] == pytest.approx(1.0)
