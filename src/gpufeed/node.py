@@ -363,6 +363,9 @@ class Node:
                              fetch_cache_bytes=cfg.cluster_fetch_cache_bytes)
             part_copies = PartCopies(self.replicas, link, cfg.cluster_fetch_timeout_s)
             engine.use_part_peers(part_copies)
+            from ._monitor import add_cluster_source
+
+            add_cluster_source(self.metrics, engine, cfg.cluster, cfg.cluster_expiry_s, cfg.cluster_replicas)
             self.rereplicator = ReReplicator(engine, self.replicas, interval_s=cfg.cluster_rereplicate_interval_s,
                                              rate_bytes_s=cfg.cluster_rereplicate_bytes_s,
                                              orphan_grace_s=cfg.cluster_orphan_grace_s,

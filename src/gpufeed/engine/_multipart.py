@@ -135,6 +135,14 @@ def _repeat_answer(reader: CatalogReader, done: CompletedUpload) -> ObjectInfo:
                       checksums=checksums)
 
 
+def _record_copies(w: CatalogWriter, upload_id: str, file: str, nodes: list[str]) -> None:
+    """Record the nodes holding part file ``file`` where the catalog keeps that
+    (a cluster's shared catalog, ``part_copies``)."""
+    add = getattr(w, "add_part_copies", None)
+    if add is not None and all(nodes):
+        add(upload_id, file, nodes)
+
+
 class Multipart:
     """The multipart operations of one engine.
 
@@ -212,6 +220,8 @@ class Multipart:
                 get_upload(w, bucket, key, upload_id)
                 old = w.part_file(upload_id, part_number)
                 w.put_part(upload_id, PartRecord(info, file))
+                if peers is not None:  # where its copies are (the cluster status counts them)
+                    _record_copies(w, upload_id, file, [self._cat.holder, *pushed])
                 check_quota(w, require_bucket(w, bucket))
         except BaseException:
             remove_quietly(path)

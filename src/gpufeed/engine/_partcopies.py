@@ -197,6 +197,16 @@ class PartCopyCalls:
         check_part_file(upload_id, file)
         return self._files.part_path(upload_id, file)
 
+    def record_part_copies(self, upload_id: str, file: str, nodes: list[str]) -> None:
+        """Record, in a write transaction of its own, that the nodes ``nodes`` hold a
+        copy of part file ``file`` of an upload (nothing once no part row of the open
+        upload names it, or where the catalog keeps no copies)."""
+        check_part_file(upload_id, file)
+        with self._cat.write() as w:
+            add = getattr(w, "add_part_copies", None)
+            if add is not None:
+                add(upload_id, file, nodes)
+
     def open_parts_here(self) -> list[tuple[UploadInfo, list[PartRecord]]]:
         """The open uploads that have part files in this node's folder, each with
         the parts whose file (the one its part row names) is here, by part number.

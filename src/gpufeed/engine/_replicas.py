@@ -133,6 +133,12 @@ class ReplicaCalls:
         """Chunks with fewer than ``factor`` copies on the nodes ``live``."""
         return self._cat.under_replicated(live, factor)
 
+    def under_replicated_parts(self, live: list[str], factor: int) -> int:
+        """Parts of open multipart uploads with fewer than ``factor`` copies of their
+        file on the nodes ``live``, as the catalog records them (0 where it records none)."""
+        count = getattr(self._cat, "under_replicated_parts", None)
+        return count(live, factor) if count is not None else 0
+
     def under_replicated_files(self, live: list[str], factor: int, after: str = "", limit: int = 1000) -> list[str]:
         """Data files (ids after ``after``, at most ``limit``) with a chunk that has fewer
         than ``factor`` copies on the nodes ``live``."""
