@@ -14,11 +14,15 @@ through it copies nothing over the network. A member that fails is replaced by
 the next-ranked one; when fewer members than needed take the file, the part
 is refused with ``ServiceUnavailable`` and the copies some took are deleted.
 
-**Fetches** (:meth:`PartCopies.fetch`): a completion on a node that lacks a
-part's file asks the live members, in the upload's rank order, for it; the
-bytes are written in place into the object being built and checked against
-the part's MD5 as they arrive. Bytes that fail are overwritten by the next
-member's; a member that lacks the file says so at once.
+**Fetches** (:meth:`PartCopies.fetch_parts`): a completion on a node that
+lacks part files fetches them, at most ``part_fetches`` at once
+(``GPUFEED_CLUSTER_PART_FETCHES``), each from the live members in the
+upload's rank order; the bytes are written in place into the object being
+built and checked against the part's MD5 as they arrive. Bytes that fail are
+overwritten by the next member's; a member that lacks the file says so at
+once. The first part that no member sends stops the others (those not begun
+are not begun, those under way end at their next 1 MiB piece) and is what
+the completion answers.
 
 **Copies made again** (:meth:`PartCopies.holders`, :meth:`PartCopies.copy_more`,
 used by :mod:`gpufeed._partrepair` after a member is lost): which other live
@@ -38,7 +42,8 @@ import hashlib
 import logging
 import os
 import socket
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 from ._peers import PIECE_BYTES, PeerLink, recv_exact
 from ._replicas import Replicas
@@ -61,10 +66,17 @@ class PartCopies:
         replicas: the node's copies of data files (live members, factor, node id, copy timeout).
         link: the node's peer link (node keys, handshake).
         fetch_timeout_s: the longest any one wait of a fetch or delete may take (> 0).
+        part_fetches: most part files one completion fetches at once (>= 1).
+
+    Raises:
+        ValueError: ``part_fetches`` < 1.
     """
 
-    def __init__(self, replicas: Replicas, link: PeerLink, fetch_timeout_s: float) -> None:
+    def __init__(self, replicas: Replicas, link: PeerLink, fetch_timeout_s: float, part_fetches: int = 4) -> None:
+        if part_fetches < 1:
+            raise ValueError(f"a completion needs at least 1 part fetch at once, not {part_fetches}")
         self._r, self._link, self.fetch_timeout_s = replicas, link, fetch_timeout_s
+        self.part_fetches = part_fetches
 
     def _peers(self) -> dict[str, NodeInfo]:
         return {n.node_id: n for n in self._r.live() if n.node_id != self._r.node_id and n.wire_port}
@@ -170,28 +182,51 @@ class PartCopies:
                             found[f].add(node)
         return found
 
-    def fetch(self, bucket: str, key: str, upload_id: str, file: str, md5: str, size: int, fd: int,
-              offset: int) -> None:
-        """Write part file ``file``'s ``size`` bytes at ``offset`` of ``fd``, as the
-        first live member (in the upload's rank order) that has it sends them with
-        MD5 ``md5``.
+    def fetch_parts(self, bucket: str, key: str, upload_id: str, wants: list[tuple[str, str, int, int]],
+                    fd: int) -> None:
+        """Write each part file of ``wants`` (``(file, hex MD5, size, offset)``) at
+        its offset of ``fd``, as the first live member (in the upload's rank order)
+        that has it sends it with that MD5; at most :attr:`part_fetches` at once.
 
         Raises:
-            HolderUnavailable: no live member sent them (each one's reason named).
+            HolderUnavailable: no live member sent one of them (each one's reason
+                named); the others were stopped, and what they wrote is left for
+                the caller to discard.
+        """
+        if not wants:
+            return
+        peers, stop = self._peers(), threading.Event()
+        with ThreadPoolExecutor(min(self.part_fetches, len(wants)), thread_name_prefix="gpufeed-part-fetch") as pool:
+            futures = [pool.submit(self._fetch_one, peers, bucket, key, upload_id, *w, fd, stop) for w in wants]
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            first = next((f.exception() for f in futures if f in done and f.exception() is not None), None)
+            if first is not None:
+                stop.set()  # the rest end at their next piece, or never begin
+                for f in futures:
+                    f.cancel()
+        if first is not None:
+            raise first
+
+    def _fetch_one(self, peers: dict[str, NodeInfo], bucket: str, key: str, upload_id: str, file: str, md5: str,
+                   size: int, offset: int, fd: int, stop: threading.Event) -> None:
+        """One part file of :meth:`fetch_parts`, each of ``peers`` asked in the upload's rank order.
+
+        Raises:
+            HolderUnavailable: no member sent it, or ``stop`` was set meanwhile.
         """
         failures: list[str] = []
-        peers = self._peers()
         for node in rank(upload_id.encode(), peers):
+            if stop.is_set():
+                raise HolderUnavailable(f"part file {file} of upload {upload_id}: stopped (another part failed)")
             info = peers[node]
             req = p.PartFile("get", bucket, key, upload_id, [file])
             try:
-                self._ask(info, req, self.fetch_timeout_s, into=(fd, offset, size, md5))
+                self._ask(info, req, self.fetch_timeout_s, into=(fd, offset, size, md5), stop=stop)
                 return
             except NoSuchKey:
                 failures.append(f"node {node} has no copy")
             except (OSError, ProtocolError, GpufeedError) as exc:
                 failures.append(_why(info, exc, self.fetch_timeout_s, "GPUFEED_CLUSTER_FETCH_TIMEOUT_S"))
-        os.ftruncate(fd, offset)  # nothing of a failed fetch stays in the file
         part = int(file.split(".")[0])
         raise HolderUnavailable(
             f"part {part} of upload {upload_id} ({bucket}/{key}) is in no live node's folder that answered: "
@@ -219,10 +254,11 @@ class PartCopies:
                 list(pool.map(one, nodes))
 
     def _ask(self, info: NodeInfo, req: p.PartFile, timeout_s: float, *, path: str | None = None,
-             into: tuple[int, int, int, str] | None = None) -> p.PartFileReply:
+             into: tuple[int, int, int, str] | None = None, stop: threading.Event | None = None) -> p.PartFileReply:
         """One PART request on a fresh authenticated connection to ``info``: the file
         at ``path`` as its payload (put), the reply's payload written and checked
-        ``into`` ``(fd, offset, size, md5)`` (get). Returns the reply.
+        ``into`` ``(fd, offset, size, md5)`` (get; given up once ``stop`` is set).
+        Returns the reply.
 
         Raises:
             GpufeedError: the node's error reply, as its own type.
@@ -239,7 +275,7 @@ class PartCopies:
             got, payload = _answer(sock)
             reply = p.decode(p.PartFileReply, got)
             if into is not None:
-                _receive_checked(sock, payload, *into)
+                _receive_checked(sock, payload, *into, stop=stop)
             elif payload:
                 raise ProtocolError(f"a payload of {payload} bytes on a PART {req.action!r} reply")
             return reply
@@ -261,12 +297,13 @@ def _answer(sock: socket.socket) -> tuple[bytes, int]:
     return got, payload
 
 
-def _receive_checked(sock: socket.socket, payload: int, fd: int, offset: int, size: int, md5: str) -> None:
+def _receive_checked(sock: socket.socket, payload: int, fd: int, offset: int, size: int, md5: str, *,
+                     stop: threading.Event | None = None) -> None:
     """Write the ``payload`` bytes at ``offset`` of ``fd`` and check them: ``size``
-    bytes with hex MD5 ``md5``.
+    bytes with hex MD5 ``md5`` (given up at the next piece once ``stop`` is set).
 
     Raises:
-        ProtocolError: another length, another MD5, or the connection closed first.
+        ProtocolError: another length, another MD5, the connection closed first, or stopped.
     """
     if payload != size:
         raise ProtocolError(f"the node sent {payload} bytes of a part of {size}")
@@ -274,6 +311,8 @@ def _receive_checked(sock: socket.socket, payload: int, fd: int, offset: int, si
     buf = memoryview(bytearray(min(PIECE_BYTES, size) or 1))
     done = 0
     while done < size:
+        if stop is not None and stop.is_set():
+            raise ProtocolError(f"stopped after {done} of {size} bytes (another part failed)")
         n = sock.recv_into(buf, min(len(buf), size - done))
         if n == 0:
             raise ProtocolError(f"the connection closed after {done} of {size} bytes")

@@ -323,8 +323,9 @@ class Multipart:
             )
 
         with self._writes.begin(None, finish) as pw:
+            fetched = self._fetch_missing(pw, upload, chosen)
             for rec in chosen:
-                self._append_part(pw, upload, rec)
+                self._append_part(pw, upload, rec, rec.file in fetched)
             info = pw.commit()
         self.forget_parts(bucket, key, upload_id)
         return info
@@ -335,21 +336,51 @@ class Multipart:
         if self.peers is not None:
             self.peers.drop(bucket, key, upload_id, [])
 
-    def _append_part(self, pw: PendingWrite, upload: UploadInfo, rec: PartRecord) -> None:
-        """Copy one part file onto the end of ``pw``: a kernel copy of this node's
-        file, or (in a cluster, when this node has none) the bytes of another
-        node's copy, written in place and checked against the part's MD5."""
+    def _fetch_missing(self, pw: PendingWrite, upload: UploadInfo, chosen: list[PartRecord]) -> set[str]:
+        """In a cluster, write the parts of ``chosen`` whose file this node lacks at
+        their places in ``pw`` (past its end: :meth:`_append_part` counts them in
+        order) from other nodes' copies, a bounded number at once, each checked
+        against its MD5. Returns the files fetched.
+
+        Raises:
+            HolderUnavailable: a part reached no node that has it (the others stopped).
+            NoSuchUpload, InvalidPart: the upload ended, or a part was replaced, meanwhile.
+        """
+        if self.peers is None:
+            return set()
+        wants: list[tuple[str, str, int, int]] = []
+        offset = pw.size
+        for rec in chosen:
+            if not os.path.isfile(self._files.part_path(upload.upload_id, rec.file)):
+                wants.append((rec.file, rec.info.etag, rec.info.size, offset))
+            offset += rec.info.size
+        self._fetch(upload, chosen, wants, pw.fileno())
+        return {w[0] for w in wants}
+
+    def _fetch(self, upload: UploadInfo, recs: list[PartRecord], wants: list[tuple[str, str, int, int]],
+               fd: int) -> None:
+        """``peers.fetch_parts`` of ``wants``; a failure answers an ended upload or
+        a replaced part of ``recs`` as such (an abort or a new upload took it)."""
+        assert self.peers is not None
+        try:
+            self.peers.fetch_parts(upload.bucket, upload.key, upload.upload_id, wants, fd)
+        except HolderUnavailable:
+            self._check_unchanged(upload, [r for r in recs if r.file in {w[0] for w in wants}])
+            raise
+
+    def _append_part(self, pw: PendingWrite, upload: UploadInfo, rec: PartRecord, fetched: bool) -> None:
+        """Count one part onto the end of ``pw``: one :meth:`_fetch_missing` wrote
+        there already, else a kernel copy of this node's file (or, in a cluster,
+        when this node's file went meanwhile, the bytes of another node's copy)."""
         number, size, upload_id = rec.info.part_number, rec.info.size, upload.upload_id
+        if fetched:
+            pw.wrote(size)
+            return
         try:
             sfd = os.open(self._files.part_path(upload_id, rec.file), _OPEN_READ)
         except FileNotFoundError as exc:
             if self.peers is not None:
-                try:
-                    self.peers.fetch(upload.bucket, upload.key, upload_id, rec.file, rec.info.etag, size,
-                                     pw.fileno(), pw.size)
-                except HolderUnavailable:
-                    self._check_unchanged(upload, rec)  # an abort or a new upload of the part took it
-                    raise
+                self._fetch(upload, [rec], [(rec.file, rec.info.etag, size, pw.size)], pw.fileno())
                 pw.wrote(size)
                 return
             raise InvalidPart(f"part {number} is not in this node's data folder: it was replaced or removed "
@@ -360,19 +391,20 @@ class Multipart:
         finally:
             os.close(sfd)
 
-    def _check_unchanged(self, upload: UploadInfo, rec: PartRecord) -> None:
-        """Raise what a completion answers when its upload ended, or one of its parts was
-        uploaded again, since it read them.
+    def _check_unchanged(self, upload: UploadInfo, recs: list[PartRecord]) -> None:
+        """Raise what a completion answers when its upload ended, or one of its parts
+        ``recs`` was uploaded again, since it read them (one catalog snapshot).
 
         Raises:
             NoSuchUpload: the upload was completed or aborted meanwhile.
-            InvalidPart: the part was replaced meanwhile.
+            InvalidPart: a part was replaced meanwhile.
         """
         with self._cat.snapshot() as c:
             get_upload(c, upload.bucket, upload.key, upload.upload_id)
-            if c.part_file(upload.upload_id, rec.info.part_number) != rec.file:
-                raise InvalidPart(f"part {rec.info.part_number} was replaced meanwhile",
-                                  part_number=rec.info.part_number)
+            for rec in recs:
+                if c.part_file(upload.upload_id, rec.info.part_number) != rec.file:
+                    raise InvalidPart(f"part {rec.info.part_number} was replaced meanwhile",
+                                      part_number=rec.info.part_number)
 
     def parts_of(self, info: ObjectInfo) -> list[PartInfo]:
         """The parts the version ``info`` was completed from, in object order (``[]``: not multipart)."""

@@ -63,13 +63,15 @@ class PartPeers(Protocol):
             ServiceUnavailable: fewer members than that took it (naming each failure).
         """
 
-    def fetch(self, bucket: str, key: str, upload_id: str, file: str, md5: str, size: int, fd: int,
-              offset: int) -> None:
-        """Write the ``size`` bytes of part file ``file`` at ``offset`` of ``fd``,
-        as a live member that has it sends them with MD5 ``md5``.
+    def fetch_parts(self, bucket: str, key: str, upload_id: str, wants: list[tuple[str, str, int, int]],
+                    fd: int) -> None:
+        """Write each part file of ``wants`` (``(file, hex MD5, size, offset)``) at
+        its offset of ``fd``, as a live member that has it sends it with that MD5;
+        a bounded number at once.
 
         Raises:
-            HolderUnavailable: no live member sent bytes that pass (naming each).
+            HolderUnavailable: no live member sent one of them bytes that pass
+                (naming each); the others were stopped (the caller discards ``fd``).
         """
 
     def drop(self, bucket: str, key: str, upload_id: str, files: list[str]) -> None:
