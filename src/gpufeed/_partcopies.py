@@ -10,9 +10,14 @@ Members are ranked by rendezvous hashing of the *upload id*
 (:func:`gpufeed.engine._placement.rank`), so every part of an upload goes to
 the same first-ranked members: with factor 2 the upload's first-ranked live
 member holds every part that it did not receive itself, and a completion
-through it copies nothing over the network. A member that fails is replaced by
-the next-ranked one; when fewer members than needed take the file, the part
-is refused with ``ServiceUnavailable`` and the copies some took are deleted.
+through it copies nothing over the network. A member without room for the
+file by the figures of its last heartbeat is passed over
+(:func:`gpufeed.engine._room.node_fits`), and one that refuses it (its own
+check, :mod:`gpufeed.engine._room`: ``StorageFull``) or fails otherwise is
+replaced by the next-ranked one; when fewer members than needed take the
+file, the part is refused, with ``StorageFull`` (507) when every member passed
+over or failing lacked room, else ``ServiceUnavailable`` (503), and the copies
+some took are deleted.
 
 **Fetches** (:meth:`PartCopies.fetch_parts`): a completion on a node that
 lacks part files fetches them, at most ``part_fetches`` at once
@@ -49,7 +54,16 @@ from ._peers import PIECE_BYTES, PeerLink, recv_exact
 from ._replicas import Replicas
 from .engine._membership import NodeInfo
 from .engine._placement import rank
-from .errors import GpufeedError, HolderUnavailable, NoSuchKey, NoSuchUpload, ProtocolError, ServiceUnavailable
+from .engine._room import node_fits
+from .errors import (
+    GpufeedError,
+    HolderUnavailable,
+    NoSuchKey,
+    NoSuchUpload,
+    ProtocolError,
+    ServiceUnavailable,
+    StorageFull,
+)
 from .wire import protocol as p
 
 __all__ = ["PartCopies"]
@@ -57,6 +71,8 @@ __all__ = ["PartCopies"]
 log = logging.getLogger("gpufeed.cluster")
 
 _REPLY_META_MAX = 64 << 10  # 64 KiB
+#: What a failure line of a member without room for a part file ends with.
+_NO_ROOM = "StorageFull"
 
 
 class PartCopies:
@@ -101,10 +117,12 @@ class PartCopies:
         if len(got) < need:
             self._drop_on([peers[n] for n in got], bucket, key, upload_id, [file])
             why = "; ".join(errors) or "no other live member to take it"
-            raise ServiceUnavailable(
-                f"part file {file} of upload {upload_id} reached {len(got)} of the {need} other nodes that "
-                f"replication factor {self._r.factor} needs with {len(peers) + 1} live members ({why}); the part "
-                "was not stored (GPUFEED_CLUSTER_REPLICAS)")
+            text = (f"part file {file} of upload {upload_id} reached {len(got)} of the {need} other nodes that "
+                    f"replication factor {self._r.factor} needs with {len(peers) + 1} live members ({why}); the "
+                    "part was not stored (GPUFEED_CLUSTER_REPLICAS)")
+            if errors and all(_NO_ROOM in e for e in errors):
+                raise StorageFull(text)
+            raise ServiceUnavailable(text)
         return got
 
     def _send_ranked(self, peers: dict[str, NodeInfo], req: p.PartFile, path: str,
@@ -125,12 +143,17 @@ class PartCopies:
             if len(got) >= need:
                 break
             info = peers[node]
+            if not node_fits(info, req.length):
+                errors.append(f"node {node}: {info.free_bytes} bytes free by its last heartbeat ({_NO_ROOM})")
+                continue
             try:
                 self._ask(info, req, self._r.timeout_s, path=path)
                 got.append(node)
             except NoSuchUpload:
                 self._drop_on([peers[n] for n in got], req.bucket, req.key, req.upload_id, list(req.files))
                 raise
+            except StorageFull as exc:
+                errors.append(f"{_why(info, exc, self._r.timeout_s, '')} ({_NO_ROOM})")
             except (OSError, ProtocolError, GpufeedError) as exc:
                 errors.append(_why(info, exc, self._r.timeout_s, "GPUFEED_CLUSTER_COPY_TIMEOUT_S"))
         return got, errors

@@ -34,6 +34,7 @@ from ..errors import (
 )
 from ._blobs import BlobFiles, new_id, remove_quietly
 from ._names import check_key, check_str_map, check_text
+from ._room import folder_bytes
 from ._tenants import check_quota
 from ._versions import check_tags, lock_of_new
 from ._writes import PendingWrite, WritePath
@@ -42,6 +43,7 @@ from .types import ObjectInfo, PartInfo, Retention, UploadInfo
 
 if TYPE_CHECKING:
     from ._partcopies import PartPeers
+    from ._room import NodeRoom
 
 __all__ = ["Multipart", "MIN_PART_BYTES", "MAX_PARTS", "COMPLETED_KEEP_S"]
 
@@ -155,6 +157,10 @@ class Multipart:
     Attributes:
         peers: the other nodes of the cluster that parts are copied to, fetched
             from and deleted on (:mod:`._partcopies`); ``None``: this node alone.
+        room: a cluster node's own figures (:mod:`._room`): a part's file is
+            admitted by them (``StorageFull`` when it does not fit, its bytes
+            counted from then on, and uncounted when it is deleted); ``None``:
+            the engine's capacity check (:meth:`~._chunks.ChunkStore.check_room`).
     """
 
     def __init__(self, catalog: Catalog, files: BlobFiles, writes: WritePath) -> None:
@@ -162,6 +168,7 @@ class Multipart:
         self._files = files
         self._writes = writes
         self.peers: PartPeers | None = None
+        self.room: NodeRoom | None = None
 
     def create(self, bucket: str, key: str, content_type: str | None, metadata: dict[str, str] | None,
                headers: dict[str, str] | None, tags: dict[str, str] | None = None,
@@ -203,19 +210,37 @@ class Multipart:
     def _publish_part(self, bucket: str, key: str, upload_id: str, part_number: int, tmp: str,
                       size: int, etag: str, checksums: dict[str, str] | None) -> PartInfo:
         check_str_map(checksums)
+        room = self.room
         try:
-            self._writes.chunks.check_room(size)
+            if room is not None:
+                room.reserve(size)  # counted at once: parts and copies arriving together cannot pass it
+            else:
+                self._writes.chunks.check_room(size)
         except StorageFull:
             remove_quietly(tmp)
             raise
-        file = f"{part_number:05d}.{new_id()}"
-        path = self._place_part(tmp, upload_id, file)
+        try:
+            file = f"{part_number:05d}.{new_id()}"
+            path = self._place_part(tmp, upload_id, file)
+            info = self._commit_part(bucket, key, upload_id, part_number, file, path,
+                                     PartInfo(part_number, etag, size, time.time(), dict(checksums or {})))
+            if room is not None:
+                room.add_file(path, size)
+        finally:
+            if room is not None:
+                room.release(size)
+        return info
+
+    def _commit_part(self, bucket: str, key: str, upload_id: str, part_number: int, file: str, path: str,
+                     info: PartInfo) -> PartInfo:
+        """Copy the part file at ``path`` to the other nodes (in a cluster) and commit
+        its row; the file and its copies are deleted when either fails, and the
+        file of the part it replaces (here and on the other nodes) once it commits."""
         peers = self.peers
-        info = PartInfo(part_number, etag, size, time.time(), dict(checksums or {}))
         pushed: list[str] = []
         try:
             if peers is not None:  # copies on other nodes before the part is acknowledged
-                pushed = peers.push(bucket, key, upload_id, file, path, etag)
+                pushed = peers.push(bucket, key, upload_id, file, path, info.etag)
             with self._cat.write() as w:
                 get_upload(w, bucket, key, upload_id)
                 old = w.part_file(upload_id, part_number)
@@ -229,7 +254,7 @@ class Multipart:
                 peers.drop(bucket, key, upload_id, [file])
             raise
         if old is not None:
-            remove_quietly(self._files.part_path(upload_id, old))
+            self._remove_part_files([self._files.part_path(upload_id, old)])
             if peers is not None:
                 peers.drop(bucket, key, upload_id, [old])
         return info
@@ -330,8 +355,23 @@ class Multipart:
         self.forget_parts(bucket, key, upload_id)
         return info
 
+    def _remove_part_files(self, paths: list[str]) -> None:
+        """Delete part files of this node's folder (their bytes stop counting in :attr:`room`)."""
+        freed = 0
+        for path in paths:
+            try:
+                size = os.stat(path).st_size
+                os.unlink(path)
+                freed += size
+            except FileNotFoundError:
+                pass
+        if self.room is not None:
+            self.room.removed(freed)
+
     def forget_parts(self, bucket: str, key: str, upload_id: str) -> None:
         """Delete an ended upload's part files here and (in a cluster) on the other nodes."""
+        if self.room is not None:
+            self.room.removed(folder_bytes(self._files.upload_dir(upload_id)))
         self._files.remove_upload_dir(upload_id)
         if self.peers is not None:
             self.peers.drop(bucket, key, upload_id, [])

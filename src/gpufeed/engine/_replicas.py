@@ -41,9 +41,10 @@ from .types import ChunkRecord
 
 if TYPE_CHECKING:
     from ._chunks import ChunkStore, Staged
+    from ._multipart import Multipart
 
 __all__ = ["PushFiles", "replicate_staged", "record_copies", "receive_copy", "copy_length", "COPY_MAX_BYTES",
-           "ReplicaCalls", "Placed", "write_pieces"]
+           "ReplicaCalls", "Placed", "write_pieces", "refuse_payload"]
 
 #: ``push([(file id, chunk records in it, by offset), ...]) -> {file id: node ids}``:
 #: places each local data file on its nodes and returns, per file, the nodes that
@@ -73,12 +74,15 @@ class ReplicaCalls:
 
     _chunks: "ChunkStore"
     _cat: Catalog
+    _multipart: "Multipart"
 
     def use_room(self, room: NodeRoom) -> None:
-        """Judge writes through this node and copies pushed to it by this cluster
-        node's own figures (:mod:`._room`) instead of the catalog's stored bytes."""
+        """Judge writes through this node, parts uploaded to it and copies pushed to
+        it by this cluster node's own figures (:mod:`._room`) instead of the
+        catalog's stored bytes."""
         self._room: NodeRoom | None = room
         self._chunks.room = room.check_write
+        self._multipart.room = room
 
     def room_usage(self) -> Usage | None:
         """This cluster node's used, capacity and free bytes (:mod:`._room`); ``None``
@@ -321,6 +325,21 @@ def receive_copy(store: "ChunkStore", file: str, records: list[ChunkRecord], len
     os.close(fd)
     store.files.publish_blob(tmp, file)
     return True
+
+
+def refuse_payload(pieces: Iterable[memoryview], problem: Exception | None) -> bool:
+    """Read a pushed payload's ``pieces`` to the end without keeping them (so the
+    connection stays framed), then raise ``problem``; ``False`` (nothing stored)
+    when there is none (the file was here already).
+
+    Raises:
+        Exception: ``problem``, when given.
+    """
+    for _ in pieces:
+        pass
+    if problem is not None:
+        raise problem
+    return False
 
 
 def write_pieces(fd: int, pieces: Iterable[memoryview], hasher=None) -> OSError | None:

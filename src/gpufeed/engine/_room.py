@@ -9,9 +9,11 @@ data files of a write through it until the write has placed them elsewhere
 which ``statvfs`` shows, until the write ends). They are counted by a walk
 of the folder every ``count_interval_s`` seconds, plus the bytes of each
 data file stored here since that walk began (:meth:`NodeRoom.add_file`: a
-write's file it keeps, a copy another node pushed); a file deleted since the
-walk counts until the next walk, and one stored while a walk runs may be
-counted twice until the next, so the figure errs towards full.
+write's file it keeps, a copy another node pushed, a part file), less the
+bytes of the part files deleted since (:meth:`NodeRoom.removed`: a completed,
+aborted or replaced part's); another file deleted since the walk counts until
+the next walk, and one stored or deleted while a walk runs may be counted
+twice until the next, so the figure errs towards full.
 
 Its **capacity** is ``--capacity`` (``GPUFEED_CAPACITY``) when set, else the
 size of the data folder's file system. Its **free bytes** are the smaller of
@@ -25,7 +27,10 @@ least ``n``. Placement (:mod:`gpufeed._replicas`) asks that of every node,
 by the figures each publishes with its heartbeat
 (:class:`~._membership.NodeInfo`, :func:`node_fits`); a node asked to store
 a copy checks its own figures again (:meth:`NodeRoom.check_keep`) and
-refuses one that does not fit with ``StorageFull``.
+refuses one that does not fit with ``StorageFull``. A part of a multipart
+upload (from UploadPart, or a copy another member pushed) is admitted the
+same way (:meth:`NodeRoom.reserve` before its file lands in the upload's
+folder, then :meth:`NodeRoom.add_file` and :meth:`NodeRoom.release`).
 """
 
 from __future__ import annotations
@@ -135,6 +140,7 @@ class NodeRoom:
         self._pending = 0  # bytes admitted and not yet counted as stored (released by their taker)
         self._walked = 0
         self._added: list[tuple[float, int]] = []  # (ctime, bytes) of files stored since the walk began
+        self._freed = 0  # bytes of part files deleted since the last walk ended (:meth:`removed`)
         self._walked_at = -float("inf")
         self._walk_began = 0.0  # Unix s: files renamed into place before it are in the walk's count
 
@@ -147,12 +153,13 @@ class NodeRoom:
         """The used bytes (a walk of the folder when the last is ``count_interval_s`` old)."""
         with self._lock:
             if time.monotonic() - self._walked_at < self.count_interval_s:
-                return self._walked + sum(n for _, n in self._added) + self._pending
+                return max(0, self._walked + sum(n for _, n in self._added) + self._pending - self._freed)
         began = time.time()
         walked = folder_bytes(self.folder, skip=("tmp",))
         with self._lock:
             self._added = [(c, n) for c, n in self._added if c >= began]  # the walk may have missed them
             self._walked, self._walked_at, self._walk_began = walked, time.monotonic(), began
+            self._freed = 0  # the walk saw what is left
             return walked + sum(n for _, n in self._added) + self._pending
 
     def usage(self) -> Usage:
@@ -172,6 +179,13 @@ class NodeRoom:
         with self._lock:
             if changed >= self._walk_began:
                 self._added.append((changed, nbytes))
+
+    def removed(self, nbytes: int) -> None:
+        """Stop counting ``nbytes`` bytes of files just deleted from the folder (each
+        counted before: by the walk, or by :meth:`add_file`) until the next walk."""
+        if nbytes > 0:
+            with self._lock:
+                self._freed += nbytes
 
     def fits(self, nbytes: int) -> bool:
         """Whether a data file of ``nbytes`` bytes fits here now."""
