@@ -50,7 +50,7 @@ import socket
 import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
-from ._peers import PIECE_BYTES, PeerLink, recv_exact
+from ._peers import PeerLink, recv_exact, recv_to_fd
 from ._replicas import Replicas
 from .engine._membership import NodeInfo
 from .engine._placement import rank
@@ -331,19 +331,7 @@ def _receive_checked(sock: socket.socket, payload: int, fd: int, offset: int, si
     if payload != size:
         raise ProtocolError(f"the node sent {payload} bytes of a part of {size}")
     h = hashlib.md5()
-    buf = memoryview(bytearray(min(PIECE_BYTES, size) or 1))
-    done = 0
-    while done < size:
-        if stop is not None and stop.is_set():
-            raise ProtocolError(f"stopped after {done} of {size} bytes (another part failed)")
-        n = sock.recv_into(buf, min(len(buf), size - done))
-        if n == 0:
-            raise ProtocolError(f"the connection closed after {done} of {size} bytes")
-        piece = buf[:n]
-        h.update(piece)
-        while piece:
-            k = os.pwrite(fd, piece, offset + done)
-            piece, done = piece[k:], done + k
+    recv_to_fd(sock, fd, offset, size, h, stop=stop)
     if h.hexdigest() != md5:
         raise ProtocolError(f"the bytes sent have MD5 {h.hexdigest()}, not the part's {md5}")
 

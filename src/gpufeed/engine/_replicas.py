@@ -100,10 +100,8 @@ class ReplicaCalls:
         if room is not None and not os.path.exists(self._chunks.file_path(file)):
             try:
                 room.reserve(length)  # counted at once: copies received together cannot pass the capacity
-            except StorageFull:
-                for _ in pieces:  # read to the end: the connection stays framed
-                    pass
-                raise
+            except StorageFull as exc:
+                return refuse_payload(pieces, exc)
             reserved = length
         try:
             stored = receive_copy(self._chunks, file, records, length, pieces,
@@ -297,13 +295,8 @@ def receive_copy(store: "ChunkStore", file: str, records: list[ChunkRecord], len
                                   "(GPUFEED_CLUSTER_COPY_MAX_BYTES)")
     elif not records or copy_length(records) != length:
         problem = InvalidArgument(f"a copy of {length} bytes does not match the chunks it names")
-    here = problem is None and os.path.exists(store.file_path(file))
-    if problem is not None or here:
-        for _ in pieces:
-            pass
-        if problem is not None:
-            raise problem
-        return False
+    if problem is not None or os.path.exists(store.file_path(file)):
+        return refuse_payload(pieces, problem)
     fd, tmp = store.files.new_temp()
     try:
         failure = write_pieces(fd, pieces)
