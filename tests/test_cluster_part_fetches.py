@@ -14,8 +14,10 @@ from __future__ import annotations
 import hashlib
 import os
 
+import pytest
 from botocore.exceptions import ClientError
 
+from gpufeed._partcopies import PartCopies
 from gpufeed.testing.node import NodeProcess, flip_bits, start_node
 from test_cluster_multipart import FAST, MIB, _multipart_etag, _part_files
 
@@ -69,3 +71,8 @@ def test_a_member_without_parts_fetches_them_all_checked(tmp_path, postgres_url)
     finally:
         for n in nodes:
             n.stop()
+
+
+def test_a_completion_needs_at_least_one_part_fetch_at_once():
+    with pytest.raises(ValueError, match="at least 1 part fetch at once, not 0"):
+        PartCopies(None, None, 3.0, 0)  # type: ignore[arg-type]  # refused before either is used

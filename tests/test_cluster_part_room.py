@@ -45,7 +45,7 @@ def test_parts_are_refused_where_there_is_no_room_and_copied_where_there_is(tmp_
         s3b.create_bucket(Bucket="mpu")
         data = os.urandom(5 * MIB)
         # an upload whose first-ranked member (after b) is a, which has no room for 5 MiB
-        ups = [s3b.create_multipart_upload(Bucket="mpu", Key="k")["UploadId"] for _ in range(8)]
+        ups = [s3b.create_multipart_upload(Bucket="mpu", Key="k")["UploadId"] for _ in range(16)]
         up = next(u for u in ups if rank(u.encode(), [_node_id(a), _node_id(c)])[0] == _node_id(a))
         err = _refused(lambda: s3a.upload_part(Bucket="mpu", Key="k", UploadId=up, PartNumber=1, Body=data))
         assert err["ResponseMetadata"]["HTTPStatusCode"] == 507 and err["Error"]["Code"] == "StorageFull"
