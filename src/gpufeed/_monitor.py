@@ -35,18 +35,16 @@ name                                             labels   meaning
 ``gpufeed_fetch_cache_bytes``                    -        chunks fetched from other cluster nodes kept
 ``gpufeed_fetch_cache_hits`` / ``_misses``        -        reads of such chunks served kept / fetched
 ``gpufeed_fetched_bytes``                        -        stored bytes fetched from other nodes since start
-``gpufeed_cluster_under_replicated_chunks``      -        a cluster's chunks with too few live copies
-``gpufeed_cluster_under_replicated_parts``       -        its open uploads' parts with too few live copies
+``gpufeed_cluster_under_replicated_parts``       -        a cluster's open uploads' parts with too few live copies
 ``gpufeed_start_time_seconds``                   -        Unix time the node started
 ``gpufeed_build_info``                           version  always 1
 =============================================== ======== =============================================
 
 Usage figures come from ``Engine.tenant_stats`` for each of
 ``Engine.list_tenants()``, computed at most once per :data:`USAGE_CACHE_S`;
-so are the cluster's under-replicated counts (a node of a cluster on a shared
-catalog, :func:`add_cluster_source`: the counts of ``gpufeed admin cluster
-status``, :func:`gpufeed.engine._membership.cluster_report`; absent while no
-member is live).
+so is the cluster's count of under-replicated parts (a node of a cluster on a
+shared catalog, :func:`add_cluster_source`: the count of ``gpufeed admin
+cluster status``; absent while no member is live).
 """
 
 from __future__ import annotations
@@ -172,21 +170,19 @@ def add_node_sources(metrics: NodeMetrics, engine: Engine, wire: WireServer | No
 
 
 def add_cluster_source(metrics: NodeMetrics, engine: Engine, cluster: str, expiry_s: float, replicas: int) -> None:
-    """Register the under-replicated counts of cluster ``cluster`` (members live by
-    ``expiry_s``, replication factor ``replicas``) as scrape-time families."""
-    from .engine._membership import cluster_report
+    """Register the under-replicated parts of cluster ``cluster`` (members live by
+    ``expiry_s``, replication factor ``replicas`` capped to them) as a scrape-time
+    family: the count ``gpufeed admin cluster status`` shows (one query over the
+    open uploads' parts; the chunks' count, a scan of every chunk, is left to the
+    status)."""
 
     def families() -> list[Metric]:
-        r = cluster_report(engine.membership, cluster, expiry_s, count_under=engine.under_replicated,
-                           replicas=replicas, count_under_parts=engine.under_replicated_parts)
-        out: list[Metric] = []
-        if r["under_replicated_chunks"] is not None:
-            out.append(gauge("gpufeed_cluster_under_replicated_chunks", "Chunks with fewer copies on live cluster "
-                             "nodes than the replication factor.", r["under_replicated_chunks"]))
-        if r["under_replicated_parts"] is not None:
-            out.append(gauge("gpufeed_cluster_under_replicated_parts", "Parts of open multipart uploads with fewer "
-                             "copies on live cluster nodes than the replication factor.", r["under_replicated_parts"]))
-        return out
+        live = [n.node_id for n in engine.membership.nodes(cluster) if n.live(expiry_s)]
+        if not live:
+            return []
+        return [gauge("gpufeed_cluster_under_replicated_parts", "Parts of open multipart uploads with fewer copies "
+                      "on live cluster nodes than the replication factor.",
+                      engine.under_replicated_parts(live, min(replicas, len(live))))]
 
     metrics.add_source(CachedSource(families, USAGE_CACHE_S))
 
