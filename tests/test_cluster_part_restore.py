@@ -4,6 +4,8 @@ replication factor 2): once a node that held copies of parts is killed with
 SIGKILL and expires, the re-replication pass copies each part again so that
 it is on two live nodes; the other original holder of a part can then be
 killed too, and the upload completes through the last node, bit-identical.
+The cluster status (and the node's metrics) counts the parts short of copies
+meanwhile.
 
 Source: docs/cluster.md, "Multipart uploads across nodes".
 """
@@ -13,10 +15,12 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import urllib.request
 
 import pytest
 
 from gpufeed._peers import PeerLink, call
+from gpufeed.admin import RemoteAdmin
 from gpufeed.engine._postgres import PostgresCatalog
 from gpufeed.errors import HolderUnavailable
 from gpufeed.testing.node import NodeProcess, start_node, wait_for
@@ -99,3 +103,54 @@ def _has_answers(a: NodeProcess, b: NodeProcess, upload_id: str, files: list[str
 
 def _call(sock: socket.socket, req: p.PartFile) -> p.PartFileReply:
     return call(sock, p.Op.PART, req, p.PartFileReply)
+
+
+def _under_parts(node: NodeProcess) -> tuple[int, int | None]:
+    """``(live members, under_replicated_parts)`` of the cluster status through ``node``."""
+    r = RemoteAdmin(node.s3_url, node.access_key, node.secret_key).cluster_status()
+    return r["live"], r["under_replicated_parts"]
+
+
+def _gauge(node: NodeProcess, name: str) -> float | None:
+    assert node.metrics_url
+    for line in urllib.request.urlopen(node.metrics_url, timeout=10).read().decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def test_status_counts_parts_short_of_copies_until_they_are_copied_again(tmp_path, postgres_url):
+    args = ["--catalog", postgres_url, "--cluster", "c1", "--metrics-port", "0"]
+    idle = {**FAST, "GPUFEED_CLUSTER_REREPLICATE_INTERVAL_S": "3600"}  # no pass: no copy is made again
+    nodes = [start_node(tmp_path / "a", extra_args=args, env=idle)]
+    try:
+        nodes += [start_node(tmp_path / n, extra_args=args, env=FAST) for n in "bc"]
+        s3 = nodes[0].boto3_client(retries={"max_attempts": 1, "mode": "standard"})
+        s3.create_bucket(Bucket="mpu")
+        up = s3.create_multipart_upload(Bucket="mpu", Key="k")["UploadId"]
+        parts = [os.urandom(5 * MIB), os.urandom(5 * MIB), os.urandom(777)]
+        etags = [s3.upload_part(Bucket="mpu", Key="k", UploadId=up, PartNumber=i + 1, Body=d)["ETag"]
+                 for i, d in enumerate(parts)]
+        assert _under_parts(nodes[0]) == (3, 0)
+        report = RemoteAdmin(nodes[0].s3_url, nodes[0].access_key, nodes[0].secret_key).cluster_status()
+        assert "parts of open multipart uploads" in report["under_replicated_parts_note"]
+        # every part is on a and on the upload's first-ranked other member, which dies
+        [holder] = [i for i in (1, 2) if _part_files(nodes[i], up)]
+        nodes[holder].kill()
+        assert wait_for(lambda: _under_parts(nodes[0])[0] == 2, 15)
+        assert _under_parts(nodes[0]) == (2, 3)
+        assert wait_for(lambda: _gauge(nodes[0], "gpufeed_cluster_under_replicated_parts") == 3, 15)
+        # a starts again with passes: it copies its parts to the other live member
+        nodes[0].stop()
+        nodes[0] = start_node(tmp_path / "a", extra_args=args, env=FAST)
+        other = 3 - holder
+        assert wait_for(lambda: _under_parts(nodes[other]) == (2, 0), 20), _under_parts(nodes[other])
+        assert len(_part_files(nodes[other], up)) == 3
+        assert wait_for(lambda: _gauge(nodes[0], "gpufeed_cluster_under_replicated_parts") == 0, 15)
+        done = {"Parts": [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]}
+        r = nodes[other].boto3_client().complete_multipart_upload(Bucket="mpu", Key="k", UploadId=up,
+                                                                   MultipartUpload=done)
+        assert r["ETag"] == _multipart_etag(parts)
+    finally:
+        for n in nodes:
+            n.stop()

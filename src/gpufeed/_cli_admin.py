@@ -445,4 +445,7 @@ def _cluster_table(r: dict) -> str:
     console.print(f"bytes stored on live nodes: {r['bytes_stored']:,}")
     console.print(f"under-replicated chunks: {'n/a' if under is None else under} (replication factor "
                   f"{r.get('replicas', 'n/a')}: {r['under_replicated_note']})")
+    parts = r.get("under_replicated_parts")
+    console.print(f"under-replicated parts: {'n/a' if parts is None else parts} "
+                  f"({r.get('under_replicated_parts_note', 'not counted')})")
     return out.getvalue().rstrip("\n")

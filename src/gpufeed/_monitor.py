@@ -38,12 +38,16 @@ name                                             labels   meaning
 ``gpufeed_fetch_cache_hits`` / ``_misses``        -        reads of such chunks served kept / fetched
 ``gpufeed_fetched_bytes``                        -        stored bytes fetched from other nodes since start
 ``gpufeed_fetch_shared``                         -        reads that waited for another read's fetch, since start
+``gpufeed_cluster_under_replicated_parts``       -        a cluster's open uploads' parts with too few live copies
 ``gpufeed_start_time_seconds``                   -        Unix time the node started
 ``gpufeed_build_info``                           version  always 1
 =============================================== ======== =============================================
 
 Usage figures come from ``Engine.tenant_stats`` for each of
-``Engine.list_tenants()``, computed at most once per :data:`USAGE_CACHE_S`.
+``Engine.list_tenants()``, computed at most once per :data:`USAGE_CACHE_S`;
+so is the cluster's count of under-replicated parts (a node of a cluster on a
+shared catalog, :func:`add_cluster_source`: the count of ``gpufeed admin
+cluster status``; absent while no member is live).
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .wire.server import WireServer
 
-__all__ = ["start_monitor", "add_node_sources", "USAGE_CACHE_S"]
+__all__ = ["start_monitor", "add_node_sources", "add_cluster_source", "USAGE_CACHE_S"]
 
 #: Seconds a pass over the tenants' usage is reused by later scrapes.
 USAGE_CACHE_S = 5.0
@@ -176,6 +180,24 @@ def add_node_sources(metrics: NodeMetrics, engine: Engine, wire: WireServer | No
         metrics.count_connections("shm", lambda: wire.stats()["shm"])
         metrics.add_source(lambda: _wire_families(wire))
     return usage
+
+
+def add_cluster_source(metrics: NodeMetrics, engine: Engine, cluster: str, expiry_s: float, replicas: int) -> None:
+    """Register the under-replicated parts of cluster ``cluster`` (members live by
+    ``expiry_s``, replication factor ``replicas`` capped to them) as a scrape-time
+    family: the count ``gpufeed admin cluster status`` shows (one query over the
+    open uploads' parts; the chunks' count, a scan of every chunk, is left to the
+    status)."""
+
+    def families() -> list[Metric]:
+        live = [n.node_id for n in engine.membership.nodes(cluster) if n.live(expiry_s)]
+        if not live:
+            return []
+        return [gauge("gpufeed_cluster_under_replicated_parts", "Parts of open multipart uploads with fewer copies "
+                      "on live cluster nodes than the replication factor.",
+                      engine.under_replicated_parts(live, min(replicas, len(live))))]
+
+    metrics.add_source(CachedSource(families, USAGE_CACHE_S))
 
 
 def _monitor_app(metrics: NodeMetrics, engine: Engine) -> web.Application:

@@ -10,15 +10,24 @@ Members are ranked by rendezvous hashing of the *upload id*
 (:func:`gpufeed.engine._placement.rank`), so every part of an upload goes to
 the same first-ranked members: with factor 2 the upload's first-ranked live
 member holds every part that it did not receive itself, and a completion
-through it copies nothing over the network. A member that fails is replaced by
-the next-ranked one; when fewer members than needed take the file, the part
-is refused with ``ServiceUnavailable`` and the copies some took are deleted.
+through it copies nothing over the network. A member without room for the
+file by the figures of its last heartbeat is passed over
+(:func:`gpufeed.engine._room.node_fits`), and one that refuses it (its own
+check, :mod:`gpufeed.engine._room`: ``StorageFull``) or fails otherwise is
+replaced by the next-ranked one; when fewer members than needed take the
+file, the part is refused, with ``StorageFull`` (507) when every member passed
+over or failing lacked room, else ``ServiceUnavailable`` (503), and the copies
+some took are deleted.
 
-**Fetches** (:meth:`PartCopies.fetch`): a completion on a node that lacks a
-part's file asks the live members, in the upload's rank order, for it; the
-bytes are written in place into the object being built and checked against
-the part's MD5 as they arrive. Bytes that fail are overwritten by the next
-member's; a member that lacks the file says so at once.
+**Fetches** (:meth:`PartCopies.fetch_parts`): a completion on a node that
+lacks part files fetches them, at most ``part_fetches`` at once
+(``GPUFEED_CLUSTER_PART_FETCHES``), each from the live members in the
+upload's rank order; the bytes are written in place into the object being
+built and checked against the part's MD5 as they arrive. Bytes that fail are
+overwritten by the next member's; a member that lacks the file says so at
+once. The first part that no member sends stops the others (those not begun
+are not begun, those under way end at their next 1 MiB piece) and is what
+the completion answers.
 
 **Copies made again** (:meth:`PartCopies.holders`, :meth:`PartCopies.copy_more`,
 used by :mod:`gpufeed._partrepair` after a member is lost): which other live
@@ -38,13 +47,23 @@ import hashlib
 import logging
 import os
 import socket
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
-from ._peers import PIECE_BYTES, PeerLink, recv_exact
+from ._peers import PeerLink, recv_exact, recv_to_fd
 from ._replicas import Replicas
 from .engine._membership import NodeInfo
 from .engine._placement import rank
-from .errors import GpufeedError, HolderUnavailable, NoSuchKey, NoSuchUpload, ProtocolError, ServiceUnavailable
+from .engine._room import node_fits
+from .errors import (
+    GpufeedError,
+    HolderUnavailable,
+    NoSuchKey,
+    NoSuchUpload,
+    ProtocolError,
+    ServiceUnavailable,
+    StorageFull,
+)
 from .wire import protocol as p
 
 __all__ = ["PartCopies"]
@@ -52,6 +71,8 @@ __all__ = ["PartCopies"]
 log = logging.getLogger("gpufeed.cluster")
 
 _REPLY_META_MAX = 64 << 10  # 64 KiB
+#: What a failure line of a member without room for a part file ends with.
+_NO_ROOM = "StorageFull"
 
 
 class PartCopies:
@@ -61,10 +82,17 @@ class PartCopies:
         replicas: the node's copies of data files (live members, factor, node id, copy timeout).
         link: the node's peer link (node keys, handshake).
         fetch_timeout_s: the longest any one wait of a fetch or delete may take (> 0).
+        part_fetches: most part files one completion fetches at once (>= 1).
+
+    Raises:
+        ValueError: ``part_fetches`` < 1.
     """
 
-    def __init__(self, replicas: Replicas, link: PeerLink, fetch_timeout_s: float) -> None:
+    def __init__(self, replicas: Replicas, link: PeerLink, fetch_timeout_s: float, part_fetches: int = 4) -> None:
+        if part_fetches < 1:
+            raise ValueError(f"a completion needs at least 1 part fetch at once, not {part_fetches}")
         self._r, self._link, self.fetch_timeout_s = replicas, link, fetch_timeout_s
+        self.part_fetches = part_fetches
 
     def _peers(self) -> dict[str, NodeInfo]:
         return {n.node_id: n for n in self._r.live() if n.node_id != self._r.node_id and n.wire_port}
@@ -89,10 +117,12 @@ class PartCopies:
         if len(got) < need:
             self._drop_on([peers[n] for n in got], bucket, key, upload_id, [file])
             why = "; ".join(errors) or "no other live member to take it"
-            raise ServiceUnavailable(
-                f"part file {file} of upload {upload_id} reached {len(got)} of the {need} other nodes that "
-                f"replication factor {self._r.factor} needs with {len(peers) + 1} live members ({why}); the part "
-                "was not stored (GPUFEED_CLUSTER_REPLICAS)")
+            text = (f"part file {file} of upload {upload_id} reached {len(got)} of the {need} other nodes that "
+                    f"replication factor {self._r.factor} needs with {len(peers) + 1} live members ({why}); the "
+                    "part was not stored (GPUFEED_CLUSTER_REPLICAS)")
+            if errors and all(_NO_ROOM in e for e in errors):
+                raise StorageFull(text)
+            raise ServiceUnavailable(text)
         return got
 
     def _send_ranked(self, peers: dict[str, NodeInfo], req: p.PartFile, path: str,
@@ -113,12 +143,17 @@ class PartCopies:
             if len(got) >= need:
                 break
             info = peers[node]
+            if not node_fits(info, req.length):
+                errors.append(f"node {node}: {info.free_bytes} bytes free by its last heartbeat ({_NO_ROOM})")
+                continue
             try:
                 self._ask(info, req, self._r.timeout_s, path=path)
                 got.append(node)
             except NoSuchUpload:
                 self._drop_on([peers[n] for n in got], req.bucket, req.key, req.upload_id, list(req.files))
                 raise
+            except StorageFull as exc:
+                errors.append(f"{_why(info, exc, self._r.timeout_s, '')} ({_NO_ROOM})")
             except (OSError, ProtocolError, GpufeedError) as exc:
                 errors.append(_why(info, exc, self._r.timeout_s, "GPUFEED_CLUSTER_COPY_TIMEOUT_S"))
         return got, errors
@@ -170,28 +205,51 @@ class PartCopies:
                             found[f].add(node)
         return found
 
-    def fetch(self, bucket: str, key: str, upload_id: str, file: str, md5: str, size: int, fd: int,
-              offset: int) -> None:
-        """Write part file ``file``'s ``size`` bytes at ``offset`` of ``fd``, as the
-        first live member (in the upload's rank order) that has it sends them with
-        MD5 ``md5``.
+    def fetch_parts(self, bucket: str, key: str, upload_id: str, wants: list[tuple[str, str, int, int]],
+                    fd: int) -> None:
+        """Write each part file of ``wants`` (``(file, hex MD5, size, offset)``) at
+        its offset of ``fd``, as the first live member (in the upload's rank order)
+        that has it sends it with that MD5; at most :attr:`part_fetches` at once.
 
         Raises:
-            HolderUnavailable: no live member sent them (each one's reason named).
+            HolderUnavailable: no live member sent one of them (each one's reason
+                named); the others were stopped, and what they wrote is left for
+                the caller to discard.
+        """
+        if not wants:
+            return
+        peers, stop = self._peers(), threading.Event()
+        with ThreadPoolExecutor(min(self.part_fetches, len(wants)), thread_name_prefix="gpufeed-part-fetch") as pool:
+            futures = [pool.submit(self._fetch_one, peers, bucket, key, upload_id, *w, fd, stop) for w in wants]
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            first = next((f.exception() for f in futures if f in done and f.exception() is not None), None)
+            if first is not None:
+                stop.set()  # the rest end at their next piece, or never begin
+                for f in futures:
+                    f.cancel()
+        if first is not None:
+            raise first
+
+    def _fetch_one(self, peers: dict[str, NodeInfo], bucket: str, key: str, upload_id: str, file: str, md5: str,
+                   size: int, offset: int, fd: int, stop: threading.Event) -> None:
+        """One part file of :meth:`fetch_parts`, each of ``peers`` asked in the upload's rank order.
+
+        Raises:
+            HolderUnavailable: no member sent it, or ``stop`` was set meanwhile.
         """
         failures: list[str] = []
-        peers = self._peers()
         for node in rank(upload_id.encode(), peers):
+            if stop.is_set():
+                raise HolderUnavailable(f"part file {file} of upload {upload_id}: stopped (another part failed)")
             info = peers[node]
             req = p.PartFile("get", bucket, key, upload_id, [file])
             try:
-                self._ask(info, req, self.fetch_timeout_s, into=(fd, offset, size, md5))
+                self._ask(info, req, self.fetch_timeout_s, into=(fd, offset, size, md5), stop=stop)
                 return
             except NoSuchKey:
                 failures.append(f"node {node} has no copy")
             except (OSError, ProtocolError, GpufeedError) as exc:
                 failures.append(_why(info, exc, self.fetch_timeout_s, "GPUFEED_CLUSTER_FETCH_TIMEOUT_S"))
-        os.ftruncate(fd, offset)  # nothing of a failed fetch stays in the file
         part = int(file.split(".")[0])
         raise HolderUnavailable(
             f"part {part} of upload {upload_id} ({bucket}/{key}) is in no live node's folder that answered: "
@@ -219,10 +277,11 @@ class PartCopies:
                 list(pool.map(one, nodes))
 
     def _ask(self, info: NodeInfo, req: p.PartFile, timeout_s: float, *, path: str | None = None,
-             into: tuple[int, int, int, str] | None = None) -> p.PartFileReply:
+             into: tuple[int, int, int, str] | None = None, stop: threading.Event | None = None) -> p.PartFileReply:
         """One PART request on a fresh authenticated connection to ``info``: the file
         at ``path`` as its payload (put), the reply's payload written and checked
-        ``into`` ``(fd, offset, size, md5)`` (get). Returns the reply.
+        ``into`` ``(fd, offset, size, md5)`` (get; given up once ``stop`` is set).
+        Returns the reply.
 
         Raises:
             GpufeedError: the node's error reply, as its own type.
@@ -239,7 +298,7 @@ class PartCopies:
             got, payload = _answer(sock)
             reply = p.decode(p.PartFileReply, got)
             if into is not None:
-                _receive_checked(sock, payload, *into)
+                _receive_checked(sock, payload, *into, stop=stop)
             elif payload:
                 raise ProtocolError(f"a payload of {payload} bytes on a PART {req.action!r} reply")
             return reply
@@ -261,27 +320,18 @@ def _answer(sock: socket.socket) -> tuple[bytes, int]:
     return got, payload
 
 
-def _receive_checked(sock: socket.socket, payload: int, fd: int, offset: int, size: int, md5: str) -> None:
+def _receive_checked(sock: socket.socket, payload: int, fd: int, offset: int, size: int, md5: str, *,
+                     stop: threading.Event | None = None) -> None:
     """Write the ``payload`` bytes at ``offset`` of ``fd`` and check them: ``size``
-    bytes with hex MD5 ``md5``.
+    bytes with hex MD5 ``md5`` (given up at the next piece once ``stop`` is set).
 
     Raises:
-        ProtocolError: another length, another MD5, or the connection closed first.
+        ProtocolError: another length, another MD5, the connection closed first, or stopped.
     """
     if payload != size:
         raise ProtocolError(f"the node sent {payload} bytes of a part of {size}")
     h = hashlib.md5()
-    buf = memoryview(bytearray(min(PIECE_BYTES, size) or 1))
-    done = 0
-    while done < size:
-        n = sock.recv_into(buf, min(len(buf), size - done))
-        if n == 0:
-            raise ProtocolError(f"the connection closed after {done} of {size} bytes")
-        piece = buf[:n]
-        h.update(piece)
-        while piece:
-            k = os.pwrite(fd, piece, offset + done)
-            piece, done = piece[k:], done + k
+    recv_to_fd(sock, fd, offset, size, h, stop=stop)
     if h.hexdigest() != md5:
         raise ProtocolError(f"the bytes sent have MD5 {h.hexdigest()}, not the part's {md5}")
 

@@ -1,7 +1,9 @@
 """Restoring the copies of acknowledged part files after a member is lost.
 
 An acknowledged part is on ``factor`` nodes (:mod:`gpufeed._partcopies`); the
-catalog does not record which. After a member stops being live, each live
+catalog records which (``part_copies``, what ``under_replicated_parts`` of the
+cluster status counts), but the restore goes by the members' folders, which
+it asks. After a member stops being live, each live
 member checks the part files of open uploads that it holds
 (:meth:`PartRestorer.run_pass`, on the re-replication pass's schedule,
 :class:`gpufeed._replicas.ReReplicator`):
@@ -14,7 +16,8 @@ member checks the part files of open uploads that it holds
    of its live holders in the upload's rank order (every holder computes the
    same one) sends it to the next live members in that order that lack it
    (PART ``put``: MD5 against the part's ETag, fsync before the reply),
-   paced at the re-replication rate.
+   paced at the re-replication rate, and records the holders it found and
+   the new ones in the catalog.
 
 So two holders that see the same members never both copy a part. Holders that
 see different members (one not yet expired in one view) may both copy it: the
@@ -127,6 +130,8 @@ class PartRestorer:
             except NoSuchUpload:
                 log.info("upload %s (%s/%s) ended while its parts were copied again", up, upload.bucket, upload.key)
                 break
+            if got:  # with the holders it found, so a part whose copies went unrecorded is complete
+                self._engine.record_part_copies(up, rec.file, sorted(have | set(got)))
             nbytes = rec.info.size * len(got)
             counts["copies"] += len(got)
             counts["bytes"] += nbytes

@@ -39,7 +39,8 @@ from .errors import DamagedObject, GpufeedError, HolderUnavailable, ProtocolErro
 from .wire import protocol as p
 from .wire._auth import PEER_KEY_PREFIX
 
-__all__ = ["PeerLink", "node_secret", "PIECE_BYTES", "MEMBERS_MAX_AGE_S", "call", "request", "read_reply", "recv_exact"]
+__all__ = ["PeerLink", "node_secret", "PIECE_BYTES", "MEMBERS_MAX_AGE_S", "call", "request", "read_reply", "recv_exact",
+           "recv_to_fd"]
 
 #: Seconds a member list read for LOCATE is answered again before it is read anew.
 MEMBERS_MAX_AGE_S = 0.5
@@ -205,20 +206,41 @@ class PeerLink:
         if head.stored != want or payload != want:
             raise ProtocolError(f"the node sent {payload} bytes for chunk {c.chunk_id}, where {want} were asked "
                                 f"for")
-        buf = memoryview(bytearray(min(PIECE_BYTES, want) or 1))
-        done = 0
-        while done < want:
-            n = sock.recv_into(buf, min(len(buf), want - done))
-            if n == 0:
-                raise ProtocolError(f"the connection closed after {done} of {want} bytes")
-            _pwrite_all(fd, buf[:n], c.file_offset + start + done)
-            done += n
+        recv_to_fd(sock, fd, c.file_offset + start, want)
 
 
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
+def recv_to_fd(sock: socket.socket, fd: int, offset: int, n: int, hasher=None, *,
+               stop: threading.Event | None = None) -> None:
+    """Write the next ``n`` bytes from ``sock`` at ``offset`` of ``fd``, in pieces of
+    at most :data:`PIECE_BYTES` (the most held in memory), each also through
+    ``hasher.update`` when given.
+
+    Args:
+        sock: a connected socket (its timeout bounds each read).
+        fd: a writable file descriptor.
+        offset: where the bytes go in ``fd``.
+        n: bytes to read.
+        hasher: a ``hashlib`` object (or anything with ``update``), or ``None``.
+        stop: checked before each piece: once set, the rest is not read.
+
+    Raises:
+        ProtocolError: the connection closed first, or ``stop`` was set.
+        OSError: as ``socket.recv_into`` (timeouts included) or ``os.pwrite``.
+    """
+    buf = memoryview(bytearray(min(PIECE_BYTES, n) or 1))
+    done = 0
+    while done < n:
+        if stop is not None and stop.is_set():
+            raise ProtocolError(f"stopped after {done} of {n} bytes")
+        k = sock.recv_into(buf, min(len(buf), n - done))
+        if k == 0:
+            raise ProtocolError(f"the connection closed after {done} of {n} bytes")
+        piece = buf[:k]
+        if hasher is not None:
+            hasher.update(piece)
+        while piece:
+            w = os.pwrite(fd, piece, offset + done)
+            piece, done = piece[w:], done + w
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:

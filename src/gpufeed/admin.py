@@ -136,8 +136,9 @@ class Admin:
         raise NotImplementedError
 
     def cluster_status(self, expiry_s: float = 10.0, replicas: int = 2) -> dict:
-        """The members of the node's cluster, their health and the chunks with fewer
-        live copies than ``replicas`` (:func:`gpufeed.engine._membership.cluster_report`). A running node
+        """The members of the node's cluster, their health and the chunks and open
+        uploads' parts with fewer live copies than ``replicas``
+        (:func:`gpufeed.engine._membership.cluster_report`). A running node
         answers by its own expiry setting; a stopped node's folder by
         ``expiry_s``. InvalidArgument when the node has no cluster name."""
         raise NotImplementedError
@@ -483,7 +484,8 @@ class LocalAdmin(Admin):
         if not self._cluster:
             raise InvalidArgument("name the node's cluster (--cluster NAME or GPUFEED_CLUSTER)")
         return cluster_report(self._engine.membership, self._cluster, expiry_s,
-                              count_under=self._engine.under_replicated, replicas=replicas)
+                              count_under=self._engine.under_replicated, replicas=replicas,
+                              count_under_parts=self._engine.under_replicated_parts)
 
     def close(self) -> None:
         self._engine.close()
@@ -499,7 +501,7 @@ def catalog_cluster_status(url: str, cluster: str = "", *, expiry_s: float = 10.
         cluster: the cluster's name; ``""``: the cluster that owns the catalog.
         expiry_s: seconds without a heartbeat after which a member is expired.
         timeout_s: seconds to wait for the database.
-        replicas: the replication factor under-replicated chunks are counted against.
+        replicas: the replication factor under-replicated chunks and parts are counted against.
 
     Raises:
         InvalidArgument: ``url`` is not a PostgreSQL URL, or no cluster owns the catalog.
@@ -521,6 +523,6 @@ def catalog_cluster_status(url: str, cluster: str = "", *, expiry_s: float = 10.
                                       f"({'owner ' + repr(owner) if owner else 'no owner yet'})")
             cluster = owner.removeprefix("cluster:")
         return cluster_report(catalog.membership, cluster, expiry_s, count_under=catalog.under_replicated,
-                              replicas=replicas)
+                              replicas=replicas, count_under_parts=catalog.under_replicated_parts)
     finally:
         catalog.close()

@@ -359,6 +359,10 @@ class NodeConfig:
         cluster_fetches: most chunks fetched from other nodes at once; a read
             that finds them all busy waits up to ``cluster_fetch_timeout_s``
             (>= 1). Env ``GPUFEED_CLUSTER_FETCHES``.
+        cluster_part_fetches: most part files a multipart completion fetches
+            from other nodes at once (those of its parts this node lacks; each
+            holds 1 MiB of memory while it streams) (>= 1). Env
+            ``GPUFEED_CLUSTER_PART_FETCHES``.
         cluster_replicas: copies of each data file a write stores before it is
             acknowledged, the writer's included (>= 1; capped to the live
             members; 1: only the writer's). Env ``GPUFEED_CLUSTER_REPLICAS``.
@@ -443,6 +447,7 @@ class NodeConfig:
     cluster_bytes_interval_s: float = 60.0  # 1 minute
     cluster_fetch_timeout_s: float = 10.0
     cluster_fetches: int = 8
+    cluster_part_fetches: int = 4
     cluster_replicas: int = 2
     cluster_copy_timeout_s: float = 30.0
     cluster_copy_max_bytes: int = 64 << 30  # 64 GiB
@@ -505,6 +510,7 @@ class NodeConfig:
                                           cls.cluster_bytes_interval_s),
             cluster_fetch_timeout_s=_env("GPUFEED_CLUSTER_FETCH_TIMEOUT_S", _seconds, cls.cluster_fetch_timeout_s),
             cluster_fetches=_env("GPUFEED_CLUSTER_FETCHES", _count, cls.cluster_fetches),
+            cluster_part_fetches=_env("GPUFEED_CLUSTER_PART_FETCHES", _count, cls.cluster_part_fetches),
             cluster_replicas=_env("GPUFEED_CLUSTER_REPLICAS", _count, cls.cluster_replicas),
             cluster_copy_timeout_s=_env("GPUFEED_CLUSTER_COPY_TIMEOUT_S", _seconds, cls.cluster_copy_timeout_s),
             cluster_copy_max_bytes=_env("GPUFEED_CLUSTER_COPY_MAX_BYTES", _size, cls.cluster_copy_max_bytes),

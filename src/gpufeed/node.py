@@ -363,8 +363,11 @@ class Node:
             engine.use_peers(link.fetch, self.replicas.push if cfg.cluster_replicas > 1 else None,
                              copy_max_bytes=cfg.cluster_copy_max_bytes, repair_queue=cfg.cluster_repair_queue,
                              fetch_cache_bytes=cfg.cluster_fetch_cache_bytes)
-            part_copies = PartCopies(self.replicas, link, cfg.cluster_fetch_timeout_s)
+            part_copies = PartCopies(self.replicas, link, cfg.cluster_fetch_timeout_s, cfg.cluster_part_fetches)
             engine.use_part_peers(part_copies)
+            from ._monitor import add_cluster_source
+
+            add_cluster_source(self.metrics, engine, cfg.cluster, cfg.cluster_expiry_s, cfg.cluster_replicas)
             self.rereplicator = ReReplicator(engine, self.replicas, interval_s=cfg.cluster_rereplicate_interval_s,
                                              rate_bytes_s=cfg.cluster_rereplicate_bytes_s,
                                              orphan_grace_s=cfg.cluster_orphan_grace_s,

@@ -1,7 +1,8 @@
 """The receiving side of part files on the nodes of a cluster
 (:mod:`gpufeed.engine._partcopies`), on a real engine: a copy is stored only
 whole and with the part's MD5, sent back as stored, deleted only when no row
-names it, and files no row names are swept once old."""
+names it, and files no row names are swept once old; with a cluster node's
+room, parts and copies are admitted by it and their bytes counted while kept."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import time
 import pytest
 
 from gpufeed.engine import Engine
-from gpufeed.errors import BadDigest, InvalidArgument, NoSuchKey, NoSuchUpload
+from gpufeed.engine._room import NodeRoom
+from gpufeed.errors import BadDigest, InvalidArgument, NoSuchKey, NoSuchUpload, StorageFull
 
 B, K = "bkt", "key"
 
@@ -128,3 +130,44 @@ def test_a_copy_racing_the_end_of_its_upload_is_swept(engine):
     os.utime(folder, (old, old))
     assert engine.free_unnamed_parts(3600) == 2  # the orphan sweep takes the file and the folder
     assert not folder.exists()
+
+
+def test_parts_and_part_copies_are_admitted_by_the_nodes_room(tmp_path):
+    e = Engine(tmp_path / "data", fsync=False)
+    try:
+        e.create_bucket(B)
+        room = NodeRoom(e.data_dir, count_interval_s=3600)
+        room = NodeRoom(e.data_dir, capacity_bytes=room.used() + 300_000, count_interval_s=3600)
+        e.use_room(room)
+        base = room.used()
+        up = e.create_multipart_upload(B, K).upload_id
+        e.upload_part(B, K, up, 1, os.urandom(200_000))
+        assert room.used() == base + 200_000
+        with pytest.raises(StorageFull, match="this node is full"):
+            e.upload_part(B, K, up, 2, os.urandom(200_000))
+        assert len(os.listdir(e.data_dir / "uploads" / up)) == 1 and not os.listdir(e.data_dir / "tmp")
+        read = []
+
+        def pieces(data: bytes):
+            for piece in _pieces(data, 50_000):
+                read.append(len(piece))
+                yield piece
+        big = os.urandom(200_000)
+        with pytest.raises(StorageFull):  # refused, its bytes read to the end, nothing kept
+            e.receive_part(B, K, up, _name(3), hashlib.md5(big).hexdigest(), len(big), pieces(big))
+        assert sum(read) == len(big) and len(os.listdir(e.data_dir / "uploads" / up)) == 1
+        small = os.urandom(50_000)
+        assert e.receive_part(B, K, up, _name(4), hashlib.md5(small).hexdigest(), len(small), _pieces(small))
+        assert room.used() == base + 250_000
+        assert room.usage().free_bytes == 50_000
+        e.abort_multipart_upload(B, K, up)  # its part files' bytes stop counting
+        assert room.used() == base
+        up = e.create_multipart_upload(B, K).upload_id
+        e.upload_part(B, K, up, 1, os.urandom(200_000))
+        e.upload_part(B, K, up, 1, os.urandom(100_000))  # the part it replaces goes
+        assert room.used() == base + 100_000
+        done = e.complete_multipart_upload(B, K, up, [(1, e.list_parts(B, K, up)[0].etag)])
+        # the part's bytes stop counting (a cluster's push counts the object's data file; none here)
+        assert done.size == 100_000 and room.used() == base
+    finally:
+        e.close()

@@ -13,7 +13,8 @@ import pytest
 from gpufeed.engine._membership import NodeClaim
 from gpufeed.engine._pgschema import SCHEMA_VERSION
 from gpufeed.engine._postgres import PostgresCatalog, redact
-from gpufeed.engine.types import BucketInfo, ChunkRecord, ObjectInfo
+from gpufeed.engine.catalog import PartRecord
+from gpufeed.engine.types import BucketInfo, ChunkRecord, ObjectInfo, PartInfo, UploadInfo
 from gpufeed.errors import CatalogInUse, CatalogTooNew, CatalogUnavailable, InternalError
 from gpufeed.testing.catalog import BYTE_ORDER_KEYS, CatalogTests
 
@@ -150,7 +151,7 @@ def test_version_1_catalog_gains_the_nodes_table(postgres_url):
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         row = conn.execute("SELECT value FROM gpufeed_meta WHERE name = 'schema_version'").fetchone()
         copies = conn.execute("SELECT COUNT(*) FROM file_copies").fetchone()
-    assert row is not None and row[0] == str(SCHEMA_VERSION) == "6" and copies == (0,)
+    assert row is not None and row[0] == str(SCHEMA_VERSION) == "7" and copies == (0,)
 
 
 def test_version_4_catalog_gains_the_members_room_columns(postgres_url):
@@ -217,6 +218,41 @@ def test_a_catalog_owned_by_one_node_gives_it_every_chunk(postgres_url):
     c = PostgresCatalog(postgres_url, owner="node:n1", holder="n1")
     try:
         assert c.data_files() == {"file-c1"} and c.unheld_files() == set() and c.chunk("c1").holder == "n1"
+    finally:
+        c.close()
+
+
+def test_copies_of_part_files_are_recorded_counted_and_freed(postgres_url):
+    c = PostgresCatalog(postgres_url, owner="cluster:c1", holder="A")
+    up = "a" * 32
+
+    def part(n: int, file: str) -> PartRecord:
+        return PartRecord(PartInfo(n, "e" * 32, 10, 1.0, {}), file)
+
+    try:
+        with c.write() as w:
+            w.insert_bucket(BucketInfo("bkt", 1.0))
+            w.insert_upload(UploadInfo("bkt", "k", up, 1.0, "x/y", {}, {}))
+            w.put_part(up, part(1, "00001.p1"))
+            w.add_part_copies(up, "00001.p1", ["A", "B"])
+            w.put_part(up, part(2, "00002.p2"))
+            w.add_part_copies(up, "00002.p2", ["A"])
+            w.put_part(up, part(3, "00003.p3"))  # no row: not counted
+            w.add_part_copies(up, "00009.none", ["A"])  # no part names it: no row
+        assert c.under_replicated_parts(["A", "B"], 2) == 1  # part 2 is on A only
+        assert c.under_replicated_parts(["B"], 2) == 2 and c.under_replicated_parts(["A", "B"], 1) == 0
+        with c.write() as w:
+            w.add_part_copies(up, "00002.p2", ["B", "A"])
+        assert c.under_replicated_parts(["A", "B"], 2) == 0
+        with c.write() as w:  # part 1 uploaded again: its old file's copies go, the new one has none yet
+            w.put_part(up, part(1, "00001.q1"))
+            w.add_part_copies(up, "00001.q1", ["B"])
+        assert c.under_replicated_parts(["A", "B"], 2) == 1
+        with c.write() as w:
+            w.delete_upload(up)
+        assert c.under_replicated_parts(["A", "B"], 2) == 0
+        with c.write() as w:
+            assert w._rows("SELECT COUNT(*) FROM part_copies") == [(0,)]
     finally:
         c.close()
 

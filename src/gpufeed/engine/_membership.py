@@ -55,7 +55,8 @@ from ..errors import NodeIdInUse
 from ._room import is_full
 
 __all__ = ["NodeClaim", "NodeInfo", "Membership", "LocalMembership", "PgMembership", "NODES_TABLE",
-           "NODES_ROOM_COLUMNS", "NODES_MOVING_COLUMNS", "cluster_report", "UNDER_REPLICATED_NOTE"]
+           "NODES_ROOM_COLUMNS", "NODES_MOVING_COLUMNS", "cluster_report", "UNDER_REPLICATED_NOTE",
+           "UNDER_REPLICATED_PARTS_NOTE"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,10 +356,14 @@ UNDER_REPLICATED_NOTE = ("chunks with fewer copies on live nodes than the replic
                          "nodes), as the catalog records the copies: a copy whose bytes went bad counts until "
                          "scrub finds it")
 _NOT_COUNTED_NOTE = "not counted: no live node, or no catalog to count in"
+#: What ``under_replicated_parts`` counts, as the report states it.
+UNDER_REPLICATED_PARTS_NOTE = ("parts of open multipart uploads with fewer copies of their file on live nodes than "
+                               "the replication factor (capped to the live nodes), as the catalog records them")
 
 
 def cluster_report(membership: Membership, cluster: str, expiry_s: float, *,
-                   count_under: Callable[[list[str], int], int] | None = None, replicas: int = 2) -> dict:
+                   count_under: Callable[[list[str], int], int] | None = None, replicas: int = 2,
+                   count_under_parts: Callable[[list[str], int], int] | None = None) -> dict:
     """What ``gpufeed admin cluster status`` shows.
 
     Args:
@@ -368,10 +373,14 @@ def cluster_report(membership: Membership, cluster: str, expiry_s: float, *,
         count_under: ``count_under(live node ids, factor)``: chunks with fewer
             copies on those nodes (the catalog's ``under_replicated``); ``None``: not counted.
         replicas: the replication factor the count is against (capped to the live members).
+        count_under_parts: ``count_under_parts(live node ids, factor)``: parts of open
+            multipart uploads with fewer copies on those nodes (the catalog's
+            ``under_replicated_parts``); ``None``: not counted.
 
     Returns:
         ``{"cluster", "expiry_s", "live", "nodes", "bytes_stored", "replicas",
-        "under_replicated_chunks", "under_replicated_note"}``: ``nodes`` one
+        "under_replicated_chunks", "under_replicated_note", "under_replicated_parts",
+        "under_replicated_parts_note"}``: ``nodes`` one
         ``{"node_id", "host", "s3_port", "wire_port", "health"
         ("live"|"expired"|"left"), "since_heartbeat_s", "started_at",
         "heartbeat_at", "bytes_stored" (its used bytes), "capacity_bytes",
@@ -379,7 +388,8 @@ def cluster_report(membership: Membership, cluster: str, expiry_s: float, *,
         moves off to other members), "draining"}`` per member (times by the
         database's clock; figures as of its last heartbeat, :mod:`._room`);
         ``bytes_stored`` the live members' total;
-        ``under_replicated_chunks`` ``None`` when not counted (see :data:`UNDER_REPLICATED_NOTE`).
+        ``under_replicated_chunks`` ``None`` when not counted (see :data:`UNDER_REPLICATED_NOTE`),
+        ``under_replicated_parts`` likewise (:data:`UNDER_REPLICATED_PARTS_NOTE`).
 
     Raises:
         CatalogUnavailable: the catalog's database cannot be reached.
@@ -394,10 +404,12 @@ def cluster_report(membership: Membership, cluster: str, expiry_s: float, *,
                       "full": is_full(n.capacity_bytes, n.free_bytes), "moving_bytes": n.moving_bytes,
                       "draining": n.moving_bytes > 0})
     live = [n for n in nodes if n["health"] == "live"]
-    under = None
-    if count_under is not None and live:
-        under = count_under([str(n["node_id"]) for n in live], min(replicas, len(live)))
+    ids, factor = [str(n["node_id"]) for n in live], min(replicas, len(live))
+    under = count_under(ids, factor) if count_under is not None and live else None
+    parts = count_under_parts(ids, factor) if count_under_parts is not None and live else None
     return {"cluster": cluster, "expiry_s": expiry_s, "live": len(live), "nodes": nodes,
             "bytes_stored": sum(n["bytes_stored"] for n in live), "replicas": replicas,
             "under_replicated_chunks": under,
-            "under_replicated_note": UNDER_REPLICATED_NOTE if under is not None else _NOT_COUNTED_NOTE}
+            "under_replicated_note": UNDER_REPLICATED_NOTE if under is not None else _NOT_COUNTED_NOTE,
+            "under_replicated_parts": parts,
+            "under_replicated_parts_note": UNDER_REPLICATED_PARTS_NOTE if parts is not None else _NOT_COUNTED_NOTE}

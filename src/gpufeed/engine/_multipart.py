@@ -34,6 +34,7 @@ from ..errors import (
 )
 from ._blobs import BlobFiles, new_id, remove_quietly
 from ._names import check_key, check_str_map, check_text
+from ._room import folder_bytes
 from ._tenants import check_quota
 from ._versions import check_tags, lock_of_new
 from ._writes import PendingWrite, WritePath
@@ -42,6 +43,7 @@ from .types import ObjectInfo, PartInfo, Retention, UploadInfo
 
 if TYPE_CHECKING:
     from ._partcopies import PartPeers
+    from ._room import NodeRoom
 
 __all__ = ["Multipart", "MIN_PART_BYTES", "MAX_PARTS", "COMPLETED_KEEP_S"]
 
@@ -135,6 +137,14 @@ def _repeat_answer(reader: CatalogReader, done: CompletedUpload) -> ObjectInfo:
                       checksums=checksums)
 
 
+def _record_copies(w: CatalogWriter, upload_id: str, file: str, nodes: list[str]) -> None:
+    """Record the nodes holding part file ``file`` where the catalog keeps that
+    (a cluster's shared catalog, ``part_copies``)."""
+    add = getattr(w, "add_part_copies", None)
+    if add is not None and all(nodes):
+        add(upload_id, file, nodes)
+
+
 class Multipart:
     """The multipart operations of one engine.
 
@@ -147,6 +157,10 @@ class Multipart:
     Attributes:
         peers: the other nodes of the cluster that parts are copied to, fetched
             from and deleted on (:mod:`._partcopies`); ``None``: this node alone.
+        room: a cluster node's own figures (:mod:`._room`): a part's file is
+            admitted by them (``StorageFull`` when it does not fit, its bytes
+            counted from then on, and uncounted when it is deleted); ``None``:
+            the engine's capacity check (:meth:`~._chunks.ChunkStore.check_room`).
     """
 
     def __init__(self, catalog: Catalog, files: BlobFiles, writes: WritePath) -> None:
@@ -154,6 +168,7 @@ class Multipart:
         self._files = files
         self._writes = writes
         self.peers: PartPeers | None = None
+        self.room: NodeRoom | None = None
 
     def create(self, bucket: str, key: str, content_type: str | None, metadata: dict[str, str] | None,
                headers: dict[str, str] | None, tags: dict[str, str] | None = None,
@@ -195,23 +210,43 @@ class Multipart:
     def _publish_part(self, bucket: str, key: str, upload_id: str, part_number: int, tmp: str,
                       size: int, etag: str, checksums: dict[str, str] | None) -> PartInfo:
         check_str_map(checksums)
+        room = self.room
         try:
-            self._writes.chunks.check_room(size)
+            if room is not None:
+                room.reserve(size)  # counted at once: parts and copies arriving together cannot pass it
+            else:
+                self._writes.chunks.check_room(size)
         except StorageFull:
             remove_quietly(tmp)
             raise
-        file = f"{part_number:05d}.{new_id()}"
-        path = self._place_part(tmp, upload_id, file)
+        try:
+            file = f"{part_number:05d}.{new_id()}"
+            path = self._place_part(tmp, upload_id, file)
+            info = self._commit_part(bucket, key, upload_id, part_number, file, path,
+                                     PartInfo(part_number, etag, size, time.time(), dict(checksums or {})))
+            if room is not None:
+                room.add_file(path, size)
+        finally:
+            if room is not None:
+                room.release(size)
+        return info
+
+    def _commit_part(self, bucket: str, key: str, upload_id: str, part_number: int, file: str, path: str,
+                     info: PartInfo) -> PartInfo:
+        """Copy the part file at ``path`` to the other nodes (in a cluster) and commit
+        its row; the file and its copies are deleted when either fails, and the
+        file of the part it replaces (here and on the other nodes) once it commits."""
         peers = self.peers
-        info = PartInfo(part_number, etag, size, time.time(), dict(checksums or {}))
         pushed: list[str] = []
         try:
             if peers is not None:  # copies on other nodes before the part is acknowledged
-                pushed = peers.push(bucket, key, upload_id, file, path, etag)
+                pushed = peers.push(bucket, key, upload_id, file, path, info.etag)
             with self._cat.write() as w:
                 get_upload(w, bucket, key, upload_id)
                 old = w.part_file(upload_id, part_number)
                 w.put_part(upload_id, PartRecord(info, file))
+                if peers is not None:  # where its copies are (the cluster status counts them)
+                    _record_copies(w, upload_id, file, [self._cat.holder, *pushed])
                 check_quota(w, require_bucket(w, bucket))
         except BaseException:
             remove_quietly(path)
@@ -219,7 +254,7 @@ class Multipart:
                 peers.drop(bucket, key, upload_id, [file])
             raise
         if old is not None:
-            remove_quietly(self._files.part_path(upload_id, old))
+            self._remove_part_files([self._files.part_path(upload_id, old)])
             if peers is not None:
                 peers.drop(bucket, key, upload_id, [old])
         return info
@@ -313,33 +348,79 @@ class Multipart:
             )
 
         with self._writes.begin(None, finish) as pw:
+            fetched = self._fetch_missing(pw, upload, chosen)
             for rec in chosen:
-                self._append_part(pw, upload, rec)
+                self._append_part(pw, upload, rec, rec.file in fetched)
             info = pw.commit()
         self.forget_parts(bucket, key, upload_id)
         return info
 
+    def _remove_part_files(self, paths: list[str]) -> None:
+        """Delete part files of this node's folder (their bytes stop counting in :attr:`room`)."""
+        freed = 0
+        for path in paths:
+            try:
+                size = os.stat(path).st_size
+                os.unlink(path)
+                freed += size
+            except FileNotFoundError:
+                pass
+        if self.room is not None:
+            self.room.removed(freed)
+
     def forget_parts(self, bucket: str, key: str, upload_id: str) -> None:
         """Delete an ended upload's part files here and (in a cluster) on the other nodes."""
+        if self.room is not None:
+            self.room.removed(folder_bytes(self._files.upload_dir(upload_id)))
         self._files.remove_upload_dir(upload_id)
         if self.peers is not None:
             self.peers.drop(bucket, key, upload_id, [])
 
-    def _append_part(self, pw: PendingWrite, upload: UploadInfo, rec: PartRecord) -> None:
-        """Copy one part file onto the end of ``pw``: a kernel copy of this node's
-        file, or (in a cluster, when this node has none) the bytes of another
-        node's copy, written in place and checked against the part's MD5."""
+    def _fetch_missing(self, pw: PendingWrite, upload: UploadInfo, chosen: list[PartRecord]) -> set[str]:
+        """In a cluster, write the parts of ``chosen`` whose file this node lacks at
+        their places in ``pw`` (past its end: :meth:`_append_part` counts them in
+        order) from other nodes' copies, a bounded number at once, each checked
+        against its MD5. Returns the files fetched.
+
+        Raises:
+            HolderUnavailable: a part reached no node that has it (the others stopped).
+            NoSuchUpload, InvalidPart: the upload ended, or a part was replaced, meanwhile.
+        """
+        if self.peers is None:
+            return set()
+        wants: list[tuple[str, str, int, int]] = []
+        offset = pw.size
+        for rec in chosen:
+            if not os.path.isfile(self._files.part_path(upload.upload_id, rec.file)):
+                wants.append((rec.file, rec.info.etag, rec.info.size, offset))
+            offset += rec.info.size
+        self._fetch(upload, chosen, wants, pw.fileno())
+        return {w[0] for w in wants}
+
+    def _fetch(self, upload: UploadInfo, recs: list[PartRecord], wants: list[tuple[str, str, int, int]],
+               fd: int) -> None:
+        """``peers.fetch_parts`` of ``wants``; a failure answers an ended upload or
+        a replaced part of ``recs`` as such (an abort or a new upload took it)."""
+        assert self.peers is not None
+        try:
+            self.peers.fetch_parts(upload.bucket, upload.key, upload.upload_id, wants, fd)
+        except HolderUnavailable:
+            self._check_unchanged(upload, [r for r in recs if r.file in {w[0] for w in wants}])
+            raise
+
+    def _append_part(self, pw: PendingWrite, upload: UploadInfo, rec: PartRecord, fetched: bool) -> None:
+        """Count one part onto the end of ``pw``: one :meth:`_fetch_missing` wrote
+        there already, else a kernel copy of this node's file (or, in a cluster,
+        when this node's file went meanwhile, the bytes of another node's copy)."""
         number, size, upload_id = rec.info.part_number, rec.info.size, upload.upload_id
+        if fetched:
+            pw.wrote(size)
+            return
         try:
             sfd = os.open(self._files.part_path(upload_id, rec.file), _OPEN_READ)
         except FileNotFoundError as exc:
             if self.peers is not None:
-                try:
-                    self.peers.fetch(upload.bucket, upload.key, upload_id, rec.file, rec.info.etag, size,
-                                     pw.fileno(), pw.size)
-                except HolderUnavailable:
-                    self._check_unchanged(upload, rec)  # an abort or a new upload of the part took it
-                    raise
+                self._fetch(upload, [rec], [(rec.file, rec.info.etag, size, pw.size)], pw.fileno())
                 pw.wrote(size)
                 return
             raise InvalidPart(f"part {number} is not in this node's data folder: it was replaced or removed "
@@ -350,19 +431,20 @@ class Multipart:
         finally:
             os.close(sfd)
 
-    def _check_unchanged(self, upload: UploadInfo, rec: PartRecord) -> None:
-        """Raise what a completion answers when its upload ended, or one of its parts was
-        uploaded again, since it read them.
+    def _check_unchanged(self, upload: UploadInfo, recs: list[PartRecord]) -> None:
+        """Raise what a completion answers when its upload ended, or one of its parts
+        ``recs`` was uploaded again, since it read them (one catalog snapshot).
 
         Raises:
             NoSuchUpload: the upload was completed or aborted meanwhile.
-            InvalidPart: the part was replaced meanwhile.
+            InvalidPart: a part was replaced meanwhile.
         """
         with self._cat.snapshot() as c:
             get_upload(c, upload.bucket, upload.key, upload.upload_id)
-            if c.part_file(upload.upload_id, rec.info.part_number) != rec.file:
-                raise InvalidPart(f"part {rec.info.part_number} was replaced meanwhile",
-                                  part_number=rec.info.part_number)
+            for rec in recs:
+                if c.part_file(upload.upload_id, rec.info.part_number) != rec.file:
+                    raise InvalidPart(f"part {rec.info.part_number} was replaced meanwhile",
+                                      part_number=rec.info.part_number)
 
     def parts_of(self, info: ObjectInfo) -> list[PartInfo]:
         """The parts the version ``info`` was completed from, in object order (``[]``: not multipart)."""

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Protocol
 from ..errors import BadDigest, InternalError, InvalidArgument, NoSuchKey, NoSuchUpload, StorageFull
 from ._blobs import BlobFiles, remove_quietly
 from ._multipart import get_upload
-from ._replicas import COPY_MAX_BYTES, write_pieces
+from ._replicas import COPY_MAX_BYTES, refuse_payload, write_pieces
+from ._room import NodeRoom, folder_bytes
 from .catalog import Catalog, PartRecord
 from .types import UploadInfo
 
@@ -63,13 +64,15 @@ class PartPeers(Protocol):
             ServiceUnavailable: fewer members than that took it (naming each failure).
         """
 
-    def fetch(self, bucket: str, key: str, upload_id: str, file: str, md5: str, size: int, fd: int,
-              offset: int) -> None:
-        """Write the ``size`` bytes of part file ``file`` at ``offset`` of ``fd``,
-        as a live member that has it sends them with MD5 ``md5``.
+    def fetch_parts(self, bucket: str, key: str, upload_id: str, wants: list[tuple[str, str, int, int]],
+                    fd: int) -> None:
+        """Write each part file of ``wants`` (``(file, hex MD5, size, offset)``) at
+        its offset of ``fd``, as a live member that has it sends it with that MD5;
+        a bounded number at once.
 
         Raises:
-            HolderUnavailable: no live member sent bytes that pass (naming each).
+            HolderUnavailable: no live member sent one of them bytes that pass
+                (naming each); the others were stopped (the caller discards ``fd``).
         """
 
     def drop(self, bucket: str, key: str, upload_id: str, files: list[str]) -> None:
@@ -111,6 +114,10 @@ class PartCopyCalls:
         connection stays framed); their MD5 is checked against ``md5`` before the
         file is fsynced and renamed into the upload's folder.
 
+        A cluster node admits it by its own figures first (:mod:`._room`, as a
+        copy of a data file): one that does not fit is refused, its bytes read
+        and dropped, and the pusher asks the next member.
+
         Returns:
             Whether the copy was stored (``False``: the file was here already).
 
@@ -119,7 +126,7 @@ class PartCopyCalls:
                 this node's copy limit (``GPUFEED_CLUSTER_COPY_MAX_BYTES``).
             NoSuchUpload: no such upload (completed or aborted meanwhile).
             BadDigest: the bytes do not have MD5 ``md5`` (nothing is kept).
-            StorageFull: the disk is full.
+            StorageFull: it does not fit in this node's capacity, or the disk is full.
             InternalError: the file system failed otherwise.
         """
         problem: Exception | None = None
@@ -136,11 +143,25 @@ class PartCopyCalls:
             problem = exc
         path = self._files.part_path(upload_id, file) if problem is None else ""
         if problem is not None or os.path.exists(path):
-            for _ in pieces:
-                pass
-            if problem is not None:
-                raise problem
-            return False
+            return refuse_payload(pieces, problem)
+        room: NodeRoom | None = getattr(self, "_room", None)
+        if room is not None:
+            try:
+                room.reserve(length)  # counted at once: copies received together cannot pass the capacity
+            except StorageFull as exc:
+                return refuse_payload(pieces, exc)
+        try:
+            self._store_part(upload_id, file, md5, pieces)
+            if room is not None:
+                room.add_file(path, length)
+        finally:
+            if room is not None:
+                room.release(length)
+        return True
+
+    def _store_part(self, upload_id: str, file: str, md5: str, pieces: Iterable[memoryview]) -> None:
+        """Write ``pieces`` to a temp file, check their MD5 is ``md5``, fsync and
+        rename it into the upload's folder as ``file`` (see :meth:`receive_part`)."""
         fd, tmp = self._files.new_temp()
         try:
             digest = _write_hashed(fd, pieces, file)
@@ -156,7 +177,6 @@ class PartCopyCalls:
         os.close(fd)
         self._files.ensure_upload_dir(upload_id)
         self._files.publish_part(tmp, upload_id, file)
-        return True
 
     @contextmanager
     def held_part(self, bucket: str, key: str, upload_id: str, file: str) -> Iterator[tuple[int, int]]:
@@ -197,6 +217,16 @@ class PartCopyCalls:
         check_part_file(upload_id, file)
         return self._files.part_path(upload_id, file)
 
+    def record_part_copies(self, upload_id: str, file: str, nodes: list[str]) -> None:
+        """Record, in a write transaction of its own, that the nodes ``nodes`` hold a
+        copy of part file ``file`` of an upload (nothing once no part row of the open
+        upload names it, or where the catalog keeps no copies)."""
+        check_part_file(upload_id, file)
+        with self._cat.write() as w:
+            add = getattr(w, "add_part_copies", None)
+            if add is not None:
+                add(upload_id, file, nodes)
+
     def open_parts_here(self) -> list[tuple[UploadInfo, list[PartRecord]]]:
         """The open uploads that have part files in this node's folder, each with
         the parts whose file (the one its part row names) is here, by part number.
@@ -233,22 +263,29 @@ class PartCopyCalls:
         check_part_file(upload_id)
         for f in files:
             check_part_file(upload_id, f)
+        room: NodeRoom | None = getattr(self, "_room", None)
         if not files:
             if self._cat.upload(bucket, key, upload_id) is not None:
                 raise InvalidArgument(f"upload {upload_id} is still open: its part files stay")
             there = os.path.isdir(self._files.upload_dir(upload_id))
+            if room is not None:
+                room.removed(folder_bytes(self._files.upload_dir(upload_id)))
             self._files.remove_upload_dir(upload_id)
             return int(there)
         named = {rec.file for rec in self._cat.parts(upload_id)}
-        removed = 0
+        removed = freed = 0
         for f in files:
             if f in named:
                 continue
+            path = self._files.part_path(upload_id, f)
             try:
-                os.unlink(self._files.part_path(upload_id, f))
-                removed += 1
+                size = os.stat(path).st_size
+                os.unlink(path)
+                removed, freed = removed + 1, freed + size
             except FileNotFoundError:
                 pass
+        if room is not None:
+            room.removed(freed)
         return removed
 
     def free_unnamed_parts(self, older_than_s: float) -> int:
@@ -259,7 +296,7 @@ class PartCopyCalls:
         its folder before its row commits, so ``older_than_s`` must be longer than
         any part's upload takes. Returns the files and folders deleted."""
         now = time.time()
-        freed = 0
+        freed = freed_bytes = 0
         with os.scandir(self._files.uploads) as it:
             dirs = [e for e in it if e.is_dir(follow_symlinks=False)]
         for d in dirs:
@@ -269,14 +306,18 @@ class PartCopyCalls:
                 with os.scandir(d.path) as it:
                     files = [e for e in it if e.name not in named]
                 for e in files:
-                    if now - e.stat(follow_symlinks=False).st_mtime >= older_than_s:
+                    st = e.stat(follow_symlinks=False)
+                    if now - st.st_mtime >= older_than_s:
                         remove_quietly(e.path)
-                        freed += 1
+                        freed, freed_bytes = freed + 1, freed_bytes + st.st_size
                 if old_dir:
                     os.rmdir(d.path)  # only when empty
                     freed += 1
             except OSError:
                 continue
+        room: NodeRoom | None = getattr(self, "_room", None)
+        if room is not None:
+            room.removed(freed_bytes)
         return freed
 
 

@@ -1,5 +1,8 @@
 """Where a cluster's copies of data files are: the PostgreSQL catalog's
-``file_copies`` table (schema version 4).
+``file_copies`` table (schema version 4), and of the part files of open
+multipart uploads: ``part_copies`` (schema version 7; a row per node holding
+the file, the node that received the part among them, deleted with the part
+or the upload).
 
 Each chunk's row names its **holder**, the node that wrote its data file; a
 row ``(file, node)`` of ``file_copies`` says that ``node``'s data folder holds
@@ -60,6 +63,15 @@ class PgCopyReads:
         """Chunks with fewer than ``factor`` copies on the nodes ``live``."""
         return int(self._rows(f"SELECT COUNT(*) FROM chunks c WHERE {UNDER_SQL}",
                               (sorted(live), sorted(live), factor))[0][0])
+
+    def under_replicated_parts(self, live: list[str], factor: int) -> int:
+        """Parts of open multipart uploads with fewer than ``factor`` copies of their
+        file on the nodes ``live`` (``part_copies``; a part with no row there, from
+        a catalog of schema version 5, is not counted)."""
+        return int(self._rows(
+            "SELECT COUNT(*) FROM parts p WHERE EXISTS (SELECT 1 FROM part_copies c WHERE c.upload_id ="
+            " p.upload_id AND c.file = p.file) AND (SELECT COUNT(*) FROM part_copies c WHERE c.upload_id ="
+            " p.upload_id AND c.file = p.file AND c.node = ANY(%s)) < %s", (sorted(live), factor))[0][0])
 
     def under_replicated_files(self, live: list[str], factor: int, after: str, limit: int) -> list[str]:
         """Ids of data files after ``after`` (in id order, at most ``limit``) with a

@@ -38,7 +38,7 @@ __all__ = ["SCHEMA_VERSION", "MIGRATIONS", "META_TABLE", "migrate", "claim_owner
 #: Bumped when the schema changes; stored in ``gpufeed_meta`` as
 #: ``schema_version``. An older catalog is brought up to this one on open
 #: (:data:`MIGRATIONS`); a newer one is refused.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 META_TABLE = """
 CREATE TABLE IF NOT EXISTS gpufeed_meta (
@@ -223,6 +223,17 @@ _VERSION_4 = [
     "CREATE INDEX IF NOT EXISTS file_copies_by_node ON file_copies (node, file)",
 ]
 
+#: Version 7: ``part_copies``, the nodes that hold a copy of a part file of an
+#: open multipart upload (the node that received the part among them;
+#: :mod:`gpufeed._partcopies`).
+_VERSION_7 = [
+    """CREATE TABLE IF NOT EXISTS part_copies (
+    upload_id TEXT COLLATE "C" NOT NULL,
+    file      TEXT COLLATE "C" NOT NULL,
+    node      TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (upload_id, file, node))""",
+]
+
 #: ``version -> statements`` that take a catalog of version ``version - 1`` to
 #: ``version``. Each statement is idempotent (``IF NOT EXISTS``). Append a step
 #: when bumping :data:`SCHEMA_VERSION`.
@@ -233,6 +244,7 @@ MIGRATIONS: dict[int, list[str]] = {
     4: _VERSION_4,  # which other nodes hold a copy of each data file
     5: NODES_ROOM_COLUMNS,  # each member's capacity and free bytes (:mod:`._room`)
     6: NODES_MOVING_COLUMNS,  # the bytes a draining member moves off (:mod:`._room`)
+    7: _VERSION_7,  # which nodes hold each part file of an open upload
 }
 
 #: ``(sql, args) -> rows``: how these functions run a statement (the caller's

@@ -240,6 +240,8 @@ class PgWrites:
 
     def put_part(self, upload_id: str, record: PartRecord) -> None:
         p = record.info
+        self._count("DELETE FROM part_copies WHERE upload_id = %s AND file IN (SELECT file FROM parts"
+                    " WHERE upload_id = %s AND part_number = %s)", (upload_id, upload_id, p.part_number))
         self._count(
             "INSERT INTO parts (upload_id, part_number, etag, size, last_modified, file, checksums)"
             " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (upload_id, part_number) DO UPDATE SET"
@@ -248,6 +250,7 @@ class PgWrites:
             (upload_id, p.part_number, p.etag, p.size, p.last_modified, record.file, dumps(p.checksums)))
 
     def delete_upload(self, upload_id: str) -> None:
+        self._count("DELETE FROM part_copies WHERE upload_id = %s", (upload_id,))
         self._count("DELETE FROM parts WHERE upload_id = %s", (upload_id,))
         self._count("DELETE FROM uploads WHERE upload_id = %s", (upload_id,))
 
@@ -316,6 +319,14 @@ class PgWrites:
             self._count("INSERT INTO file_copies (file, node) SELECT %s, %s WHERE EXISTS"
                         " (SELECT 1 FROM chunks WHERE file = %s) ON CONFLICT (file, node) DO NOTHING",
                         (file, node, file))
+
+    def add_part_copies(self, upload_id: str, file: str, nodes: list[str]) -> None:
+        """Record that ``nodes`` hold a copy of part file ``file`` of an upload (while
+        a part row of the open upload names it; none otherwise)."""
+        for node in nodes:
+            self._count("INSERT INTO part_copies (upload_id, file, node) SELECT %s, %s, %s WHERE EXISTS"
+                        " (SELECT 1 FROM parts WHERE upload_id = %s AND file = %s)"
+                        " ON CONFLICT (upload_id, file, node) DO NOTHING", (upload_id, file, node, upload_id, file))
 
     def repair_chunk(self, chunk_id: str, record: ChunkRecord) -> str | None:
         rows = self._rows("SELECT file FROM chunks WHERE chunk_id = %s", (chunk_id,))

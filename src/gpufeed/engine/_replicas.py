@@ -41,9 +41,10 @@ from .types import ChunkRecord
 
 if TYPE_CHECKING:
     from ._chunks import ChunkStore, Staged
+    from ._multipart import Multipart
 
 __all__ = ["PushFiles", "replicate_staged", "record_copies", "receive_copy", "copy_length", "COPY_MAX_BYTES",
-           "ReplicaCalls", "Placed", "write_pieces"]
+           "ReplicaCalls", "Placed", "write_pieces", "refuse_payload"]
 
 #: ``push([(file id, chunk records in it, by offset), ...]) -> {file id: node ids}``:
 #: places each local data file on its nodes and returns, per file, the nodes that
@@ -73,12 +74,15 @@ class ReplicaCalls:
 
     _chunks: "ChunkStore"
     _cat: Catalog
+    _multipart: "Multipart"
 
     def use_room(self, room: NodeRoom) -> None:
-        """Judge writes through this node and copies pushed to it by this cluster
-        node's own figures (:mod:`._room`) instead of the catalog's stored bytes."""
+        """Judge writes through this node, parts uploaded to it and copies pushed to
+        it by this cluster node's own figures (:mod:`._room`) instead of the
+        catalog's stored bytes."""
         self._room: NodeRoom | None = room
         self._chunks.room = room.check_write
+        self._multipart.room = room
 
     def room_usage(self) -> Usage | None:
         """This cluster node's used, capacity and free bytes (:mod:`._room`); ``None``
@@ -102,10 +106,8 @@ class ReplicaCalls:
         if room is not None and not os.path.exists(self._chunks.file_path(file)):
             try:
                 room.reserve(length)  # counted at once: copies received together cannot pass the capacity
-            except StorageFull:
-                for _ in pieces:  # read to the end: the connection stays framed
-                    pass
-                raise
+            except StorageFull as exc:
+                return refuse_payload(pieces, exc)
             reserved = length
         try:
             stored = receive_copy(self._chunks, file, records, length, pieces,
@@ -138,6 +140,12 @@ class ReplicaCalls:
     def under_replicated(self, live: list[str], factor: int) -> int:
         """Chunks with fewer than ``factor`` copies on the nodes ``live``."""
         return self._cat.under_replicated(live, factor)
+
+    def under_replicated_parts(self, live: list[str], factor: int) -> int:
+        """Parts of open multipart uploads with fewer than ``factor`` copies of their
+        file on the nodes ``live``, as the catalog records them (0 where it records none)."""
+        count = getattr(self._cat, "under_replicated_parts", None)
+        return count(live, factor) if count is not None else 0
 
     def under_replicated_files(self, live: list[str], factor: int, after: str = "", limit: int = 1000) -> list[str]:
         """Data files (ids after ``after``, at most ``limit``) with a chunk that has fewer
@@ -294,13 +302,8 @@ def receive_copy(store: "ChunkStore", file: str, records: list[ChunkRecord], len
                                   "(GPUFEED_CLUSTER_COPY_MAX_BYTES)")
     elif not records or copy_length(records) != length:
         problem = InvalidArgument(f"a copy of {length} bytes does not match the chunks it names")
-    here = problem is None and os.path.exists(store.file_path(file))
-    if problem is not None or here:
-        for _ in pieces:
-            pass
-        if problem is not None:
-            raise problem
-        return False
+    if problem is not None or os.path.exists(store.file_path(file)):
+        return refuse_payload(pieces, problem)
     fd, tmp = store.files.new_temp()
     try:
         failure = write_pieces(fd, pieces)
@@ -322,6 +325,21 @@ def receive_copy(store: "ChunkStore", file: str, records: list[ChunkRecord], len
     os.close(fd)
     store.files.publish_blob(tmp, file)
     return True
+
+
+def refuse_payload(pieces: Iterable[memoryview], problem: Exception | None) -> bool:
+    """Read a pushed payload's ``pieces`` to the end without keeping them (so the
+    connection stays framed), then raise ``problem``; ``False`` (nothing stored)
+    when there is none (the file was here already).
+
+    Raises:
+        Exception: ``problem``, when given.
+    """
+    for _ in pieces:
+        pass
+    if problem is not None:
+        raise problem
+    return False
 
 
 def write_pieces(fd: int, pieces: Iterable[memoryview], hasher=None) -> OSError | None:

@@ -9,9 +9,11 @@ data files of a write through it until the write has placed them elsewhere
 which ``statvfs`` shows, until the write ends). They are counted by a walk
 of the folder every ``count_interval_s`` seconds, plus the bytes of each
 data file stored here since that walk began (:meth:`NodeRoom.add_file`: a
-write's file it keeps, a copy another node pushed); a file deleted since the
-walk counts until the next walk, and one stored while a walk runs may be
-counted twice until the next, so the figure errs towards full.
+write's file it keeps, a copy another node pushed, a part file), less the
+bytes of the part files deleted since (:meth:`NodeRoom.removed`: a completed,
+aborted or replaced part's); another file deleted since the walk counts until
+the next walk, and one stored or deleted while a walk runs may be counted
+twice until the next, so the figure errs towards full.
 
 Its **capacity** is ``--capacity`` (``GPUFEED_CAPACITY``) when set, else the
 size of the data folder's file system. Its **free bytes** are the smaller of
@@ -25,7 +27,10 @@ least ``n``. Placement (:mod:`gpufeed._replicas`) asks that of every node,
 by the figures each publishes with its heartbeat
 (:class:`~._membership.NodeInfo`, :func:`node_fits`); a node asked to store
 a copy checks its own figures again (:meth:`NodeRoom.check_keep`) and
-refuses one that does not fit with ``StorageFull``.
+refuses one that does not fit with ``StorageFull``. A part of a multipart
+upload (from UploadPart, or a copy another member pushed) is admitted the
+same way (:meth:`NodeRoom.reserve` before its file lands in the upload's
+folder, then :meth:`NodeRoom.add_file` and :meth:`NodeRoom.release`).
 
 A node **drains** once its used bytes pass its **high-water mark**
 (``high_water`` of its capacity, ``GPUFEED_CLUSTER_DRAIN_HIGH``, 0.9) and
@@ -186,7 +191,7 @@ class NodeRoom:
         """The used bytes (a walk of the folder when the last is ``count_interval_s`` old)."""
         with self._lock:
             if time.monotonic() - self._walked_at < self.count_interval_s:
-                return self._walked + sum(n for _, n in self._added) + self._pending
+                return max(0, self._walked + sum(n for _, n in self._added) + self._pending)
         with self._lock:
             self._walking += 1
         began = time.time()
@@ -234,6 +239,16 @@ class NodeRoom:
         with self._lock:
             if changed >= self._walk_began:
                 self._added.append((changed, nbytes))
+
+    def removed(self, nbytes: int) -> None:
+        """Stop counting ``nbytes`` bytes of files just deleted from the folder (each
+        counted before: by the walk, or by :meth:`add_file`): off the used bytes at
+        once, as :meth:`moved_off` (a walk under way counts them or not; the next
+        one does)."""
+        if nbytes > 0:
+            with self._lock:
+                if not self._walking:
+                    self._added.append((time.time(), -nbytes))
 
     def fits(self, nbytes: int) -> bool:
         """Whether a data file of ``nbytes`` bytes fits here now."""

@@ -94,7 +94,8 @@ def _cluster_status(s: Services) -> dict:
         raise InvalidArgument("this node is not in a cluster: start nodes with --catalog postgresql://... "
                               "--cluster NAME")
     return cluster_report(s.engine.membership, s.config.cluster, s.config.cluster_expiry_s,
-                          count_under=s.engine.under_replicated, replicas=s.config.cluster_replicas)
+                          count_under=s.engine.under_replicated, replicas=s.config.cluster_replicas,
+                          count_under_parts=s.engine.under_replicated_parts)
 
 
 def _json(body: object, status: int = 200) -> web.Response:
