@@ -111,7 +111,9 @@ def test_writes_land_on_their_targets_and_a_full_node_is_skipped(tmp_path, postg
 
 def test_a_cluster_without_room_refuses_writes_and_keeps_nothing_of_them(tmp_path, postgres_url):
     cap = 1 << 20
-    nodes = tuple(_member(tmp_path / n, postgres_url, GPUFEED_CAPACITY=str(cap), **ENV) for n in "abc")
+    # no node drains here (high-water mark = capacity): a full cluster stays full
+    nodes = tuple(_member(tmp_path / n, postgres_url, GPUFEED_CAPACITY=str(cap), GPUFEED_CLUSTER_DRAIN_HIGH="1",
+                          **ENV) for n in "abc")
     a = nodes[0]
     try:
         s3 = a.boto3_client(retries={"max_attempts": 1, "mode": "standard"})

@@ -36,15 +36,17 @@ def _node_id(node: NodeProcess) -> str:
 
 
 def _copies(url: str) -> dict[str, set[str]]:
-    """data file -> every node holding it (holder and copies), from the catalog."""
-    cat = PostgresCatalog(url)
-    try:
-        out: dict[str, set[str]] = {}
-        for c in cat.scan_chunks("", 100_000):
-            out[c.file] = {c.holder, *cat.file_copies(c.file)}
-        return out
-    finally:
-        cat.close()
+    """data file -> every node holding it (holder and copies), from the catalog, in
+    one statement (one snapshot: a holder handed over meanwhile is not seen twice)."""
+    import psycopg
+
+    out: dict[str, set[str]] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT file, holder FROM chunks UNION "
+                            "SELECT c.file, f.node FROM file_copies f JOIN chunks c ON c.file = f.file").fetchall()
+    for file, node in rows:
+        out.setdefault(file, set()).add(node)
+    return out
 
 
 def _files_of(url: str, bucket: str, key: str) -> set[str]:
