@@ -514,6 +514,7 @@ def bench_gpu(device, allow_cpu, size, workdir, json_path, paths, repeat, kv_tok
 
 
 @bench.command("train")
+@QUIET_OPTION
 @click.option("--workloads", default="unet3d,resnet50,cosmoflow", help="Comma-separated MLPerf Storage workloads.")
 @click.option("--paths", default="gpufeed,local,s3_boto3,s3fs,s3torchconnector", help="Comma-separated paths.")
 @click.option("--scale", default="0.025,resnet50=0.25",

@@ -129,7 +129,7 @@ def test_collate_samples():
         collate_samples([b"abc", b"de"])
 
 
-def test_tiny_run_end_to_end(tmp_path):
+def test_tiny_run_end_to_end(tmp_path, capsys):
     json_path = tmp_path / "train.json"
     out = run_train_bench(scale="0.0002,resnet50=0.005", compute_scale="0.01", steps=2, warmup_steps=1,
                           min_window_s=0.15, max_accelerators=2, dataset_bytes=1 << 20, json_path=str(json_path),
@@ -168,6 +168,18 @@ def test_tiny_run_end_to_end(tmp_path):
     assert {(s["workload"], s["path"]) for s in out["ceiling_summary"]} == {(w, "memory") for w in WORKLOADS}
     assert all(ROW_KEYS <= set(r) and r["path"] == "memory" for r in out["ceiling"])
     assert isinstance(out["targets"], list)
+    # a count target gpufeed missed only because it reached the largest N tried says so
+    cap = {s["workload"]: s for s in out["summary"] if s["path"] == "gpufeed"}
+    for t in out["targets"]:
+        wl = t["target"].split(":")[0]
+        if "accelerators" in t["target"] and not t["met"] and wl in cap:
+            at_cap = cap[wl]["max_accelerators_au_ok"] >= cap[wl]["accelerators_cap"]
+            assert bool(t.get("inconclusive")) == at_cap, t
+        else:
+            assert "inconclusive" not in t, t
+    shown = capsys.readouterr()
+    assert shown.err == ""  # quiet: no progress lines, no summary
+    assert "largest N with AU at or above the threshold" in shown.out  # the table is on stdout
 
 
 def test_shard_file_bytes_matches_tarfile():

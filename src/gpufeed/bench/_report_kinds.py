@@ -396,6 +396,7 @@ def build_section(kind: str, data: Any) -> Section:
         generic_view(data, s)
     targets = _list(data, "targets") if isinstance(data, dict) else []
     s.table("Targets", ["target", "want", "got", "met"],
-            [[t.get("target"), f"{t.get('compare', '>=')} {t.get('want')}", t.get("got"), t.get("met")]
+            [[t.get("target"), f"{t.get('compare', '>=')} {t.get('want')}", t.get("got"),
+              f"inconclusive: {t['inconclusive']}" if t.get("inconclusive") and not t.get("met") else t.get("met")]
              for t in targets])
     return s

@@ -76,6 +76,8 @@ from dataclasses import asdict, dataclass, replace
 
 import psutil
 
+from ._output import is_quiet
+
 __all__ = ["run_train_bench", "summary_line", "Workload", "WORKLOADS", "parse_scale", "accelerator_utilization",
            "search_max_accelerators", "measure", "TreeCpu"]
 
@@ -368,7 +370,7 @@ def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmof
                     compute_scale: str | float | None = "1,cosmoflow=4", steps: int = 10, warmup_steps: int = 2,
                     min_window_s: float = 1.0, workers: int = 1, prefetch: int = 2, max_accelerators: int = 32,
                     memory_budget: int = 4 << 30, dataset_bytes: int = 256 << 20, json_path: str | None = None,
-                    data_dir: str | None = None, quiet: bool = False, retries: int = 1, ceiling: bool = True,
+                    data_dir: str | None = None, quiet: bool | None = None, retries: int = 1, ceiling: bool = True,
                     loaders: dict[str, Callable] | None = None, command: str | None = None) -> dict:
     """Run the benchmark (see the module docstring); print tables and a one-line
     summary, and return (and optionally write) the JSON.
@@ -390,6 +392,9 @@ def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmof
         dataset_bytes: about this many bytes of samples per workload.
         json_path: write the JSON here.
         data_dir: node data and local files (default: a temporary folder).
+        quiet: no progress lines (each ``N`` measured, on stderr) and no summary
+            line (stderr); the tables still print on stdout. ``None``: as
+            :func:`gpufeed.bench._output.is_quiet` (``--quiet``).
         retries: extra measurements of an ``N`` that falls below the threshold
             (the best is kept).
         ceiling: first search ``N`` for samples served from memory (the
@@ -413,7 +418,9 @@ def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmof
     from ._train_loaders import LOADERS, PATHS, Source, s3_environment, unavailable, write_dataset
     from .io import machine_info
 
-    console = Console(quiet=quiet, width=max(Console().width, 120))
+    quiet = is_quiet() if quiet is None else quiet
+    console = Console(width=max(Console().width, 120))  # the tables, on stdout
+    log = Console(stderr=True, quiet=quiet, width=max(Console().width, 120))  # progress, on stderr
     unknown = [w for w in workloads if w not in WORKLOADS]
     registry = {**LOADERS, **(loaders or {})}
     paths = list(paths or PATHS)
@@ -433,10 +440,10 @@ def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmof
                  "machine": machine_info(), "params": params,
                  "workloads": {w.name: _workload_json(w) for w in wls}, "results": [], "summary": [],
                  "ceiling": [], "ceiling_summary": [], "skipped": skipped}
-    console.print(f"[bold]gpufeed bench train[/]: workloads {[w.name for w in wls]}, paths {run_paths}; "
+    log.print(f"[bold]gpufeed bench train[/]: workloads {[w.name for w in wls]}, paths {run_paths}; "
                   f"scale {scale} (compute {compute_scale if compute_scale is not None else 'same'})")
     for s in skipped:
-        console.print(f"  [yellow]skipped {s['path']}[/]: {s['reason']}")
+        log.print(f"  [yellow]skipped {s['path']}[/]: {s['reason']}")
     tmp = tempfile.TemporaryDirectory(prefix="gpufeed-train-") if data_dir is None else None
     root = Path(tmp.name if tmp is not None else str(data_dir))
     node = start_node(root / "node", extra_args=["--no-fsync"])
@@ -446,7 +453,7 @@ def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmof
             client.create_bucket("bench-train")
             for w in wls:
                 files = _files_for(w, dataset_bytes)
-                keys = _upload(console, client, w, files, root / "local", write_dataset)
+                keys = _upload(log, client, w, files, root / "local", write_dataset)
                 sources[w.name] = Source("bench-train", tuple(keys), str(root / "local"), w.sample_bytes,
                                          w.samples_per_file, w.batch, node.s3_url, node.shm_url,
                                          node.access_key, node.secret_key, workers, prefetch)
@@ -455,11 +462,11 @@ def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmof
             for w in wls:
                 cap = _accelerator_cap(w, workers, prefetch, max_accelerators, memory_budget)
                 window_s = max(min_window_s, steps * w.compute_s)
-                console.print(f"[bold]{w.name}[/]: {w.sample_bytes:,} B samples x {w.samples_per_file} per file, "
+                log.print(f"[bold]{w.name}[/]: {w.sample_bytes:,} B samples x {w.samples_per_file} per file, "
                               f"batch {w.batch}, compute {w.compute_s * 1e3:.2f} ms, AU >= {w.au_min:.0%}, "
                               f"{w.demand_gbps:.3f} GB/s per accelerator; N <= {cap}, window {window_s:.2f} s")
                 for path in (["memory"] if ceiling else []) + run_paths:
-                    _search_path(out, console, w, path, registry[path], sources[w.name], cap, window_s,
+                    _search_path(out, log, w, path, registry[path], sources[w.name], cap, window_s,
                                  warmup_steps, TreeCpu(node.pid), retries)
     finally:
         node.stop()
@@ -475,7 +482,8 @@ def run_train_bench(*, workloads: Sequence[str] = ("unet3d", "resnet50", "cosmof
     out["targets"] = _targets(out)
     _print(console, out)
     _write_json(out, json_path)
-    console.print(summary_line(out) + (f"; wrote {json_path}" if json_path else ""))
+    if not quiet:
+        log.print(summary_line(out) + (f"; wrote {json_path}" if json_path else ""), soft_wrap=True)
     return out
 
 
@@ -559,12 +567,20 @@ def _over_memory(out: dict) -> None:
 
 
 def _targets(out: dict) -> list[dict]:
-    """The issue's targets, from the summary (a missing path leaves its target out)."""
+    """The targets, from the summary (a missing path leaves its target out). An
+    accelerator-count target not met where gpufeed reached the largest ``N`` tried
+    (``accelerators_cap``) is also ``inconclusive``: a higher cap could meet it."""
     by = {(s["workload"], s["path"]): s for s in out["summary"]}
     targets = []
 
     def ratio(a, b):
         return None if a is None or not b else round(a / b, 3)
+
+    def capped(t: dict, g: dict) -> dict:
+        if not t["met"] and g.get("accelerators_cap") and g["max_accelerators_au_ok"] >= g["accelerators_cap"]:
+            t["inconclusive"] = (f"gpufeed kept AU ok at the largest N tried ({g['accelerators_cap']}); "
+                                 "raise --max-accelerators (or the memory budget) to measure it")
+        return t
 
     for wl, want_boto in (("unet3d", 2.0), ("resnet50", 2.0), ("cosmoflow", 1.5)):
         g, b, loc = by.get((wl, "gpufeed")), by.get((wl, "s3_boto3")), by.get((wl, "local"))
@@ -572,13 +588,14 @@ def _targets(out: dict) -> list[dict]:
             got = ratio(g["max_accelerators_au_ok"], b["max_accelerators_au_ok"])
             met = g["max_accelerators_au_ok"] >= want_boto * b["max_accelerators_au_ok"] and g[
                 "max_accelerators_au_ok"] > 0
-            targets.append({"target": f"{wl}: gpufeed accelerators at AU ok / s3_boto3's", "compare": ">=",
-                            "want": want_boto, "got": got, "met": met})
+            targets.append(capped({"target": f"{wl}: gpufeed accelerators at AU ok / s3_boto3's",
+                                   "compare": ">=", "want": want_boto, "got": got, "met": met}, g))
         if g and loc and wl != "cosmoflow":
             met = g["max_accelerators_au_ok"] >= 0.95 * loc["max_accelerators_au_ok"]
-            targets.append({"target": f"{wl}: gpufeed accelerators at AU ok / local files'", "compare": ">=",
-                            "want": 0.95, "got": ratio(g["max_accelerators_au_ok"], loc["max_accelerators_au_ok"]),
-                            "met": met})
+            targets.append(capped({"target": f"{wl}: gpufeed accelerators at AU ok / local files'",
+                                   "compare": ">=", "want": 0.95,
+                                   "got": ratio(g["max_accelerators_au_ok"], loc["max_accelerators_au_ok"]),
+                                   "met": met}, g))
         if g and b and wl != "cosmoflow":
             got = ratio(g["client_cpu_s_per_gb"], b["client_cpu_s_per_gb"])
             targets.append({"target": f"{wl}: gpufeed loader CPU s/GB / s3_boto3 loader's", "compare": "<=",
@@ -613,8 +630,10 @@ def _print(console, out: dict) -> None:
         console.print(f"  skipped {sk['path']}{' (' + sk['workload'] + ')' if 'workload' in sk else ''}: "
                       f"{sk['reason']}")
     for t in out["targets"]:
-        console.print(f"  {'[green]met[/]' if t['met'] else '[red]NOT met[/]'}: {t['target']} {t['compare']} "
-                      f"{t['want']} (got {t['got']})")
+        verdict = "[green]met[/]" if t["met"] else "[yellow]inconclusive[/]" if t.get("inconclusive") else \
+            "[red]NOT met[/]"
+        console.print(f"  {verdict}: {t['target']} {t['compare']} {t['want']} (got {t['got']})"
+                      + (f": {t['inconclusive']}" if t.get("inconclusive") else ""))
 
 
 def summary_line(out: dict) -> str:
@@ -624,5 +643,6 @@ def summary_line(out: dict) -> str:
         ns = [f"{s['path']} {s['max_accelerators_au_ok']}" for s in out["summary"] if s["workload"] == wl]
         parts.append(f"{wl} (scale {out['workloads'][wl]['scale']:g}): " + ", ".join(ns))
     met = sum(t["met"] for t in out["targets"])
+    unsure = sum(bool(t.get("inconclusive")) for t in out["targets"])
     return ("train: largest N at AU ok: " + "; ".join(parts)
-            + f"; targets met {met}/{len(out['targets'])}")
+            + f"; targets met {met}/{len(out['targets'])}" + (f" ({unsure} inconclusive)" if unsure else ""))
