@@ -563,8 +563,10 @@ class Lending:
         """Free every lent and pooled region and stop the helper threads (after
         ``stopping`` is set and every connection is detached)."""
         os.write(self._wake_w, b"x")
-        if self._reaper is not None:
-            self._reaper.join(timeout=5)
+        with self._busy_lock:  # _start_reaper starts the thread under this lock: never a thread not yet started
+            reaper = self._reaper
+        if reaper is not None:
+            reaper.join(timeout=5)
         with self._busy_lock:
             waiting, self._waiting = self._waiting, []
         for pidfd, _c, lent in waiting:
