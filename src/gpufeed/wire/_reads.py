@@ -7,11 +7,13 @@ per-piece XXH3-64 digests for the client over what landed.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import xxhash
 
 from ..engine import ChunkDamage, ReadStep, run_step
+from ..errors import GpufeedError
 
 __all__ = ["SplitReader", "piece_digests", "SPLIT_BYTES"]
 
@@ -98,6 +100,53 @@ class SplitReader:
         if error is not None:
             raise error
         return failed
+
+    def run_calls(self, calls: list[Callable[[], int]], *, parallel: bool) -> list[int | GpufeedError]:
+        """Run ``calls``, on this thread and the pool's when ``parallel`` (each runner
+        taking the next call in turn), else here, in order.
+
+        Returns:
+            Each call's result, or the GpufeedError it raised; only once every
+            call has ended.
+
+        Raises:
+            Exception: the first error of any call other than a GpufeedError.
+        """
+        out: list[int | GpufeedError] = [0] * len(calls)
+        nxt = itertools.count()
+
+        def run() -> None:
+            while (k := next(nxt)) < len(calls):
+                try:
+                    out[k] = calls[k]()
+                except GpufeedError as exc:
+                    out[k] = exc
+
+        if not parallel or len(calls) < 2:
+            run()
+            return out
+        futs = [self.pool.submit(run) for _ in range(min(len(calls), self.threads) - 1)]
+        error = None
+        try:
+            run()
+        except BaseException as exc:  # the pool runners still finish the other calls
+            error = exc
+        wait(futs)
+        for f in futs:
+            if error is None and f.exception() is not None:
+                error = f.exception()
+        if error is not None:
+            raise error
+        return out
+
+    def run_parts(self, calls: list[Callable[[], int]]) -> list[int]:
+        """:meth:`run_calls` in parallel, raising the first GpufeedError (after every
+        call ended)."""
+        out = self.run_calls(calls, parallel=True)
+        for r in out:
+            if isinstance(r, GpufeedError):
+                raise r
+        return out  # type: ignore[return-value]  # no errors left
 
     def shutdown(self) -> None:
         """Wait for running reads and stop the pool."""

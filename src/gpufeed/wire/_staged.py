@@ -1,0 +1,164 @@
+"""Reads into a client's fresh memory through a small reused buffer, written in
+by ``pwrite``: what the node does for a region registered ``fresh``
+(``Client.alloc_shared``: memory written once, such as a batch tensor).
+
+Mapping fresh memory costs the node more than the copy it saves: every 4 KiB
+page is allocated and zeroed by a fault in the node's mapping, entered in its
+page tables (once per connection that maps it), and unmapped again when the
+region goes. So the node does not map a fresh region: each piece of a read
+lands in this thread's :data:`STAGE_BYTES` buffer (in the CPU cache), is
+checked against its block sums there by the engine's ordinary read
+(:meth:`~gpufeed.engine.ObjectHandle.read_small_or_fall_back`,
+:meth:`~gpufeed.engine.ObjectHandle.steps`), and only then is written into the
+memfd at its offset with ``os.pwrite``, which fills new pages without zeroing
+them first and touches no page table. A piece that fails its check is never
+written: the read fails with the engine's ``DamagedObject``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate
+
+from ..engine import ObjectHandle
+from ..errors import GpufeedError, InternalError, InvalidRange
+
+__all__ = ["STAGE_BYTES", "read_to_fd", "read_ranges_to_fd", "split_read"]
+
+#: Bytes read and checked per piece before they are written into the memfd: one
+#: engine check step, so each piece is one ``preadv`` and one CRC pass while it
+#: is still in the L2 cache.
+STAGE_BYTES = 256 << 10  # 256 KiB
+#: A staged read of at least this many bytes is cut into parts of this size that
+#: a :class:`~gpufeed.wire._reads.SplitReader` runs on several threads.
+SPLIT_PART_BYTES = 8 << 20  # 8 MiB
+
+_local = threading.local()
+
+
+def _stage() -> memoryview:
+    """This thread's staging buffer (:data:`STAGE_BYTES`, reused)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = memoryview(bytearray(STAGE_BYTES))
+    return buf
+
+
+def _pwrite_full(fd: int, view: memoryview, offset: int) -> None:
+    """Write all of ``view`` into ``fd`` at ``offset``.
+
+    Raises:
+        InternalError: the memfd took no bytes, or refused them (no memory left
+            for its pages: ``ENOSPC``/``ENOMEM``).
+    """
+    done = 0
+    try:
+        while done < len(view):
+            k = os.pwrite(fd, view[done:], offset + done)
+            if k <= 0:
+                raise InternalError(f"the client's memory took no bytes at offset {offset + done}")
+            done += k
+    except OSError as exc:
+        raise InternalError(f"cannot write into the client's memory at offset {offset + done}: {exc}") from exc
+
+
+def read_to_fd(h: ObjectHandle, start: int, n: int, fd: int, offset: int) -> int:
+    """Read ``n`` bytes at object offset ``start`` (clipped to the object by the
+    caller), checked, into ``fd`` at ``offset``, one :data:`STAGE_BYTES` piece at
+    a time (pieces cut at multiples of it in the object, so an aligned read is
+    whole blocks each).
+
+    Returns:
+        ``n``.
+
+    Raises:
+        DamagedObject: a piece failed its check and no other node sent good
+            bytes (that piece and the rest were not written).
+        InternalError: the memfd refused the bytes.
+    """
+    stage = _stage()
+    done = 0
+    while done < n:
+        pos = start + done
+        view = stage[:min(n - done, STAGE_BYTES - pos % STAGE_BYTES)]
+        if not h.read_small_or_fall_back(pos, view):
+            h.run(h.steps(view, pos))
+        _pwrite_full(fd, view, offset + done)
+        done += len(view)
+    return n
+
+
+def split_read(h: ObjectHandle, start: int, n: int, fd: int, offset: int,
+               run_parts: Callable[[list[Callable[[], int]]], Iterable[int]]) -> int:
+    """:func:`read_to_fd` of a large read, cut into :data:`SPLIT_PART_BYTES`
+    parts that ``run_parts`` runs (on several threads).
+
+    Returns:
+        ``n``.
+
+    Raises:
+        DamagedObject, InternalError: as :func:`read_to_fd`, for any part.
+    """
+    parts = [(pos, min(SPLIT_PART_BYTES, n - pos)) for pos in range(0, n, SPLIT_PART_BYTES)]
+
+    def part(pos: int, k: int) -> Callable[[], int]:
+        return lambda: read_to_fd(h, start + pos, k, fd, offset + pos)
+
+    return sum(run_parts([part(pos, k) for pos, k in parts]))
+
+
+def read_ranges_to_fd(h: ObjectHandle, offsets: Sequence[int], lengths: Sequence[int], fd: int,
+                      offset: int) -> tuple[list[int], dict[int, GpufeedError]]:
+    """:meth:`ObjectHandle.read_ranges` into ``fd`` from ``offset``, ranges packed
+    in order: runs of ranges that fit :data:`STAGE_BYTES` are read together into
+    the staging buffer and written with one ``pwrite`` (a failed range's bytes are
+    not written); a longer range goes by :func:`read_to_fd`.
+
+    Returns:
+        ``(n, errors)`` as :meth:`ObjectHandle.read_ranges`.
+
+    Raises:
+        InternalError: the memfd refused the bytes.
+    """
+    out: list[int] = []
+    errors: dict[int, GpufeedError] = {}
+    starts = list(accumulate(lengths, initial=0))
+    size, count, i = h.info.size, len(lengths), 0
+    while i < count:
+        j = i
+        while j < count and starts[j + 1] - starts[i] <= STAGE_BYTES:
+            j += 1
+        if j == i:  # one range longer than the buffer
+            out.append(_long_range(h, offsets[i], lengths[i], size, fd, offset + starts[i], errors, i))
+            i += 1
+            continue
+        view = _stage()[:starts[j] - starts[i]]
+        got, bad = h.read_ranges(offsets[i:j], lengths[i:j], view)
+        out += got
+        errors.update((i + k, exc) for k, exc in bad.items())
+        if got == list(lengths[i:j]):  # all whole: one write
+            _pwrite_full(fd, view, offset + starts[i])
+        else:  # only what each range delivered (the buffer's other bytes are another read's)
+            for k, m in enumerate(got):
+                if m > 0:
+                    rel = starts[i + k] - starts[i]
+                    _pwrite_full(fd, view[rel:rel + m], offset + starts[i + k])
+        i = j
+    return out, errors
+
+
+def _long_range(h: ObjectHandle, start: int, want: int, size: int, fd: int, offset: int,
+                errors: dict[int, GpufeedError], index: int) -> int:
+    """One range of :func:`read_ranges_to_fd` longer than the staging buffer."""
+    if start < 0 or start > size or (want and start == size):
+        errors[index] = InvalidRange(f"offset {start} is outside the object ({size} bytes)")
+        return -1
+    try:
+        return read_to_fd(h, start, min(want, size - start), fd, offset)
+    except GpufeedError as exc:
+        if isinstance(exc, InternalError):
+            raise
+        errors[index] = exc
+        return -1
