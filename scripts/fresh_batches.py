@@ -28,7 +28,8 @@ Usage::
     .venv/bin/python scripts/fresh_batches.py [ROUNDS] [BATCHES_PER_TURN] [--json PATH]
 
 Prints a Markdown table (median, min and max node CPU s/GB per variant and
-workload, and the median's change against ``populate``).
+workload, the median's change against ``populate``, and the median of each
+round's ratio to ``populate``); ``--json`` writes every value.
 """
 
 from __future__ import annotations
@@ -160,17 +161,20 @@ def main(rounds: int = 5, batches: int = 12, json_path: str | None = None) -> No
 def _report(results: dict, rounds: int, batches: int, json_path: str | None) -> None:
     print(f"node CPU s/GB, {rounds} rounds of {batches} batches per variant and workload "
           f"(load average {os.getloadavg()[0]:.1f})\n")
-    print("| workload | variant | median | min | max | median vs populate |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| workload | variant | median | min | max | median vs populate | median of round ratios |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     rows = []
     for (work, v), vals in results.items():
         base = st.median(results[work, "populate"])
         med = st.median(vals)
+        paired = st.median(x / b for x, b in zip(vals, results[work, "populate"]))
         rows.append({"workload": work, "variant": v, "node_cpu_s_per_gb": vals, "median": med,
-                     "vs_populate": med / base - 1})
-        print(f"| {work} | {v} | {med:.3f} | {min(vals):.3f} | {max(vals):.3f} | {med / base - 1:+.0%} |")
+                     "vs_populate": med / base - 1, "median_round_ratio": paired})
+        print(f"| {work} | {v} | {med:.3f} | {min(vals):.3f} | {max(vals):.3f} | {med / base - 1:+.0%} "
+              f"| {paired:.2f} |")
     if json_path:
         Path(json_path).write_text(json.dumps({"command": " ".join(sys.argv), "rounds": rounds,
+                                               "load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count(),
                                                "batches_per_turn": batches, "rows": rows}, indent=1) + "\n")
 
 

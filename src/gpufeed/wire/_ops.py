@@ -6,8 +6,9 @@ the region lending) and sends one reply; none keeps state of its own (spec:
   cache: no user-space copy, no ``bytes`` objects;
 * on the shm transport the server ``os.preadv``-s object bytes straight into the
   client's mapped region, so data crosses from the file to the application's
-  memory in one copy and no socket carries it; writes go the other way from the
-  mapped region. Large reads are split across threads.
+  memory in one copy and no socket carries it (fresh memory, such as a batch
+  tensor, is written by ``pwrite`` from a checked piece instead: ``_staged``);
+  writes go the other way from the mapped region. Large reads are split across threads.
 
 Every op on a bucket or object first asks :meth:`Engine.authorize` as the
 connection's tenant, with S3's action names (:data:`READ`, ...), before the
