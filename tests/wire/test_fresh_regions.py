@@ -99,7 +99,17 @@ def test_ranges_land_packed_and_clipped_ranges_leave_the_rest(fresh_node):
         buf.close()
 
 
-def test_a_large_get_is_split_and_lands_whole(fresh_node):
+def _damage(node, bucket: str, key: str, pos: int) -> None:
+    """Flip a bit at object offset ``pos`` in its data file."""
+    for _cid, file, offset, stored in _chunks(node.data_dir / "catalog.sqlite3", bucket, key):
+        if pos < stored:
+            flip_bits(node.data_dir / "blobs" / file[:2] / file[2:4] / file, offset + pos, 0x10)
+            return
+        pos -= stored
+    raise AssertionError("the offset is past the object")
+
+
+def test_a_large_get_is_split_and_lands_whole_or_refuses_damage(fresh_node):
     size = (40 << 20) + 4_321  # past SPLIT_BYTES: parts on several threads
     data = _data(size, 3)
     with Client(fresh_node.shm_url, **fresh_node.credentials) as c:
@@ -109,6 +119,33 @@ def test_a_large_get_is_split_and_lands_whole(fresh_node):
         assert c.get_into("fresh", "big", view[5:5 + size]) == size
         assert bytes(view[5:5 + size]) == data
         assert _untouched(view[:5]) and _untouched(view[5 + size:])
+        bad = 20 * STAGE_BYTES + 3 * BLOCK  # in the part of a thread other than the first
+        _damage(fresh_node, "fresh", "big", bad)
+        view[:] = bytes([SENTINEL]) * len(view)
+        with pytest.raises(DamagedObject):
+            c.get_into("fresh", "big", view[:size])
+        assert _untouched(view[bad - bad % STAGE_BYTES:bad - bad % STAGE_BYTES + STAGE_BYTES])
+        del view
+        buf.close()
+
+
+def test_a_parallel_batch_fails_only_its_damaged_item(fresh_node):
+    size = 2 << 20  # three of them: a batch read on several threads
+    objs = [_data(size, 20 + i) for i in range(3)]
+    with Client(fresh_node.shm_url, **fresh_node.credentials) as c:
+        c.create_bucket("fresh")
+        for i, d in enumerate(objs):
+            c.put("fresh", f"o{i}", d)
+        bad = 5 * STAGE_BYTES + 9
+        _damage(fresh_node, "fresh", "o1", bad)
+        buf, view = _fresh(c, 3 * size)
+        errors: list = []
+        got = c.get_many_into([ReadRequest("fresh", f"o{i}", view[i * size:(i + 1) * size]) for i in range(3)],
+                              errors_out=errors)
+        assert got == [size, -1, size] and isinstance(errors[1], DamagedObject)
+        assert bytes(view[:size]) == objs[0] and bytes(view[2 * size:]) == objs[2]
+        piece = size + bad - bad % STAGE_BYTES
+        assert _untouched(view[piece:piece + STAGE_BYTES])
         del view
         buf.close()
 
@@ -138,12 +175,15 @@ def test_a_damaged_piece_is_refused_and_never_written(fresh_node):
         assert _untouched(view[piece])
         view[:] = bytes([SENTINEL]) * len(view)
         errors = []
-        got = c.get_ranges_into("fresh", "obj", view, [0, bad - 100, 3 * STAGE_BYTES], [BLOCK, 200, BLOCK],
-                                errors_out=errors)
-        assert got.tolist() == [BLOCK, -1, BLOCK] and isinstance(errors[1], DamagedObject)
+        # a short range, one longer than the staging buffer (its first 10 bytes lie before the damaged piece)
+        got = c.get_ranges_into("fresh", "obj", view, [0, bad - 100, 3 * STAGE_BYTES, STAGE_BYTES - 10],
+                                [BLOCK, 200, BLOCK, STAGE_BYTES + 20], errors_out=errors)
+        assert got.tolist() == [BLOCK, -1, BLOCK, -1]
+        assert isinstance(errors[1], DamagedObject) and isinstance(errors[3], DamagedObject)
         assert bytes(view[:BLOCK]) == data[:BLOCK]
         assert _untouched(view[BLOCK:BLOCK + 200])
         assert bytes(view[BLOCK + 200:2 * BLOCK + 200]) == data[3 * STAGE_BYTES:3 * STAGE_BYTES + BLOCK]
+        assert _untouched(view[2 * BLOCK + 200 + 10:2 * BLOCK + 200 + STAGE_BYTES + 20])
         # the connection still serves the undamaged parts
         assert c.get_into("fresh", "obj", view[:STAGE_BYTES]) == STAGE_BYTES
         assert bytes(view[:STAGE_BYTES]) == data[:STAGE_BYTES]

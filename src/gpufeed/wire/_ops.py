@@ -23,7 +23,6 @@ import os
 import sys
 from array import array
 from collections.abc import Iterator
-from functools import partial
 from typing import Protocol
 
 from ..engine import ChunkRecord, Engine, ObjectHandle, ObjectInfo
@@ -46,7 +45,7 @@ from ._lending import Lending
 from ._mapping import send_map
 from ._parts import serve_part
 from ._reads import SPLIT_BYTES, SplitReader, piece_digests
-from ._staged import read_ranges_to_fd, read_to_fd, split_read
+from ._staged import read_ranges_to_fd, read_to_fd, run_reads, split_read
 
 __all__ = ["Ops", "ClusterView"]
 
@@ -327,7 +326,7 @@ class Ops:
             return
         region = conn.memory.region(req.region)
         if (fd := region.staged_fd(req.region_offset, n)) is not None:  # fresh memory: by pwrite
-            got = (split_read(h, start, n, fd.fd, req.region_offset, self.reader.run_parts) if n >= SPLIT_BYTES
+            got = (split_read(h, start, n, fd.fd, req.region_offset, self.reader.run_calls) if n >= SPLIT_BYTES
                    else read_to_fd(h, start, n, fd.fd, req.region_offset))
             conn.reply(p.Op.GET, rid, p.GetReply(info.size, got, info.etag))
             return
@@ -418,7 +417,7 @@ class Ops:
             if region is None:
                 region = batch.regions[item.region] = conn.memory.region(item.region)
             if not item.digest and (fd := region.staged_fd(item.region_offset, n)) is not None:
-                batch.staged.append((i, partial(read_to_fd, h, start, n, fd.fd, item.region_offset), fd))
+                batch.staged.append((i, (h, start, n, fd.fd, item.region_offset), fd))
                 batch.results[i] = n
                 return
             dest = region.view(item.region_offset, n)
@@ -439,10 +438,10 @@ class Ops:
         """Run a GETV's region reads (in parallel when large); an item whose data
         fails its check fails alone."""
         if batch.staged:  # fresh memory: each item read and written in by pwrite (_staged.py)
-            total = sum(batch.results[i] for i, _c, _fd in batch.staged)
-            done = self.reader.run_calls([c for _i, c, _fd in batch.staged],
-                                         parallel=total >= GETV_PARALLEL_BYTES)
-            for (i, _c, _fd), got in zip(batch.staged, done):
+            total = sum(batch.results[i] for i, _r, _fd in batch.staged)
+            done = run_reads([r for _i, r, _fd in batch.staged], self.reader.run_calls,
+                             parallel=total >= GETV_PARALLEL_BYTES)
+            for (i, _r, _fd), got in zip(batch.staged, done):
                 if isinstance(got, GpufeedError):
                     batch.results[i], batch.errors[i] = -1, (got.code, got.message)
         items = batch.items
@@ -588,7 +587,7 @@ class _Batch:
         self.serial = False
         #: region id -> the region, looked up once per batch
         self.regions: dict = {}
-        #: items read into fresh memory: (index, the read, the descriptor it writes to)
+        #: items read into fresh memory: (index, the StagedRead, the descriptor it writes to)
         self.staged: list = []
 
     def release_views(self) -> None:

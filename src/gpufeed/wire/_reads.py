@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import xxhash
 
 from ..engine import ChunkDamage, ReadStep, run_step
-from ..errors import GpufeedError
 
 __all__ = ["SplitReader", "piece_digests", "SPLIT_BYTES"]
 
@@ -101,26 +100,22 @@ class SplitReader:
             raise error
         return failed
 
-    def run_calls(self, calls: list[Callable[[], int]], *, parallel: bool) -> list[int | GpufeedError]:
+    def run_calls(self, calls: list[Callable[[], object]], *, parallel: bool) -> list:
         """Run ``calls``, on this thread and the pool's when ``parallel`` (each runner
         taking the next call in turn), else here, in order.
 
         Returns:
-            Each call's result, or the GpufeedError it raised; only once every
-            call has ended.
+            Each call's result, only once every call has ended.
 
         Raises:
-            Exception: the first error of any call other than a GpufeedError.
+            Exception: the first error any call raised.
         """
-        out: list[int | GpufeedError] = [0] * len(calls)
+        out: list = [None] * len(calls)
         nxt = itertools.count()
 
         def run() -> None:
             while (k := next(nxt)) < len(calls):
-                try:
-                    out[k] = calls[k]()
-                except GpufeedError as exc:
-                    out[k] = exc
+                out[k] = calls[k]()
 
         if not parallel or len(calls) < 2:
             run()
@@ -138,15 +133,6 @@ class SplitReader:
         if error is not None:
             raise error
         return out
-
-    def run_parts(self, calls: list[Callable[[], int]]) -> list[int]:
-        """:meth:`run_calls` in parallel, raising the first GpufeedError (after every
-        call ended)."""
-        out = self.run_calls(calls, parallel=True)
-        for r in out:
-            if isinstance(r, GpufeedError):
-                raise r
-        return out  # type: ignore[return-value]  # no errors left
 
     def shutdown(self) -> None:
         """Wait for running reads and stop the pool."""

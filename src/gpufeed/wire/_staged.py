@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import accumulate
 
-from ..engine import ObjectHandle
+from ..engine import ChunkDamage, ObjectHandle, run_step
 from ..errors import GpufeedError, InternalError, InvalidRange
 
-__all__ = ["STAGE_BYTES", "read_to_fd", "read_ranges_to_fd", "split_read"]
+__all__ = ["STAGE_BYTES", "StagedRead", "Unwritable", "read_to_fd", "read_ranges_to_fd", "run_reads", "split_read"]
 
 #: Bytes read and checked per piece before they are written into the memfd: one
 #: engine check step, so each piece is one ``preadv`` and one CRC pass while it
@@ -36,6 +37,10 @@ STAGE_BYTES = 256 << 10  # 256 KiB
 SPLIT_PART_BYTES = 8 << 20  # 8 MiB
 
 _local = threading.local()
+
+
+class Unwritable(InternalError):
+    """The client's memfd refused bytes written into it (no memory left for its pages)."""
 
 
 def _stage() -> memoryview:
@@ -50,7 +55,7 @@ def _pwrite_full(fd: int, view: memoryview, offset: int) -> None:
     """Write all of ``view`` into ``fd`` at ``offset``.
 
     Raises:
-        InternalError: the memfd took no bytes, or refused them (no memory left
+        Unwritable: the memfd took no bytes, or refused them (no memory left
             for its pages: ``ENOSPC``/``ENOMEM``).
     """
     done = 0
@@ -58,17 +63,22 @@ def _pwrite_full(fd: int, view: memoryview, offset: int) -> None:
         while done < len(view):
             k = os.pwrite(fd, view[done:], offset + done)
             if k <= 0:
-                raise InternalError(f"the client's memory took no bytes at offset {offset + done}")
+                raise Unwritable(f"the client's memory took no bytes at offset {offset + done}")
             done += k
     except OSError as exc:
-        raise InternalError(f"cannot write into the client's memory at offset {offset + done}: {exc}") from exc
+        raise Unwritable(f"cannot write into the client's memory at offset {offset + done}: {exc}") from exc
 
 
-def read_to_fd(h: ObjectHandle, start: int, n: int, fd: int, offset: int) -> int:
+def read_to_fd(h: ObjectHandle, start: int, n: int, fd: int, offset: int, *, fall_back: bool = True) -> int:
     """Read ``n`` bytes at object offset ``start`` (clipped to the object by the
     caller), checked, into ``fd`` at ``offset``, one :data:`STAGE_BYTES` piece at
     a time (pieces cut at multiples of it in the object, so an aligned read is
     whole blocks each).
+
+    Args:
+        fall_back: fetch a chunk that fails its check from another node
+            (:meth:`ObjectHandle.fall_back`); ``False`` (reads of one handle
+            running on several threads) raises ChunkDamage instead.
 
     Returns:
         ``n``.
@@ -76,37 +86,98 @@ def read_to_fd(h: ObjectHandle, start: int, n: int, fd: int, offset: int) -> int
     Raises:
         DamagedObject: a piece failed its check and no other node sent good
             bytes (that piece and the rest were not written).
-        InternalError: the memfd refused the bytes.
+        ChunkDamage: the same, without ``fall_back``.
+        Unwritable: the memfd refused the bytes.
     """
     stage = _stage()
     done = 0
     while done < n:
         pos = start + done
         view = stage[:min(n - done, STAGE_BYTES - pos % STAGE_BYTES)]
-        if not h.read_small_or_fall_back(pos, view):
-            h.run(h.steps(view, pos))
+        if fall_back:
+            if not h.read_small_or_fall_back(pos, view):
+                h.run(h.steps(view, pos))
+        elif not h.read_small(pos, view):
+            for step in h.steps(view, pos):
+                run_step(step)
         _pwrite_full(fd, view, offset + done)
         done += len(view)
     return n
 
 
-def split_read(h: ObjectHandle, start: int, n: int, fd: int, offset: int,
-               run_parts: Callable[[list[Callable[[], int]]], Iterable[int]]) -> int:
+#: A staged read: ``(handle, object offset, bytes, memfd, offset in the memfd)``.
+StagedRead = tuple[ObjectHandle, int, int, int, int]
+
+
+def run_reads(reads: list[StagedRead], run_calls: Callable[..., list], *, parallel: bool) -> list[int | GpufeedError]:
+    """Run :func:`read_to_fd` reads, on several threads when ``parallel``. There
+    each handle's data files are opened first, here, and a read that meets
+    damage runs again here, where it may fetch the chunk from another node (a
+    handle opens files and falls back on one thread at a time).
+
+    Args:
+        reads: the reads.
+        run_calls: :meth:`~gpufeed.wire._reads.SplitReader.run_calls`.
+        parallel: run them on several threads.
+
+    Returns:
+        Each read's bytes, or the GpufeedError it failed with.
+
+    Raises:
+        Unwritable: the memfd refused the bytes.
+        Exception: any other error than damage.
+    """
+    if not parallel or len(reads) < 2:
+        return [_final(r) for r in reads]
+    for h, start, n, _fd, _off in reads:
+        _open_files(h, start, n)
+    out = run_calls([partial(_caught, r, False) for r in reads], parallel=True)
+    return [_final(r) if isinstance(got, ChunkDamage) else got for r, got in zip(reads, out)]
+
+
+def _final(read: StagedRead) -> int | GpufeedError:
+    """:func:`read_to_fd` with fall-back, its failure returned rather than raised."""
+    got = _caught(read, True)
+    if isinstance(got, ChunkDamage):  # fall-back reads raise DamagedObject; named the same way
+        return read[0].damaged(got)
+    return got
+
+
+def _caught(read: StagedRead, fall_back: bool) -> int | GpufeedError | ChunkDamage:
+    """:func:`read_to_fd`, its failure returned rather than raised (Unwritable raises)."""
+    try:
+        return read_to_fd(*read, fall_back=fall_back)
+    except Unwritable:
+        raise
+    except (GpufeedError, ChunkDamage) as exc:
+        return exc
+
+
+def _open_files(h: ObjectHandle, start: int, n: int) -> None:
+    """Open the data files of the chunks ``n`` bytes at ``start`` touch (this thread)."""
+    if n <= 0:
+        return
+    m = h.manifest
+    for i in range(m.locate(start), m.locate(start + n - 1) + 1):
+        h.file_fd(i)
+
+
+def split_read(h: ObjectHandle, start: int, n: int, fd: int, offset: int, run_calls: Callable[..., list]) -> int:
     """:func:`read_to_fd` of a large read, cut into :data:`SPLIT_PART_BYTES`
-    parts that ``run_parts`` runs (on several threads).
+    parts run on several threads (:func:`run_reads`).
 
     Returns:
         ``n``.
 
     Raises:
-        DamagedObject, InternalError: as :func:`read_to_fd`, for any part.
+        DamagedObject, Unwritable: as :func:`read_to_fd`, for any part.
     """
-    parts = [(pos, min(SPLIT_PART_BYTES, n - pos)) for pos in range(0, n, SPLIT_PART_BYTES)]
-
-    def part(pos: int, k: int) -> Callable[[], int]:
-        return lambda: read_to_fd(h, start + pos, k, fd, offset + pos)
-
-    return sum(run_parts([part(pos, k) for pos, k in parts]))
+    parts = [(h, start + pos, min(SPLIT_PART_BYTES, n - pos), fd, offset + pos)
+             for pos in range(0, n, SPLIT_PART_BYTES)]
+    for got in run_reads(parts, run_calls, parallel=True):
+        if isinstance(got, GpufeedError):
+            raise got
+    return n
 
 
 def read_ranges_to_fd(h: ObjectHandle, offsets: Sequence[int], lengths: Sequence[int], fd: int,
@@ -120,7 +191,7 @@ def read_ranges_to_fd(h: ObjectHandle, offsets: Sequence[int], lengths: Sequence
         ``(n, errors)`` as :meth:`ObjectHandle.read_ranges`.
 
     Raises:
-        InternalError: the memfd refused the bytes.
+        Unwritable: the memfd refused the bytes.
     """
     out: list[int] = []
     errors: dict[int, GpufeedError] = {}
@@ -157,8 +228,8 @@ def _long_range(h: ObjectHandle, start: int, want: int, size: int, fd: int, offs
         return -1
     try:
         return read_to_fd(h, start, min(want, size - start), fd, offset)
+    except Unwritable:
+        raise
     except GpufeedError as exc:
-        if isinstance(exc, InternalError):
-            raise
         errors[index] = exc
         return -1
