@@ -21,7 +21,7 @@ from ..config import host_memory_bytes
 from ..errors import InternalError, InvalidArgument
 from ._regions import RegionPool, ServerRegion
 
-__all__ = ["ClientMemory", "Lending", "MappedRegion", "MAX_REGION_BYTES", "MAX_LENT_BYTES"]
+__all__ = ["ClientMemory", "Descriptor", "Lending", "MappedRegion", "MAX_REGION_BYTES", "MAX_LENT_BYTES"]
 
 #: Largest region a client may register or ask for: the server maps regions
 #: populated, so an absurd size must not exhaust the host's memory.
@@ -47,6 +47,22 @@ def check_region_size(size: int, *, least: int = 0) -> None:
                               f"host's memory, {MAX_REGION_BYTES} bytes)")
 
 
+class Descriptor:
+    """A file descriptor closed when the last reference to this object goes.
+
+    Args:
+        fd: the descriptor (owned from here on).
+    """
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
 class MappedRegion:
     """A client memory region mapped into the server: the client's memfd, a
     :class:`ServerRegion` the server lent on this connection (``owned``), or a
@@ -54,21 +70,32 @@ class MappedRegion:
     (``alias``, valid only while that lending lasts). Lent ones share the
     ServerRegion's mapping.
 
+    A client memfd is mapped populated (every page faulted in now, so reads land
+    in it at memory speed), except a ``fresh`` one (memory the client writes
+    once, such as a batch tensor): the node keeps a descriptor of it, reads into
+    it through :mod:`gpufeed.wire._staged` (``pwrite``, no page of it mapped in
+    the node), and maps it unpopulated for the rare op that needs a view.
+
     Args:
         fd: the client's memfd (``None`` for a lent region); the caller keeps it.
         size: bytes the client may address.
         owned: the region lent on this connection.
         alias: the region lent on another connection of the same client.
+        fresh: the client registered ``fd`` as fresh memory.
+
+    Attributes:
+        fd: a descriptor of a fresh client memfd (this region's own), else ``None``.
 
     Raises:
         InvalidArgument: the memfd is smaller than ``size``.
     """
 
-    __slots__ = ("mm", "mv", "size", "owned", "alias", "lend_no", "key")
+    __slots__ = ("mm", "mv", "size", "owned", "alias", "lend_no", "key", "fd")
 
     def __init__(self, fd: int | None, size: int, owned: ServerRegion | None = None,
-                 alias: ServerRegion | None = None) -> None:
+                 alias: ServerRegion | None = None, *, fresh: bool = False) -> None:
         self.owned, self.alias = owned, alias
+        self.fd: Descriptor | None = None
         #: ``(st_dev, st_ino)`` of a client's memfd (``None`` for lent regions): a
         #: memfd registered on several connections is counted once
         self.key: tuple[int, int] | None = None
@@ -85,10 +112,12 @@ class MappedRegion:
         if size <= 0:
             raise InvalidArgument("an empty region cannot be mapped (size must be at least 1 byte)")
         self.key = (st.st_dev, st.st_ino)
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        flags = mmap.MAP_SHARED | (0 if fresh else getattr(mmap, "MAP_POPULATE", 0))
         self.mm = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self.mv = memoryview(self.mm)
         self.size = size
+        if fresh:
+            self.fd = Descriptor(os.dup(fd))
 
     def stale(self) -> bool:
         """An alias whose lending has ended (the region went back for reuse)."""
@@ -101,14 +130,32 @@ class MappedRegion:
         Raises:
             InvalidArgument: the range is not inside the region.
         """
+        self.check(offset, length)
+        return self.mv[offset : offset + length]
+
+    def check(self, offset: int, length: int) -> None:
+        """Raise InvalidArgument unless ``[offset, offset + length)`` is inside the region."""
         if offset < 0 or length < 0 or offset + length > self.size:
             raise InvalidArgument(
                 f"[{offset}, {offset + length}) is outside the registered region ({self.size} bytes)"
             )
-        return self.mv[offset : offset + length]
+
+    def staged_fd(self, offset: int, length: int) -> "Descriptor | None":
+        """The descriptor to ``pwrite`` ``length`` bytes at ``offset`` into, for a
+        fresh region (:mod:`gpufeed.wire._staged`); ``None``: write into :meth:`view`.
+        Hold the returned object while writing: the descriptor closes with the last
+        reference to it, so an UNREGISTER that races a read never lets the read's
+        number reach another file.
+
+        Raises:
+            InvalidArgument: the range is not inside the region.
+        """
+        self.check(offset, length)
+        return self.fd
 
     def close(self) -> None:
         """Drop this connection's view; a lent region's mapping stays with its owner."""
+        self.fd = None  # closed once no read still running on it holds it
         try:
             self.mv.release()
             if self.owned is None and self.alias is None:
@@ -285,9 +332,10 @@ class Lending:
             self._flush_parked()
 
     # --- region ops --------------------------------------------------------------
-    def register(self, mem: ClientMemory, region_id: int, size: int, fd: int) -> None:
+    def register(self, mem: ClientMemory, region_id: int, size: int, fd: int, *, fresh: bool = False) -> None:
         """Map a client's memfd (or a region lent to its process on another
-        connection) as ``region_id``. The caller keeps and closes ``fd``.
+        connection) as ``region_id`` (``fresh``: see :class:`MappedRegion`). The
+        caller keeps and closes ``fd``.
 
         Raises:
             InvalidArgument: a bad size (0 included), a taken id, a memfd not
@@ -317,7 +365,7 @@ class Lending:
         extra = 0 if self._maps(mem, (st.st_dev, st.st_ino)) else size
         self._reserve(mem, extra)
         try:
-            mem.regions[region_id] = MappedRegion(fd, size)
+            mem.regions[region_id] = MappedRegion(fd, size, fresh=fresh)
         finally:
             self._unreserve(mem, extra)
 

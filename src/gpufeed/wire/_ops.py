@@ -6,8 +6,9 @@ the region lending) and sends one reply; none keeps state of its own (spec:
   cache: no user-space copy, no ``bytes`` objects;
 * on the shm transport the server ``os.preadv``-s object bytes straight into the
   client's mapped region, so data crosses from the file to the application's
-  memory in one copy and no socket carries it; writes go the other way from the
-  mapped region. Large reads are split across threads.
+  memory in one copy and no socket carries it (fresh memory, such as a batch
+  tensor, is written by ``pwrite`` from a checked piece instead: ``_staged``);
+  writes go the other way from the mapped region. Large reads are split across threads.
 
 Every op on a bucket or object first asks :meth:`Engine.authorize` as the
 connection's tenant, with S3's action names (:data:`READ`, ...), before the
@@ -43,7 +44,8 @@ from ._leases import LeaseBoard, serve_lease
 from ._lending import Lending
 from ._mapping import send_map
 from ._parts import serve_part
-from ._reads import SplitReader, piece_digests
+from ._reads import SPLIT_BYTES, SplitReader, piece_digests
+from ._staged import read_ranges_to_fd, read_to_fd, run_reads, split_read
 
 __all__ = ["Ops", "ClusterView"]
 
@@ -158,7 +160,7 @@ class Ops:
         fd = conn.fds_in.pop(0)
         conn.close_fds_in()  # one descriptor per REGISTER
         try:
-            self.lending.register(conn.memory, req.region_id, req.size, fd)
+            self.lending.register(conn.memory, req.region_id, req.size, fd, fresh=req.fresh)
         finally:
             os.close(fd)
         conn.reply(p.Op.REGISTER, rid, p.Empty())
@@ -322,7 +324,13 @@ class Ops:
         if req.region == -1:
             conn.reply_with_files(p.Op.GET, rid, p.GetReply(info.size, n, info.etag), _payload(h, start, n))
             return
-        dest = conn.memory.region(req.region).view(req.region_offset, n)
+        region = conn.memory.region(req.region)
+        if (fd := region.staged_fd(req.region_offset, n)) is not None:  # fresh memory: by pwrite
+            got = (split_read(h, start, n, fd.fd, req.region_offset, self.reader.run_calls) if n >= SPLIT_BYTES
+                   else read_to_fd(h, start, n, fd.fd, req.region_offset))
+            conn.reply(p.Op.GET, rid, p.GetReply(info.size, got, info.etag))
+            return
+        dest = region.view(req.region_offset, n)
         try:
             small = h.read_small_or_fall_back(start, dest)
             got = n if small else h.run(h.steps(dest, start), self.reader.run_steps)
@@ -365,13 +373,17 @@ class Ops:
         try:
             total = sum(lengths)
             errors: dict[int, GpufeedError]
-            if req.region != -1:
-                dest = conn.memory.region(req.region).view(req.region_offset, total)
+            region = conn.memory.region(req.region) if req.region != -1 else None
+            if region is not None and (fd := region.staged_fd(req.region_offset, total)) is not None:
+                n, errors = read_ranges_to_fd(h, offsets, lengths, fd.fd, req.region_offset)
+                pieces: list = []
+            elif region is not None:
+                dest = region.view(req.region_offset, total)
                 try:
                     n, errors = h.read_ranges(offsets, lengths, dest, self.reader.run_steps)
                 finally:
                     dest.release()
-                pieces: list = []
+                pieces = []
             elif total <= GETR_BUFFER_BYTES:
                 buf = memoryview(bytearray(total))
                 n, errors = h.read_ranges(offsets, lengths, buf, self.reader.run_steps)
@@ -404,6 +416,10 @@ class Ops:
             region = batch.regions.get(item.region)
             if region is None:
                 region = batch.regions[item.region] = conn.memory.region(item.region)
+            if not item.digest and (fd := region.staged_fd(item.region_offset, n)) is not None:
+                batch.staged.append((i, (h, start, n, fd.fd, item.region_offset), fd))
+                batch.results[i] = n
+                return
             dest = region.view(item.region_offset, n)
             batch.views.append(dest)
             if batch.serial and not item.digest:  # read now, in order: the small-read path
@@ -421,6 +437,13 @@ class Ops:
     def _read_batch(self, batch: "_Batch") -> None:
         """Run a GETV's region reads (in parallel when large); an item whose data
         fails its check fails alone."""
+        if batch.staged:  # fresh memory: each item read and written in by pwrite (_staged.py)
+            total = sum(batch.results[i] for i, _r, _fd in batch.staged)
+            done = run_reads([r for _i, r, _fd in batch.staged], self.reader.run_calls,
+                             parallel=total >= GETV_PARALLEL_BYTES)
+            for (i, _r, _fd), got in zip(batch.staged, done):
+                if isinstance(got, GpufeedError):
+                    batch.results[i], batch.errors[i] = -1, (got.code, got.message)
         items = batch.items
         if not items:
             return
@@ -545,7 +568,8 @@ class _Batch:
         n: items in the batch.
     """
 
-    __slots__ = ("results", "errors", "digests", "extents", "items", "views", "opened", "serial", "regions")
+    __slots__ = ("results", "errors", "digests", "extents", "items", "views", "opened", "serial", "regions",
+                 "staged")
 
     def __init__(self, n: int) -> None:
         #: bytes of each item (-1 on error), then bytes that landed
@@ -563,6 +587,8 @@ class _Batch:
         self.serial = False
         #: region id -> the region, looked up once per batch
         self.regions: dict = {}
+        #: items read into fresh memory: (index, the StagedRead, the descriptor it writes to)
+        self.staged: list = []
 
     def release_views(self) -> None:
         """Release every region view (a released region must not stay exported)."""

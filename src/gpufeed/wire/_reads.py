@@ -7,6 +7,7 @@ per-piece XXH3-64 digests for the client over what landed.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import xxhash
@@ -98,6 +99,40 @@ class SplitReader:
         if error is not None:
             raise error
         return failed
+
+    def run_calls(self, calls: list[Callable[[], object]], *, parallel: bool) -> list:
+        """Run ``calls``, on this thread and the pool's when ``parallel`` (each runner
+        taking the next call in turn), else here, in order.
+
+        Returns:
+            Each call's result, only once every call has ended.
+
+        Raises:
+            Exception: the first error any call raised.
+        """
+        out: list = [None] * len(calls)
+        nxt = itertools.count()
+
+        def run() -> None:
+            while (k := next(nxt)) < len(calls):
+                out[k] = calls[k]()
+
+        if not parallel or len(calls) < 2:
+            run()
+            return out
+        futs = [self.pool.submit(run) for _ in range(min(len(calls), self.threads) - 1)]
+        error = None
+        try:
+            run()
+        except BaseException as exc:  # the pool runners still finish the other calls
+            error = exc
+        wait(futs)
+        for f in futs:
+            if error is None and f.exception() is not None:
+                error = f.exception()
+        if error is not None:
+            raise error
+        return out
 
     def shutdown(self) -> None:
         """Wait for running reads and stop the pool."""

@@ -140,10 +140,13 @@ class AuthReply(msgspec.Struct, array_like=True, frozen=True):
 
 
 class Register(msgspec.Struct, array_like=True, frozen=True):
-    """Map the memfd sent with this frame as region ``region_id`` of ``size`` bytes."""
+    """Map the memfd sent with this frame as region ``region_id`` of ``size`` bytes.
+    ``fresh``: memory the client writes once (a batch tensor): the server writes
+    reads into it by ``pwrite`` rather than mapping it populated."""
 
     region_id: int
     size: int
+    fresh: bool = False
 
 
 class Unregister(msgspec.Struct, array_like=True, frozen=True):

@@ -162,8 +162,8 @@ class ShmTransport(PooledTransport):
         region = Region(next(self._region_ids), nbytes, name="gpufeed-shared")
         done: list[Connection] = []
         try:
-            for conn in self.conns:
-                conn.call(p.Op.REGISTER, p.Register(region.region_id, region.size), fds=[region.fd])
+            for conn in self.conns:  # fresh: the node writes into it by pwrite, maps none of it
+                conn.call(p.Op.REGISTER, p.Register(region.region_id, region.size, True), fds=[region.fd])
                 done.append(conn)
         except BaseException:
             self._unregister_shared(region, done)
