@@ -77,7 +77,8 @@ class ResumableLoader(torch.utils.data.DataLoader):
             :class:`ResumableSampler` finds them).
 
     Raises:
-        InvalidArgument: another kind of dataset or sampler.
+        InvalidArgument: another kind of dataset or sampler; an
+            :class:`ObjectDataset` with workers and ``in_order=False``.
     """
 
     def __init__(self, dataset, **kwargs) -> None:
@@ -94,6 +95,10 @@ class ResumableLoader(torch.utils.data.DataLoader):
             if not isinstance(sampler, ResumableSampler):
                 raise InvalidArgument("an ObjectDataset's sampler must be a ResumableSampler "
                                       "(dataset.sampler(...))")
+            if kwargs.get("in_order") is False and kwargs.get("num_workers", 0) > 0:
+                raise InvalidArgument("an ObjectDataset's position counts the batches delivered as the first "
+                                      "ones of the sampler's order: in_order=False would resume past batches "
+                                      "not delivered (keep in_order=True)")
             self._objects, self._rsampler, uid = dataset, sampler, None
         elif isinstance(dataset, ShardDataset):
             self._shards, uid = dataset, dataset._uid
