@@ -156,11 +156,11 @@ class ResumableLoader(torch.utils.data.DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # yields batches, untagged
         self._sync()
-        if not self._resume:
+        resume, self._resume = self._resume, False
+        if not resume:
             self._restart()
-        self._resume = False
         if self._shards is not None:
-            self._shards.set_resume(list(self._positions), self._next_worker, self._counts)
+            self._shards.set_resume(list(self._positions) if resume else None, self._next_worker, self._counts)
         else:
             assert self._rsampler is not None
             self._rsampler.skip(self._consumed)
