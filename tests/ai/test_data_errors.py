@@ -148,7 +148,8 @@ def test_corrupt_shard_raises_or_is_skipped_whole(place, damage):
 def test_decode_failure_raises_names_object_and_chains_cause(place):
     c, url, prefix = place
     put_shards(c, prefix)
-    with pytest.raises(SampleDecodeError, match=f"{prefix}002.tar.*not an image") as info:
+    with pytest.raises(SampleDecodeError, match=f"{prefix}002.tar: sample 's2/1': decode failed: "
+                       "ValueError: .*not an image") as info:
         list(ShardDataset(url, decode=strict_decode))
     assert isinstance(info.value.__cause__, ValueError)
     with pytest.raises(SampleDecodeError, match=f"{prefix}002.tar"):  # the type survives the worker

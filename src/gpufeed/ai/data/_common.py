@@ -67,7 +67,7 @@ class DatasetBase:
         self.source.close()
 
     def decode_or_skip(self, decode: Callable[[Any], Any] | None, value: Any, key: str,
-                       reread: Callable[[], Any]) -> Any:
+                       reread: Callable[[], Any], sample: str | None = None) -> Any:
         """``decode(value)`` under the error policy.
 
         Args:
@@ -76,6 +76,8 @@ class DatasetBase:
             key: the object key the sample came from (named in errors).
             reread: reads the raw sample again (for ``on_error="retry"``);
                 returns ``SKIP`` when the read itself was skipped.
+            sample: the sample's key within the object (a tar shard's
+                ``__key__``), named in errors after the object.
 
         Returns:
             The decoded sample, or :data:`SKIP`.
@@ -96,7 +98,8 @@ class DatasetBase:
             try:
                 return decode(value)
             except Exception as exc:  # noqa: BLE001 - any failure of user code names the sample
-                err = SampleDecodeError(f"{self.source.where(key)}: decode failed: {type(exc).__name__}: {exc}",
+                where = self.source.where(key) + (f": sample {sample!r}" if sample is not None else "")
+                err = SampleDecodeError(f"{where}: decode failed: {type(exc).__name__}: {exc}",
                                         bucket=self.source.bucket, key=key)
                 err.__cause__ = exc
         assert err is not None

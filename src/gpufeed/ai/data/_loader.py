@@ -77,7 +77,8 @@ class ResumableLoader(torch.utils.data.DataLoader):
             :class:`ResumableSampler` finds them).
 
     Raises:
-        InvalidArgument: another kind of dataset or sampler.
+        InvalidArgument: another kind of dataset or sampler; an
+            :class:`ObjectDataset` with workers and ``in_order=False``.
     """
 
     def __init__(self, dataset, **kwargs) -> None:
@@ -94,6 +95,10 @@ class ResumableLoader(torch.utils.data.DataLoader):
             if not isinstance(sampler, ResumableSampler):
                 raise InvalidArgument("an ObjectDataset's sampler must be a ResumableSampler "
                                       "(dataset.sampler(...))")
+            if kwargs.get("in_order") is False and kwargs.get("num_workers", 0) > 0:
+                raise InvalidArgument("an ObjectDataset's position counts the batches delivered as the first "
+                                      "ones of the sampler's order: in_order=False would resume past batches "
+                                      "not delivered (keep in_order=True)")
             self._objects, self._rsampler, uid = dataset, sampler, None
         elif isinstance(dataset, ShardDataset):
             self._shards, uid = dataset, dataset._uid
@@ -112,7 +117,9 @@ class ResumableLoader(torch.utils.data.DataLoader):
         self._next_worker = 0
         self._counts: dict[int, int] = {}
         self._consumed = 0
-        self._pending: dict | None = None
+        self._progress_epoch = 0
+        self._resume = False  # the next iteration continues from the progress (load_state_dict)
+        self._restart()
 
     @property
     def _epoch_owner(self) -> ShardDataset | ResumableSampler:
@@ -130,30 +137,42 @@ class ResumableLoader(torch.utils.data.DataLoader):
         beginning, or from the position :meth:`load_state_dict` loaded when
         that position is in epoch ``epoch`` (so a training loop that calls
         ``set_epoch`` at the top of every epoch resumes as it should)."""
-        if self._pending is not None and self._pending["epoch"] == epoch:
+        if self._resume and self._progress_epoch == epoch == self.epoch:
             return
         self._epoch_owner.set_epoch(epoch)
-        self._pending = None
+        self._restart()
+
+    def _restart(self) -> None:
+        """Make the progress the beginning of the epoch the owner reads next."""
+        self._positions = [0] * max(1, self.num_workers)
+        self._next_worker, self._counts, self._consumed = 0, {}, 0
+        self._progress_epoch, self._resume = self.epoch, False
+
+    def _sync(self) -> None:
+        """Start the progress over when the epoch was set on the dataset or the
+        sampler itself since the progress was made (that epoch has not begun)."""
+        if self._progress_epoch != self.epoch:
+            self._restart()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # yields batches, untagged
-        pending, self._pending = self._pending, None
+        self._sync()
+        resume, self._resume = self._resume, False
+        if not resume:
+            self._restart()
         if self._shards is not None:
-            self._positions = list(pending["positions"]) if pending else [0] * max(1, self.num_workers)
-            self._next_worker = pending["next_worker"] if pending else 0
-            self._counts = {u: n for u, n in pending.get("shard_samples", [])} if pending else {}
-            self._shards.set_resume(self._positions if pending else None, self._next_worker, self._counts)
+            self._shards.set_resume(list(self._positions) if resume else None, self._next_worker, self._counts)
         else:
             assert self._rsampler is not None
-            self._consumed = pending["consumed"] if pending else 0
             self._rsampler.skip(self._consumed)
         per_batch = self.batch_size if self.batch_size is not None else 1
+        total = self._rsampler.epoch_length() if self._rsampler is not None else 0
         for tagged in super().__iter__():
             if self._shards is not None:
                 self._positions[tagged.worker] = max(self._positions[tagged.worker], tagged.position)
                 self._next_worker = (tagged.worker + 1) % len(self._positions)
                 self._counts.update((int(u), int(n)) for u, n in tagged.parsed)
-            else:
-                self._consumed += per_batch
+            else:  # the sampler indices this batch took (the last batch of an epoch may take fewer)
+                self._consumed = min(self._consumed + per_batch, total)
             yield tagged.batch
 
     def _sampler_settings(self) -> dict:
@@ -162,10 +181,15 @@ class ResumableLoader(torch.utils.data.DataLoader):
         return {"seed": s.seed, "shuffle": s.shuffle, "rank": s.rank, "world_size": s.world_size}
 
     def state_dict(self) -> dict:
-        """Where the loader is: ``{"epoch", "num_workers", "positions" (per worker)
-        or "consumed" and "sampler" (sampler indices consumed, its settings),
-        "dataset": the dataset's state}``; all plain values (picklable, savable
-        with :func:`gpufeed.ai.save`)."""
+        """Where the loader is: ``{"epoch", "num_workers", "positions" (per worker),
+        "next_worker" and "shard_samples"; or "consumed" and "sampler" (sampler
+        indices consumed, its settings), "dataset": the dataset's state}``; all
+        plain values (picklable, savable with :func:`gpufeed.ai.save`).
+
+        May be called at any time: between batches, after an epoch's last
+        batch (the epoch is done), or before an epoch's first batch, after
+        ``set_epoch`` (that epoch from its beginning)."""
+        self._sync()
         if self._shards is not None:
             return {"epoch": self.epoch, "num_workers": self.num_workers, "dataset": self._shards.state_dict(),
                     "positions": list(self._positions), "next_worker": self._next_worker,
@@ -179,7 +203,7 @@ class ResumableLoader(torch.utils.data.DataLoader):
 
         Raises:
             InvalidArgument: the state is of another listing, dataset settings,
-                sampler settings or number of workers.
+                sampler settings or number of workers, or holds a malformed position.
         """
         if not isinstance(state, dict) or not {"dataset", "epoch", "num_workers"} <= state.keys():
             raise InvalidArgument("a loader state is the dict of ResumableLoader.state_dict(), with 'dataset', "
@@ -189,12 +213,42 @@ class ResumableLoader(torch.utils.data.DataLoader):
                                   f"this loader has {self.num_workers}")
         if self._shards is not None:
             self._shards.load_state_dict(state["dataset"])
+            positions, first, counts = self._saved_positions(state)
         else:
             assert self._objects is not None
             self._objects.load_state_dict(state["dataset"])
             if state.get("sampler") != self._sampler_settings():
                 raise InvalidArgument(f"the saved sampler settings {state.get('sampler')} differ "
                                       f"from {self._sampler_settings()}")
-        self._pending = None
+            consumed = state.get("consumed", 0)
+            if type(consumed) is not int or consumed < 0:
+                raise InvalidArgument(f"the saved 'consumed' must be an int >= 0: {consumed!r}")
+        self._resume = False
         self.set_epoch(int(state["epoch"]))
-        self._pending = state
+        if self._shards is not None:
+            self._positions, self._next_worker, self._counts = positions, first, counts
+        else:
+            self._consumed = consumed
+        self._resume = True
+
+    def _saved_positions(self, state: dict) -> tuple[list[int], int, dict[int, int]]:
+        """``(positions, next worker, shard sample counts)`` of a shard loader's
+        state, checked; no positions (an empty list) is the epoch's beginning.
+
+        Raises:
+            InvalidArgument: positions not one int >= 0 per worker, or a next worker out of range.
+        """
+        workers = max(1, self.num_workers)
+        positions = state.get("positions") or [0] * workers
+        first = state.get("next_worker", 0)
+        if (not isinstance(positions, list) or len(positions) != workers
+                or any(type(p) is not int or p < 0 for p in positions)):
+            raise InvalidArgument(f"the saved 'positions' must be {workers} ints >= 0 (one per worker): "
+                                  f"{positions!r}")
+        if type(first) is not int or not 0 <= first < workers:
+            raise InvalidArgument(f"the saved 'next_worker' must be a worker index below {workers}: {first!r}")
+        try:
+            counts = {int(u): int(n) for u, n in state.get("shard_samples", [])}
+        except (TypeError, ValueError):
+            raise InvalidArgument("the saved 'shard_samples' must be [shard, samples] pairs of ints") from None
+        return list(positions), first, counts

@@ -223,6 +223,10 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         start, self.start = self.start, 0
         return iter(self.indices()[start:])
 
-    def __len__(self) -> int:
+    def epoch_length(self) -> int:
+        """This rank's indices per epoch, from the start."""
         n = self.n - self.n % self.world_size if self.drop_last else self.n
-        return max(0, len(range(self.rank, n, self.world_size)) - self.start)
+        return len(range(self.rank, n, self.world_size))
+
+    def __len__(self) -> int:
+        return max(0, self.epoch_length() - self.start)

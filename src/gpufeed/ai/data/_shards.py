@@ -276,8 +276,8 @@ class ShardDataset(DatasetBase, torch.utils.data.IterableDataset):
             if pos <= skip:
                 continue  # replaying a tar stream without its shards' sample counts
             units = unit if isinstance(unit, list) else [unit]
-            sample = self.decode_or_skip(self.decode, raw, units[0].key,
-                                         functools.partial(self._reread, units, raw))
+            sample = self.decode_or_skip(self.decode, raw, units[0].key, functools.partial(self._reread, units, raw),
+                                         raw["__key__"] if self.format == "tar" else None)
             stream_positions[self._uid] = Progress(wid, pos, parsed)
             if sample is not SKIP:
                 yield sample
