@@ -83,7 +83,18 @@ class SplitReader:
         if not parallel:
             run()
             return failed
-        futs = [self.pool.submit(run) for _ in range(min(len(tasks), self.threads) - 1)]
+        self._fan_out(run, len(tasks))
+        return failed
+
+    def _fan_out(self, run: Callable[[], None], tasks: int) -> None:
+        """Run ``run`` on this thread and on ``min(tasks, threads) - 1`` pool threads
+        (each runner takes the next task until none is left), and return once all
+        have ended; a runner still queued when this thread's run ends is not needed.
+
+        Raises:
+            BaseException: the first error a runner raised (this thread's first).
+        """
+        futs = [self.pool.submit(run) for _ in range(min(tasks, self.threads) - 1)]
         error = None
         try:
             run()
@@ -98,7 +109,6 @@ class SplitReader:
                 error = f.exception()
         if error is not None:
             raise error
-        return failed
 
     def run_calls(self, calls: list[Callable[[], object]], *, parallel: bool) -> list:
         """Run ``calls``, on this thread and the pool's when ``parallel`` (each runner
@@ -120,18 +130,7 @@ class SplitReader:
         if not parallel or len(calls) < 2:
             run()
             return out
-        futs = [self.pool.submit(run) for _ in range(min(len(calls), self.threads) - 1)]
-        error = None
-        try:
-            run()
-        except BaseException as exc:  # the pool runners still finish the other calls
-            error = exc
-        wait(futs)
-        for f in futs:
-            if error is None and f.exception() is not None:
-                error = f.exception()
-        if error is not None:
-            raise error
+        self._fan_out(run, len(calls))
         return out
 
     def shutdown(self) -> None:
