@@ -32,6 +32,12 @@ def _figures(node: NodeProcess) -> dict[str, dict]:
     return {n["node_id"]: n for n in _status(node)["nodes"]}
 
 
+def _folder(node: NodeProcess) -> str:
+    """What is in ``node``'s data folder, for an assertion's message: each file's path and size."""
+    return "; ".join(f"{f.relative_to(node.data_dir)} {f.stat().st_size}" for f in sorted(node.data_dir.rglob("*"))
+                     if f.is_file())
+
+
 def _read_everywhere(nodes: tuple[NodeProcess, ...], want: dict[str, bytes]) -> None:
     for node in nodes:
         s3 = node.boto3_client()
@@ -77,7 +83,7 @@ def test_writes_land_on_their_targets_and_a_full_node_is_skipped(tmp_path, postg
             extra -= folder_bytes(a.data_dir) > cap_a - 200_000
             if not extra:
                 break
-        assert folder_bytes(a.data_dir) <= cap_a and not extra
+        assert folder_bytes(a.data_dir) <= cap_a and not extra, _folder(a)
         wait_for(lambda: _figures(b)[_node_id(a)]["free_bytes"] < 200_000, 10)
         row = _figures(b)[_node_id(a)]
         assert row["bytes_stored"] <= cap_a and row["full"]
@@ -93,7 +99,7 @@ def test_writes_land_on_their_targets_and_a_full_node_is_skipped(tmp_path, postg
         copies = _copies(postgres_url)
         for file, holders in copies.items():  # two copies of each, each a whole file where the catalog says
             assert len(holders) == 2 and all(_has_file(ids[n], file) for n in holders)
-        assert folder_bytes(a.data_dir) <= cap_a
+        assert folder_bytes(a.data_dir) <= cap_a, _folder(a)
         assert a.metrics_url is not None
 
         def gauges() -> dict[str, float]:

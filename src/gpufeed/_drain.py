@@ -166,12 +166,18 @@ class Drainer:
                     counts["left"] += 1
                     log.warning("draining: data file %s reached %d of the %d members it moves to (%s); it stays "
                                 "here", f, len(got[f]), len(missing), "; ".join(errors[f]) or "none took it")
-                elif self._engine.give_up_file(f, sorted(live), factor, targets[f]):
+                elif self._give_up(f, sorted(live), factor, targets[f], copy_length(recs)):
                     counts["moved"] += 1
                     counts["bytes"] += copy_length(recs)
-                    if self._r.room is not None:
-                        self._r.room.moved_off(copy_length(recs))
                 else:
                     counts["left"] += 1
             pace(sent)
         return max(1, looked)
+
+    def _give_up(self, file: str, live: list[str], factor: int, targets: list[str], size: int) -> bool:
+        """Give up this node's copy of ``file`` (``size`` bytes) to ``targets`` and delete it
+        (:meth:`~.engine.Engine.give_up_file`), counted in :meth:`~.engine._room.NodeRoom.moved_off`."""
+        gave = self._engine.give_up_file(file, live, factor, targets)
+        if gave and self._r.room is not None:
+            self._r.room.moved_off(size)
+        return gave

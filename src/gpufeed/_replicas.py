@@ -373,6 +373,7 @@ class ReReplicator:
         self.last_rebalance: dict[str, int] = {}
         self._balanced_for: frozenset[str] | None = None  # live members of the last complete rebalance
         self._rebalance_tries = 0
+        self._seen_members: frozenset[str] | None = None  # live members at the last pass (logged when they change)
         self.parts = parts
         self.drain = drain
         self._told_damaged: set[str] = set()  # damaged files not copied, logged once each
@@ -390,6 +391,7 @@ class ReReplicator:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
+                self._note_members()
                 self.run_pass()
                 if self.rebalance:
                     self.rebalance_pass()
@@ -406,6 +408,18 @@ class ReReplicator:
                 log.warning("re-replication pass stopped: %s", exc.message)
             except Exception:
                 log.exception("re-replication pass failed")
+
+    def _note_members(self) -> None:
+        """Log each change of the live members this node sees: a member that expired
+        (its copies get made again elsewhere) as a warning, one that joined as info."""
+        members = frozenset(n.node_id for n in self._r.live())
+        seen, self._seen_members = self._seen_members, members
+        if seen is None or members == seen:
+            return
+        gone, joined = sorted(seen - members), sorted(members - seen)
+        what = ([f"gone (left or expired): {', '.join(gone)}"] * bool(gone)
+                + [f"joined: {', '.join(joined)}"] * bool(joined))
+        (log.warning if gone else log.info)("live members: %d (%s)", len(members), "; ".join(what))
 
     def run_pass(self) -> dict[str, int]:
         """One pass over the under-replicated data files. Returns its counts."""

@@ -4,6 +4,7 @@ on a real folder, with the file system's answer given so the figures are exact."
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -123,10 +124,14 @@ def test_a_node_drains_past_its_high_water_mark_until_it_is_back_under_its_low_w
     room.add_file(_file(tmp_path / "blobs" / "ab" / "cd" / "f2", 2500), 2500)  # 9500: past 9000
     u = room.usage()
     assert (u.used_bytes, u.moving_bytes, u.draining) == (9500, 3500, True)  # down to 6000
-    os.unlink(f1)
-    room.moved_off(2000)  # counted off at once (the walk is an hour away)
+    with room.removing() as gone:
+        os.unlink(f1)
+        gone(2000)  # counted off at once (the walk is an hour away)
+    room.moved_off(2000)
     u = room.usage()
     assert (u.used_bytes, u.moving_bytes, u.draining) == (7500, 1500, True)  # under the high mark: still draining
+    with room.removing() as gone:
+        gone(1500)
     room.moved_off(1500)
     assert room.usage().draining is False and room.usage().moving_bytes == 0
     assert (room.moved_files, room.moved_bytes) == (2, 3500)
@@ -135,6 +140,33 @@ def test_a_node_drains_past_its_high_water_mark_until_it_is_back_under_its_low_w
     for high, low in ((0.8, 0.8), (0.9, -0.1), (1.5, 0.5)):
         with pytest.raises(ValueError, match="drain marks"):
             NodeRoom(tmp_path, high_water=high, low_water=low)
+
+
+def test_files_deleted_while_a_walk_counts_them_come_off_once(tmp_path):
+    f1 = _file(tmp_path / "blobs" / "ab" / "cd" / "f1", 3000)
+    _file(tmp_path / "blobs" / "ab" / "cd" / "f2", 1000)
+    room = NodeRoom(tmp_path, capacity_bytes=10_000, count_interval_s=3600, statvfs=_Disk(1 << 30, 1 << 29))
+    assert room.used() == 4000
+    with room.removing() as gone:
+        os.unlink(f1)
+        room.count_interval_s = 0
+        assert room.used() == 1000  # a walk during the block sees the folder without f1 ...
+        room.count_interval_s = 3600
+        gone(3000)
+    assert room.used() == 1000  # ... so f1 does not come off again
+    with room.removing() as gone:  # no walk: off at once
+        os.unlink(tmp_path / "blobs" / "ab" / "cd" / "f2")
+        gone(1000)
+    assert room.used() == 0
+
+
+def test_callers_that_find_the_first_walk_under_way_wait_for_it(tmp_path):
+    for i in range(2000):
+        _file(tmp_path / "blobs" / f"{i % 16:02x}" / f"f{i}", 10)
+    room = NodeRoom(tmp_path, capacity_bytes=1 << 20, count_interval_s=0.001, statvfs=_Disk(1 << 30, 1 << 29))
+    with ThreadPoolExecutor(8) as pool:  # later walks may be under way too: a caller then gets the figures
+        got = list(pool.map(lambda _: room.used(), range(64)))
+    assert got == [20_000] * 64
 
 
 def test_the_status_report_shows_a_draining_member():

@@ -10,14 +10,25 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gpufeed import _native
 from gpufeed.bench.integrity import _chunks  # the catalog's chunk list of one object
 from gpufeed.client import Client, ReadRequest
 from gpufeed.errors import DamagedObject, InvalidRange
-from gpufeed.testing.node import flip_bits
+from gpufeed.testing.node import NodeProcess, flip_bits, start_node
 from gpufeed.wire._staged import STAGE_BYTES
 
 BLOCK = 4096
 SENTINEL = 0xA5
+
+
+@pytest.fixture(params=["native", "python"])
+def fresh_node(request, tmp_path) -> NodeProcess:
+    """A node of its own, reading ranges in its C loop or in Python (``GPUFEED_NATIVE=0``)."""
+    if request.param == "native" and _native.read_ranges is None:
+        pytest.skip("the native batch loop is not built here")
+    proc = start_node(tmp_path / "data", env={"GPUFEED_NATIVE": "1" if request.param == "native" else "0"})
+    yield proc
+    proc.stop()
 
 
 def _data(n: int, seed: int) -> bytes:

@@ -63,9 +63,10 @@ def test_ranges_land_packed_and_bit_identical(node, transport, dest_kind, bucket
     n, data = node
     rng = np.random.default_rng(3)
     blocks = rng.integers(0, SIZE // BLOCK, 300) * BLOCK
-    odd = rng.integers(0, SIZE - 70_000, 40)  # not block-aligned, odd lengths: the careful path
-    offsets = np.concatenate([blocks, odd, [SIZE - 1000, SIZE - 5]])
-    lengths = [BLOCK] * 300 + rng.integers(1, 70_000, 40).tolist() + [1000, 4096]
+    odd = rng.integers(0, SIZE - 70_000, 40)  # not block-aligned, odd lengths
+    across = [(4 << 20) - 3000, 123_457]  # over the 4 MiB chunks' edge; over ddp's 256 KiB chunks
+    offsets = np.concatenate([blocks, odd, across, [SIZE - 1000, SIZE - 5]])
+    lengths = [BLOCK] * 300 + rng.integers(1, 70_000, 40).tolist() + [6000, 700_001] + [1000, 4096]
     with _client(n, transport) as c:
         total = sum(lengths)
         dest = c.alloc(total) if dest_kind == "alloc" else bytearray(total)
@@ -161,6 +162,40 @@ def test_a_damaged_block_fails_only_its_range(tmp_path, native, transport):
             with pytest.raises(DamagedObject):
                 c.get_ranges_into("hurt", "obj", dest, [40 * BLOCK], BLOCK)
             assert c.get_ranges_into("hurt", "obj", dest, [41 * BLOCK], BLOCK).tolist() == [BLOCK]
+    finally:
+        assert n.stop() == 0, n.log_path.read_text()
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_damaged_block_fails_the_ranges_in_it_and_not_their_neighbours_in_other_chunks(tmp_path, native):
+    if native == "1" and _native.read_ranges is None:
+        pytest.skip("the native batch loop is not built here")
+    with Engine(tmp_path / "data", fsync=False) as e:
+        e.create_bucket("hurt")
+        e.set_bucket_data("hurt", dedup=True, chunk_bytes=256 << 10)  # 4 chunks of 1 MiB
+    n = start_node(tmp_path / "data", env={"GPUFEED_NATIVE": native})
+    try:
+        data = _data(1 << 20, 6)
+        with _client(n, "shm") as c:
+            c.put("hurt", "obj", data)
+            chunks = _chunks(n.data_dir / "catalog.sqlite3", "hurt", "obj")
+            assert len(chunks) == 4
+            (_chunk, file, offset, _stored) = chunks[2]
+            flip_bits(n.data_dir / "blobs" / file[:2] / file[2:4] / file, offset + 40 * BLOCK + 77, 0x10)
+            bad = (512 << 10) + 40 * BLOCK  # the damaged block's object offset
+            offsets = [(512 << 10) - 1000, bad + 70, bad + 4000, (768 << 10) + 5, bad - 9000]
+            lengths = [3000, 100, 4096, 9000, 8000]  # over the edge of chunks 1 and 2; in the block; from
+            # it into the next; in chunk 3; ending before it
+            dest = c.alloc(sum(lengths))
+            errors: list = []
+            got = c.get_ranges_into("hurt", "obj", dest, offsets, lengths, errors_out=errors)
+            assert got.tolist() == [3000, -1, -1, 9000, 8000]
+            assert isinstance(errors[1], DamagedObject) and isinstance(errors[2], DamagedObject)
+            pos = 0
+            for o, k, g in zip(offsets, lengths, got.tolist()):
+                if g > 0:
+                    assert bytes(memoryview(dest)[pos:pos + k]) == data[o:o + k]
+                pos += k
     finally:
         assert n.stop() == 0, n.log_path.read_text()
 

@@ -55,13 +55,13 @@ def _bind() -> Callable[..., int] | None:
         return None
     loop: Any = ranges.read_ranges
 
-    def read_ranges(fd: int, base: int, size: int, offsets, lengths, dest, sums, out) -> int:
+    def read_ranges(table, sums, offsets, lengths, dest, out, fd: int = -1, fd_offset: int = 0) -> int:
         """See :mod:`gpufeed._native.ranges`' source."""
-        return loop(fd, base, size, offsets, lengths, dest, sums, out, address)
+        return loop(table, sums, offsets, lengths, dest, out, address, fd, fd_offset)
 
     return read_ranges
 
 
-#: ``read_ranges(fd, base, size, offsets, lengths, dest, sums, out) -> served``
-#: (see the C source), or ``None`` without the extension or the library.
+#: ``read_ranges(table, sums, offsets, lengths, dest, out, fd=-1, fd_offset=0) ->
+#: served`` (see the C source), or ``None`` without the extension or the library.
 read_ranges = _bind()

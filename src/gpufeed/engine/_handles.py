@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
+import numpy as np
 from awscrt.checksums import crc32c
 
 from .. import _native
@@ -267,12 +268,13 @@ class ObjectHandle:
         """Read many ranges of this version, each checked, into ``dest``: range
         ``i`` (``lengths[i]`` bytes at object offset ``offsets[i]``, cut at the
         object's end) lands at ``dest[sum(lengths[:i]):]``, the ranges packed in
-        order. The whole-block ranges of a one-file raw object run in one C loop
-        with the interpreter lock released once for the batch (one ``pread`` and
-        one CRC32C continued from the previous block's running sum each,
-        :mod:`._blocksums`) where :mod:`gpufeed._native` is built; every other
-        range, and every range without it, goes through :meth:`read_small` or
-        :meth:`steps`. Each range fails alone.
+        order. The ranges in raw chunks run in one C loop with the interpreter
+        lock released once for the batch (per piece of a range in one chunk,
+        one ``preadv`` of its whole 4 KiB blocks, the range's bytes landing in
+        ``dest``, and one CRC32C continued from the previous block's running
+        sum, :mod:`._blocksums`) where :mod:`gpufeed._native` is built; every
+        other range, and every range without it, goes through
+        :meth:`read_small` or :meth:`steps`. Each range fails alone.
 
         Args:
             offsets, lengths: bytes offsets (>= 0) and lengths (>= 0), one per range.
@@ -285,24 +287,16 @@ class ObjectHandle:
             the end (one byte or more; an empty object included); ``DamagedObject``: a chunk failed its
             check and is marked damaged: that range's bytes must not be used).
         """
-        size = self.info.size
-        m = self.manifest
         out = [0] * len(offsets)
         errors: dict[int, GpufeedError] = {}
-        fast = (self.verify and not self._partial and len(m.chunks) == 1 and not m.chunks[0].codec
-                and m.chunks[0].sum_kind == SUM_KIND and m.chunks[0].stored == size)
         todo: Iterable[int] = range(len(offsets))
-        fd = self.file_fd(0) if fast else -1  # a missing or short data file fails the whole call
-        sums = m.sums[0] if fast else None
-        if (fast and _native.read_ranges is not None and isinstance(sums, array) and sums.itemsize == 4
-                and (isinstance(offsets, array) and offsets.typecode == "Q" or min(offsets, default=0) >= 0)):
-            done = array("q", bytes(8 * len(offsets)))
-            _native.read_ranges(fd, m.chunks[0].file_offset, size, _column("Q", offsets), _column("I", lengths),
-                                dest, sums, done)
+        done = self.native_ranges(offsets, lengths, dest)
+        if done is not None:
             out = done.tolist()
             todo = [i for i, k in enumerate(out) if k == -2]  # the C loop's leftovers, served below
             if not todo:
                 return out, errors
+        size = self.info.size
         starts = list(accumulate(lengths, initial=0))
         for i in todo:
             start, pos = offsets[i], starts[i]
@@ -320,6 +314,61 @@ class ObjectHandle:
             except GpufeedError as exc:
                 errors[i], out[i] = exc, -1
         return out, errors
+
+    def native_ranges(self, offsets: Sequence[int], lengths: Sequence[int], dest: memoryview,
+                      fd: int = -1, fd_offset: int = 0) -> array | None:
+        """:meth:`read_ranges`' C loop (:mod:`gpufeed._native`): ``array('q')`` of bytes
+        per range, -2 for one it left to the careful path (a compressed chunk or one
+        with legacy sums, a data file that cannot be opened, a failed check, past
+        the end); ``None`` when it cannot run here (not built, unchecked reads,
+        chunks fetched from another node, negative offsets or lengths past 4 GiB).
+        With ``fd`` >= 0 the ranges go to that file, packed from ``fd_offset``, and
+        ``dest`` is the staging buffer (a range longer than it is left, -2).
+
+        Raises:
+            OSError: a write to ``fd`` failed.
+        """
+        m = self.manifest
+        if (_native.read_ranges is None or not self.verify or self._partial or self._remote or not m.chunks
+                or not len(offsets)):
+            return None
+        try:
+            offs, lens = _column("Q", offsets), _column("I", lengths)
+        except OverflowError:
+            return None
+        table = np.zeros((len(m.chunks), 5), dtype=np.int64)
+        table[:, 0] = m.starts
+        table[:, 1] = [c.size for c in m.chunks]
+        table[:, 2] = -1
+        sums = array("I")
+        for i in self._touched(np.frombuffer(offs, dtype=np.uint64), np.frombuffer(lens, dtype=np.uint32)):
+            c = m.chunks[i]
+            if c.codec or c.sum_kind != SUM_KIND or c.stored != c.size or len(m.sums[i]) != -(-c.size // SUM_BLOCK):
+                continue
+            try:
+                chunk_fd = self.file_fd(i)
+            except GpufeedError:
+                continue  # the careful path raises it for each range that needs the chunk
+            if self._remote or self._partial:  # it was fetched from another node: the careful path reads it
+                return None
+            table[i, 2:] = (chunk_fd, c.file_offset, len(sums))
+            sums.extend(m.sums[i])
+        done = array("q", bytes(8 * len(offs)))
+        _native.read_ranges(table, sums, offs, lens, dest, done, fd, fd_offset)
+        return done
+
+    def _touched(self, offsets: np.ndarray, lengths: np.ndarray) -> list[int]:
+        """Indices of the chunks that ranges at ``offsets`` of ``lengths`` bytes touch."""
+        starts = self.manifest.starts
+        if len(starts) == 1:
+            return [0]
+        edges = np.asarray(starts, dtype=np.uint64)
+        first = np.searchsorted(edges, offsets, side="right") - 1
+        ends = np.minimum(offsets + np.maximum(lengths.astype(np.uint64), 1) - 1, max(self.info.size, 1) - 1)
+        last = np.maximum(np.searchsorted(edges, ends, side="right") - 1, first)
+        if (last - first <= 1).all():
+            return sorted(set(first.tolist()) | set(last.tolist()))
+        return sorted({i for a, b in zip(first.tolist(), last.tolist()) for i in range(a, b + 1)})
 
     def run(self, steps: list[ReadStep], runner: Callable[[list[ReadStep]], Iterable[int]] | None = None) -> int:
         """Run read steps (``runner(steps)`` runs them, e.g. on several threads;

@@ -34,7 +34,7 @@ from ..errors import (
 )
 from ._blobs import BlobFiles, new_id, remove_quietly
 from ._names import check_key, check_str_map, check_text
-from ._room import folder_bytes
+from ._room import folder_bytes, removing
 from ._tenants import check_quota
 from ._versions import check_tags, lock_of_new
 from ._writes import PendingWrite, WritePath
@@ -357,22 +357,20 @@ class Multipart:
 
     def _remove_part_files(self, paths: list[str]) -> None:
         """Delete part files of this node's folder (their bytes stop counting in :attr:`room`)."""
-        freed = 0
-        for path in paths:
-            try:
-                size = os.stat(path).st_size
-                os.unlink(path)
-                freed += size
-            except FileNotFoundError:
-                pass
-        if self.room is not None:
-            self.room.removed(freed)
+        with removing(self.room) as gone:
+            for path in paths:
+                try:
+                    size = os.stat(path).st_size
+                    os.unlink(path)
+                    gone(size)
+                except FileNotFoundError:
+                    pass
 
     def forget_parts(self, bucket: str, key: str, upload_id: str) -> None:
         """Delete an ended upload's part files here and (in a cluster) on the other nodes."""
-        if self.room is not None:
-            self.room.removed(folder_bytes(self._files.upload_dir(upload_id)))
-        self._files.remove_upload_dir(upload_id)
+        with removing(self.room) as gone:
+            gone(folder_bytes(self._files.upload_dir(upload_id)))
+            self._files.remove_upload_dir(upload_id)
         if self.peers is not None:
             self.peers.drop(bucket, key, upload_id, [])
 

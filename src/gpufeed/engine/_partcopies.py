@@ -37,7 +37,7 @@ from ..errors import BadDigest, InternalError, InvalidArgument, NoSuchKey, NoSuc
 from ._blobs import BlobFiles, remove_quietly
 from ._multipart import get_upload
 from ._replicas import COPY_MAX_BYTES, refuse_payload, write_pieces
-from ._room import NodeRoom, folder_bytes
+from ._room import NodeRoom, folder_bytes, removing
 from .catalog import Catalog, PartRecord
 from .types import UploadInfo
 
@@ -268,24 +268,24 @@ class PartCopyCalls:
             if self._cat.upload(bucket, key, upload_id) is not None:
                 raise InvalidArgument(f"upload {upload_id} is still open: its part files stay")
             there = os.path.isdir(self._files.upload_dir(upload_id))
-            if room is not None:
-                room.removed(folder_bytes(self._files.upload_dir(upload_id)))
-            self._files.remove_upload_dir(upload_id)
+            with removing(room) as gone:
+                gone(folder_bytes(self._files.upload_dir(upload_id)))
+                self._files.remove_upload_dir(upload_id)
             return int(there)
         named = {rec.file for rec in self._cat.parts(upload_id)}
-        removed = freed = 0
-        for f in files:
-            if f in named:
-                continue
-            path = self._files.part_path(upload_id, f)
-            try:
-                size = os.stat(path).st_size
-                os.unlink(path)
-                removed, freed = removed + 1, freed + size
-            except FileNotFoundError:
-                pass
-        if room is not None:
-            room.removed(freed)
+        removed = 0
+        with removing(room) as gone:
+            for f in files:
+                if f in named:
+                    continue
+                path = self._files.part_path(upload_id, f)
+                try:
+                    size = os.stat(path).st_size
+                    os.unlink(path)
+                    removed += 1
+                    gone(size)
+                except FileNotFoundError:
+                    pass
         return removed
 
     def free_unnamed_parts(self, older_than_s: float) -> int:
@@ -296,28 +296,27 @@ class PartCopyCalls:
         its folder before its row commits, so ``older_than_s`` must be longer than
         any part's upload takes. Returns the files and folders deleted."""
         now = time.time()
-        freed = freed_bytes = 0
+        freed = 0
         with os.scandir(self._files.uploads) as it:
             dirs = [e for e in it if e.is_dir(follow_symlinks=False)]
-        for d in dirs:
-            named = {rec.file for rec in self._cat.parts(d.name)} if _UPLOAD_ID_RE.fullmatch(d.name) else set()
-            try:
-                old_dir = now - os.stat(d.path).st_mtime >= older_than_s  # before the unlinks touch it
-                with os.scandir(d.path) as it:
-                    files = [e for e in it if e.name not in named]
-                for e in files:
-                    st = e.stat(follow_symlinks=False)
-                    if now - st.st_mtime >= older_than_s:
-                        remove_quietly(e.path)
-                        freed, freed_bytes = freed + 1, freed_bytes + st.st_size
-                if old_dir:
-                    os.rmdir(d.path)  # only when empty
-                    freed += 1
-            except OSError:
-                continue
-        room: NodeRoom | None = getattr(self, "_room", None)
-        if room is not None:
-            room.removed(freed_bytes)
+        with removing(getattr(self, "_room", None)) as gone:
+            for d in dirs:
+                named = {rec.file for rec in self._cat.parts(d.name)} if _UPLOAD_ID_RE.fullmatch(d.name) else set()
+                try:
+                    old_dir = now - os.stat(d.path).st_mtime >= older_than_s  # before the unlinks touch it
+                    with os.scandir(d.path) as it:
+                        files = [e for e in it if e.name not in named]
+                    for e in files:
+                        st = e.stat(follow_symlinks=False)
+                        if now - st.st_mtime >= older_than_s:
+                            remove_quietly(e.path)
+                            freed += 1
+                            gone(st.st_size)
+                    if old_dir:
+                        os.rmdir(d.path)  # only when empty
+                        freed += 1
+                except OSError:
+                    continue
         return freed
 
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import DamagedObject, InternalError, InvalidArgument, StorageFull
 from ._blobs import remove_quietly, write_all
-from ._room import NodeRoom, Usage
+from ._room import NodeRoom, Usage, removing
 from ._scrub import check_chunk_fd
 from .catalog import Catalog, CatalogWriter
 from .types import ChunkRecord
@@ -161,15 +161,18 @@ class ReplicaCalls:
         named = self._cat.data_files() | self._cat.copy_files() | self._cat.unheld_files()
         now = time.time()
         freed = 0
-        for f in self._chunks.files.list_data_files():
-            path = self._chunks.file_path(f)
-            try:
-                if f in named or now - os.stat(path).st_mtime < older_than_s or self._cat.file_records(f):
+        with removing(getattr(self, "_room", None)) as gone:  # off the used bytes at once
+            for f in self._chunks.files.list_data_files():
+                path = self._chunks.file_path(f)
+                try:
+                    st = os.stat(path)
+                    if f in named or now - st.st_mtime < older_than_s or self._cat.file_records(f):
+                        continue
+                except OSError:
                     continue
-            except OSError:
-                continue
-            remove_quietly(path)
-            freed += 1
+                remove_quietly(path)
+                freed += 1
+                gone(st.st_size)
         return freed
 
     def files_held(self, after: str = "", limit: int = 1000) -> list[str]:
@@ -187,12 +190,19 @@ class ReplicaCalls:
         """Stop holding data file ``file`` here when ``factor`` other nodes of ``live``
         hold it (:meth:`~gpufeed.engine._postgres.PostgresCatalog.give_up_file`: as
         its holder, the first of ``prefer`` with a copy takes over), then delete this
-        node's file. Cached manifests are dropped (their chunk records may name this
-        node as the holder). Returns whether it gave the file up."""
-        if not self._cat.give_up_file(file, live, factor, prefer):
-            return False
-        self._chunks.manifests.clear()
-        remove_quietly(self._chunks.file_path(file))
+        node's file (off its used bytes at once: :func:`~._room.removing`). Cached
+        manifests are dropped (their chunk records may name this node as the
+        holder). Returns whether it gave the file up."""
+        path = self._chunks.file_path(file)
+        with removing(getattr(self, "_room", None)) as gone:
+            if not self._cat.give_up_file(file, live, factor, prefer):
+                return False
+            self._chunks.manifests.clear()
+            try:
+                gone(os.stat(path).st_size)
+            except OSError:
+                pass
+            remove_quietly(path)
         self._chunks.files.open_files.forget([file])
         return True
 

@@ -10,10 +10,12 @@ which ``statvfs`` shows, until the write ends). They are counted by a walk
 of the folder every ``count_interval_s`` seconds, plus the bytes of each
 data file stored here since that walk began (:meth:`NodeRoom.add_file`: a
 write's file it keeps, a copy another node pushed, a part file), less the
-bytes of the part files deleted since (:meth:`NodeRoom.removed`: a completed,
-aborted or replaced part's); another file deleted since the walk counts until
-the next walk, and one stored or deleted while a walk runs may be counted
-twice until the next, so the figure errs towards full.
+bytes of the files deleted since that the node counts off
+(:meth:`NodeRoom.removing`: a completed, aborted or replaced part's, a data
+file moved off while draining); another file deleted since the walk counts
+until the next walk, and one stored or deleted while a walk runs may be
+counted twice until the next, so the figure errs towards full. One walk runs
+at a time; a caller that finds one under way gets the figures until it ends.
 
 Its **capacity** is ``--capacity`` (``GPUFEED_CAPACITY``) when set, else the
 size of the data folder's file system. Its **free bytes** are the smaller of
@@ -40,7 +42,8 @@ are its used bytes less the low-water mark (0 otherwise); they are published
 with its heartbeat, placement ranks a draining node after every member with
 room that is not draining, and the node moves copies of its data files to
 other members (:mod:`gpufeed._drain`), counting each file it gave up
-(:meth:`NodeRoom.moved_off`) off its used bytes at once.
+(:meth:`NodeRoom.removing`, :meth:`NodeRoom.moved_off`) off its used bytes
+at once.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,7 +63,7 @@ from ..errors import StorageFull
 if TYPE_CHECKING:
     from ._membership import NodeInfo
 
-__all__ = ["Usage", "NodeRoom", "node_fits", "node_draining", "is_full", "folder_bytes"]
+__all__ = ["Usage", "NodeRoom", "removing", "node_fits", "node_draining", "is_full", "folder_bytes"]
 
 #: A node is full when less than this share of its capacity is free ...
 FULL_BELOW = 0.01
@@ -101,6 +105,15 @@ def node_draining(info: "NodeInfo") -> bool:
     """Whether the member ``info`` was draining at its last heartbeat (it reported
     moving bytes: see the module's text)."""
     return info.moving_bytes > 0
+
+
+def removing(room: "NodeRoom | None") -> AbstractContextManager[Callable[[int], None]]:
+    """:meth:`NodeRoom.removing` of ``room``; without one, a block whose counts go nowhere."""
+    return room.removing() if room is not None else nullcontext(_uncounted)
+
+
+def _uncounted(nbytes: int) -> None:
+    """Count nothing (:func:`removing` without a room)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +180,9 @@ class NodeRoom:
         self.high_water, self.low_water = high_water, low_water
         self._draining = False
         self.moved_files = self.moved_bytes = 0
-        self._walking = 0  # walks of the folder under way
+        self._walking = False  # a walk of the folder is under way
+        self._walks = 0  # walks begun since start
+        self._walk_lock = threading.Lock()  # one walk at a time
         self.folder = str(folder)
         self.configured_bytes = capacity_bytes
         self.reserve_bytes = reserve_bytes
@@ -179,8 +194,9 @@ class NodeRoom:
         self._pending = 0  # bytes admitted and not yet counted as stored (released by their taker)
         self._walked = 0
         self._added: list[tuple[float, int]] = []  # (ctime, bytes) of files stored since the walk began
+        self._freed = 0  # bytes of files deleted since the last walk ended (none overlapped a walk)
         self._walked_at = -float("inf")
-        self._walk_began = 0.0  # Unix s: files renamed into place before it are in the walk's count
+        self._walk_began = 0.0  # Unix s: files renamed into place before it are in the last walk's count
 
     def _disk(self) -> tuple[int, int]:
         """``(file system size, its bytes free to this process less the reserve)``."""
@@ -188,22 +204,50 @@ class NodeRoom:
         return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize - self.reserve_bytes
 
     def used(self) -> int:
-        """The used bytes (a walk of the folder when the last is ``count_interval_s`` old)."""
+        """The used bytes (a walk of the folder when the last is ``count_interval_s`` old;
+        while another thread walks it, the figures until that walk ends)."""
         with self._lock:
+            walked_once = self._walked_at > -float("inf")
             if time.monotonic() - self._walked_at < self.count_interval_s:
-                return max(0, self._walked + sum(n for _, n in self._added) + self._pending)
-        with self._lock:
-            self._walking += 1
-        began = time.time()
-        try:
-            walked = folder_bytes(self.folder, skip=("tmp",))
-        finally:
+                return self._figure()
+        # one walk at a time: a walk that ended after a newer one would put back a count that
+        # misses the files stored between their starts (their add_file entries are gone)
+        if not self._walk_lock.acquire(blocking=not walked_once):
             with self._lock:
-                self._walking -= 1
-        with self._lock:
-            self._added = [(c, n) for c, n in self._added if c >= began]  # the walk may have missed them
-            self._walked, self._walked_at, self._walk_began = walked, time.monotonic(), began
-            return walked + sum(n for _, n in self._added) + self._pending
+                return self._figure()  # the last walk and the counts since
+        try:
+            with self._lock:
+                if time.monotonic() - self._walked_at < self.count_interval_s:
+                    return self._figure()  # walked while this thread waited
+                self._walking, self._walks = True, self._walks + 1
+            began = self._mark_walk()
+            try:
+                walked = folder_bytes(self.folder, skip=("tmp",))
+            finally:
+                with self._lock:
+                    self._walking = False
+            with self._lock:
+                self._added = [(c, n) for c, n in self._added if c >= began]  # the walk may have missed them
+                self._walked, self._walked_at, self._walk_began = walked, time.monotonic(), began
+                self._freed = 0  # deleted before the walk began: not in its count
+                return self._figure()
+        finally:
+            self._walk_lock.release()
+
+    def _figure(self) -> int:
+        """The used bytes by the last walk and the counts since (under ``_lock``)."""
+        return max(0, self._walked + sum(n for _, n in self._added) - self._freed + self._pending)
+
+    def _mark_walk(self) -> float:
+        """Set the data folder's status-change time to now and return it (Unix s): files
+        renamed into place later have one as late or later, by the file system's own
+        clock, which may be a coarse one, a tick behind ``time.time()``
+        (``time.time()`` when the folder's times cannot be set)."""
+        try:
+            os.utime(self.folder)
+            return os.stat(self.folder).st_ctime
+        except OSError:
+            return time.time()
 
     def usage(self) -> Usage:
         """The node's figures now."""
@@ -220,14 +264,30 @@ class NodeRoom:
 
     def moved_off(self, nbytes: int) -> None:
         """Count a data file of ``nbytes`` bytes that this node moved to other members
-        and deleted: off its used bytes at once (unless a walk of the folder is under
-        way, which may or may not have counted it: the next walk does), and in
-        :attr:`moved_files` / :attr:`moved_bytes`."""
+        and deleted in :attr:`moved_files` / :attr:`moved_bytes` (its bytes come off
+        the used bytes through :func:`removing`)."""
         with self._lock:
             self.moved_files += 1
             self.moved_bytes += nbytes
-            if not self._walking:
-                self._added.append((time.time(), -nbytes))
+
+    @contextmanager
+    def removing(self) -> Iterator[Callable[[int], None]]:
+        """Count files deleted from the folder in the block off the used bytes at its
+        end: the block calls the function it gets with the bytes of each (each
+        counted before: by a walk, or by :meth:`add_file`). They come off at once
+        unless a walk of the folder was under way at any time during the block
+        (it may or may not have counted them; the next walk does not)."""
+        with self._lock:
+            walks, clean = self._walks, not self._walking
+        freed = [0]
+
+        def gone(nbytes: int) -> None:
+            freed[0] += max(0, nbytes)
+
+        yield gone
+        with self._lock:
+            if freed[0] and clean and not self._walking and self._walks == walks:
+                self._freed += freed[0]
 
     def add_file(self, path: str, nbytes: int) -> None:
         """Count the data file of ``nbytes`` bytes at ``path``, just stored here, unless the
@@ -239,16 +299,6 @@ class NodeRoom:
         with self._lock:
             if changed >= self._walk_began:
                 self._added.append((changed, nbytes))
-
-    def removed(self, nbytes: int) -> None:
-        """Stop counting ``nbytes`` bytes of files just deleted from the folder (each
-        counted before: by the walk, or by :meth:`add_file`): off the used bytes at
-        once, as :meth:`moved_off` (a walk under way counts them or not; the next
-        one does)."""
-        if nbytes > 0:
-            with self._lock:
-                if not self._walking:
-                    self._added.append((time.time(), -nbytes))
 
     def fits(self, nbytes: int) -> bool:
         """Whether a data file of ``nbytes`` bytes fits here now."""

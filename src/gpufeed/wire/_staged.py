@@ -185,7 +185,9 @@ def read_ranges_to_fd(h: ObjectHandle, offsets: Sequence[int], lengths: Sequence
     """:meth:`ObjectHandle.read_ranges` into ``fd`` from ``offset``, ranges packed
     in order: runs of ranges that fit :data:`STAGE_BYTES` are read together into
     the staging buffer and written with one ``pwrite`` (a failed range's bytes are
-    not written); a longer range goes by :func:`read_to_fd`.
+    not written), in the C loop where it runs (:meth:`ObjectHandle.native_ranges`);
+    a longer range, and each range that loop leaves, goes by
+    :meth:`ObjectHandle.read_ranges` or :func:`read_to_fd`.
 
     Returns:
         ``(n, errors)`` as :meth:`ObjectHandle.read_ranges`.
@@ -193,9 +195,28 @@ def read_ranges_to_fd(h: ObjectHandle, offsets: Sequence[int], lengths: Sequence
     Raises:
         Unwritable: the memfd refused the bytes.
     """
+    starts = list(accumulate(lengths, initial=0))
+    try:
+        done = h.native_ranges(offsets, lengths, _stage(), fd, offset)
+    except OSError as exc:
+        raise Unwritable(f"cannot write into the client's memory: {exc}") from exc
+    if done is None:
+        return _ranges_to_fd(h, offsets, lengths, fd, offset, starts)
+    out = done.tolist()
+    errors: dict[int, GpufeedError] = {}
+    for i in [i for i, k in enumerate(out) if k == -2]:  # the C loop's leftovers, one by one
+        got, bad = _ranges_to_fd(h, offsets[i:i + 1], lengths[i:i + 1], fd, offset + starts[i], [0, lengths[i]])
+        out[i] = got[0]
+        errors.update((i, exc) for exc in bad.values())
+    return out, errors
+
+
+def _ranges_to_fd(h: ObjectHandle, offsets: Sequence[int], lengths: Sequence[int], fd: int, offset: int,
+                  starts: list[int]) -> tuple[list[int], dict[int, GpufeedError]]:
+    """:func:`read_ranges_to_fd` through :meth:`ObjectHandle.read_ranges` (``starts``:
+    each range's place from ``offset``, then their end)."""
     out: list[int] = []
     errors: dict[int, GpufeedError] = {}
-    starts = list(accumulate(lengths, initial=0))
     size, count, i = h.info.size, len(lengths), 0
     while i < count:
         j = i
