@@ -352,7 +352,10 @@ class ObjectHandle:
             if self._remote or self._partial:  # it was fetched from another node: the careful path reads it
                 return None
             table[i, 2:] = (chunk_fd, c.file_offset, len(sums))
-            sums.extend(m.sums[i])
+            if len(m.chunks) == 1:  # one raw chunk (a large one): its sums as they are, no copy
+                sums = m.sums[0]
+            else:
+                sums.extend(m.sums[i])
         done = array("q", bytes(8 * len(offs)))
         _native.read_ranges(table, sums, offs, lens, dest, done, fd, fd_offset)
         return done
