@@ -4,7 +4,7 @@ DataLoader delivers batches out of order (``in_order=False``).
 
 Batch ``k`` of an epoch is ``indices[offset + k * size : offset + (k + 1) * size]``
 of the rank's sampler indices (``offset`` is 0 except after resuming from a
-state that saved only a count of indices, see :meth:`EpochBatches.load`).
+state that saved only a count of indices, see :meth:`EpochBatches.parse`).
 Each batch of indices travels to its DataLoader worker with its number
 (:class:`NumberedBatch`, or :class:`NumberedIndex` without batching); the
 dataset notes the number of what it read (:func:`note_batch`) and the

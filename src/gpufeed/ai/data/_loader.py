@@ -211,9 +211,11 @@ class ResumableLoader(torch.utils.data.DataLoader):
         were delivered, the sampler's settings), "dataset": the dataset's
         state}``; all plain values (picklable, savable with :func:`gpufeed.ai.save`).
 
-        ``"batches"`` is ``{"size": sampler indices per batch, "offset": 0,
+        ``"batches"`` is ``{"size": sampler indices per batch, "offset",
         "run": n, "after": [k, ...]}``: batches ``0 .. n - 1`` of the epoch
-        and those numbered in ``after`` were delivered.
+        and those numbered in ``after`` were delivered, batch ``k`` being the
+        rank's sampler indices from ``offset + k * size`` (``offset`` is 0
+        unless the epoch resumed from a state without ``"batches"``).
 
         May be called at any time: between batches, after an epoch's last
         batch (the epoch is done), or before an epoch's first batch, after
