@@ -16,7 +16,6 @@ import torch
 
 from gpufeed.ai.data import ObjectDataset, ResumableLoader, ShardDataset, write_shard
 from gpufeed.client import Client
-from gpufeed.errors import InvalidArgument
 
 BUCKET = "data-resume-tests"
 SHARDS, PER_SHARD, OBJECTS, BATCH = 4, 6, 22, 4
@@ -137,7 +136,7 @@ def test_objects_consumed_counts_the_sampler_indices_used(urls, workers):
     assert loader.state_dict()["consumed"] == OBJECTS  # not 6 batches x 4: the last batch holds 2
 
 
-def test_out_of_order_delivery_resumes_each_sample_once_or_is_refused(urls):
+def test_out_of_order_delivery_of_shards_resumes_each_sample_once(urls):
     def make_unordered():
         return ResumableLoader(ShardDataset(urls["tar"], seed=3, shuffle_buffer=5), batch_size=BATCH,
                                num_workers=2, collate_fn=_keys, in_order=False)
@@ -152,7 +151,3 @@ def test_out_of_order_delivery_resumes_each_sample_once_or_is_refused(urls):
     second.load_state_dict(state)
     rest = [k for b in second for k in b]
     assert sorted(got + rest) == full and len(full) == SHARDS * PER_SHARD  # each sample once
-    objects = ObjectDataset(urls["objects"], dtype=torch.float32, shape=(4,))
-    with pytest.raises(InvalidArgument, match="in_order"):
-        ResumableLoader(objects, batch_size=BATCH, num_workers=2, in_order=False)
-    assert len(batches(ResumableLoader(objects, batch_size=BATCH, in_order=False))) == 6  # no workers: in order

@@ -9,7 +9,8 @@
   bounded read-ahead; with ``dtype=`` it yields raw-tensor batches whose
   samples are read by their place in the shard straight into their rows.
 * :class:`ResumableLoader`: a ``DataLoader`` whose ``state_dict()`` resumes
-  mid-epoch at the next batch (save it with :func:`gpufeed.ai.save`).
+  mid-epoch at the next batch (save it with :func:`gpufeed.ai.save`); with an
+  ``ObjectDataset``, exactly the batches not delivered, also with ``in_order=False``.
 * :func:`write_shard`, :func:`parse_shard`: the tar shard format.
 * :func:`collate`: the ``collate_fn`` for ``ObjectDataset(..., dtype=...)``:
   each batch was read straight into its tensor, handed on without a copy.
@@ -25,6 +26,7 @@ The package, one concern a module, imports in one direction::
     _fetch     Reader: bounded read-ahead, batched small reads, the error policy
     _common    what both datasets share (decode under the policy, fingerprint)
     _tensors   raw-tensor samples: batches read straight into their tensor, collate
+    _epochbatches an ObjectDataset epoch as numbered batches, and which were delivered
     _objects   ObjectDataset, ResumableSampler
     _tarstream one worker's tar sample stream, and its resume from sample counts
     _tarindex  where each sample lies in a tar shard (from its headers by range, or parsed)

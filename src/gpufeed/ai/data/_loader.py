@@ -10,8 +10,15 @@ saves them with the epoch, and a loader restored from it makes each worker
 skip exactly the samples it had delivered, its workers taking the roles
 rotated so that the round-robin continues where it stopped (DataLoader asks
 its workers in a fixed cycle, and a worker with no more samples is passed
-over, so the order of batches depends only on each worker's stream). With a
-map-style dataset the position is the number of sampler indices consumed.
+over, so the order of batches depends only on each worker's stream).
+
+With an :class:`ObjectDataset` the loader hands its DataLoader numbered
+batches of the sampler's indices (:mod:`._epochbatches`), each batch is
+tagged with its number, and the position is the set of batch numbers
+delivered this epoch: a loader restored from it reads only the batches not
+delivered, in order, each with the samples it would have had. So the
+position is exact whether DataLoader delivers in order or not
+(``in_order=False``).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import torch.utils.data
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from ...errors import InvalidArgument
+from ._epochbatches import EpochBatches, take_batch_number
 from ._objects import ObjectDataset, ResumableSampler
 from ._sampling import worker
 from ._shards import ShardDataset, stream_positions
@@ -34,13 +42,13 @@ __all__ = ["ResumableLoader"]
 class _Tagged(NamedTuple):
     batch: Any
     worker: int
-    position: int
+    position: int  # in the worker's stream (ShardDataset), or the batch's number in the epoch (ObjectDataset)
     parsed: list  # (unit, samples) of shards parsed since the last batch
 
 
 class _TagCollate:
-    """Collate, then tag the batch with the worker, its stream position and
-    the sample counts of the shards it parsed."""
+    """Collate, then tag the batch with the worker, its stream position (or
+    its number) and the sample counts of the shards it parsed."""
 
     def __init__(self, collate, uid: str | None) -> None:
         self.collate, self.uid = collate, uid
@@ -48,7 +56,8 @@ class _TagCollate:
     def __call__(self, samples):
         progress = stream_positions.get(self.uid) if self.uid is not None else None
         if progress is None:
-            return _Tagged(self.collate(samples), worker()[0], -1, [])
+            number = take_batch_number()
+            return _Tagged(self.collate(samples), worker()[0], -1 if number is None else number, [])
         return _Tagged(self.collate(samples), progress.worker, progress.position, progress.take_parsed())
 
 
@@ -59,12 +68,19 @@ class ResumableLoader(torch.utils.data.DataLoader):
 
     Takes every ``DataLoader`` keyword argument (``batch_size``,
     ``num_workers``, ``persistent_workers``, ``pin_memory``, ``collate_fn``,
-    ...). Save ``loader.state_dict()`` with the model (it is plain ints,
-    strings and lists, so :func:`gpufeed.ai.save` stores it); a new loader
-    over a dataset made with the same arguments, given
+    ``in_order``, ...). Save ``loader.state_dict()`` with the model (it is
+    plain ints, strings and lists, so :func:`gpufeed.ai.save` stores it); a
+    new loader over a dataset made with the same arguments, given
     ``load_state_dict(state)``, continues the saved epoch with the next batch
     the old one would have delivered. The number of workers must be the same
     (with a :class:`ShardDataset`: each worker resumes its own stream).
+
+    With ``in_order=False`` and workers, DataLoader yields each batch as soon
+    as a worker has it. An :class:`ObjectDataset`'s position is the set of
+    batches delivered, so the resumed loader delivers exactly the batches not
+    delivered before the save, in the sampler's order, each with the samples
+    it had in the uninterrupted run. A :class:`ShardDataset` resumes each
+    remaining sample exactly once, in another order than the uninterrupted run.
 
     Args:
         dataset: a :class:`ShardDataset` or :class:`ObjectDataset`.
@@ -77,14 +93,15 @@ class ResumableLoader(torch.utils.data.DataLoader):
             :class:`ResumableSampler` finds them).
 
     Raises:
-        InvalidArgument: another kind of dataset or sampler; an
-            :class:`ObjectDataset` with workers and ``in_order=False``.
+        InvalidArgument: another kind of dataset or sampler, or an
+            :class:`ObjectDataset` with ``batch_sampler=``.
     """
 
     def __init__(self, dataset, **kwargs) -> None:
         self._shards: ShardDataset | None = None
         self._objects: ObjectDataset | None = None
         self._rsampler: ResumableSampler | None = None
+        self._plan: EpochBatches | None = None
         if isinstance(dataset, ObjectDataset):
             if kwargs.get("batch_sampler") is not None:
                 raise InvalidArgument("ResumableLoader counts positions through its sampler: "
@@ -95,10 +112,6 @@ class ResumableLoader(torch.utils.data.DataLoader):
             if not isinstance(sampler, ResumableSampler):
                 raise InvalidArgument("an ObjectDataset's sampler must be a ResumableSampler "
                                       "(dataset.sampler(...))")
-            if kwargs.get("in_order") is False and kwargs.get("num_workers", 0) > 0:
-                raise InvalidArgument("an ObjectDataset's position counts the batches delivered as the first "
-                                      "ones of the sampler's order: in_order=False would resume past batches "
-                                      "not delivered (keep in_order=True)")
             self._objects, self._rsampler, uid = dataset, sampler, None
         elif isinstance(dataset, ShardDataset):
             self._shards, uid = dataset, dataset._uid
@@ -113,13 +126,22 @@ class ResumableLoader(torch.utils.data.DataLoader):
             (collate_tensors if getattr(dataset, "dtype", None) is not None else default_collate)
             if batched else default_convert)
         super().__init__(dataset, collate_fn=_TagCollate(collate, uid), **kwargs)
+        if self._rsampler is not None:
+            self._plan = EpochBatches(self._rsampler, self.batch_size, self.drop_last)
         self._positions: list[int] = []
         self._next_worker = 0
         self._counts: dict[int, int] = {}
-        self._consumed = 0
         self._progress_epoch = 0
         self._resume = False  # the next iteration continues from the progress (load_state_dict)
         self._restart()
+
+    @property
+    def _index_sampler(self):
+        # DataLoader's iterators draw what they fetch from this property
+        # (torch/utils/data/dataloader.py; a persistent iterator keeps the object
+        # it got first): for an ObjectDataset, the epoch's numbered batches less
+        # those delivered, so each batch comes back tagged with its number.
+        return self._plan if self._plan is not None else super()._index_sampler
 
     @property
     def _epoch_owner(self) -> ShardDataset | ResumableSampler:
@@ -145,7 +167,9 @@ class ResumableLoader(torch.utils.data.DataLoader):
     def _restart(self) -> None:
         """Make the progress the beginning of the epoch the owner reads next."""
         self._positions = [0] * max(1, self.num_workers)
-        self._next_worker, self._counts, self._consumed = 0, {}, 0
+        self._next_worker, self._counts = 0, {}
+        if self._plan is not None:
+            self._plan.restart()
         self._progress_epoch, self._resume = self.epoch, False
 
     def _sync(self) -> None:
@@ -162,29 +186,36 @@ class ResumableLoader(torch.utils.data.DataLoader):
         if self._shards is not None:
             self._shards.set_resume(list(self._positions) if resume else None, self._next_worker, self._counts)
         else:
-            assert self._rsampler is not None
-            self._rsampler.skip(self._consumed)
-        per_batch = self.batch_size if self.batch_size is not None else 1
-        total = self._rsampler.epoch_length() if self._rsampler is not None else 0
+            assert self._plan is not None
+            self._plan.begin()
         for tagged in super().__iter__():
             if self._shards is not None:
                 self._positions[tagged.worker] = max(self._positions[tagged.worker], tagged.position)
                 self._next_worker = (tagged.worker + 1) % len(self._positions)
                 self._counts.update((int(u), int(n)) for u, n in tagged.parsed)
-            else:  # the sampler indices this batch took (the last batch of an epoch may take fewer)
-                self._consumed = min(self._consumed + per_batch, total)
+            else:
+                assert self._plan is not None and tagged.position >= 0  # ObjectDataset notes every read
+                self._plan.delivered.add(tagged.position)
             yield tagged.batch
 
     def _sampler_settings(self) -> dict:
         s = self._rsampler
         assert s is not None
-        return {"seed": s.seed, "shuffle": s.shuffle, "rank": s.rank, "world_size": s.world_size}
+        return {"seed": s.seed, "shuffle": s.shuffle, "rank": s.rank, "world_size": s.world_size,
+                "drop_last": s.drop_last}
 
     def state_dict(self) -> dict:
         """Where the loader is: ``{"epoch", "num_workers", "positions" (per worker),
-        "next_worker" and "shard_samples"; or "consumed" and "sampler" (sampler
-        indices consumed, its settings), "dataset": the dataset's state}``; all
-        plain values (picklable, savable with :func:`gpufeed.ai.save`).
+        "next_worker" and "shard_samples"; or "consumed", "batches" and
+        "sampler" (sampler indices the delivered batches took, which batches
+        were delivered, the sampler's settings), "dataset": the dataset's
+        state}``; all plain values (picklable, savable with :func:`gpufeed.ai.save`).
+
+        ``"batches"`` is ``{"size": sampler indices per batch, "offset",
+        "run": n, "after": [k, ...]}``: batches ``0 .. n - 1`` of the epoch
+        and those numbered in ``after`` were delivered, batch ``k`` being the
+        rank's sampler indices from ``offset + k * size`` (``offset`` is 0
+        unless the epoch resumed from a state without ``"batches"``).
 
         May be called at any time: between batches, after an epoch's last
         batch (the epoch is done), or before an epoch's first batch, after
@@ -194,16 +225,24 @@ class ResumableLoader(torch.utils.data.DataLoader):
             return {"epoch": self.epoch, "num_workers": self.num_workers, "dataset": self._shards.state_dict(),
                     "positions": list(self._positions), "next_worker": self._next_worker,
                     "shard_samples": sorted([u, n] for u, n in self._counts.items())}
-        assert self._objects is not None
+        assert self._objects is not None and self._plan is not None
         return {"epoch": self.epoch, "num_workers": self.num_workers, "dataset": self._objects.state_dict(),
-                "consumed": self._consumed, "sampler": self._sampler_settings()}
+                "consumed": self._plan.consumed(), "batches": self._plan.state(),
+                "sampler": self._sampler_settings()}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (from :meth:`state_dict`) at the next iteration.
 
+        A state without ``"batches"`` (only ``"consumed"``) continues after
+        the first ``consumed`` sampler indices; so does one saved with
+        another batch size whose batches were all delivered in order.
+
         Raises:
             InvalidArgument: the state is of another listing, dataset settings,
-                sampler settings or number of workers, or holds a malformed position.
+                sampler settings or number of workers, or holds a malformed
+                position (batch numbers out of range, a ``consumed`` that does
+                not match them, batches delivered out of order with another
+                batch size).
         """
         if not isinstance(state, dict) or not {"dataset", "epoch", "num_workers"} <= state.keys():
             raise InvalidArgument("a loader state is the dict of ResumableLoader.state_dict(), with 'dataset', "
@@ -215,20 +254,22 @@ class ResumableLoader(torch.utils.data.DataLoader):
             self._shards.load_state_dict(state["dataset"])
             positions, first, counts = self._saved_positions(state)
         else:
-            assert self._objects is not None
+            assert self._objects is not None and self._plan is not None
             self._objects.load_state_dict(state["dataset"])
-            if state.get("sampler") != self._sampler_settings():
-                raise InvalidArgument(f"the saved sampler settings {state.get('sampler')} differ "
-                                      f"from {self._sampler_settings()}")
-            consumed = state.get("consumed", 0)
-            if type(consumed) is not int or consumed < 0:
-                raise InvalidArgument(f"the saved 'consumed' must be an int >= 0: {consumed!r}")
+            settings = self._sampler_settings()
+            saved = state.get("sampler")
+            if isinstance(saved, dict) and "drop_last" not in saved:  # saved before the setting was
+                saved = {**saved, "drop_last": settings["drop_last"]}
+            if saved != settings:
+                raise InvalidArgument(f"the saved sampler settings {state.get('sampler')} differ from {settings}")
+            batches = self._plan.parse(state.get("batches"), state.get("consumed", 0))
         self._resume = False
         self.set_epoch(int(state["epoch"]))
         if self._shards is not None:
             self._positions, self._next_worker, self._counts = positions, first, counts
         else:
-            self._consumed = consumed
+            assert self._plan is not None
+            self._plan.resume(*batches)
         self._resume = True
 
     def _saved_positions(self, state: dict) -> tuple[list[int], int, dict[int, int]]:

@@ -11,6 +11,7 @@ import torch.utils.data
 
 from ...errors import InvalidArgument
 from ._common import SKIP, DatasetBase, fingerprint
+from ._epochbatches import note_batch
 from ._errors import DataError
 from ._fetch import ReadLimits
 from ._sampling import epoch_order, resolve_rank, split
@@ -117,10 +118,11 @@ class ObjectDataset(DatasetBase, torch.utils.data.Dataset):
             DataError: the sample cannot be read or decoded (also under ``"skip"``:
                 one index must give one sample).
         """
-        out = self.__getitems__([i], _alone=True)
+        out = self._read([i], alone=True)
+        note_batch(i)
         return out[0]
 
-    def __getitems__(self, indices: Sequence[int], _alone: bool = False) -> list[Any]:
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices``, read together (DataLoader's batched fetch).
 
         Returns:
@@ -133,6 +135,11 @@ class ObjectDataset(DatasetBase, torch.utils.data.Dataset):
             IndexError: an index out of range.
             DataError: as :meth:`__getitem__` (not for skipped samples).
         """
+        out = self._read(indices, alone=False)
+        note_batch(indices)  # for ResumableLoader's collate wrapper, called next in this thread
+        return out
+
+    def _read(self, indices: Sequence[int], alone: bool) -> list[Any]:
         items = [self.items[self._index(i)] for i in indices]
         decode = self.decode or bytes
         if self.dtype is not None:
@@ -145,7 +152,7 @@ class ObjectDataset(DatasetBase, torch.utils.data.Dataset):
             sample = SKIP if data is None else self.decode_or_skip(
                 decode, data, item.key, functools.partial(self._reread, item))
             if sample is SKIP:
-                if _alone:
+                if alone:
                     raise DataError(f"{self.source.where(item.key)}: skipped (on_error='skip')",
                                     bucket=self.source.bucket, key=item.key)
                 continue
