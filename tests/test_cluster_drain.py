@@ -161,3 +161,44 @@ def test_a_draining_node_killed_mid_move_loses_nothing(tmp_path, postgres_url):
     finally:
         for n in (a, b, c):
             n.stop()
+
+
+def test_a_draining_node_that_gets_a_member_back_gives_up_copies_only_down_to_its_low_water_mark(
+        tmp_path, postgres_url):
+    # a counts its folder once a minute, as by default: what it gives up must come off its used bytes at once
+    slow_walks = {**ENV, "GPUFEED_CLUSTER_BYTES_INTERVAL_S": "60"}
+    a = _member(tmp_path / "a", postgres_url, GPUFEED_CAPACITY=str(CAP), **slow_walks)
+    b, c = (_member(tmp_path / n, postgres_url, GPUFEED_CAPACITY="100000000", **ENV) for n in "bc")
+    me = _node_id(a)
+    try:
+        s3 = c.boto3_client()
+        s3.create_bucket(Bucket="bkt")
+        want: dict[str, bytes] = {}
+        ib, ic = _node_id(b), _node_id(c)
+
+        def after_b_goes() -> int:  # a's bytes once the files only b and c hold are copied onto it
+            return folder_bytes(a.data_dir) + sum(OBJ + 80 for h in _copies(postgres_url).values() if h == {ib, ic})
+        while after_b_goes() < 0.93 * CAP:  # under its high-water mark for now, past it then
+            assert len(want) < 80
+            key = f"k{len(want)}"
+            want[key] = os.urandom(OBJ + len(want))
+            s3.put_object(Bucket="bkt", Key=key, Body=want[key])
+        assert after_b_goes() < 0.99 * CAP and folder_bytes(a.data_dir) < 0.9 * CAP
+        b.kill()  # b's files are copied again: those it shared with c, onto a, past a's high-water mark
+
+        def restored() -> bool:
+            return all(len(h - {ib}) >= 2 for h in _copies(postgres_url).values())
+        assert wait_for(restored, 30)
+        assert wait_for(lambda: _status(c)["nodes"] and any(
+            n["node_id"] == me and n["draining"] for n in _status(c)["nodes"]), 15), _status(c)
+        b = _member(tmp_path / "b", postgres_url, GPUFEED_CAPACITY="100000000", **ENV)  # back: 3 holders each
+        assert wait_for(lambda: all(len(h) == 2 for h in _copies(postgres_url).values()), 30)
+        held = folder_bytes(a.data_dir)
+        assert 0.5 * CAP <= held <= 0.8 * CAP, held  # drained to its low-water mark, not emptied
+        for node in (a, b, c):
+            client = node.boto3_client()
+            for key, data in want.items():
+                assert client.get_object(Bucket="bkt", Key=key)["Body"].read() == data, (node.data_dir.name, key)
+    finally:
+        for n in (a, b, c):
+            n.stop()

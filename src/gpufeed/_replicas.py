@@ -100,6 +100,8 @@ __all__ = ["Replicas", "ReReplicator"]
 log = logging.getLogger("gpufeed.cluster")
 
 Files = list[tuple[str, list[ChunkRecord]]]
+#: Seconds before the same warning about one data file is logged again.
+_RETELL_S = 600.0
 #: Data files re-replication pushes at a time (over one connection per target node).
 _GROUP = 64
 
@@ -253,13 +255,18 @@ class Replicas:
         each failure; one connection per node.
 
         Returns:
-            ``({file: nodes that took it}, {file: failures, one line per node})``.
+            ``({file: nodes that took it}, {file: failures, one line per node: those
+            without room by their last heartbeat, then those that refused})``.
         """
         recs = dict(files)
         got: dict[str, list[str]] = {f: [] for f in recs}
         errors: dict[str, list[str]] = {f: [] for f in recs}
-        order = {f: self.room_first([n for n in rank(f.encode(), peers) if n not in have.get(f, ())
-                                     and self.fits(n, peers[n], copy_length(recs[f]))], peers) for f in recs}
+        order: dict[str, list[str]] = {}
+        for f in recs:
+            size, lacking = copy_length(recs[f]), [n for n in rank(f.encode(), peers) if n not in have.get(f, ())]
+            order[f] = self.room_first([n for n in lacking if self.fits(n, peers[n], size)], peers)
+            errors[f] += [f"node {n}: {peers[n].free_bytes} bytes free by its last heartbeat, the file has {size} "
+                          "(StorageFull)" for n in lacking if n not in order[f]]
         while True:
             plan: dict[str, list[str]] = {}
             for f in recs:
@@ -377,6 +384,7 @@ class ReReplicator:
         self.parts = parts
         self.drain = drain
         self._told_damaged: set[str] = set()  # damaged files not copied, logged once each
+        self._told: dict[str, tuple[str, float]] = {}  # file -> (warning, monotonic s) last logged for it
 
     def start(self) -> None:
         """Start the thread."""
@@ -442,6 +450,9 @@ class ReReplicator:
                 counts["bytes"] += sent
                 counts["left"] += left
         self.last_pass = counts
+        if counts["files"]:
+            log.info("re-replication: %d data files copied again (%d bytes) to restore %d copies each; %d left",
+                     counts["files"], counts["bytes"], factor, counts["left"])
         return counts
 
     def _restore(self, files: list[str], live: dict[str, NodeInfo], factor: int,
@@ -487,8 +498,8 @@ class ReReplicator:
             for f, _ in group:
                 if len(got[f]) < need:
                     left += 1
-                    log.warning("re-replication of data file %s: %d of %d copies made (%s)", f, len(got[f]), need,
-                                "; ".join(errors[f]) or "no live member lacks it")
+                    self._warn_once(f, f"re-replication of data file {f}: {len(got[f])} of {need} copies made "
+                                       f"({'; '.join(errors[f]) or 'no live member lacks it'})")
                 else:
                     done += 1
             self.copied_files += len(made)
@@ -496,6 +507,19 @@ class ReReplicator:
             sent += nbytes
             self._pace(nbytes)
         return done, sent, left
+
+    def _warn_once(self, file: str, message: str) -> None:
+        """Log ``message`` about ``file`` as a warning, unless the same one was logged
+        for it in the last :data:`_RETELL_S` seconds (a file that cannot be copied
+        is tried again at every pass)."""
+        now = time.monotonic()
+        told = self._told.get(file)
+        if told is not None and told[0] == message and now - told[1] < _RETELL_S:
+            return
+        if len(self._told) > 10_000:
+            self._told.clear()
+        self._told[file] = (message, now)
+        log.warning("%s", message)
 
     def rebalance_pass(self) -> dict[str, int]:
         """Move this node's data files toward their targets once the live members
@@ -527,6 +551,9 @@ class ReReplicator:
                             self._rebalance_tries)
             self._balanced_for, self._rebalance_tries = members, 0
         self.last_rebalance = counts
+        if counts["copied"] or counts["given_up"]:
+            log.info("rebalancing for %d live members: %d copies made (%d bytes), %d copies given up, %d files left",
+                     len(live), counts["copied"], counts["bytes"], counts["given_up"], counts["left"])
         return counts
 
     def trim_pass(self) -> int:
@@ -550,6 +577,8 @@ class ReReplicator:
                 ranked = self._r.room_first(rank(f.encode(), [n for n in holders if n in infos]), infos)
                 if me in ranked[factor:] and self._engine.give_up_file(f, live, factor, ranked[:factor]):
                     given += 1
+        if given:
+            log.info("gave up this node's copies of %d data files held by more than %d live members", given, factor)
         return given
 
     def _rebalance(self, files: list[str], live: dict[str, NodeInfo], factor: int,
