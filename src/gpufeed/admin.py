@@ -251,7 +251,9 @@ class RemoteAdmin(Admin):
                 exc.close()  # the refused answer's connection, which the error would keep open
             raise _answer_error(exc.code, raw, self._url) from exc
         except urllib.error.URLError as exc:
-            raise OSError(f"cannot reach the node's admin API at {self._url}: {exc.reason}") from exc
+            raise OSError(f"cannot reach the node's admin API at {self._url}: {exc.reason} (give the node's S3 "
+                          "URL with --url or GPUFEED_S3_URL, or a stopped node's --data-dir, or, for cluster "
+                          "status, --catalog URL)") from exc
         except TimeoutError as exc:
             raise OSError(f"the node's admin API at {self._url} did not answer in "
                           f"{timeout_s or self._timeout_s:g} s") from exc
