@@ -200,6 +200,39 @@ def test_a_damaged_block_fails_the_ranges_in_it_and_not_their_neighbours_in_othe
         assert n.stop() == 0, n.log_path.read_text()
 
 
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_large_tcp_batch_with_a_damaged_block_sends_every_other_range_from_the_file(tmp_path, native):
+    if native == "1" and _native.read_ranges is None:
+        pytest.skip("the native batch loop is not built here")
+    n = start_node(tmp_path / "data", env={"GPUFEED_NATIVE": native})
+    try:
+        data = _data(3 << 20, 7)
+        with _client(n, "tcp") as c:
+            c.create_bucket("hurt")
+            c.put("hurt", "obj", data)
+            ((_chunk, file, offset, _stored),) = _chunks(n.data_dir / "catalog.sqlite3", "hurt", "obj")
+            bad = (1 << 20) + 40 * BLOCK + 77
+            flip_bits(n.data_dir / "blobs" / file[:2] / file[2:4] / file, offset + bad, 0x10)
+            rng = np.random.default_rng(8)
+            offsets = rng.integers(0, (3 << 20) - 30_000, 300).tolist() + [bad - 5, bad - 5000]
+            lengths = [28_672] * 300 + [10, 4000]  # over 4 MiB in all: sent from the file; the next to last
+            # range lies in the damaged block, the last one ends in the block before it
+            dest = bytearray(sum(lengths))
+            errors: list = []
+            got = c.get_ranges_into("hurt", "obj", dest, offsets, lengths, errors_out=errors).tolist()
+            block = bad // BLOCK
+            pos = 0
+            for i, (o, k) in enumerate(zip(offsets, lengths)):
+                if o // BLOCK <= block <= (o + k - 1) // BLOCK:
+                    assert got[i] == -1 and isinstance(errors[i], DamagedObject), (i, o, k)
+                else:
+                    assert got[i] == k and bytes(dest[pos:pos + k]) == data[o:o + k], (i, o, k)
+                pos += k
+            assert got[-2] == -1
+    finally:
+        assert n.stop() == 0, n.log_path.read_text()
+
+
 def test_the_async_form(node):
     n, data = node
 

@@ -45,7 +45,7 @@ from ._lending import Lending
 from ._mapping import send_map
 from ._parts import serve_part
 from ._reads import SPLIT_BYTES, SplitReader, piece_digests
-from ._staged import read_ranges_to_fd, read_to_fd, run_reads, split_read
+from ._staged import range_extents, read_ranges_to_fd, read_to_fd, run_reads, split_read
 
 __all__ = ["Ops", "ClusterView"]
 
@@ -393,7 +393,7 @@ class Ops:
                         pieces.append(buf[pos:pos + k])
                     pos += want
             else:
-                n, errors, pieces = _range_extents(h, offsets, lengths)
+                n, errors, pieces = range_extents(h, offsets, lengths)
             conn.reply_with_files(p.Op.GETR, rid, p.GetRangesReply(
                 h.info.size, h.info.etag, array("q", n).tobytes() if _LITTLE else _swapped("q", n),
                 {i: (e.code, e.message) for i, e in errors.items()}), pieces)
@@ -648,22 +648,6 @@ def _swapped(code: str, values: list[int]) -> bytes:
     a = array(code, values)
     a.byteswap()
     return a.tobytes()
-
-
-def _range_extents(h: ObjectHandle, offsets: array, lengths: array) -> tuple[list[int], dict[int, GpufeedError], list]:
-    """A large TCP GETR: each range as checked pieces to send (:meth:`ObjectHandle.extents`)."""
-    size = h.info.size
-    n, errors, pieces = [0] * len(offsets), {}, []
-    for i, (start, want) in enumerate(zip(offsets, lengths)):
-        try:
-            if start > size or (want and start == size):
-                raise InvalidRange(f"offset {start} is outside the object ({size} bytes)")
-            k = min(want, size - start)
-            pieces += h.extents(start, k)
-            n[i] = k
-        except GpufeedError as exc:
-            n[i], errors[i] = -1, exc
-    return n, errors, pieces
 
 
 def _extent(item: p.Get, size: int) -> tuple[int, int]:

@@ -32,6 +32,8 @@ __all__ = ["STAGE_BYTES", "StagedRead", "Unwritable", "read_to_fd", "read_ranges
 #: engine check step, so each piece is one ``preadv`` and one CRC pass while it
 #: is still in the L2 cache.
 STAGE_BYTES = 256 << 10  # 256 KiB
+#: Bytes of ranges of a large TCP GETR read and checked together before they are sent from the files.
+CHECK_BYTES = 4 << 20  # 4 MiB
 #: A staged read of at least this many bytes is cut into parts of this size that
 #: a :class:`~gpufeed.wire._reads.SplitReader` runs on several threads.
 SPLIT_PART_BYTES = 8 << 20  # 8 MiB
@@ -239,6 +241,64 @@ def _ranges_to_fd(h: ObjectHandle, offsets: Sequence[int], lengths: Sequence[int
                     _pwrite_full(fd, view[rel:rel + m], offset + starts[i + k])
         i = j
     return out, errors
+
+
+def range_extents(h: ObjectHandle, offsets: Sequence[int], lengths: Sequence[int]
+                  ) -> tuple[list[int], dict[int, GpufeedError], list]:
+    """A TCP GETR too large to buffer: each range as checked pieces to send
+    (:meth:`ObjectHandle.extents`: ``(fd, file offset, length)`` for ``sendfile``).
+    On a one-file raw object, runs of ranges up to :data:`CHECK_BYTES` are first
+    read and checked together in the C loop (:meth:`ObjectHandle.native_ranges`)
+    into a reused buffer, and each range that passed is sent from the file as
+    it is; the others go through :meth:`ObjectHandle.extents`, which says what
+    is wrong.
+
+    Returns:
+        ``(n, errors, pieces)``: bytes per range (-1: failed, its error in ``errors``)
+        and the pieces of the ranges that did not fail, in order.
+    """
+    size = h.info.size
+    n, errors, pieces = [0] * len(offsets), {}, []
+    checked = _checked_in_c(h, offsets, lengths) if h.fd >= 0 else None
+    for i, (start, want) in enumerate(zip(offsets, lengths)):
+        try:
+            if start > size or (want and start == size):
+                raise InvalidRange(f"offset {start} is outside the object ({size} bytes)")
+            k = min(want, size - start)
+            if checked is not None and checked[i] == k > 0:
+                pieces.append((h.fd, start, k))  # a one-file object: file offsets are object offsets
+            else:
+                pieces += h.extents(start, k)
+            n[i] = k
+        except GpufeedError as exc:
+            n[i], errors[i] = -1, exc
+    return n, errors, pieces
+
+
+def _checked_in_c(h: ObjectHandle, offsets: Sequence[int], lengths: Sequence[int]) -> list[int] | None:
+    """The bytes of each range that the C loop read and checked (-2: it did not),
+    in runs of up to :data:`CHECK_BYTES` into this thread's check buffer; ``None``
+    when the loop cannot run here."""
+    buf = getattr(_local, "check", None)
+    if buf is None:
+        buf = _local.check = memoryview(bytearray(CHECK_BYTES))
+    out: list[int] = []
+    i, count = 0, len(lengths)
+    while i < count:
+        j, total = i, 0
+        while j < count and total + lengths[j] <= CHECK_BYTES:
+            total += lengths[j]
+            j += 1
+        if j == i:  # one range longer than the buffer: the careful path
+            out.append(-2)
+            i += 1
+            continue
+        done = h.native_ranges(offsets[i:j], lengths[i:j], buf)
+        if done is None:
+            return None
+        out += done.tolist()
+        i = j
+    return out
 
 
 def _long_range(h: ObjectHandle, start: int, want: int, size: int, fd: int, offset: int,
