@@ -233,6 +233,52 @@ def test_a_large_tcp_batch_with_a_damaged_block_sends_every_other_range_from_the
         assert n.stop() == 0, n.log_path.read_text()
 
 
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_missing_first_chunk_fails_only_its_ranges(tmp_path, native):
+    if native == "1" and _native.read_ranges is None:
+        pytest.skip("the native batch loop is not built here")
+    with Engine(tmp_path / "data", fsync=False) as e:
+        e.create_bucket("ddp")
+        e.set_bucket_data("ddp", dedup=True, chunk_bytes=64 << 10)  # 4 chunks, each in a data file of its own
+    n = start_node(tmp_path / "data", env={"GPUFEED_NATIVE": native})
+    try:
+        data = _data(4 << 16, 9)
+        with _client(n, "shm") as c:
+            c.put("ddp", "obj", data)
+            (_chunk, file, _offset, _stored) = _chunks(n.data_dir / "catalog.sqlite3", "ddp", "obj")[0]
+            (n.data_dir / "blobs" / file[:2] / file[2:4] / file).unlink()
+            offsets = [i * (64 << 10) + 10 for i in range(4)]
+            dest = bytearray(4 * 100)
+            errors: list = []
+            got = c.get_ranges_into("ddp", "obj", dest, offsets, 100, errors_out=errors)
+            assert got.tolist() == [-1, 100, 100, 100] and isinstance(errors[0], DamagedObject)
+            assert all(bytes(dest[i * 100:(i + 1) * 100]) == data[o:o + 100] for i, o in enumerate(offsets) if i)
+            tail = bytearray(100)
+            assert c.get_into("ddp", "obj", tail, offset=offsets[3]) == 100 and bytes(tail) == data[offsets[3]:][:100]
+    finally:
+        assert n.stop() == 0, n.log_path.read_text()
+
+
+def test_20000_failed_ranges_of_a_long_key_fit_one_reply(tmp_path):
+    n = start_node(tmp_path / "data")
+    key = "k" * 1000  # each range's error names the object: 20,000 of them were over 16 MiB
+    try:
+        data = _data(1 << 20, 10)
+        with _client(n, "tcp") as c:
+            c.create_bucket("hurt")
+            c.put("hurt", key, data)
+            ((_chunk, file, offset, _stored),) = _chunks(n.data_dir / "catalog.sqlite3", "hurt", key)
+            flip_bits(n.data_dir / "blobs" / file[:2] / file[2:4] / file, offset + 5 * BLOCK + 1, 0x10)
+            dest = bytearray(20_000)
+            errors: list = []
+            got = c.get_ranges_into("hurt", key, dest, np.full(20_000, 5 * BLOCK), 1, errors_out=errors)
+            assert (got == -1).all() and all(isinstance(e, DamagedObject) for e in errors)
+            assert f"hurt/{key}" in str(errors[-1]) and "as range" not in str(errors[-1])  # whole, as for range 0
+            assert c.get_ranges_into("hurt", key, dest, [0], BLOCK).tolist() == [BLOCK]  # the connection stays
+    finally:
+        assert n.stop() == 0, n.log_path.read_text()
+
+
 def test_the_async_form(node):
     n, data = node
 

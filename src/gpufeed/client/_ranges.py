@@ -141,6 +141,9 @@ def _counts(reply: p.GetRangesReply, count: int, bucket: str, key: str,
         raise ProtocolError(f"the node answered {len(n)} counts for {count} ranges")
 
     def err(i: int, code: str, msg: str) -> GpufeedError:
+        if msg.startswith("as range "):  # the node sent this message once, with an earlier range
+            same = reply.errors.get(int(msg[9:])) if msg[9:].isdigit() else None
+            msg = same[1] if same is not None and same[0] == code else msg
         where = f"range {i}" if f"{bucket}/{key}" in msg else f"range {i} of {bucket}/{key}"
         return error_from_code(code, f"{where}: {msg}")
 

@@ -83,10 +83,8 @@ class ObjectHandle:
         self._remote: dict[str, int] = {}  # chunk id -> its bytes fetched from its holder (:mod:`._remote`)
         self._partial: dict[str, PartialChunk] = {}  # chunk id -> fetched in windows (:mod:`._partial`)
         self.fd = -1
-        if manifest.chunks:
-            first = self.file_fd(0)
-            if manifest.single_file:
-                self.fd = first
+        if manifest.chunks and manifest.single_file:  # other chunks' files open as reads need them, so a
+            self.fd = self.file_fd(0)  # damaged one fails only the reads (and ranges) in it
 
     # files ----------------------------------------------------------------------
     def file_fd(self, index: int) -> int:

@@ -66,6 +66,8 @@ SMALL_PAYLOAD_BYTES = 64 << 10  # 64 KiB
 #: A TCP GETR of at most this many bytes in all is read (and checked) into memory
 #: and sent in one ``sendmsg``; a larger one sends checked file extents.
 GETR_BUFFER_BYTES = 4 << 20  # 4 MiB
+#: Bytes of whole error messages a GETR reply carries before it cuts them (:func:`range_errors`).
+ERROR_MESSAGE_BYTES = 1 << 20
 #: Whether this machine's integers are little-endian, the wire's order.
 _LITTLE = sys.byteorder == "little"
 #: Bytes a region PUT hands the engine per write.
@@ -396,7 +398,7 @@ class Ops:
                 n, errors, pieces = range_extents(h, offsets, lengths)
             conn.reply_with_files(p.Op.GETR, rid, p.GetRangesReply(
                 h.info.size, h.info.etag, array("q", n).tobytes() if _LITTLE else _swapped("q", n),
-                {i: (e.code, e.message) for i, e in errors.items()}), pieces)
+                range_errors(errors)), pieces)
         finally:
             h.close()
 
@@ -648,6 +650,26 @@ def _swapped(code: str, values: list[int]) -> bytes:
     a = array(code, values)
     a.byteswap()
     return a.tobytes()
+
+
+def range_errors(errors: dict[int, GpufeedError]) -> dict[int, tuple[str, str]]:
+    """A GETR reply's ``errors``: ``{range: (code, message)}``, each message that
+    an earlier range has already sent as ``"as range K"``, and past
+    :data:`ERROR_MESSAGE_BYTES` of messages each cut to 100 characters, so that
+    65,536 failed ranges stay far under the frame's 16 MiB metadata limit."""
+    out: dict[int, tuple[str, str]] = {}
+    first: dict[tuple[str, str], int] = {}
+    total = 0
+    for i in sorted(errors):
+        code, msg = errors[i].code, errors[i].message
+        k = first.setdefault((code, msg), i)
+        if k != i:
+            msg = f"as range {k}"
+        elif total > ERROR_MESSAGE_BYTES:
+            msg = msg[:100]
+        total += len(msg)
+        out[i] = (code, msg)
+    return out
 
 
 def _extent(item: p.Get, size: int) -> tuple[int, int]:
