@@ -279,6 +279,33 @@ def test_20000_failed_ranges_of_a_long_key_fit_one_reply(tmp_path):
         assert n.stop() == 0, n.log_path.read_text()
 
 
+def test_ranges_of_a_compressed_chunk_are_read_from_one_decompression_and_fail_together(tmp_path):
+    with Engine(tmp_path / "data", fsync=False) as e:
+        e.create_bucket("zst")
+        e.set_bucket_data("zst", compression="zstd", chunk_bytes=256 << 10)
+    n = start_node(tmp_path / "data")
+    try:
+        data = bytes(np.arange(1 << 20, dtype=np.uint32) % 251 // 3 % 256)[: 1 << 20]  # compressible
+        with _client(n, "tcp") as c:
+            c.put("zst", "obj", data)
+            chunks = _chunks(n.data_dir / "catalog.sqlite3", "zst", "obj")
+            assert len(chunks) == 4
+            offsets = [10, 70_000, 200_000, (256 << 10) + 5, (256 << 10) + 99_999, (3 << 18) + 1]
+            dest = bytearray(6 * 5000)
+            got = c.get_ranges_into("zst", "obj", dest, offsets, 5000)
+            assert got.tolist() == [5000] * 6 and bytes(dest) == _expect(data, offsets, [5000] * 6)
+            (_chunk, file, offset, stored) = chunks[1]
+            flip_bits(n.data_dir / "blobs" / file[:2] / file[2:4] / file, offset + stored // 2, 0x10)
+            errors: list = []
+            got = c.get_ranges_into("zst", "obj", dest, offsets, 5000, errors_out=errors)
+            assert got.tolist() == [5000, 5000, 5000, -1, -1, 5000]
+            assert isinstance(errors[3], DamagedObject) and isinstance(errors[4], DamagedObject)
+            assert bytes(dest[:3 * 5000]) == _expect(data, offsets[:3], [5000] * 3)
+            assert bytes(dest[5 * 5000:]) == data[offsets[5]:offsets[5] + 5000]
+    finally:
+        assert n.stop() == 0, n.log_path.read_text()
+
+
 def test_the_async_form(node):
     n, data = node
 

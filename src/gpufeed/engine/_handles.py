@@ -296,6 +296,7 @@ class ObjectHandle:
                 return out, errors
         size = self.info.size
         starts = list(accumulate(lengths, initial=0))
+        todo = self._from_whole_chunks(todo, offsets, lengths, dest, starts, out, errors, runner)
         for i in todo:
             start, pos = offsets[i], starts[i]
             want = lengths[i]
@@ -312,6 +313,41 @@ class ObjectHandle:
             except GpufeedError as exc:
                 errors[i], out[i] = exc, -1
         return out, errors
+
+    def _from_whole_chunks(self, todo: Iterable[int], offsets: Sequence[int], lengths: Sequence[int],
+                           dest: memoryview, starts: list[int], out: list[int], errors: dict[int, GpufeedError],
+                           runner: Callable[[list[ReadStep]], Iterable[int]] | None) -> list[int]:
+        """Serve the ranges of ``todo`` that lie inside one compressed chunk with at
+        least one other: each such chunk is read, checked and decompressed once
+        (one at a time, so at most one chunk's bytes are held) and its ranges copied
+        from it; a chunk that fails fails its ranges. Returns the ranges left."""
+        m, size = self.manifest, self.info.size
+        groups: dict[int, list[int]] = {}
+        left: list[int] = []
+        for i in todo:
+            start, want = offsets[i], lengths[i]
+            if 0 <= start < size and want > 0:
+                c = m.locate(start)
+                if m.chunks[c].codec and min(start + want, size) <= m.starts[c] + m.chunks[c].size:
+                    groups.setdefault(c, []).append(i)
+                    continue
+            left.append(i)
+        for c, ranges in groups.items():
+            if len(ranges) == 1:
+                left += ranges
+                continue
+            plain = memoryview(bytearray(m.chunks[c].size))
+            try:
+                self.run(self.steps(plain, m.starts[c]), runner)
+            except GpufeedError as exc:
+                for i in ranges:
+                    errors[i], out[i] = exc, -1
+                continue
+            for i in ranges:
+                rel, n = offsets[i] - m.starts[c], min(lengths[i], size - offsets[i])
+                dest[starts[i]:starts[i] + n] = plain[rel:rel + n]
+                out[i] = n
+        return sorted(left)
 
     def native_ranges(self, offsets: Sequence[int], lengths: Sequence[int], dest: memoryview,
                       fd: int = -1, fd_offset: int = 0) -> array | None:
