@@ -373,7 +373,7 @@ class ObjectHandle:
         done = array("q", bytes(8 * len(offs)))
         if len(m.chunks) == 1:  # one chunk (every raw object written whole): its row, its sums as they are
             c = m.chunks[0]
-            if c.codec or c.sum_kind != SUM_KIND or c.stored != c.size or len(m.sums[0]) != -(-c.size // SUM_BLOCK):
+            if not self._raw_with_sums(0):
                 return None
             try:
                 row = array("q", (0, c.size, self.file_fd(0), c.file_offset, 0))
@@ -390,7 +390,7 @@ class ObjectHandle:
         sums = array("I")
         for i in self._touched(np.frombuffer(offs, dtype=np.uint64), np.frombuffer(lens, dtype=np.uint32)):
             c = m.chunks[i]
-            if c.codec or c.sum_kind != SUM_KIND or c.stored != c.size or len(m.sums[i]) != -(-c.size // SUM_BLOCK):
+            if not self._raw_with_sums(i):
                 continue
             try:
                 chunk_fd = self.file_fd(i)
@@ -403,12 +403,15 @@ class ObjectHandle:
         _native.read_ranges(table, sums, offs, lens, dest, done, fd, fd_offset)
         return done
 
+    def _raw_with_sums(self, index: int) -> bool:
+        """Whether chunk ``index`` is stored raw with a running CRC32C per 4 KiB block
+        (what the C loop reads)."""
+        c, sums = self.manifest.chunks[index], self.manifest.sums[index]
+        return not c.codec and c.sum_kind == SUM_KIND and c.stored == c.size and len(sums) == -(-c.size // SUM_BLOCK)
+
     def _touched(self, offsets: np.ndarray, lengths: np.ndarray) -> list[int]:
         """Indices of the chunks that ranges at ``offsets`` of ``lengths`` bytes touch."""
-        starts = self.manifest.starts
-        if len(starts) == 1:
-            return [0]
-        edges = np.asarray(starts, dtype=np.uint64)
+        edges = np.asarray(self.manifest.starts, dtype=np.uint64)
         first = np.searchsorted(edges, offsets, side="right") - 1
         ends = np.minimum(offsets + np.maximum(lengths.astype(np.uint64), 1) - 1, max(self.info.size, 1) - 1)
         last = np.maximum(np.searchsorted(edges, ends, side="right") - 1, first)
