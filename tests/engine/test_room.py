@@ -4,12 +4,14 @@ on a real folder, with the file system's answer given so the figures are exact."
 from __future__ import annotations
 
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from gpufeed.engine._membership import LocalMembership, NodeClaim, cluster_report
-from gpufeed.engine._room import NodeRoom, is_full
+from gpufeed.engine._room import RECOUNT_SPACING, NodeRoom, folder_bytes, is_full
 from gpufeed.errors import StorageFull
 
 
@@ -104,14 +106,20 @@ def test_admitted_bytes_count_at_once_so_concurrent_checks_cannot_pass_the_capac
     assert room.usage().used_bytes == 4000
     staged = _file(tmp_path / "blobs" / "ab" / "cd" / "w1", 5000)  # a write's staged file, after the walk
     assert room.claim_staged(staged, 5000) == 5000  # 4000 + 5000 fit
-    assert room.claim_staged(_file(tmp_path / "blobs" / "ab" / "cd" / "w2", 5000), 5000) == -1
+    w2 = _file(tmp_path / "blobs" / "ab" / "cd" / "w2", 5000)
+    assert room.claim_staged(w2, 5000) == -1  # recounted: 4000 + 5000 + 5000 do not fit
+    with room.removing() as gone:  # the writer deletes the file of the write it refused
+        n = room.counted_bytes(w2)
+        os.unlink(w2)
+        gone(n)
     room.add_file(staged, 5000)
     room.release(5000)
     assert room.usage().used_bytes == 9000
-    capped = NodeRoom(tmp_path, capacity_bytes=19_000, count_interval_s=3600, statvfs=_Disk(1 << 30, 1 << 29),
+    capped = NodeRoom(tmp_path, capacity_bytes=14_000, count_interval_s=3600, statvfs=_Disk(1 << 30, 1 << 29),
                       placing=False)
-    capped.check_write(5000)  # 10,000 walked + 5000: without placing, a write counts from its check on
-    with pytest.raises(StorageFull):
+    capped.check_write(5000)  # 5000 walked + 5000: without placing, a write counts from its check on ...
+    time.sleep(RECOUNT_SPACING * capped.last_walk_s + 0.01)
+    with pytest.raises(StorageFull):  # ... a recount too (its file may not be in the folder yet)
         capped.check_write(5000)
 
 
@@ -180,3 +188,84 @@ def test_the_status_report_shows_a_draining_member():
     assert (rows["n2"]["draining"], rows["n2"]["moving_bytes"]) == (False, 0)
     assert m.heartbeat(claim, 900, room=(1000, 100), moving_bytes=100)
     assert {n.node_id: n.moving_bytes for n in m.nodes("c1")} == {"n1": 150, "n2": 100}
+
+
+def _stored(tmp_path, name: str, nbytes: int) -> str:
+    """A data file of ``nbytes`` bytes renamed into place whole under ``blobs/ff/``, as a write stores one."""
+    tmp = _file(tmp_path / "tmp" / name, nbytes)
+    path = tmp_path / "blobs" / "ff" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(tmp, path)
+    return str(path)
+
+
+def test_files_stored_while_walks_run_are_counted_once(tmp_path):
+    for i in range(3000):  # a walk takes a while: files are stored while one runs
+        _file(tmp_path / "blobs" / f"{i % 16:02x}" / f"f{i}", 10)
+    room = NodeRoom(tmp_path, capacity_bytes=1 << 30, count_interval_s=0, statvfs=_Disk(1 << 30, 1 << 29))
+    stop = threading.Event()
+
+    def walk() -> None:
+        while not stop.is_set():
+            room.used()
+    walker = threading.Thread(target=walk)
+    walker.start()
+    try:
+        for i in range(300):
+            room.add_file(_stored(tmp_path, f"new{i}", 1000), 1000)
+    finally:
+        stop.set()
+        walker.join()
+    room.count_interval_s = 3600
+    assert room.used() == folder_bytes(tmp_path, skip=("tmp",)) == 3000 * 10 + 300 * 1000
+
+
+def test_a_write_file_deleted_comes_off_when_a_walk_counted_it(tmp_path):
+    room = NodeRoom(tmp_path, capacity_bytes=1 << 20, count_interval_s=3600, statvfs=_Disk(1 << 30, 1 << 29))
+    assert room.used() == 0
+    unseen = _stored(tmp_path, "unseen", 700)  # stored after the walk, not counted (no add_file: a write's own)
+    assert room.counted_bytes(unseen) == 0 and room.used() == 0
+    room.count_interval_s = 0
+    assert room.used() == 700  # now a walk counts it
+    room.count_interval_s = 3600
+    assert room.counted_bytes(unseen) == 700
+    added = _stored(tmp_path, "added", 300)
+    room.add_file(added, 300)
+    assert room.counted_bytes(added) == 300 and room.used() == 1000
+    for path in (unseen, added):
+        with room.removing() as gone:
+            n = room.counted_bytes(path)
+            os.unlink(path)
+            gone(n)
+    assert room.used() == 0 == folder_bytes(tmp_path, skip=("tmp",))
+
+
+def test_a_node_counts_again_before_it_says_a_file_does_not_fit(tmp_path):
+    f = _file(tmp_path / "blobs" / "ab" / "cd" / "f", 6000)
+    room = NodeRoom(tmp_path, capacity_bytes=10_000, count_interval_s=3600, statvfs=_Disk(1 << 30, 1 << 29))
+    assert room.used() == 6000
+    os.unlink(f)  # deleted without counting it off: the figures still count it
+    assert room.used() == 6000 and room.usage().free_bytes == 4000
+    time.sleep(RECOUNT_SPACING * room.last_walk_s + 0.01)  # recounts are spaced by the walks' duration
+    assert room.fits(6000)  # a recount found the room
+    assert room.used() == 0
+    room.check_keep(10_000)
+    g = _file(tmp_path / "blobs" / "ab" / "cd" / "g", 6000)
+    room.add_file(g, 6000)
+    time.sleep(RECOUNT_SPACING * room.last_walk_s + 0.01)
+    with pytest.raises(StorageFull, match="6000 bytes more do not fit in its 4000 free bytes"):
+        room.check_keep(6000)  # recounted: it does not fit
+
+
+def test_a_file_deleted_while_a_walk_ran_is_counted_right_by_a_walk_that_comes_soon(tmp_path):
+    f = _file(tmp_path / "blobs" / "ab" / "cd" / "f", 6000)
+    room = NodeRoom(tmp_path, capacity_bytes=10_000, count_interval_s=3600, statvfs=_Disk(1 << 30, 1 << 29))
+    assert room.used() == 6000
+    with room.removing() as gone:
+        room.count_interval_s = 0
+        assert room.used() == 6000  # a walk during the block, before the file is deleted, counts it ...
+        room.count_interval_s = 3600
+        os.unlink(f)
+        gone(6000)
+    time.sleep(RECOUNT_SPACING * room.last_walk_s + 0.01)
+    assert room.used() == 0  # ... and the next walk comes as soon as a recount may, not an interval later

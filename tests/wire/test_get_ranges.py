@@ -102,7 +102,7 @@ def test_a_range_past_the_end_fails_alone(node, transport):
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_bad_arguments_are_typed_errors_before_anything_is_sent(node, transport):
-    n, _ = node
+    n, data = node
     with _client(n, transport) as c:
         dest = bytearray(4 * BLOCK)
         with pytest.raises(InvalidArgument, match="lengths"):
@@ -121,6 +121,12 @@ def test_bad_arguments_are_typed_errors_before_anything_is_sent(node, transport)
                 c.get_ranges_into("raw", "obj", dest, offsets, lengths)
         with pytest.raises(InvalidArgument, match="errors_out"):
             c.get_ranges_into("raw", "obj", dest, [0], BLOCK, errors_out=())
+        for offsets in ([1 << 64, 0], [-1, 1 << 63], [0, -(1 << 70)]):  # Python ints past uint64 or int64
+            with pytest.raises(InvalidArgument, match="outside 0-"):
+                c.get_ranges_into("raw", "obj", dest, offsets, BLOCK)
+        errs: list = []  # ints past int64 with smaller ones are no floats: each range stands for itself
+        assert c.get_ranges_into("raw", "obj", dest, [1 << 63, 0], BLOCK, errors_out=errs).tolist() == [-1, BLOCK]
+        assert isinstance(errs[0], InvalidRange) and errs[1] is None and bytes(dest[BLOCK:2 * BLOCK]) == data[:BLOCK]
         with pytest.raises(NoSuchKey):
             c.get_ranges_into("raw", "missing", dest, [0], BLOCK)
         assert c.get_ranges_into("raw", "obj", dest, [0], BLOCK).tolist() == [BLOCK]  # still usable

@@ -120,6 +120,8 @@ def _integers(name: str, values, low: int, high: int) -> np.ndarray:
         arr = np.asarray(values)
     except (TypeError, ValueError, OverflowError):
         raise InvalidArgument(f"{name} must be a sequence or array of integers") from None
+    if arr.dtype.kind in "fO" and arr.ndim == 1 and arr.size and not isinstance(values, np.ndarray):
+        arr = _python_ints(name, arr, values, low, high)
     if arr.ndim != 1 or not (arr.dtype.kind in "iu" or (arr.size == 0 and arr.dtype.kind == "f")):
         raise InvalidArgument(f"{name} must be a one-dimensional sequence or array of integers, "
                               f"not {arr.ndim}-D {arr.dtype}")
@@ -127,6 +129,23 @@ def _integers(name: str, values, low: int, high: int) -> np.ndarray:
         bad = int(np.flatnonzero((arr < low) | (arr > high))[0])
         raise InvalidArgument(f"{name}[{bad}] = {int(arr[bad])} is outside {low}-{high}")
     return arr.astype(np.uint64)
+
+
+def _python_ints(name: str, arr: np.ndarray, values, low: int, high: int) -> np.ndarray:
+    """A sequence of Python ints that NumPy made floats or objects (values past
+    ``int64`` with others, or past ``uint64``) as a ``uint64`` array when all lie in
+    ``[low, high]``; ``arr`` (NumPy's answer) when they are not all ints.
+
+    Raises:
+        InvalidArgument: an int outside ``[low, high]`` (named with its index).
+    """
+    items = list(values)
+    if not all(type(v) is int for v in items):
+        return arr
+    bad = next((i for i, v in enumerate(items) if not low <= v <= high), None)
+    if bad is not None:
+        raise InvalidArgument(f"{name}[{bad}] = {items[bad]} is outside {low}-{high}")
+    return np.array(items, dtype=np.uint64)
 
 
 def _counts(reply: p.GetRangesReply, count: int, bucket: str, key: str,

@@ -213,11 +213,12 @@ class ReplicaCalls:
             record_copies(w, copies)
 
 
-def replicate_staged(store: "ChunkStore", st: "Staged") -> Placed:
+def replicate_staged(store: "ChunkStore", st: "Staged", room: NodeRoom | None = None) -> Placed:
     """Place the data files a staged write made on their nodes (before its commit).
     A file this node does not keep gets the first node that holds it as its
     chunks' holder (the records in ``st`` are changed), and this node's file is
-    deleted after the commit.
+    deleted after the commit (off the used bytes of ``room``, this node's
+    figures, at once when they counted it).
 
     Returns:
         ``{file id: the other nodes holding a copy}`` for :func:`record_copies`.
@@ -241,7 +242,10 @@ def replicate_staged(store: "ChunkStore", st: "Staged") -> Placed:
     try:
         got = push([(f, sorted(recs, key=lambda r: r.file_offset)) for f, recs in sorted(files.items())])
     except BaseException:
-        store.discard(st)
+        with removing(room) as gone:  # a recount may have counted them
+            counted = sum(room.counted_bytes(p) for p in st.paths) if room is not None else 0
+            store.discard(st)
+            gone(counted)
         raise
     me = store.holder
     for f, nodes in got.items():
@@ -250,13 +254,18 @@ def replicate_staged(store: "ChunkStore", st: "Staged") -> Placed:
             continue
         placed[f] = nodes[1:]
         _hand_over(st, f, nodes[0])
-        placed.after_commit.append(functools.partial(_drop_local, store, f))
+        placed.after_commit.append(functools.partial(_drop_local, store, f, room))
     return placed
 
 
-def _drop_local(store: "ChunkStore", file: str) -> None:
-    """Delete this node's file ``file`` (a write's file that other nodes hold)."""
-    remove_quietly(store.file_path(file))
+def _drop_local(store: "ChunkStore", file: str, room: NodeRoom | None) -> None:
+    """Delete this node's file ``file`` (a write's file that other nodes hold), off the
+    used bytes of ``room`` at once when they counted it."""
+    path = store.file_path(file)
+    with removing(room) as gone:
+        counted = room.counted_bytes(path) if room is not None else 0
+        remove_quietly(path)
+        gone(counted)
     store.files.open_files.forget([file])
 
 

@@ -9,13 +9,20 @@ data files of a write through it until the write has placed them elsewhere
 which ``statvfs`` shows, until the write ends). They are counted by a walk
 of the folder every ``count_interval_s`` seconds, plus the bytes of each
 data file stored here since that walk began (:meth:`NodeRoom.add_file`: a
-write's file it keeps, a copy another node pushed, a part file), less the
-bytes of the files deleted since that the node counts off
-(:meth:`NodeRoom.removing`: a completed, aborted or replaced part's, a data
-file moved off while draining); another file deleted since the walk counts
-until the next walk, and one stored or deleted while a walk runs may be
-counted twice until the next, so the figure errs towards full. One walk runs
-at a time; a caller that finds one under way gets the figures until it ends.
+write's file it keeps, a copy another node pushed, a part file) that the
+walk did not count (the walk notes the files whose status changed after it
+began, so a file stored while it runs is counted once), less the bytes of
+the files deleted since that the node counts off (:meth:`NodeRoom.removing`:
+a completed, aborted or replaced part's, a data file moved off while
+draining, a write's file that its targets hold, an orphan); another file
+deleted since the walk, or one deleted while a walk runs, counts until the
+next walk (after one deleted while a walk ran, the next comes as soon as a
+recount may), so the figure errs towards full. One walk runs at a time; a
+caller that finds one under way gets the figures until it ends. Before a
+node says that a file does not fit, it walks the folder again (a
+**recount**: the figures may count files deleted since the last walk),
+unless its last walk ended less than ``RECOUNT_SPACING`` times that walk's
+duration ago (so recounts take at most about a fifth of one core).
 
 Its **capacity** is ``--capacity`` (``GPUFEED_CAPACITY``) when set, else the
 size of the data folder's file system. Its **free bytes** are the smaller of
@@ -63,29 +70,43 @@ from ..errors import StorageFull
 if TYPE_CHECKING:
     from ._membership import NodeInfo
 
-__all__ = ["Usage", "NodeRoom", "removing", "node_fits", "node_draining", "is_full", "folder_bytes"]
+__all__ = ["Usage", "NodeRoom", "removing", "node_fits", "node_draining", "is_full", "folder_bytes",
+           "RECOUNT_SPACING"]
 
 #: A node is full when less than this share of its capacity is free ...
 FULL_BELOW = 0.01
 #: ... or less than this many bytes.
 FULL_BELOW_BYTES = 1 << 20  # 1 MiB
+#: A recount (a walk before saying that a file does not fit) waits at least this
+#: many times the last walk's duration after that walk ended.
+RECOUNT_SPACING = 4.0
 
 
 def folder_bytes(folder: str | Path, skip: tuple[str, ...] = ()) -> int:
     """Bytes of the regular files under ``folder``, but for its subfolders named in ``skip``
     (files that vanish during the walk are skipped)."""
+    return _count_files(folder, skip, float("inf"))[0]
+
+
+def _count_files(folder: str | Path, skip: tuple[str, ...], since: float) -> tuple[int, dict[str, float]]:
+    """:func:`folder_bytes`, and ``{path: st_ctime}`` of the files it counted whose
+    status changed at or after ``since`` (Unix s)."""
     total = 0
+    recent: dict[str, float] = {}
     for root, dirs, files in os.walk(folder):
         if root == str(folder):
             dirs[:] = [d for d in dirs if d not in skip]
         for name in files:
+            path = os.path.join(root, name)
             try:
-                st = os.lstat(os.path.join(root, name))
+                st = os.lstat(path)
             except OSError:
                 continue
             if stat.S_ISREG(st.st_mode):
                 total += st.st_size
-    return total
+                if st.st_ctime >= since:
+                    recent[path] = st.st_ctime
+    return total, recent
 
 
 def is_full(capacity_bytes: int, free_bytes: int) -> bool:
@@ -193,9 +214,14 @@ class NodeRoom:
         self._admit = threading.Lock()  # one check-and-reserve at a time (reserve, claim_staged)
         self._pending = 0  # bytes admitted and not yet counted as stored (released by their taker)
         self._walked = 0
-        self._added: list[tuple[float, int]] = []  # (ctime, bytes) of files stored since the walk began
+        # (path, ctime, bytes) of files stored since the last walk began that it did not count
+        self._added: list[tuple[str, float, int]] = []
+        self._recent: dict[str, float] = {}  # path -> ctime of the files the last walk counted that changed during it
         self._freed = 0  # bytes of files deleted since the last walk ended (none overlapped a walk)
         self._walked_at = -float("inf")
+        self._walk_took = 0.0  # s, the last walk's duration
+        self._stale = False  # files were deleted while a walk ran: walk again as soon as a recount may
+        self._walk_asked = -float("inf")  # monotonic s at which the last walk began
         self._walk_began = 0.0  # Unix s: files renamed into place before it are in the last walk's count
 
     def _disk(self) -> tuple[int, int]:
@@ -203,40 +229,60 @@ class NodeRoom:
         st = self._statvfs(self.folder)
         return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize - self.reserve_bytes
 
-    def used(self) -> int:
-        """The used bytes (a walk of the folder when the last is ``count_interval_s`` old;
-        while another thread walks it, the figures until that walk ends)."""
+    def used(self, *, recount: bool = False) -> int:
+        """The used bytes (a walk of the folder when the last is ``count_interval_s`` old,
+        or with ``recount`` or after files were deleted while a walk ran (:meth:`removing`),
+        unless the last ended less than ``RECOUNT_SPACING`` times its duration ago; while
+        another thread walks it, the figures until that walk ends, or with ``recount``
+        that walk's)."""
+        asked = time.monotonic()
         with self._lock:
             walked_once = self._walked_at > -float("inf")
-            if time.monotonic() - self._walked_at < self.count_interval_s:
+            if not self._due(asked, recount):
                 return self._figure()
         # one walk at a time: a walk that ended after a newer one would put back a count that
         # misses the files stored between their starts (their add_file entries are gone)
-        if not self._walk_lock.acquire(blocking=not walked_once):
+        if not self._walk_lock.acquire(blocking=recount or not walked_once):
             with self._lock:
                 return self._figure()  # the last walk and the counts since
         try:
             with self._lock:
-                if time.monotonic() - self._walked_at < self.count_interval_s:
+                if self._walk_asked >= asked or not self._due(time.monotonic(), recount):
                     return self._figure()  # walked while this thread waited
-                self._walking, self._walks = True, self._walks + 1
+                # a walk at its interval ends the counts of check_write too (a recount keeps them)
+                checked = time.monotonic() - self._walked_at >= self.count_interval_s
+                self._walking, self._walks, self._stale = True, self._walks + 1, False
+                self._walk_asked = time.monotonic()
             began = self._mark_walk()
             try:
-                walked = folder_bytes(self.folder, skip=("tmp",))
+                walked, recent = _count_files(self.folder, ("tmp",), began)
             finally:
                 with self._lock:
                     self._walking = False
-            with self._lock:
-                self._added = [(c, n) for c, n in self._added if c >= began]  # the walk may have missed them
+            with self._lock:  # a file stored since the walk began is counted by it or by add_file, not both
+                self._added = [(p, c, n) for p, c, n in self._added
+                               if (c >= began and recent.get(p) != c) or (p == "" and not checked)]
                 self._walked, self._walked_at, self._walk_began = walked, time.monotonic(), began
+                self._recent, self._walk_took = recent, self._walked_at - self._walk_asked
                 self._freed = 0  # deleted before the walk began: not in its count
                 return self._figure()
         finally:
             self._walk_lock.release()
 
+    @property
+    def last_walk_s(self) -> float:
+        """Seconds the last walk of the folder took (0 before the first)."""
+        return self._walk_took
+
+    def _due(self, now: float, recount: bool) -> bool:
+        """Whether a walk is due at ``now`` (monotonic s; see :meth:`used`; under ``_lock``)."""
+        since = now - self._walked_at
+        return since >= self.count_interval_s or \
+            ((recount or self._stale) and since >= RECOUNT_SPACING * self._walk_took)
+
     def _figure(self) -> int:
         """The used bytes by the last walk and the counts since (under ``_lock``)."""
-        return max(0, self._walked + sum(n for _, n in self._added) - self._freed + self._pending)
+        return max(0, self._walked + sum(n for _, _, n in self._added) - self._freed + self._pending)
 
     def _mark_walk(self) -> float:
         """Set the data folder's status-change time to now and return it (Unix s): files
@@ -249,11 +295,11 @@ class NodeRoom:
         except OSError:
             return time.time()
 
-    def usage(self) -> Usage:
-        """The node's figures now."""
+    def usage(self, *, recount: bool = False) -> Usage:
+        """The node's figures now (``recount``: see :meth:`used`)."""
         size, disk_free = self._disk()
         capacity = self.configured_bytes or size
-        used = self.used()
+        used = self.used(recount=recount)
         with self._lock:
             if self.placing and used > capacity * self.high_water:
                 self._draining = True
@@ -276,7 +322,8 @@ class NodeRoom:
         end: the block calls the function it gets with the bytes of each (each
         counted before: by a walk, or by :meth:`add_file`). They come off at once
         unless a walk of the folder was under way at any time during the block
-        (it may or may not have counted them; the next walk does not)."""
+        (it may or may not have counted them; the next walk does not, and it
+        comes as soon as a recount may: :meth:`used`)."""
         with self._lock:
             walks, clean = self._walks, not self._walking
         freed = [0]
@@ -288,39 +335,58 @@ class NodeRoom:
         with self._lock:
             if freed[0] and clean and not self._walking and self._walks == walks:
                 self._freed += freed[0]
+            elif freed[0]:
+                self._stale = True  # the next walk counts them right: it comes as soon as a recount may
 
     def add_file(self, path: str, nbytes: int) -> None:
         """Count the data file of ``nbytes`` bytes at ``path``, just stored here, unless the
-        last walk began after it was renamed into place (its status changed: ``st_ctime``)."""
+        last walk counted it: it began after the file was renamed into place (its status
+        changed: ``st_ctime``), or found it renamed since it began."""
         try:
             changed = os.stat(path).st_ctime
         except OSError:
             return  # deleted meanwhile
         with self._lock:
-            if changed >= self._walk_began:
-                self._added.append((changed, nbytes))
+            if changed >= self._walk_began and self._recent.get(path) != changed:
+                self._added.append((path, changed, nbytes))
+
+    def counted_bytes(self, path: str) -> int:
+        """The bytes of the file at ``path`` that the used bytes count now: its size when
+        the last walk or :meth:`add_file` counted it, else 0 (a write's file that no walk
+        saw; to learn, before deleting it, what :meth:`removing` should count off)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return 0
+        with self._lock:
+            seen = st.st_ctime < self._walk_began or self._recent.get(path) == st.st_ctime
+            return st.st_size if seen or any(p == path for p, _, _ in self._added) else 0
+
+    def _usage_for(self, nbytes: int) -> Usage:
+        """:meth:`usage`, recounted (:meth:`used`) when ``nbytes`` do not fit by the figures."""
+        u = self.usage()
+        return u if u.free_bytes >= nbytes else self.usage(recount=True)
 
     def fits(self, nbytes: int) -> bool:
-        """Whether a data file of ``nbytes`` bytes fits here now."""
-        return self.usage().free_bytes >= nbytes
+        """Whether a data file of ``nbytes`` bytes fits here now (recounted before saying no)."""
+        return self._usage_for(nbytes).free_bytes >= nbytes
 
     def fits_staged(self, path: str, nbytes: int) -> bool:
         """Whether the data file of ``nbytes`` bytes at ``path``, in this node's folder
         already (a write's), may stay: its bytes are on the disk already, and in the
-        used bytes when the last walk began after it was written."""
+        used bytes when the last walk counted it (recounted before saying no)."""
         return self._staged_extra(path, nbytes) >= 0
 
     def _staged_extra(self, path: str, nbytes: int) -> int:
         """The bytes keeping the staged file at ``path`` adds to the used bytes,
-        or -1 when it does not fit (:meth:`fits_staged`)."""
-        size, disk_free = self._disk()
-        used = self.used()
-        try:
-            counted = os.stat(path).st_ctime < self._walk_began
-        except OSError:
-            counted = False
-        extra = 0 if counted else nbytes
-        return extra if used + extra <= (self.configured_bytes or size) and disk_free >= 0 else -1
+        or -1 when it does not fit even recounted (:meth:`fits_staged`)."""
+        for recount in (False, True):
+            size, disk_free = self._disk()
+            used = self.used(recount=recount)
+            extra = 0 if self.counted_bytes(path) else nbytes
+            if used + extra <= (self.configured_bytes or size) and disk_free >= 0:
+                return extra
+        return -1
 
     def claim_staged(self, path: str, nbytes: int) -> int:
         """:meth:`fits_staged`, and when it fits, the bytes it adds counted as
@@ -363,7 +429,7 @@ class NodeRoom:
         Raises:
             StorageFull: they do not (the message gives the figures).
         """
-        u = self.usage()
+        u = self._usage_for(nbytes)
         if u.free_bytes < nbytes:
             raise StorageFull(f"this node is full: {nbytes} bytes more do not fit in its {u.free_bytes} free "
                               f"bytes ({u.used_bytes} of {u.capacity_bytes} used, reserve {self.reserve_bytes}; "
@@ -374,7 +440,8 @@ class NodeRoom:
         with placement, ``nbytes`` must fit on the disk above the reserve (the write's
         files go to the nodes with room, this one among them only when it has room);
         without, they must fit as :meth:`check_keep` says, and are counted as used
-        from then on (until the next walk of the folder counts what was stored), so
+        from then on (until the next walk of the folder that is not a recount counts
+        what was stored), so
         writes checked at the same time cannot together pass the capacity.
 
         Raises:
@@ -384,7 +451,7 @@ class NodeRoom:
             with self._admit:
                 self.check_keep(nbytes)
                 with self._lock:
-                    self._added.append((time.time(), nbytes))
+                    self._added.append(("", time.time(), nbytes))
             return
         _, disk_free = self._disk()
         if disk_free < nbytes:
