@@ -142,6 +142,21 @@ def test_shard_dataset_over_raw_sample_objects(data):
     assert got == [(i, payload(i, 64)) for i in range(20)]
 
 
+def test_a_folder_with_a_dot_between_a_samples_objects_does_not_split_it(node):
+    prefix = f"{uuid.uuid4().hex[:8]}/dotted/"
+    with Client(node.tcp_url) as c:
+        try:
+            c.create_bucket(BUCKET)
+        except Exception:  # noqa: BLE001 - made by an earlier test of the session
+            pass
+        for name in ["x/1.jpg", "x/1.k/z.png", "x/1.txt", "x/2.jpg", "x/2.txt"]:  # x/1.k/ sorts inside x/1
+            c.put(BUCKET, prefix + name, name.encode())
+    ds = ShardDataset(f"{node.tcp_url}/{BUCKET}/{prefix}", shuffle=False, format="objects")
+    got = {s["__key__"][len(prefix):]: {k: v for k, v in s.items() if not k.startswith("__")} for s in ds}
+    assert got == {"x/1": {"jpg": b"x/1.jpg", "txt": b"x/1.txt"}, "x/1.k/z": {"png": b"x/1.k/z.png"},
+                   "x/2": {"jpg": b"x/2.jpg", "txt": b"x/2.txt"}}
+
+
 @no_accel_warning
 @pytest.mark.parametrize("kind", [1, 2])
 def test_shard_dataset_dataloader_persistent_workers_see_set_epoch(data, kind):

@@ -91,8 +91,9 @@ def test_deleted_object_skip_and_retry(place):
     c.delete(BUCKET, f"{prefix}003.bin")
     got = skip.__getitems__(list(range(10)))
     assert got == [bytes([i]) * 50 for i in range(10) if i != 3] and skip.skipped == 1
-    with pytest.raises(DataError):
-        skip[3]  # one index must give one sample
+    with pytest.raises(DataError, match="003.bin: skipped .*listed, but gone") as info:
+        skip[3]  # one index must give one sample: the error says why it has none
+    assert isinstance(info.value.__cause__, SampleMissing)
     t0 = time.monotonic()
     with pytest.raises(SampleMissing, match="003.bin"):
         retry.__getitems__([2, 3])

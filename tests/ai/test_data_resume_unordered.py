@@ -235,6 +235,8 @@ def test_malformed_states_are_refused(url):
             make(url).load_state_dict(bad)
 
     refused("dict with", batches=[0, 1])
+    refused("epoch is an int >= 0", epoch=-1)
+    refused("epoch is an int >= 0", epoch="1")
     refused("increasing", after=[3, 2])
     refused("increasing", after=[0])  # not above the run
     refused("increasing", after=["1"])

@@ -139,8 +139,9 @@ def test_missing_things_are_file_not_found(fs, bucket):
             fs.cat_file(path)
         with pytest.raises(FileNotFoundError):
             fs.open(path, "rb")
-    with pytest.raises(FileNotFoundError):
-        fs.ls(f"{bucket}/nope")
+    for detail in (True, False):
+        with pytest.raises(FileNotFoundError):
+            fs.ls(f"{bucket}/nope", detail=detail)
     fs.pipe(f"{bucket}/dir/k", b"v")
     with pytest.raises(IsADirectoryError):
         fs.open(f"{bucket}/dir", "rb")
@@ -407,3 +408,22 @@ def test_damaged_object_is_an_oserror_and_leaves_no_file(fs, bucket, node, tmp_p
     with pytest.raises(OSError):
         fs.get(path, str(dest))
     assert not dest.exists()  # never a file of unread bytes
+
+
+def test_a_node_that_is_gone_is_a_connection_error_naming_the_path(tmp_path):
+    from gpufeed.errors import TransportError
+    from gpufeed.testing.node import start_node
+
+    n = start_node(tmp_path / "node")
+    fs = GpufeedFileSystem(n.tcp_url, **n.credentials, skip_instance_cache=True)
+    try:
+        fs.mkdir("gone-node")
+        fs.pipe("gone-node/k", b"v")
+        n.stop()
+        for call in (fs.cat_file, fs.info, fs.ls):
+            with pytest.raises(ConnectionError, match="gone-node/k: ") as info:
+                call("gone-node/k")
+            assert isinstance(info.value, TransportError) and isinstance(info.value.__cause__, TransportError)
+    finally:
+        fs.close()
+        n.stop()

@@ -18,6 +18,7 @@ from ..errors import (
     DamagedObject,
     InternalError,
     NotFoundError,
+    TransportError,
 )
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ def oserrors(path: str) -> Iterator[None]:
         raise OSError(errno.ENOTEMPTY, f"{exc}", path) from exc
     except (DamagedObject, InternalError) as exc:  # stored data failed its check, or the node failed
         raise OSError(errno.EIO, f"{exc}", path) from exc
+    except TransportError as exc:  # the node cannot be reached: still a ConnectionError, now naming the path
+        raise TransportError(f"{path}: {exc}") from exc
 
 
 def fs_error(exc: BaseException, path: str) -> BaseException:

@@ -184,7 +184,8 @@ class GpufeedFileSystem(AbstractFileSystem):
                 else:
                     entries = self._list_dir(bucket, key)
                     if not entries and key:
-                        return [self.info(path)] if detail else [path]
+                        info = self.info(path)  # a file, or FileNotFoundError
+                        return [info] if detail else [info["name"]]
             self.dircache[path] = entries
         return entries if detail else [e["name"] for e in entries]
 

@@ -81,11 +81,13 @@ class Reader:
 
     Attributes:
         skipped: objects left out under ``on_error="skip"``.
+        last_skipped: why the last of them was left out (``None``: none was).
     """
 
     def __init__(self, source: Source, policy: ErrorPolicy, limits: ReadLimits) -> None:
         self.source, self.policy, self.limits = source, policy, limits
         self.skipped = 0
+        self.last_skipped: DataError | None = None
         self._retry_worked = False
 
     def read(self, items: Iterable[Listed]) -> Iterator[tuple[Listed, memoryview | None]]:
@@ -245,6 +247,7 @@ class Reader:
     def skip(self, err: DataError) -> None:
         """Count and log a sample left out under ``on_error="skip"``."""
         self.skipped += 1
+        self.last_skipped = err
         log.warning("skipping %s: %s", self.source.where(err.key) if err.key else "a sample", err)
 
 

@@ -240,13 +240,15 @@ class ResumableLoader(torch.utils.data.DataLoader):
         Raises:
             InvalidArgument: the state is of another listing, dataset settings,
                 sampler settings or number of workers, or holds a malformed
-                position (batch numbers out of range, a ``consumed`` that does
-                not match them, batches delivered out of order with another
+                position (an epoch that is no int >= 0, batch numbers out of range,
+                a ``consumed`` that does not match them, batches delivered out of order with another
                 batch size).
         """
         if not isinstance(state, dict) or not {"dataset", "epoch", "num_workers"} <= state.keys():
             raise InvalidArgument("a loader state is the dict of ResumableLoader.state_dict(), with 'dataset', "
                                   f"'epoch' and 'num_workers': got {type(state).__name__}")
+        if type(state["epoch"]) is not int or state["epoch"] < 0:
+            raise InvalidArgument(f"a loader state's epoch is an int >= 0: got {state['epoch']!r}")
         if state.get("num_workers") != self.num_workers:
             raise InvalidArgument(f"the saved position is for num_workers={state.get('num_workers')}, "
                                   f"this loader has {self.num_workers}")

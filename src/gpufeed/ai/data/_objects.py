@@ -152,9 +152,12 @@ class ObjectDataset(DatasetBase, torch.utils.data.Dataset):
             sample = SKIP if data is None else self.decode_or_skip(
                 decode, data, item.key, functools.partial(self._reread, item))
             if sample is SKIP:
-                if alone:
-                    raise DataError(f"{self.source.where(item.key)}: skipped (on_error='skip')",
-                                    bucket=self.source.bucket, key=item.key)
+                if alone:  # one index asked for: no sample to give instead
+                    why = self.reader.last_skipped
+                    why = why if why is not None and why.key == item.key else None
+                    raise DataError(f"{self.source.where(item.key)}: skipped (on_error='skip')"
+                                    + (f": {why}" if why is not None else ""),
+                                    bucket=self.source.bucket, key=item.key) from why
                 continue
             out.append(sample)
             names.append(self.source.where(item.key))

@@ -9,7 +9,6 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import groupby
 from typing import Any
 
 import torch
@@ -370,5 +369,10 @@ def _split(key: str) -> tuple[str, str]:
 
 def _sample_groups(listed: list[Listed]) -> list[list[Listed]]:
     """Listed objects grouped into samples by key up to the first dot of the
-    name (listing order keeps each sample's objects together)."""
-    return [list(g) for _, g in groupby(listed, key=lambda it: _split(it.key)[0])]
+    name, in the order of each sample's first object (a folder whose name has a
+    dot may sort between one sample's objects: ``x/1.jpg``, ``x/1.k/z.png``,
+    ``x/1.txt``)."""
+    groups: dict[str, list[Listed]] = {}
+    for it in listed:
+        groups.setdefault(_split(it.key)[0], []).append(it)
+    return list(groups.values())
