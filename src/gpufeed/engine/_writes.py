@@ -170,8 +170,7 @@ class WritePath:
                 raise NoSuchBucket(f"bucket {bucket!r} does not exist", bucket=bucket)
             domain = b0.owner or DEFAULT_TENANT
         staged = self._chunks.stage(tmp, size, policy, domain, sums=block_sums, bucket=bucket)
-        # other nodes' copies, before anything is visible
-        copies = replicate_staged(self._chunks, staged, getattr(self, "_room", None))
+        copies = replicate_staged(self._chunks, staged, getattr(self, "_room", None))  # before anything is visible
         blob_id = staged.blob_id
         etag = etag if etag is not None else "n" + blob_id  # a bucket with ETag policy "none"
         info = ObjectInfo(bucket, key, size, etag, time.time(), content_type or _DEFAULT_TYPE,
