@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import DamagedObject, InternalError, InvalidArgument, StorageFull
 from ._blobs import remove_quietly, write_all
-from ._room import NodeRoom, Usage, removing
+from ._room import NodeRoom, Usage, remove_counted, removing
 from ._scrub import check_chunk_fd
 from .catalog import Catalog, CatalogWriter
 from .types import ChunkRecord
@@ -242,10 +242,8 @@ def replicate_staged(store: "ChunkStore", st: "Staged", room: NodeRoom | None = 
     try:
         got = push([(f, sorted(recs, key=lambda r: r.file_offset)) for f, recs in sorted(files.items())])
     except BaseException:
-        with removing(room) as gone:  # a recount may have counted them
-            counted = sum(room.counted_bytes(p) for p in st.paths) if room is not None else 0
-            store.discard(st)
-            gone(counted)
+        remove_counted(room, st.paths)  # a recount may have counted them
+        store.discard(st)
         raise
     me = store.holder
     for f, nodes in got.items():
@@ -261,11 +259,7 @@ def replicate_staged(store: "ChunkStore", st: "Staged", room: NodeRoom | None = 
 def _drop_local(store: "ChunkStore", file: str, room: NodeRoom | None) -> None:
     """Delete this node's file ``file`` (a write's file that other nodes hold), off the
     used bytes of ``room`` at once when they counted it."""
-    path = store.file_path(file)
-    with removing(room) as gone:
-        counted = room.counted_bytes(path) if room is not None else 0
-        remove_quietly(path)
-        gone(counted)
+    remove_counted(room, [store.file_path(file)])
     store.files.open_files.forget([file])
 
 

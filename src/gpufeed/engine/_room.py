@@ -59,18 +59,19 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import StorageFull
+from ._blobs import remove_quietly
 
 if TYPE_CHECKING:
     from ._membership import NodeInfo
 
-__all__ = ["Usage", "NodeRoom", "removing", "node_fits", "node_draining", "is_full", "folder_bytes",
+__all__ = ["Usage", "NodeRoom", "removing", "remove_counted", "node_fits", "node_draining", "is_full", "folder_bytes",
            "RECOUNT_SPACING"]
 
 #: A node is full when less than this share of its capacity is free ...
@@ -131,6 +132,17 @@ def node_draining(info: "NodeInfo") -> bool:
 def removing(room: "NodeRoom | None") -> AbstractContextManager[Callable[[int], None]]:
     """:meth:`NodeRoom.removing` of ``room``; without one, a block whose counts go nowhere."""
     return room.removing() if room is not None else nullcontext(_uncounted)
+
+
+def remove_counted(room: "NodeRoom | None", paths: Iterable[str]) -> None:
+    """Delete the files at ``paths`` (missing ones skipped), off the used bytes of
+    ``room`` at once as far as its figures counted them (:meth:`NodeRoom.counted_bytes`
+    within one :meth:`NodeRoom.removing` block)."""
+    with removing(room) as gone:
+        for path in paths:
+            counted = room.counted_bytes(path) if room is not None else 0
+            remove_quietly(path)
+            gone(counted)
 
 
 def _uncounted(nbytes: int) -> None:
