@@ -14,8 +14,10 @@ import urllib.request
 import pytest
 from botocore.exceptions import ClientError
 
+from gpufeed._replicas import short_error
 from gpufeed.engine._placement import rank
 from gpufeed.engine._room import folder_bytes
+from gpufeed.errors import ServiceUnavailable, StorageFull
 from gpufeed.testing.node import NodeProcess, wait_for
 from test_cluster_replicas import _copies, _has_file, _member, _node_id, _status
 
@@ -157,3 +159,13 @@ def test_a_cluster_without_room_refuses_writes_and_keeps_nothing_of_them(tmp_pat
     finally:
         for n in nodes:
             n.stop()
+
+
+def test_a_write_short_of_nodes_only_for_lack_of_room_is_storage_full():
+    skipped = "node n1: 0 bytes free by its last heartbeat, the file has 54333 (StorageFull)"
+    refused = ("node n2 at 127.0.0.1:19202: the node refused (StorageFull, after 0.00 s): this node is full: 54333 "
+               "bytes more do not fit in its 32540 free bytes")
+    for errors in ([skipped, refused], [skipped], [refused]):
+        assert isinstance(short_error("t", errors), StorageFull)
+    for errors in ([skipped, "node n3 at 127.0.0.1:19302: [Errno 111] Connection refused"], []):
+        assert isinstance(short_error("t", errors), ServiceUnavailable)

@@ -95,7 +95,7 @@ if TYPE_CHECKING:
     from ._drain import Drainer
     from ._partrepair import PartRestorer
 
-__all__ = ["Replicas", "ReReplicator"]
+__all__ = ["Replicas", "ReReplicator", "short_error"]
 
 log = logging.getLogger("gpufeed.cluster")
 
@@ -104,6 +104,15 @@ Files = list[tuple[str, list[ChunkRecord]]]
 _RETELL_S = 600.0
 #: Data files re-replication pushes at a time (over one connection per target node).
 _GROUP = 64
+
+
+def short_error(text: str, errors: list[str]) -> GpufeedError:
+    """``StorageFull`` (507) with ``text`` when every failure in ``errors`` (one line per
+    node, as :meth:`Replicas.place` gives them) was a node without room, by its last
+    heartbeat or by its own answer; else ``ServiceUnavailable`` (503)."""
+    if errors and all("(StorageFull" in e for e in errors):
+        return StorageFull(text)
+    return ServiceUnavailable(text)
 
 
 class Replicas:
@@ -244,9 +253,7 @@ class Replicas:
         text = (f"data file {file} reached {got} of the {need} {'other ' if kept else ''}nodes that replication "
                 f"factor {self.factor} "
                 f"needs with {members} live members ({why}); the write was not stored (GPUFEED_CLUSTER_REPLICAS)")
-        if errors and all("(StorageFull," in e for e in errors):
-            return StorageFull(text)
-        return ServiceUnavailable(text)
+        return short_error(text, errors)
 
     def place(self, files: Files, peers: dict[str, NodeInfo], need: int,
               have: dict[str, set[str]]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
